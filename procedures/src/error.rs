@@ -1,0 +1,201 @@
+//! The one error type of the `procedures` crate.
+
+use snafu::Snafu;
+
+use crate::procedure::ProcedureId;
+
+/// A boxed error from outside the engine (a procedure's own error, a store backend's error).
+pub type BoxedError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result alias of the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the engine, in a procedure step, or in a state store.
+#[derive(Debug, Snafu)]
+#[snafu(visibility(pub))]
+#[non_exhaustive]
+pub enum Error {
+    /// A procedure step failed with its own error. `retryable` tells the engine whether running the step again may
+    /// succeed (a broker timeout) or not (bad input).
+    #[snafu(display("{source}"))]
+    External {
+        /// The procedure's error.
+        source: BoxedError,
+        /// Whether the engine should retry the step.
+        retryable: bool,
+    },
+
+    /// A procedure with this id is already known to the manager (running, or finished and still retained).
+    #[snafu(display("procedure {id} already exists"))]
+    DuplicateProcedure {
+        /// The id that was submitted twice.
+        id: ProcedureId,
+    },
+
+    /// A loader for this type name was registered twice.
+    #[snafu(display("a loader for procedure type '{type_name}' is already registered"))]
+    LoaderConflict {
+        /// The type name.
+        type_name: String,
+    },
+
+    /// A persisted record names a procedure type with no registered loader.
+    #[snafu(display(
+        "procedure {id} (type '{type_name}', key '{key}') cannot be recovered: no loader is registered for type '{type_name}'"
+    ))]
+    LoaderNotFound {
+        /// The procedure's id.
+        id: ProcedureId,
+        /// The unknown type name.
+        type_name: String,
+        /// The store key holding the record.
+        key: String,
+    },
+
+    /// A persisted record could not be decoded, or its data was refused by the procedure's loader.
+    #[snafu(display(
+        "procedure {id} (type '{type_name}', key '{key}') cannot be recovered: {reason}"
+    ))]
+    CorruptRecord {
+        /// The procedure's id, or the key's suffix when the record is too damaged to name it.
+        id: ProcedureId,
+        /// The type name, or `unknown` when it cannot be read.
+        type_name: String,
+        /// The store key holding the record.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Serialising a procedure's state or output failed.
+    #[snafu(display("cannot serialise {what} of procedure {id}: {source}"))]
+    Serialize {
+        /// The procedure.
+        id: ProcedureId,
+        /// What was being serialised (`state`, `output`, `record`).
+        what: &'static str,
+        /// The serde error.
+        source: serde_json::Error,
+    },
+
+    /// The state store failed.
+    #[snafu(display("state store failed to {action} '{key}': {source}"))]
+    Store {
+        /// The verb: `get`, `put`, `scan`, `delete`, `write`.
+        action: &'static str,
+        /// The key or prefix touched.
+        key: String,
+        /// The backend's error.
+        source: BoxedError,
+        /// Whether retrying the same call may succeed (the backend was unreachable, a timeout).
+        retryable: bool,
+    },
+
+    /// A value does not fit the store's limits; nothing was written.
+    #[snafu(display("state store refuses '{key}': {reason}"))]
+    StoreLimit {
+        /// The key that was refused.
+        key: String,
+        /// The limit that was hit.
+        reason: String,
+    },
+
+    /// A newer manager claimed the store: this manager must not write any more.
+    #[snafu(display(
+        "fenced by epoch {epoch}: this manager holds epoch {own} and may no longer write procedure state"
+    ))]
+    Fenced {
+        /// The epoch now current in the store.
+        epoch: u64,
+        /// This manager's epoch.
+        own: u64,
+    },
+
+    /// A crash injected by [`crate::testing`]; the manager stops as if its process had died.
+    #[snafu(display("injected crash at {point}"))]
+    Crashed {
+        /// Where the crash was injected.
+        point: String,
+    },
+
+    /// A procedure ran longer than its timeout.
+    #[snafu(display("procedure {id} timed out after {timeout:?}"))]
+    Timeout {
+        /// The procedure.
+        id: ProcedureId,
+        /// Its timeout.
+        timeout: std::time::Duration,
+    },
+
+    /// A subprocedure failed, which fails its parent.
+    #[snafu(display("subprocedure {child} of {parent} failed: {message}"))]
+    SubprocedureFailed {
+        /// The parent.
+        parent: ProcedureId,
+        /// The child that failed.
+        child: ProcedureId,
+        /// The child's error text.
+        message: String,
+    },
+
+    /// What a [`crate::Watcher`] returns for a procedure that ended in the failed state.
+    #[snafu(display("procedure {id} failed: {message}"))]
+    ProcedureFailed {
+        /// The procedure.
+        id: ProcedureId,
+        /// The error text recorded for it.
+        message: String,
+    },
+
+    /// The procedure asked for a rollback it does not implement.
+    #[snafu(display("procedure type '{type_name}' does not support rollback"))]
+    RollbackNotSupported {
+        /// The procedure type.
+        type_name: String,
+    },
+
+    /// The manager is not running (never started, stopped, or halted after being fenced or crashed).
+    #[snafu(display("procedure manager is not running: {reason}"))]
+    ManagerNotRunning {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Wraps a procedure's error that a retry may cure (the engine retries it with backoff).
+    pub fn retry_later(source: impl Into<BoxedError>) -> Self {
+        Error::External {
+            source: source.into(),
+            retryable: true,
+        }
+    }
+
+    /// Wraps a procedure's error that a retry will not cure (the engine rolls back or fails at once).
+    pub fn external(source: impl Into<BoxedError>) -> Self {
+        Error::External {
+            source: source.into(),
+            retryable: false,
+        }
+    }
+
+    /// Whether running the same step (or store call) again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::External {
+                retryable: true,
+                ..
+            } | Error::Store {
+                retryable: true,
+                ..
+            }
+        )
+    }
+
+    /// Whether this error means the manager itself must stop at once without writing anything more: it was fenced
+    /// by a newer manager, or a crash was injected.
+    pub fn is_fatal(&self) -> bool {
+        matches!(self, Error::Fenced { .. } | Error::Crashed { .. })
+    }
+}

@@ -1,0 +1,72 @@
+//! The [`ProcedureManager`] trait and its local implementation, [`LocalManager`].
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::config::ManagerConfig;
+use crate::error::Result;
+use crate::procedure::{BoxedProcedureLoader, ProcedureId, ProcedureWithId, SideEffectHook};
+use crate::record::ProcedureInfo;
+use crate::store::StateStore;
+use crate::watcher::Watcher;
+
+/// Runs procedures durably: persists their state after each step, recovers unfinished ones on start, and fences
+/// itself off when a newer manager claims the store.
+#[async_trait]
+pub trait ProcedureManager: Send + Sync {
+    /// Registers how to rebuild procedures of `type_name` from their persisted data. Must happen before `start`.
+    fn register_loader(&self, type_name: &str, loader: BoxedProcedureLoader) -> Result<()>;
+
+    /// Claims a new epoch in the store (fencing any older manager), then recovers and resumes every unfinished
+    /// procedure. Records that cannot be recovered become visible failed procedures.
+    async fn start(&self) -> Result<()>;
+
+    /// Stops running procedures (they stay unfinished in the store and resume in the next manager).
+    async fn stop(&self) -> Result<()>;
+
+    /// Persists and starts a procedure. An id the manager already knows gives [`crate::Error::DuplicateProcedure`].
+    async fn submit(&self, procedure: ProcedureWithId) -> Result<Watcher>;
+
+    /// A watcher of a procedure this manager knows (submitted or recovered), finished or not.
+    fn watch(&self, id: &ProcedureId) -> Option<Watcher>;
+
+    /// What is known of one procedure.
+    async fn procedure_state(&self, id: &ProcedureId) -> Result<Option<ProcedureInfo>>;
+
+    /// Every known procedure (running, and finished ones still retained), sorted by id.
+    async fn list_procedures(&self) -> Result<Vec<ProcedureInfo>>;
+
+    /// The epoch this manager claimed at `start`, if started.
+    fn epoch(&self) -> Option<u64>;
+}
+
+/// Shared handle to a manager.
+pub type ProcedureManagerRef = Arc<dyn ProcedureManager>;
+
+/// The one implementation of [`ProcedureManager`]: procedures run as tasks of the current tokio runtime.
+pub struct LocalManager {
+    inner: Arc<local::Inner>,
+}
+
+impl LocalManager {
+    /// A manager over `store`. Call [`ProcedureManager::start`] before submitting.
+    pub fn new(store: Arc<dyn StateStore>, config: ManagerConfig) -> Self {
+        LocalManager {
+            inner: local::Inner::new(store, config, None),
+        }
+    }
+
+    /// A manager whose procedures report their side-effect points to `hook` (the crash harness uses this).
+    pub fn with_side_effect_hook(
+        store: Arc<dyn StateStore>,
+        config: ManagerConfig,
+        hook: Arc<dyn SideEffectHook>,
+    ) -> Self {
+        LocalManager {
+            inner: local::Inner::new(store, config, Some(hook)),
+        }
+    }
+}
+
+mod local;

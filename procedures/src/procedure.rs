@@ -1,0 +1,275 @@
+//! What a procedure is: the [`Procedure`] trait, its [`Status`], ids, lock keys and the step [`Context`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+
+/// The value a finished procedure hands back to its submitter.
+pub type Output = serde_json::Value;
+
+/// A procedure's identity. Callers choose it when a submission must be idempotent (the same id twice is one
+/// procedure), or take a random one.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ProcedureId(String);
+
+impl ProcedureId {
+    /// A caller-chosen id.
+    pub fn new(id: impl Into<String>) -> Self {
+        ProcedureId(id.into())
+    }
+
+    /// A fresh random id (UUID v4).
+    pub fn random() -> Self {
+        ProcedureId(uuid::Uuid::new_v4().to_string())
+    }
+
+    /// The deterministic id of a child named `name` of this procedure: `{parent}/{name}`. A parent that is replayed
+    /// after a crash produces the same child ids, so the engine does not start the children twice.
+    pub fn child(&self, name: impl fmt::Display) -> Self {
+        ProcedureId(format!("{}/{}", self.0, name))
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ProcedureId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// One lock key a procedure holds for its whole run.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum StringKey {
+    /// Others may hold the same key shared at the same time.
+    Shared(String),
+    /// Nobody outside the holder's procedure tree may hold the key at the same time.
+    Exclusive(String),
+}
+
+impl StringKey {
+    /// The key's name.
+    pub fn name(&self) -> &str {
+        match self {
+            StringKey::Shared(k) | StringKey::Exclusive(k) => k,
+        }
+    }
+}
+
+/// The set of keys a procedure locks. The engine takes them all together, in sorted order, before the first step
+/// and releases them when the procedure ends. A child may take keys its parent (or any procedure of its tree) holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockKey(Vec<StringKey>);
+
+impl LockKey {
+    /// No lock at all.
+    pub fn none() -> Self {
+        LockKey(Vec::new())
+    }
+
+    /// One exclusive key.
+    pub fn exclusive(key: impl Into<String>) -> Self {
+        LockKey(vec![StringKey::Exclusive(key.into())])
+    }
+
+    /// One shared key.
+    pub fn shared(key: impl Into<String>) -> Self {
+        LockKey(vec![StringKey::Shared(key.into())])
+    }
+
+    /// A set of keys; it is sorted and de-duplicated (an exclusive key wins over a shared one of the same name).
+    pub fn new(keys: impl IntoIterator<Item = StringKey>) -> Self {
+        let mut keys: Vec<StringKey> = keys.into_iter().collect();
+        keys.sort_by(|a, b| a.name().cmp(b.name()).then_with(|| b.cmp(a)));
+        keys.dedup_by(|later, earlier| later.name() == earlier.name());
+        LockKey(keys)
+    }
+
+    /// The keys, sorted by name.
+    pub fn keys(&self) -> &[StringKey] {
+        &self.0
+    }
+}
+
+/// What a step tells the engine to do next.
+#[derive(Debug)]
+pub enum Status {
+    /// Run `execute` again. With `persist`, the engine first stores [`Procedure::dump`] as a new step, so a crash
+    /// resumes after this step instead of before it.
+    Executing {
+        /// Store the state before the next step.
+        persist: bool,
+    },
+    /// Start these children and call `execute` again once every one of them is done. Child ids must be
+    /// deterministic (see [`ProcedureId::child`]): on replay, children that already exist are awaited, not started
+    /// again.
+    Suspended {
+        /// The children to run.
+        subprocedures: Vec<ProcedureWithId>,
+        /// Store the state before starting the children.
+        persist: bool,
+    },
+    /// The procedure is finished; `output` goes to the submitter and is kept in the record.
+    Done {
+        /// The result, if any.
+        output: Option<Output>,
+    },
+}
+
+impl Status {
+    /// `Executing { persist: true }`: the common case of a step that changed the state.
+    pub fn executing(persist: bool) -> Self {
+        Status::Executing { persist }
+    }
+
+    /// `Done` without output.
+    pub fn done() -> Self {
+        Status::Done { output: None }
+    }
+
+    /// `Done` with an output.
+    pub fn done_with_output(output: Output) -> Self {
+        Status::Done {
+            output: Some(output),
+        }
+    }
+}
+
+/// A hook called at each side-effect point a step declares (see [`Context::side_effect_point`]). Production managers
+/// have none; the crash harness in [`crate::testing`] installs one to crash a manager in the middle of a step.
+pub trait SideEffectHook: Send + Sync {
+    /// Called after a procedure completed one outside effect. An error stops the step (and, for an injected crash,
+    /// the whole manager).
+    fn on_side_effect(&self, procedure_id: &ProcedureId, label: &str) -> Result<()>;
+}
+
+/// What a step can see of the engine.
+#[derive(Clone)]
+pub struct Context {
+    procedure_id: ProcedureId,
+    hook: Option<Arc<dyn SideEffectHook>>,
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Context")
+            .field("procedure_id", &self.procedure_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Context {
+    /// A context for the procedure `procedure_id`, without hook (what unit tests of single steps use).
+    pub fn new(procedure_id: ProcedureId) -> Self {
+        Context {
+            procedure_id,
+            hook: None,
+        }
+    }
+
+    /// A context whose side-effect points go to `hook`.
+    pub fn with_hook(procedure_id: ProcedureId, hook: Option<Arc<dyn SideEffectHook>>) -> Self {
+        Context { procedure_id, hook }
+    }
+
+    /// The running procedure's id.
+    pub fn procedure_id(&self) -> &ProcedureId {
+        &self.procedure_id
+    }
+
+    /// Declares that one outside effect of the current step has just completed (e.g. "created topic t_3"). A step
+    /// with several effects calls this after each, so crash tests can stop the manager between them. Returns an
+    /// error when a crash is injected here; the step must return it at once.
+    pub fn side_effect_point(&self, label: &str) -> Result<()> {
+        match &self.hook {
+            Some(hook) => hook.on_side_effect(&self.procedure_id, label),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A persisted, resumable state machine.
+///
+/// `execute` runs one step and says what to do next. It **must be idempotent**: after a crash the engine calls it
+/// again from the last persisted state, so a step whose outside effects already (partly) happened runs again and
+/// must converge to the same result without doing them twice in a harmful way.
+#[async_trait]
+pub trait Procedure: Send {
+    /// The type name under which the loader is registered; stored in the record.
+    fn type_name(&self) -> &str;
+
+    /// Runs the next step.
+    async fn execute(&mut self, ctx: &Context) -> Result<Status>;
+
+    /// The state to persist, as a JSON value; the loader rebuilds the procedure from it.
+    fn dump(&self) -> Result<serde_json::Value>;
+
+    /// The keys to lock for the whole run.
+    fn lock_key(&self) -> LockKey;
+
+    /// Whether [`Procedure::rollback`] undoes a failed run.
+    fn rollback_supported(&self) -> bool {
+        false
+    }
+
+    /// Undoes what the procedure did, after a non-retryable error (or retries ran out). Must be idempotent too.
+    async fn rollback(&mut self, _ctx: &Context) -> Result<()> {
+        crate::error::RollbackNotSupportedSnafu {
+            type_name: self.type_name().to_string(),
+        }
+        .fail()
+    }
+
+    /// The most this procedure may run, measured from when this manager started running it. `None`: no limit.
+    fn timeout(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// A boxed procedure.
+pub type BoxedProcedure = Box<dyn Procedure>;
+
+/// Rebuilds a procedure from the data it dumped.
+pub type BoxedProcedureLoader =
+    Box<dyn Fn(serde_json::Value) -> Result<BoxedProcedure> + Send + Sync>;
+
+/// A procedure with the id it runs under.
+pub struct ProcedureWithId {
+    /// The id.
+    pub id: ProcedureId,
+    /// The procedure.
+    pub procedure: BoxedProcedure,
+}
+
+impl ProcedureWithId {
+    /// Pairs a procedure with an id.
+    pub fn new(id: ProcedureId, procedure: BoxedProcedure) -> Self {
+        ProcedureWithId { id, procedure }
+    }
+
+    /// Pairs a procedure with a random id.
+    pub fn with_random_id(procedure: BoxedProcedure) -> Self {
+        ProcedureWithId {
+            id: ProcedureId::random(),
+            procedure,
+        }
+    }
+}
+
+impl fmt::Debug for ProcedureWithId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcedureWithId")
+            .field("id", &self.id)
+            .field("type_name", &self.procedure.type_name())
+            .finish()
+    }
+}

@@ -1,0 +1,90 @@
+//! Where procedure state is persisted: the [`StateStore`] trait.
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+
+/// A precondition of an atomic [`StateStore::write`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Condition {
+    /// The key holds exactly this value.
+    Equals {
+        /// The key.
+        key: String,
+        /// The expected value.
+        value: Vec<u8>,
+    },
+    /// The key holds no value.
+    Absent {
+        /// The key.
+        key: String,
+    },
+}
+
+impl Condition {
+    /// The key the condition reads.
+    pub fn key(&self) -> &str {
+        match self {
+            Condition::Equals { key, .. } | Condition::Absent { key } => key,
+        }
+    }
+}
+
+/// One change of an atomic [`StateStore::write`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteOp {
+    /// Set `key` to `value`.
+    Put {
+        /// The key.
+        key: String,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Remove `key` (no error if it is absent).
+    Delete {
+        /// The key.
+        key: String,
+    },
+}
+
+impl WriteOp {
+    /// The key the op changes.
+    pub fn key(&self) -> &str {
+        match self {
+            WriteOp::Put { key, .. } | WriteOp::Delete { key } => key,
+        }
+    }
+}
+
+/// What an atomic [`StateStore::write`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Every condition held; every op was applied.
+    Applied,
+    /// Some condition failed; nothing was applied. `current` holds, for each condition key, its value at that
+    /// moment (`None` = absent).
+    Rejected {
+        /// The condition keys and their current values.
+        current: Vec<(String, Option<Vec<u8>>)>,
+    },
+}
+
+/// Durable key-value storage for procedure records. Every method is one durable operation: when it returns `Ok`,
+/// the change survives a crash.
+#[async_trait]
+pub trait StateStore: Send + Sync {
+    /// The value of `key`.
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>>;
+
+    /// Every key starting with `prefix`, with its value, in key order.
+    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
+
+    /// Sets `key` to `value`.
+    async fn put(&self, key: &str, value: Vec<u8>) -> Result<()>;
+
+    /// Removes `keys` (absent keys are not an error), atomically.
+    async fn delete(&self, keys: &[String]) -> Result<()>;
+
+    /// Applies `ops` atomically if every one of `conditions` holds, else nothing.
+    async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome>;
+}

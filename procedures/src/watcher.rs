@@ -1,0 +1,72 @@
+//! [`Watcher`]: how a submitter waits for a procedure's result.
+
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::procedure::{Output, ProcedureId};
+use crate::record::{ProcedureInfo, ProcedureState};
+
+/// Follows one procedure until it finishes.
+#[derive(Clone, Debug)]
+pub struct Watcher {
+    id: ProcedureId,
+    rx: watch::Receiver<ProcedureInfo>,
+}
+
+impl Watcher {
+    /// A watcher over the manager's state channel of procedure `id`.
+    pub fn new(id: ProcedureId, rx: watch::Receiver<ProcedureInfo>) -> Self {
+        Watcher { id, rx }
+    }
+
+    /// The watched procedure.
+    pub fn id(&self) -> &ProcedureId {
+        &self.id
+    }
+
+    /// The latest known information.
+    pub fn info(&self) -> ProcedureInfo {
+        self.rx.borrow().clone()
+    }
+
+    /// Waits until the procedure is done (its output) or failed ([`Error::ProcedureFailed`] with the recorded
+    /// error). If the manager stops first (stopped, fenced, crashed), returns [`Error::ManagerNotRunning`]; the
+    /// procedure then resumes in the next manager started on the store.
+    pub async fn wait(&mut self) -> Result<Option<Output>> {
+        loop {
+            {
+                let info = self.rx.borrow_and_update();
+                match info.state {
+                    ProcedureState::Done => return Ok(info.output.clone()),
+                    ProcedureState::Failed => {
+                        return Err(Error::ProcedureFailed {
+                            id: self.id.clone(),
+                            message: info
+                                .error
+                                .clone()
+                                .unwrap_or_else(|| "unknown error".to_string()),
+                        });
+                    }
+                    _ => {}
+                }
+            }
+            if self.rx.changed().await.is_err() {
+                let info = self.rx.borrow();
+                if info.state.is_finished() {
+                    continue;
+                }
+                return Err(Error::ManagerNotRunning {
+                    reason: format!(
+                        "the manager stopped before procedure {} finished (last state: {}{})",
+                        self.id,
+                        info.state,
+                        info.error
+                            .as_ref()
+                            .map(|e| format!(", error: {e}"))
+                            .unwrap_or_default()
+                    ),
+                });
+            }
+        }
+    }
+}

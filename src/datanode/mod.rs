@@ -1,0 +1,1 @@
+//! What a datanode opens: `DatanodeTableValue` → `RegionOpenRequest`.

@@ -1,0 +1,225 @@
+//! The metadata store: the [`KvBackend`] trait and its implementations (memory, redb, etcd).
+//!
+//! Keys and values are bytes. Ranges follow etcd's convention: a request names a start `key` and an exclusive
+//! `range_end`; an empty `range_end` means the single key, `[0]` means every key from `key` on.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+
+/// A key with its value.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct KeyValue {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The value (empty when the request asked for keys only).
+    pub value: Vec<u8>,
+}
+
+/// A range read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeRequest {
+    /// First key of the range.
+    pub key: Vec<u8>,
+    /// Exclusive end: empty = only `key`; `[0]` = every key ≥ `key`.
+    pub range_end: Vec<u8>,
+    /// At most this many pairs (0 = no limit). When more remain, the response says so.
+    pub limit: usize,
+    /// Return keys with empty values.
+    pub keys_only: bool,
+}
+
+impl RangeRequest {
+    /// Every key starting with `prefix` (every key at all for an empty prefix).
+    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
+        let key = prefix.into();
+        let range_end = prefix_end(&key);
+        RangeRequest {
+            key,
+            range_end,
+            limit: 0,
+            keys_only: false,
+        }
+    }
+
+    /// Keys in `[start, end)`.
+    pub fn range(start: impl Into<Vec<u8>>, end: impl Into<Vec<u8>>) -> Self {
+        RangeRequest {
+            key: start.into(),
+            range_end: end.into(),
+            limit: 0,
+            keys_only: false,
+        }
+    }
+
+    /// At most `limit` pairs.
+    pub fn with_limit(mut self, limit: usize) -> Self {
+        self.limit = limit;
+        self
+    }
+
+    /// Keys only.
+    pub fn with_keys_only(mut self) -> Self {
+        self.keys_only = true;
+        self
+    }
+}
+
+/// The end key of a prefix range: the prefix with its last byte below 0xff incremented and what follows dropped;
+/// `[0]` (everything) when the prefix is empty or all 0xff.
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// The pairs of a range read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeResponse {
+    /// The pairs, in key order.
+    pub kvs: Vec<KeyValue>,
+    /// Whether keys beyond the limit remain (continue from the last key + `\0`).
+    pub more: bool,
+}
+
+/// A put.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PutRequest {
+    /// The key.
+    pub key: Vec<u8>,
+    /// The value.
+    pub value: Vec<u8>,
+    /// Return the previous pair.
+    pub prev_kv: bool,
+}
+
+/// A compare-and-put.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompareAndPutRequest {
+    /// The key.
+    pub key: Vec<u8>,
+    /// `None`: the key must be absent; `Some(v)`: it must hold exactly `v`.
+    pub expect: Option<Vec<u8>>,
+    /// The new value.
+    pub value: Vec<u8>,
+}
+
+/// What a compare-and-put did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompareAndPutResponse {
+    /// Whether the expectation held and the value was written.
+    pub success: bool,
+    /// The pair before the call (absent: `None`).
+    pub prev_kv: Option<KeyValue>,
+}
+
+/// A comparison in a [`Txn`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Compare {
+    /// The key holds exactly this value.
+    ValueEquals(Vec<u8>, Vec<u8>),
+    /// The key is absent.
+    Absent(Vec<u8>),
+    /// The key is present.
+    Present(Vec<u8>),
+}
+
+/// An operation in a [`Txn`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxnOp {
+    /// Put key → value.
+    Put(Vec<u8>, Vec<u8>),
+    /// Read a key.
+    Get(Vec<u8>),
+    /// Delete a key.
+    Delete(Vec<u8>),
+}
+
+/// The result of one [`TxnOp`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxnOpResponse {
+    /// A put was applied.
+    Put,
+    /// The value read (absent: `None`).
+    Get(Option<KeyValue>),
+    /// How many keys the delete removed (0 or 1).
+    Delete(u64),
+}
+
+/// A transaction: if every comparison holds, apply `success`, else `failure` — atomically either way.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Txn {
+    /// The comparisons.
+    pub compare: Vec<Compare>,
+    /// Ops applied when every comparison holds.
+    pub success: Vec<TxnOp>,
+    /// Ops applied otherwise.
+    pub failure: Vec<TxnOp>,
+}
+
+/// What a [`Txn`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TxnResponse {
+    /// Whether the comparisons held (so `success` ran).
+    pub succeeded: bool,
+    /// One response per op of the branch that ran.
+    pub responses: Vec<TxnOpResponse>,
+}
+
+/// An ordered key-value store shared by every part of remote-wal. Object safe: share it as [`KvBackendRef`].
+#[async_trait]
+pub trait KvBackend: Send + Sync + Debug {
+    /// A short name for messages: `memory`, `redb:<path>`, `etcd:<endpoints>`.
+    fn name(&self) -> String;
+
+    /// The most operations (compares + ops of the larger branch) one [`Txn`] may hold; `usize::MAX` if unbounded.
+    fn max_txn_ops(&self) -> usize;
+
+    /// The largest request, in bytes of keys and values, one call may carry; `usize::MAX` if unbounded.
+    fn max_request_bytes(&self) -> usize;
+
+    /// One key.
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>>;
+
+    /// Several keys; the found ones, in the order asked.
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<KeyValue>>;
+
+    /// A range, limited and paginated.
+    async fn range(&self, req: RangeRequest) -> Result<RangeResponse>;
+
+    /// One put; returns the previous pair when asked.
+    async fn put(&self, req: PutRequest) -> Result<Option<KeyValue>>;
+
+    /// Several puts (split into several requests when over the backend's limits); returns the previous pairs when
+    /// `prev_kv`.
+    async fn batch_put(&self, kvs: Vec<KeyValue>, prev_kv: bool) -> Result<Vec<KeyValue>>;
+
+    /// Put if the key is absent / holds exactly the expected value.
+    async fn compare_and_put(&self, req: CompareAndPutRequest) -> Result<CompareAndPutResponse>;
+
+    /// Deletes `[key, range_end)` (same convention as [`RangeRequest`]); returns the count and, when `prev_kv`,
+    /// the deleted pairs.
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> Result<(u64, Vec<KeyValue>)>;
+
+    /// Deletes several keys; returns the deleted pairs when `prev_kv`.
+    async fn batch_delete(&self, keys: &[Vec<u8>], prev_kv: bool) -> Result<Vec<KeyValue>>;
+
+    /// An atomic transaction. Refused with a clear error (nothing applied) when it exceeds the backend's limits.
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse>;
+}
+
+/// A shared [`KvBackend`].
+pub type KvBackendRef = Arc<dyn KvBackend>;

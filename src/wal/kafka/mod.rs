@@ -1,0 +1,3 @@
+//! The Kafka side of remote WAL: topic administration, the topic pool, the selector and the bootstrap procedure.
+
+pub mod admin;

@@ -1,0 +1,4 @@
+//! WAL configuration and options: which WAL a region writes to (raft-engine or a Kafka topic), the Kafka topic
+//! pool and its bootstrap procedure, and the allocator that hands options to new regions.
+
+pub mod kafka;
