@@ -27,11 +27,13 @@ pub enum Error {
     // ---- end kv ----
 
     // ---- wal (src/wal) ----
-    /// Placeholder of the wal section.
-    #[snafu(display("wal: {message}"))]
-    WalOther {
-        /// What happened.
-        message: String,
+    /// Encoded WAL options did not decode.
+    #[snafu(display("invalid encoded WAL options '{encoded}': {source}"))]
+    DecodeWalOptions {
+        /// The string as found.
+        encoded: String,
+        /// The JSON error.
+        source: serde_json::Error,
     },
     // ---- end wal ----
 

@@ -2,3 +2,6 @@
 //! pool and its bootstrap procedure, and the allocator that hands options to new regions.
 
 pub mod kafka;
+pub mod options;
+
+pub use options::{KafkaWalOptions, WAL_OPTIONS_KEY, WalOptions};
