@@ -1,0 +1,200 @@
+#!/usr/bin/env bash
+# Installs, starts, checks and stops the real services remote-wal's tests run against, all on loopback:
+#   - Apache Kafka (KRaft, combined broker+controller, auto topic creation off) from Maven Central jars;
+#   - etcd from Debian's etcd-server package.
+# State (ports, pids, data, logs) lives under target/services/<name>/, so a stopped service restarts on the
+# same port with its data (tests that stop and restart a service rely on that).
+#
+# usage: scripts/services.sh install                 apt packages (etcd, protoc) + Kafka jars into target/kafka-libs
+#        scripts/services.sh start  kafka|etcd [NAME]  start (or restart) one service; prints nothing on success
+#        scripts/services.sh stop   kafka|etcd [NAME]  stop it (data kept)
+#        scripts/services.sh endpoint kafka|etcd [NAME] print host:port
+#        scripts/services.sh logs   kafka|etcd [NAME]  print the tail of its log
+#        scripts/services.sh stop-all                stop everything this checkout started
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+STATE="$ROOT/target/services"
+KAFKA_LIBS="$ROOT/target/kafka-libs"
+READY_TIMEOUT=${SERVICES_READY_TIMEOUT:-120}
+
+log() { echo "[services] $*" >&2; }
+die() { echo "[services] error: $*" >&2; exit 1; }
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# A port saved in the service's state dir, or a fresh free one (saved).
+port_for() { # dir file
+  local f="$1/$2"
+  if [[ -s $f ]]; then cat "$f"; else free_port | tee "$f"; fi
+}
+
+install() {
+  local need=()
+  command -v etcd >/dev/null || need+=(etcd-server)
+  command -v etcdctl >/dev/null || need+=(etcd-client)
+  command -v protoc >/dev/null || need+=(protobuf-compiler)
+  command -v java >/dev/null || need+=(openjdk-17-jre-headless)
+  command -v mvn >/dev/null || need+=(maven)
+  if ((${#need[@]})); then
+    log "installing Debian packages: ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+  if ! ls "$KAFKA_LIBS"/kafka_2.13-*.jar >/dev/null 2>&1; then
+    log "fetching Apache Kafka jars from Maven Central into $KAFKA_LIBS"
+    mvn -q -B -f "$ROOT/scripts/kafka/pom.xml" dependency:copy-dependencies \
+      -DoutputDirectory="$KAFKA_LIBS" -DincludeScope=runtime >&2
+  fi
+}
+
+pid_alive() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+wait_ready() { # name check-fn logfile
+  local name=$1 check=$2 logf=$3 deadline=$((SECONDS + READY_TIMEOUT))
+  until $check; do
+    if ((SECONDS > deadline)); then
+      log "$name not ready after ${READY_TIMEOUT}s; last lines of $logf:"
+      tail -n 40 "$logf" >&2 || true
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+# ---- Kafka ---------------------------------------------------------------------------------------------------
+# One KRaft node (broker + controller). Several named nodes may form a cluster: KAFKA_CLUSTER="a b c" names the
+# members (all must be started); by default a node is its own single-node cluster.
+kafka_start() {
+  local name=${1:-kafka} dir="$STATE/$1"
+  name=${name:-kafka}; dir="$STATE/$name"
+  mkdir -p "$dir"
+  pid_alive "$dir/pid" && return 0
+  ls "$KAFKA_LIBS"/kafka_2.13-*.jar >/dev/null 2>&1 || die "Kafka jars missing under $KAFKA_LIBS: run scripts/services.sh install"
+  local port cport node_id members voters=""
+  port=$(port_for "$dir" port); cport=$(port_for "$dir" controller_port)
+  members=${KAFKA_CLUSTER:-$name}
+  node_id=$(cat "$dir/node_id" 2>/dev/null || true)
+  if [[ -z $node_id ]]; then
+    local i=1
+    for m in $members; do [[ $m == "$name" ]] && node_id=$i; i=$((i + 1)); done
+    [[ -n $node_id ]] || die "kafka node $name is not in KAFKA_CLUSTER=$members"
+    echo "$node_id" >"$dir/node_id"
+  fi
+  if [[ ! -s $dir/voters ]]; then
+    local i=1
+    for m in $members; do
+      mkdir -p "$STATE/$m"
+      voters+="${voters:+,}$i@127.0.0.1:$(port_for "$STATE/$m" controller_port)"
+      i=$((i + 1))
+    done
+    echo "$voters" >"$dir/voters"
+  fi
+  voters=$(cat "$dir/voters")
+  local nmembers; nmembers=$(echo "$voters" | tr ',' '\n' | wc -l)
+  local rf=$((nmembers < 3 ? nmembers : 3))
+  cat >"$dir/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=$node_id
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=PLAINTEXT://127.0.0.1:$port
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$dir/data
+auto.create.topics.enable=false
+num.partitions=1
+offsets.topic.replication.factor=$rf
+transaction.state.log.replication.factor=$rf
+transaction.state.log.min.isr=1
+group.initial.rebalance.delay.ms=0
+PROPS
+  cat >"$dir/log4j2.properties" <<'PROPS'
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+PROPS
+  local cp="$KAFKA_LIBS/*"
+  local java_opts=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
+    "-Dlog4j2.configurationFile=$dir/log4j2.properties")
+  if [[ ! -f $dir/data/meta.properties ]]; then
+    local cluster_id
+    cluster_id=$(cat "$STATE/${members%% *}/cluster_id" 2>/dev/null || true)
+    if [[ -z $cluster_id ]]; then
+      cluster_id=$(python3 -c 'import uuid,base64;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+      echo "$cluster_id" >"$STATE/${members%% *}/cluster_id"
+    fi
+    java "${java_opts[@]}" -cp "$cp" kafka.tools.StorageTool format -t "$cluster_id" \
+      -c "$dir/server.properties" >>"$dir/kafka.log" 2>&1 || { tail -n 30 "$dir/kafka.log" >&2; die "kafka storage format failed ($dir)"; }
+  fi
+  : >"$dir/started"
+  nohup java "${java_opts[@]}" -cp "$cp" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 &
+  echo $! >"$dir/pid"
+  if [[ ${KAFKA_NO_WAIT:-} != 1 ]]; then kafka_wait "$name"; fi
+}
+
+kafka_wait() {
+  local name=${1:-kafka} dir="$STATE/${1:-kafka}"
+  local port; port=$(cat "$dir/port")
+  check() { pid_alive "$dir/pid" && port_open "$port" && grep -q "Kafka Server started" "$dir/kafka.log"; }
+  wait_ready "kafka($name)" check "$dir/kafka.log" || { stop_pid "$dir"; die "kafka $name did not start"; }
+}
+
+stop_pid() { # dir
+  local dir=$1
+  [[ -s $dir/pid ]] || return 0
+  local pid; pid=$(cat "$dir/pid")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$dir/pid"
+}
+
+# ---- etcd ----------------------------------------------------------------------------------------------------
+etcd_start() {
+  local name=${1:-etcd} dir="$STATE/${1:-etcd}"
+  mkdir -p "$dir"
+  pid_alive "$dir/pid" && return 0
+  command -v etcd >/dev/null || die "etcd not installed: run scripts/services.sh install"
+  local port pport
+  port=$(port_for "$dir" port); pport=$(port_for "$dir" peer_port)
+  nohup etcd --name "$name" --data-dir "$dir/data" \
+    --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+    --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+    --initial-cluster "$name=http://127.0.0.1:$pport" >>"$dir/etcd.log" 2>&1 &
+  echo $! >"$dir/pid"
+  check() { pid_alive "$dir/pid" && ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$port" --dial-timeout=1s endpoint health >/dev/null 2>&1; }
+  wait_ready "etcd($name)" check "$dir/etcd.log" || { stop_pid "$dir"; die "etcd $name did not start"; }
+}
+
+cmd=${1:-}; shift || true
+case "$cmd" in
+  install) install ;;
+  start)
+    case "${1:-}" in
+      kafka) kafka_start "${2:-kafka}" ;;
+      etcd) etcd_start "${2:-etcd}" ;;
+      *) die "start kafka|etcd [NAME]" ;;
+    esac ;;
+  stop) [[ -n ${1:-} ]] || die "stop kafka|etcd [NAME]"; stop_pid "$STATE/${2:-$1}" ;;
+  endpoint) echo "127.0.0.1:$(cat "$STATE/${2:-$1}/port")" ;;
+  logs) tail -n "${LINES_SHOWN:-60}" "$STATE/${2:-$1}"/*.log ;;
+  stop-all) for d in "$STATE"/*/; do [[ -d $d ]] && stop_pid "${d%/}"; done ;;
+  *) die "usage: $0 install | start|stop|endpoint|logs kafka|etcd [NAME] | stop-all" ;;
+esac
