@@ -27,6 +27,8 @@ enum ParentStep {
 struct ParentState {
     id: ProcedureId,
     step: ParentStep,
+    /// Whether the suspension persists the parent's state (already moved on to `Finish`) before the children start.
+    persist_suspension: bool,
 }
 
 /// Prepare (one effect) → suspend on children `{id}/child-0..2` → finish (one effect, output).
@@ -67,7 +69,7 @@ impl Procedure for Parent {
                 self.state.step = ParentStep::Finish;
                 Ok(Status::Suspended {
                     subprocedures: children,
-                    persist: true,
+                    persist: self.state.persist_suspension,
                 })
             }
             ParentStep::Finish => {
@@ -152,7 +154,15 @@ fn register(world: &Arc<World>, manager: &dyn ProcedureManager) -> Result<()> {
     )
 }
 
-fn roots(world: &Arc<World>) -> Vec<ProcedureWithId> {
+fn roots_persisting_the_suspension(world: &Arc<World>) -> Vec<ProcedureWithId> {
+    root(world, true)
+}
+
+fn roots_not_persisting_the_suspension(world: &Arc<World>) -> Vec<ProcedureWithId> {
+    root(world, false)
+}
+
+fn root(world: &Arc<World>, persist_suspension: bool) -> Vec<ProcedureWithId> {
     let id = ProcedureId::new("parent-1");
     vec![ProcedureWithId::new(
         id.clone(),
@@ -160,16 +170,40 @@ fn roots(world: &Arc<World>) -> Vec<ProcedureWithId> {
             state: ParentState {
                 id,
                 step: ParentStep::Prepare,
+                persist_suspension,
             },
             world: world.clone(),
         }),
     )]
 }
 
+/// The parent persists its suspension: after a crash between that write and the children's submissions, the
+/// recovered parent must still wait for (and start) its children.
 #[tokio::test]
-async fn parent_with_children_survives_every_single_and_double_crash() {
-    let scenario = WorldScenario { register, roots };
-    let report = run_matrix("subprocedures", &scenario).await;
+async fn parent_persisting_its_suspension_survives_every_single_and_double_crash() {
+    let scenario = WorldScenario {
+        register,
+        roots: roots_persisting_the_suspension,
+    };
+    let report = run_matrix("subprocedures, suspension persisted", &scenario).await;
+    report.assert_no_mismatch();
+    assert_eq!(
+        report.side_effect_points,
+        2 + 2 * CHILDREN as usize,
+        "{report}"
+    );
+    assert!(report.double_crash_cases > 0, "{report}");
+}
+
+/// The parent does not persist its suspension: a crash before its next write replays the suspending step, which
+/// must await the children already started instead of starting them twice.
+#[tokio::test]
+async fn parent_replaying_its_suspension_survives_every_single_and_double_crash() {
+    let scenario = WorldScenario {
+        register,
+        roots: roots_not_persisting_the_suspension,
+    };
+    let report = run_matrix("subprocedures, suspension replayed", &scenario).await;
     report.assert_no_mismatch();
     assert_eq!(
         report.side_effect_points,
