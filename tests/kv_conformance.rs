@@ -10,3 +10,20 @@ use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 async fn memory_backend_conforms() {
     run_all(|| async { (Arc::new(MemoryKvBackend::new()) as KvBackendRef, Vec::new()) }).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redb_backend_conforms() {
+    let dir = tempfile::tempdir().unwrap();
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    run_all(|| {
+        let path = dir.path().join(format!(
+            "case-{}.redb",
+            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        ));
+        async move {
+            let kv = remote_wal::kv::RedbKvBackend::open(path).unwrap();
+            (Arc::new(kv) as KvBackendRef, Vec::new())
+        }
+    })
+    .await;
+}

@@ -14,8 +14,10 @@ mod check;
 pub mod conformance;
 pub mod etcd;
 pub mod memory;
+pub mod redb;
 
 pub use memory::MemoryKvBackend;
+pub use redb::RedbKvBackend;
 
 /// A key with its value.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
