@@ -16,13 +16,125 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[non_exhaustive]
 pub enum Error {
     // ---- kv (src/kv) ----
-    /// Placeholder of the kv section.
-    #[snafu(display("kv backend {backend}: {message}"))]
-    KvOther {
+    /// A kv request is malformed (an empty key, a key written twice in one transaction); nothing was applied.
+    #[snafu(display("kv backend {backend}: invalid request on key '{key}': {reason}"))]
+    KvInvalidRequest {
         /// The backend's name.
         backend: String,
-        /// What happened.
-        message: String,
+        /// The offending key (escaped).
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A kv request exceeds the backend's limits (operations per transaction, bytes per request); nothing was
+    /// applied.
+    #[snafu(display("kv backend {backend}: request on key '{key}' refused: {reason}"))]
+    KvLimit {
+        /// The backend's name.
+        backend: String,
+        /// The first key of the refused request (escaped).
+        key: String,
+        /// The limit that was hit and by how much.
+        reason: String,
+    },
+
+    /// The redb file could not be opened or created.
+    #[snafu(display("cannot open redb metadata store '{}': {source}", path.display()))]
+    RedbOpen {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// redb's error.
+        source: redb::DatabaseError,
+    },
+
+    /// The redb file is held by another process (or another open handle in this one).
+    #[snafu(display(
+        "redb metadata store '{}' is already open in another process or handle; only one may hold it",
+        path.display()
+    ))]
+    RedbLocked {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// redb's error.
+        source: redb::DatabaseError,
+    },
+
+    /// A redb read or write transaction failed.
+    #[snafu(display("redb metadata store '{}': {action} on key '{key}' failed: {source}", path.display()))]
+    RedbOp {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// The kv call (`get`, `put`, `txn`, ...).
+        action: &'static str,
+        /// The (first) key touched, escaped.
+        key: String,
+        /// redb's error.
+        source: redb::Error,
+    },
+
+    /// The blocking task that ran a redb call died before answering.
+    #[snafu(display("redb metadata store '{}': {action} on key '{key}' did not complete: {source}", path.display()))]
+    RedbTask {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// The kv call.
+        action: &'static str,
+        /// The (first) key touched, escaped.
+        key: String,
+        /// The join error.
+        source: tokio::task::JoinError,
+    },
+
+    /// The etcd configuration is unusable (no endpoints).
+    #[snafu(display("invalid etcd configuration: {reason}"))]
+    EtcdConfig {
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// No etcd endpoint answered the connection attempt.
+    #[snafu(display("cannot connect to etcd at {endpoints}: {source}"))]
+    EtcdConnect {
+        /// The endpoints tried, comma-separated.
+        endpoints: String,
+        /// The client's error.
+        source: etcd_client::Error,
+    },
+
+    /// The etcd connection attempt did not finish within the connect timeout.
+    #[snafu(display("cannot connect to etcd at {endpoints}: no answer within {timeout:?}"))]
+    EtcdConnectTimeout {
+        /// The endpoints tried, comma-separated.
+        endpoints: String,
+        /// The connect timeout.
+        timeout: std::time::Duration,
+    },
+
+    /// An etcd call did not answer within the request timeout (its effect is unknown).
+    #[snafu(display("etcd at {endpoints}: {action} on key '{key}' timed out after {timeout:?}"))]
+    EtcdTimeout {
+        /// The endpoints, comma-separated.
+        endpoints: String,
+        /// The kv call.
+        action: &'static str,
+        /// The (first) key touched, escaped.
+        key: String,
+        /// The request timeout.
+        timeout: std::time::Duration,
+    },
+
+    /// An etcd call failed.
+    #[snafu(display("etcd at {endpoints}: {action} on key '{key}' failed: {source}"))]
+    EtcdOp {
+        /// The endpoints, comma-separated.
+        endpoints: String,
+        /// The kv call.
+        action: &'static str,
+        /// The (first) key touched, escaped.
+        key: String,
+        /// The client's error.
+        source: etcd_client::Error,
     },
     // ---- end kv ----
 
@@ -80,6 +192,10 @@ impl Error {
         match self {
             Error::Procedure { source } => source.is_retryable(),
             // ---- retryable: kv ----
+            Error::EtcdConnect { .. }
+            | Error::EtcdConnectTimeout { .. }
+            | Error::EtcdTimeout { .. } => true,
+            Error::EtcdOp { source, .. } => crate::kv::etcd::is_retryable(source),
             // ---- retryable: wal ----
             // ---- retryable: ddl ----
             _ => false,
