@@ -89,7 +89,7 @@ pub enum Error {
     },
     /// The topic exists with a different partition count than wanted.
     #[snafu(display(
-        "topic '{topic}' already exists with {found} partition(s), but {wanted} are wanted"
+        "topic '{topic}' already exists with {found} partition(s), but {wanted} partition(s) are wanted"
     ))]
     TopicPartitionMismatch {
         /// The topic.
@@ -99,15 +99,18 @@ pub enum Error {
         /// The partition count Kafka reports.
         found: usize,
     },
-    /// Kafka said the topic exists, yet fresh metadata does not show it (deleted in between, or metadata lagging).
+    /// A topic Kafka created or reported as existing did not show up in fresh metadata in time (deleted in
+    /// between, or the brokers' metadata lagging).
     #[snafu(display(
-        "Kafka brokers {endpoints:?} reported topic '{topic}' as already existing, but it is not in their metadata"
+        "topic '{topic}' was created or reported as existing by Kafka brokers {endpoints:?}, but was not in their metadata within {timeout:?}"
     ))]
-    TopicMissingAfterExists {
+    TopicNotListed {
         /// The topic.
         topic: String,
         /// The bootstrap endpoints.
         endpoints: Vec<String>,
+        /// How long metadata was polled.
+        timeout: std::time::Duration,
     },
     /// Kafka rejected the replication factor (error 38), typically more replicas than live brokers.
     #[snafu(display(
@@ -187,7 +190,7 @@ impl Error {
             Error::Procedure { source } => source.is_retryable(),
             // ---- retryable: kv ----
             // ---- retryable: wal ----
-            Error::KafkaTimeout { .. } | Error::TopicMissingAfterExists { .. } => true,
+            Error::KafkaTimeout { .. } | Error::TopicNotListed { .. } => true,
             Error::KafkaConnect { source, .. }
             | Error::ListTopics { source, .. }
             | Error::CreateTopic { source, .. } => {

@@ -7,6 +7,9 @@
 //! - creating a topic: bounded by `create_topic_timeout` + [`CALL_MARGIN`] (the broker itself gets
 //!   `create_topic_timeout`);
 //! - listing topics: bounded by `create_topic_timeout` + [`CALL_MARGIN`].
+//!
+//! `create_topic` returns only once fresh metadata lists the topic with the wanted partition count (polled for up
+//! to `create_topic_timeout`), so a caller may use the topic, or see it in `list_topics`, right away.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -22,18 +25,18 @@ use tokio::time::{Instant, sleep, timeout};
 use super::admin::{CreateTopicOutcome, TopicAdmin};
 use crate::error::{
     CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu, KafkaConnectSnafu,
-    KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu, ListTopicsSnafu, Result,
-    TopicMissingAfterExistsSnafu, TopicPartitionMismatchSnafu,
+    KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu, ListTopicsSnafu, Result, TopicNotListedSnafu,
+    TopicPartitionMismatchSnafu,
 };
 use crate::wal::config::{KafkaConfig, validate_topic_name};
 
 /// Time allowed on top of the broker-side create timeout for the round trip and rskafka's metadata refresh.
 pub const CALL_MARGIN: Duration = Duration::from_secs(5);
 
-/// First wait between metadata polls for a topic Kafka says exists but metadata does not show yet.
-const EXISTS_POLL_INIT: Duration = Duration::from_millis(20);
+/// First wait between metadata polls for a topic that was created (or reported existing) but is not listed yet.
+const LISTED_POLL_INIT: Duration = Duration::from_millis(10);
 /// Longest wait between those polls.
-const EXISTS_POLL_MAX: Duration = Duration::from_millis(500);
+const LISTED_POLL_MAX: Duration = Duration::from_millis(500);
 
 /// Creates and lists topics of one Kafka cluster through rskafka.
 #[derive(Debug)]
@@ -90,13 +93,19 @@ impl RsKafkaTopicAdmin {
         self.create_topic_timeout + CALL_MARGIN
     }
 
-    /// After TOPIC_ALREADY_EXISTS: the topic's partition count from fresh metadata, compared with `wanted`.
+    /// Polls fresh metadata until `name` shows up, then compares its partition count with `wanted`.
     ///
-    /// A topic another client just created can be missing from metadata for a moment, so a missing topic is
-    /// polled for up to `create_topic_timeout` before giving up.
-    async fn check_existing(&self, name: &str, wanted: i32) -> Result<CreateTopicOutcome> {
+    /// Kafka answers CreateTopics once the controller has committed the topic; the broker serving metadata learns of
+    /// it a moment later, so a just-created topic (ours, or another client's on TOPIC_ALREADY_EXISTS) can be missing
+    /// from metadata briefly. Polls for up to `create_topic_timeout`; `outcome` is returned on a match.
+    async fn await_listed(
+        &self,
+        name: &str,
+        wanted: i32,
+        outcome: CreateTopicOutcome,
+    ) -> Result<CreateTopicOutcome> {
         let give_up_at = Instant::now() + self.create_topic_timeout;
-        let mut wait = EXISTS_POLL_INIT;
+        let mut wait = LISTED_POLL_INIT;
         loop {
             if let Some(&found) = self.list_topics().await?.get(name) {
                 ensure!(
@@ -107,17 +116,18 @@ impl RsKafkaTopicAdmin {
                         found,
                     }
                 );
-                return Ok(CreateTopicOutcome::AlreadyExisted);
+                return Ok(outcome);
             }
             ensure!(
                 Instant::now() + wait <= give_up_at,
-                TopicMissingAfterExistsSnafu {
+                TopicNotListedSnafu {
                     topic: name,
                     endpoints: self.endpoints.clone(),
+                    timeout: self.create_topic_timeout,
                 }
             );
             sleep(wait).await;
-            wait = (wait * 2).min(EXISTS_POLL_MAX);
+            wait = (wait * 2).min(LISTED_POLL_MAX);
         }
     }
 
@@ -220,13 +230,19 @@ impl TopicAdmin for RsKafkaTopicAdmin {
             .build()
         })?;
         match created {
-            Ok(()) => Ok(CreateTopicOutcome::Created),
+            Ok(()) => {
+                self.await_listed(name, num_partitions, CreateTopicOutcome::Created)
+                    .await
+            }
             // Also after our own earlier attempt timed out on the wire and rskafka retried: it counts as created
             // once the partition count matches.
             Err(RsKafkaError::ServerError {
                 protocol_error: ProtocolError::TopicAlreadyExists,
                 ..
-            }) => self.check_existing(name, num_partitions).await,
+            }) => {
+                self.await_listed(name, num_partitions, CreateTopicOutcome::AlreadyExisted)
+                    .await
+            }
             Err(e) => Err(self.create_error(name, replication_factor, e)),
         }
     }
