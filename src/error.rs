@@ -139,6 +139,115 @@ pub enum Error {
     // ---- end kv ----
 
     // ---- wal (src/wal) ----
+    /// The WAL config did not parse (bad TOML, an unknown key, a bad duration).
+    #[snafu(display("invalid WAL config: {source}"))]
+    ParseWalConfig {
+        /// The TOML error; it names the key and position.
+        source: toml::de::Error,
+    },
+    /// A WAL config value is out of range.
+    #[snafu(display("invalid WAL config: {field} = {value}: {reason}"))]
+    InvalidWalConfig {
+        /// The field, e.g. `topic_name_prefix` or `backoff.deadline`.
+        field: String,
+        /// The value as configured.
+        value: String,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// A topic name Kafka would reject; caught before anything is sent.
+    #[snafu(display("invalid Kafka topic name '{topic}': {reason}"))]
+    InvalidTopicName {
+        /// The name.
+        topic: String,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// No broker answered within the backoff deadline (or rskafka gave up earlier).
+    #[snafu(display("cannot connect to Kafka brokers {endpoints:?}: {source}"))]
+    KafkaConnect {
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
+    /// A Kafka call did not finish in time.
+    #[snafu(display("Kafka brokers {endpoints:?}: {operation} did not finish within {timeout:?}"))]
+    KafkaTimeout {
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// What was being done, e.g. `connect` or `create topic 'wal_3'`.
+        operation: String,
+        /// How long was waited.
+        timeout: std::time::Duration,
+    },
+    /// Listing the cluster's topics failed.
+    #[snafu(display("cannot list topics on Kafka brokers {endpoints:?}: {source}"))]
+    ListTopics {
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
+    /// Creating a topic failed for a reason not covered by a more specific variant.
+    #[snafu(display("cannot create topic '{topic}' on Kafka brokers {endpoints:?}: {source}"))]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
+    /// The topic exists with a different partition count than wanted.
+    #[snafu(display(
+        "topic '{topic}' already exists with {found} partition(s), but {wanted} partition(s) are wanted"
+    ))]
+    TopicPartitionMismatch {
+        /// The topic.
+        topic: String,
+        /// The partition count asked for.
+        wanted: i32,
+        /// The partition count Kafka reports.
+        found: usize,
+    },
+    /// A topic Kafka created or reported as existing did not show up in fresh metadata in time (deleted in
+    /// between, or the brokers' metadata lagging).
+    #[snafu(display(
+        "topic '{topic}' was created or reported as existing by Kafka brokers {endpoints:?}, but was not in their metadata within {timeout:?}"
+    ))]
+    TopicNotListed {
+        /// The topic.
+        topic: String,
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// How long metadata was polled.
+        timeout: std::time::Duration,
+    },
+    /// Kafka rejected the replication factor (error 38), typically more replicas than live brokers.
+    #[snafu(display(
+        "Kafka rejected replication factor {replication_factor} for topic '{topic}' (INVALID_REPLICATION_FACTOR): {message}"
+    ))]
+    InvalidReplicationFactor {
+        /// The topic.
+        topic: String,
+        /// The replication factor asked for.
+        replication_factor: i16,
+        /// The broker's message.
+        message: String,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
+    /// Kafka rejected the topic name (error 17).
+    #[snafu(display("Kafka rejected topic name '{topic}' (INVALID_TOPIC_EXCEPTION): {message}"))]
+    KafkaRejectedTopicName {
+        /// The topic.
+        topic: String,
+        /// The broker's message.
+        message: String,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
     /// Encoded WAL options did not decode.
     #[snafu(display("invalid encoded WAL options '{encoded}': {source}"))]
     DecodeWalOptions {
@@ -197,6 +306,12 @@ impl Error {
             | Error::EtcdTimeout { .. } => true,
             Error::EtcdOp { source, .. } => crate::kv::etcd::is_retryable(source),
             // ---- retryable: wal ----
+            Error::KafkaTimeout { .. } | Error::TopicNotListed { .. } => true,
+            Error::KafkaConnect { source, .. }
+            | Error::ListTopics { source, .. }
+            | Error::CreateTopic { source, .. } => {
+                crate::wal::kafka::rskafka_admin::is_retryable_rskafka_error(source)
+            }
             // ---- retryable: ddl ----
             _ => false,
         }
