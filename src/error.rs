@@ -256,6 +256,80 @@ pub enum Error {
         /// The JSON error.
         source: serde_json::Error,
     },
+    /// A key under `__topic_name/kafka/` (or its value) that does not decode.
+    #[snafu(display("invalid persisted topic name key '{key}': {reason}"))]
+    InvalidTopicNameKey {
+        /// The key as found (lossy UTF-8).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A topic pool specification that cannot be bootstrapped.
+    #[snafu(display("invalid Kafka topic pool '{prefix}': {reason}"))]
+    InvalidTopicPool {
+        /// The pool's topic name prefix.
+        prefix: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A topic of the pool exists with a partition count other than the pool's.
+    #[snafu(display(
+        "Kafka topic '{topic}' has {actual} partitions but the pool needs {expected}; delete or fix it, or change the pool's prefix"
+    ))]
+    PoolTopicPartitions {
+        /// The topic.
+        topic: String,
+        /// The pool's partition count.
+        expected: i32,
+        /// What the broker reports.
+        actual: usize,
+    },
+
+    /// Topics that were created did not show up in the broker's metadata before the deadline.
+    #[snafu(display(
+        "Kafka topics {topics:?} not visible in the metadata of {endpoints:?} after {waited:?}"
+    ))]
+    PoolTopicsNotVisible {
+        /// The topics still missing.
+        topics: Vec<String>,
+        /// The brokers asked.
+        endpoints: Vec<String>,
+        /// How long the bootstrap waited.
+        waited: std::time::Duration,
+    },
+
+    /// Persisting the pool's topic names kept conflicting with another writer.
+    #[snafu(display("persisting the topic names of pool '{prefix}' conflicted: {reason}"))]
+    PersistTopicNamesConflict {
+        /// The pool's topic name prefix.
+        prefix: String,
+        /// What conflicted.
+        reason: String,
+    },
+
+    /// The topic bootstrap procedure failed (or could not be run).
+    #[snafu(display("bootstrap of Kafka topic pool '{prefix}' failed: {source}"))]
+    TopicBootstrap {
+        /// The pool's topic name prefix.
+        prefix: String,
+        /// The engine's error (the procedure's own error is inside).
+        source: procedures::Error,
+    },
+
+    /// WAL options were asked of a Kafka topic pool that is not ready (not bootstrapped, or incomplete).
+    #[snafu(display("Kafka topic pool '{prefix}' is not ready: {reason}"))]
+    TopicPoolNotReady {
+        /// The pool's topic name prefix.
+        prefix: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// A topic selector was given no topics to choose from.
+    #[snafu(display("cannot select a topic from an empty topic list"))]
+    EmptyTopicList,
     // ---- end wal ----
 
     // ---- ddl (src/ddl) ----
