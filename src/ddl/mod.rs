@@ -30,3 +30,6 @@ pub use peer::{PeerSelector, PeerSelectorRef, RoundRobinPeerSelector};
 pub use table_name::TableName;
 pub use task::CreateTableTask;
 pub use wal_source::{RaftEngineWalSource, WalOptionsSource, WalOptionsSourceRef};
+
+#[cfg(test)]
+mod create_table_tests;

@@ -111,3 +111,78 @@ impl Sequence {
             })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::kv::{MemoryKvBackend, PutRequest};
+
+    fn kv() -> KvBackendRef {
+        Arc::new(MemoryKvBackend::new())
+    }
+
+    #[tokio::test]
+    async fn reserves_in_batches_and_a_new_instance_continues_after_the_last_batch() {
+        let kv = kv();
+        let a = Sequence::new(kv.clone(), "seq", 1024, 10, u64::MAX);
+        assert_eq!(a.next().await.unwrap(), 1024);
+        assert_eq!(a.next().await.unwrap(), 1025);
+        assert_eq!(kv.get(b"seq").await.unwrap().unwrap().value, b"1034");
+        // A restart: the unused ids of the first batch are skipped, never handed out again.
+        let b = Sequence::new(kv.clone(), "seq", 1024, 10, u64::MAX);
+        assert_eq!(b.next().await.unwrap(), 1034);
+        assert_eq!(a.next().await.unwrap(), 1026);
+        for _ in 0..8 {
+            a.next().await.unwrap();
+        }
+        // `a` used up its batch and reserves after `b`'s.
+        assert_eq!(a.next().await.unwrap(), 1044);
+    }
+
+    #[tokio::test]
+    async fn concurrent_instances_never_share_an_id() {
+        let kv = kv();
+        let seqs: Vec<_> = (0..4)
+            .map(|_| Arc::new(Sequence::new(kv.clone(), "seq", 0, 3, u64::MAX)))
+            .collect();
+        let mut handles = Vec::new();
+        for s in &seqs {
+            for _ in 0..25 {
+                let s = s.clone();
+                handles.push(tokio::spawn(async move { s.next().await.unwrap() }));
+            }
+        }
+        let mut ids = BTreeSet::new();
+        for h in handles {
+            assert!(ids.insert(h.await.unwrap()), "an id was handed out twice");
+        }
+        assert_eq!(ids.len(), 100);
+    }
+
+    #[tokio::test]
+    async fn exhaustion_and_corruption_are_errors_naming_the_key() {
+        let kv = kv();
+        let s = Sequence::new(kv.clone(), "seq", 5, 10, 6);
+        assert_eq!(s.next().await.unwrap(), 5);
+        assert_eq!(s.next().await.unwrap(), 6);
+        let err = s.next().await.unwrap_err().to_string();
+        assert!(err.contains("'seq'") && err.contains("exhausted"), "{err}");
+
+        kv.put(PutRequest {
+            key: b"bad".to_vec(),
+            value: b"x1".to_vec(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+        let err = Sequence::new(kv, "bad", 0, 1, u64::MAX)
+            .next()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'bad'") && err.contains("'x1'"), "{err}");
+    }
+}
