@@ -122,10 +122,15 @@ impl CreateTableProcedure {
     }
 
     /// Prepare: validate; if the table exists, finish with its id (`if_not_exists`) or fail.
-    async fn on_prepare(&mut self) -> Result<Status> {
+    async fn on_prepare(&mut self, ctx: &Context) -> Result<Status> {
         let task = &self.data.task;
         task.validate()?;
         if let Some(table_id) = self.context.metadata.table_id(&task.name).await? {
+            // A reservation of an earlier run of this procedure (if any) will not be used.
+            self.context
+                .allocator
+                .release(ctx.procedure_id().as_str())
+                .await?;
             if task.if_not_exists {
                 return Ok(Status::done_with_output(table_id_output(table_id)));
             }
@@ -140,10 +145,15 @@ impl CreateTableProcedure {
     }
 
     /// Allocate: table id, placement and WAL options, persisted before the next step uses them. An allocation
-    /// already in the state is kept.
-    async fn on_allocate(&mut self) -> Result<Status> {
+    /// already in the state is kept; one reserved in the kv by an earlier run of this step (crashed before its
+    /// state was stored) is reused.
+    async fn on_allocate(&mut self, ctx: &Context) -> Result<Status> {
         if self.data.allocation.is_none() {
-            let allocation = self.context.allocator.allocate(&self.data.task).await?;
+            let allocation = self
+                .context
+                .allocator
+                .allocate_once(ctx.procedure_id().as_str(), &self.data.task)
+                .await?;
             self.data.allocation = Some(allocation);
         }
         self.data.state = CreateTableState::CreateRegions;
@@ -167,14 +177,22 @@ impl CreateTableProcedure {
         Ok(Status::executing(true))
     }
 
-    /// PersistDatanodeTableValue: every metadata key in one transaction; done with the table id.
-    async fn on_persist_metadata(&mut self) -> Result<Status> {
+    /// PersistDatanodeTableValue: every metadata key in one transaction; done with the table id. The allocation's
+    /// kv reservation is removed once the metadata holds it, or once the metadata is refused for good.
+    async fn on_persist_metadata(&mut self, ctx: &Context) -> Result<Status> {
         let allocation = self.allocation()?;
         let metadata = TableMetadata::new(&self.data.task, &allocation);
+        let written = self.context.metadata.create_table_metadata(&metadata).await;
+        if let Err(e) = &written
+            && e.is_retryable()
+        {
+            return written.map(|_| Status::done());
+        }
         self.context
-            .metadata
-            .create_table_metadata(&metadata)
+            .allocator
+            .release(ctx.procedure_id().as_str())
             .await?;
+        written?;
         Ok(Status::done_with_output(table_id_output(
             allocation.table_id,
         )))
@@ -202,10 +220,12 @@ impl Procedure for CreateTableProcedure {
 
     async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
         match self.data.state {
-            CreateTableState::Prepare => Ok(self.on_prepare().await?),
-            CreateTableState::Allocate => Ok(self.on_allocate().await?),
+            CreateTableState::Prepare => Ok(self.on_prepare(ctx).await?),
+            CreateTableState::Allocate => Ok(self.on_allocate(ctx).await?),
             CreateTableState::CreateRegions => self.on_create_regions(ctx).await,
-            CreateTableState::PersistDatanodeTableValue => Ok(self.on_persist_metadata().await?),
+            CreateTableState::PersistDatanodeTableValue => {
+                Ok(self.on_persist_metadata(ctx).await?)
+            }
         }
     }
 

@@ -158,6 +158,42 @@ async fn allocate_persists_and_is_not_repeated_on_replay() {
 }
 
 #[tokio::test]
+async fn allocate_rerun_after_a_crash_before_its_state_was_stored_reuses_the_reservation() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let dns = Arc::new(MemoryDatanodeManager::new());
+    let c = context(kv.clone(), Arc::new(kafka_source(1)), dns.clone());
+    let mut first = CreateTableProcedure::new(task("cpu", 3), c.clone());
+    first.execute(&ctx()).await.unwrap();
+    first.execute(&ctx()).await.unwrap();
+    let allocation = first.data().allocation.clone().unwrap();
+    // The manager died before storing that state: a new process (new allocator, fresh selector) starts over
+    // from the submitted state, under the same procedure id.
+    let c2 = context(kv.clone(), Arc::new(kafka_source(0)), dns.clone());
+    let again = CreateTableProcedure::new(task("cpu", 3), c2.clone());
+    let out = run_to_end(again, &c2).await.unwrap();
+    assert_eq!(
+        out["table_id"].as_u64(),
+        Some(u64::from(allocation.table_id))
+    );
+    let metadata = TableMetadataManager::new(kv.clone());
+    assert_eq!(
+        metadata
+            .table_route(allocation.table_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .region_routes,
+        allocation.region_routes
+    );
+    // The reservation is gone once the metadata holds the allocation.
+    let left = kv
+        .range(crate::kv::RangeRequest::prefix("__table_allocation/"))
+        .await
+        .unwrap();
+    assert!(left.kvs.is_empty(), "{left:?}");
+}
+
+#[tokio::test]
 async fn allocate_uses_the_selector_and_the_wal_source() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let mut peers = MockPeerSelector::new();
