@@ -7,6 +7,7 @@
 //! endpoints = ["127.0.0.1:2379"]        # etcd only
 //! connect_timeout = "5s"                # etcd only
 //! request_timeout = "10s"               # etcd only
+//! key_prefix = "cluster-a/"             # optional: a namespace on a shared store
 //!
 //! [wal]
 //! provider = "kafka"                    # or "raft_engine"
@@ -92,6 +93,9 @@ pub struct MetadataStoreConfig {
     /// etcd: how long one request may take.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// Every key this metasrv reads or writes starts with this prefix (default: none), so several metasrvs can
+    /// share one etcd cluster without seeing each other's tables, topic names or procedures.
+    pub key_prefix: String,
 }
 
 impl Default for MetadataStoreConfig {
@@ -102,6 +106,7 @@ impl Default for MetadataStoreConfig {
             endpoints: vec!["127.0.0.1:2379".to_string()],
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
+            key_prefix: String::new(),
         }
     }
 }

@@ -35,6 +35,10 @@ use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
 use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
+mod namespace;
+
+pub use namespace::NamespacedKvBackend;
+
 /// The catalog of a table name given without one.
 pub const DEFAULT_CATALOG: &str = "greptime";
 /// The schema of a table name given without one.
@@ -577,7 +581,7 @@ fn pool_spec(kafka: &KafkaConfig) -> TopicPoolSpec {
 /// Opens the configured kv backend.
 async fn open_kv_backend(config: &MetasrvConfig) -> Result<KvBackendRef> {
     let store = &config.metadata_store;
-    Ok(match store.backend {
+    let kv: KvBackendRef = match store.backend {
         MetadataBackend::Memory => Arc::new(crate::kv::MemoryKvBackend::new()),
         MetadataBackend::Redb => {
             if let Some(dir) = store.path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -595,7 +599,8 @@ async fn open_kv_backend(config: &MetasrvConfig) -> Result<KvBackendRef> {
             }
             .fail();
         }
-    })
+    };
+    Ok(NamespacedKvBackend::wrap(kv, &store.key_prefix))
 }
 
 #[cfg(test)]
