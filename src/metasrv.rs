@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use procedures::{LocalManager, ManagerConfig, ProcedureId, ProcedureInfo, ProcedureManagerRef};
+use procedures::{LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef};
 use serde::Serialize;
 use snafu::{ResultExt, ensure};
 use tokio::sync::OnceCell;
@@ -246,8 +246,10 @@ impl Metasrv {
     ) -> Result<Self> {
         config.validate()?;
         let state_store = Arc::new(procedures::MemoryStateStore::new()); // TEMP until KvStateStore lands
-        let procedures: ProcedureManagerRef =
-            Arc::new(LocalManager::new(state_store, ManagerConfig::default()));
+        let procedures: ProcedureManagerRef = Arc::new(LocalManager::new(
+            state_store,
+            config.procedure.manager_config(),
+        ));
 
         let (wal, topic_admin) = match &config.wal {
             WalConfig::RaftEngine => (WalOptionsAllocator::RaftEngine, None),
@@ -377,12 +379,17 @@ impl Metasrv {
         let start = self.wal.start(&self.procedures);
         tokio::pin!(start);
         let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
+        // The bootstrap's end preempts a progress poll in flight (which may be waiting on an unreachable broker).
         let result = loop {
             tokio::select! {
                 result = &mut start => break result,
-                _ = tick.tick() => {
+                _ = tick.tick() => {}
+            }
+            tokio::select! {
+                result = &mut start => break result,
+                progress = self.bootstrap_progress(kafka, &wanted) => {
                     // Progress is best effort: a failed poll only skips this report.
-                    if let Ok(progress) = self.bootstrap_progress(kafka, &wanted).await {
+                    if let Ok(progress) = progress {
                         on_progress(progress);
                     }
                 }
