@@ -16,6 +16,7 @@ pub mod etcd;
 pub mod memory;
 pub mod redb;
 
+pub use etcd::{EtcdConfig, EtcdKvBackend};
 pub use memory::MemoryKvBackend;
 pub use redb::RedbKvBackend;
 
