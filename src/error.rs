@@ -139,6 +139,115 @@ pub enum Error {
     // ---- end kv ----
 
     // ---- wal (src/wal) ----
+    /// The WAL config did not parse (bad TOML, an unknown key, a bad duration).
+    #[snafu(display("invalid WAL config: {source}"))]
+    ParseWalConfig {
+        /// The TOML error; it names the key and position.
+        source: toml::de::Error,
+    },
+    /// A WAL config value is out of range.
+    #[snafu(display("invalid WAL config: {field} = {value}: {reason}"))]
+    InvalidWalConfig {
+        /// The field, e.g. `topic_name_prefix` or `backoff.deadline`.
+        field: String,
+        /// The value as configured.
+        value: String,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// A topic name Kafka would reject; caught before anything is sent.
+    #[snafu(display("invalid Kafka topic name '{topic}': {reason}"))]
+    InvalidTopicName {
+        /// The name.
+        topic: String,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// No broker answered within the backoff deadline (or rskafka gave up earlier).
+    #[snafu(display("cannot connect to Kafka brokers {endpoints:?}: {source}"))]
+    KafkaConnect {
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
+    /// A Kafka call did not finish in time.
+    #[snafu(display("Kafka brokers {endpoints:?}: {operation} did not finish within {timeout:?}"))]
+    KafkaTimeout {
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// What was being done, e.g. `connect` or `create topic 'wal_3'`.
+        operation: String,
+        /// How long was waited.
+        timeout: std::time::Duration,
+    },
+    /// Listing the cluster's topics failed.
+    #[snafu(display("cannot list topics on Kafka brokers {endpoints:?}: {source}"))]
+    ListTopics {
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
+    /// Creating a topic failed for a reason not covered by a more specific variant.
+    #[snafu(display("cannot create topic '{topic}' on Kafka brokers {endpoints:?}: {source}"))]
+    CreateTopic {
+        /// The topic.
+        topic: String,
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
+    /// The topic exists with a different partition count than wanted.
+    #[snafu(display(
+        "topic '{topic}' already exists with {found} partition(s), but {wanted} partition(s) are wanted"
+    ))]
+    TopicPartitionMismatch {
+        /// The topic.
+        topic: String,
+        /// The partition count asked for.
+        wanted: i32,
+        /// The partition count Kafka reports.
+        found: usize,
+    },
+    /// A topic Kafka created or reported as existing did not show up in fresh metadata in time (deleted in
+    /// between, or the brokers' metadata lagging).
+    #[snafu(display(
+        "topic '{topic}' was created or reported as existing by Kafka brokers {endpoints:?}, but was not in their metadata within {timeout:?}"
+    ))]
+    TopicNotListed {
+        /// The topic.
+        topic: String,
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// How long metadata was polled.
+        timeout: std::time::Duration,
+    },
+    /// Kafka rejected the replication factor (error 38), typically more replicas than live brokers.
+    #[snafu(display(
+        "Kafka rejected replication factor {replication_factor} for topic '{topic}' (INVALID_REPLICATION_FACTOR): {message}"
+    ))]
+    InvalidReplicationFactor {
+        /// The topic.
+        topic: String,
+        /// The replication factor asked for.
+        replication_factor: i16,
+        /// The broker's message.
+        message: String,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
+    /// Kafka rejected the topic name (error 17).
+    #[snafu(display("Kafka rejected topic name '{topic}' (INVALID_TOPIC_EXCEPTION): {message}"))]
+    KafkaRejectedTopicName {
+        /// The topic.
+        topic: String,
+        /// The broker's message.
+        message: String,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
     /// Encoded WAL options did not decode.
     #[snafu(display("invalid encoded WAL options '{encoded}': {source}"))]
     DecodeWalOptions {
@@ -147,23 +256,326 @@ pub enum Error {
         /// The JSON error.
         source: serde_json::Error,
     },
+    /// A key under `__topic_name/kafka/` (or its value) that does not decode.
+    #[snafu(display("invalid persisted topic name key '{key}': {reason}"))]
+    InvalidTopicNameKey {
+        /// The key as found (lossy UTF-8).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A topic pool specification that cannot be bootstrapped.
+    #[snafu(display("invalid Kafka topic pool '{prefix}': {reason}"))]
+    InvalidTopicPool {
+        /// The pool's topic name prefix.
+        prefix: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A topic of the pool exists with a partition count other than the pool's.
+    #[snafu(display(
+        "Kafka topic '{topic}' has {actual} partitions but the pool needs {expected}; delete or fix it, or change the pool's prefix"
+    ))]
+    PoolTopicPartitions {
+        /// The topic.
+        topic: String,
+        /// The pool's partition count.
+        expected: i32,
+        /// What the broker reports.
+        actual: usize,
+    },
+
+    /// Topics that were created did not show up in the broker's metadata before the deadline.
+    #[snafu(display(
+        "Kafka topics {topics:?} not visible in the metadata of {endpoints:?} after {waited:?}"
+    ))]
+    PoolTopicsNotVisible {
+        /// The topics still missing.
+        topics: Vec<String>,
+        /// The brokers asked.
+        endpoints: Vec<String>,
+        /// How long the bootstrap waited.
+        waited: std::time::Duration,
+    },
+
+    /// Persisting the pool's topic names kept conflicting with another writer.
+    #[snafu(display("persisting the topic names of pool '{prefix}' conflicted: {reason}"))]
+    PersistTopicNamesConflict {
+        /// The pool's topic name prefix.
+        prefix: String,
+        /// What conflicted.
+        reason: String,
+    },
+
+    /// The topic bootstrap procedure failed (or could not be run).
+    #[snafu(display("bootstrap of Kafka topic pool '{prefix}' failed: {source}"))]
+    TopicBootstrap {
+        /// The pool's topic name prefix.
+        prefix: String,
+        /// The engine's error (the procedure's own error is inside).
+        source: procedures::Error,
+    },
+
+    /// WAL options were asked of a Kafka topic pool that is not ready (not bootstrapped, or incomplete).
+    #[snafu(display("Kafka topic pool '{prefix}' is not ready: {reason}"))]
+    TopicPoolNotReady {
+        /// The pool's topic name prefix.
+        prefix: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// A topic selector was given no topics to choose from.
+    #[snafu(display("cannot select a topic from an empty topic list"))]
+    EmptyTopicList,
     // ---- end wal ----
 
     // ---- ddl (src/ddl) ----
-    /// Placeholder of the ddl section.
-    #[snafu(display("ddl: {message}"))]
-    DdlOther {
+    /// A catalog, schema, table or engine name is not acceptable.
+    #[snafu(display("invalid {what} name '{name}': {reason}"))]
+    InvalidName {
+        /// `catalog`, `schema`, `table` or `engine`.
+        what: &'static str,
+        /// The name as given.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A create-table request is not acceptable for another reason than a name.
+    #[snafu(display("invalid create-table request for table {table}: {reason}"))]
+    InvalidCreateTable {
+        /// The full table name.
+        table: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A table of this name exists (or exists with other metadata than this request would write).
+    #[snafu(display("table {table} already exists{}", table_id.map(|id| format!(" (table id {id})")).unwrap_or_default()))]
+    TableAlreadyExists {
+        /// The full table name.
+        table: String,
+        /// The existing table's id, when known.
+        table_id: Option<u32>,
+    },
+
+    /// A table's metadata key holds another value than the one being written for it.
+    #[snafu(display("table {table}: metadata key '{key}' already holds a different value"))]
+    TableMetadataConflict {
+        /// The full table name.
+        table: String,
+        /// The conflicting key.
+        key: String,
+    },
+
+    /// Writing a table's metadata needs a bigger transaction than the kv backend accepts.
+    #[snafu(display(
+        "table {table}: writing its metadata needs a transaction of {ops} operations, backend {backend} allows {max}"
+    ))]
+    MetadataTxnTooLarge {
+        /// The full table name.
+        table: String,
+        /// Operations the transaction would hold.
+        ops: usize,
+        /// The backend's limit.
+        max: usize,
+        /// The backend's name.
+        backend: String,
+    },
+
+    /// A table metadata value could not be encoded.
+    #[snafu(display("cannot encode the value of metadata key '{key}': {source}"))]
+    EncodeMetadata {
+        /// The key.
+        key: String,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+
+    /// A table metadata value read from the kv backend could not be decoded.
+    #[snafu(display("cannot decode the value of metadata key '{key}': {source}"))]
+    DecodeMetadata {
+        /// The key.
+        key: String,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+
+    /// A sequence's stored value is not a number.
+    #[snafu(display("sequence key '{key}' holds '{value}', which is not a number"))]
+    CorruptSequence {
+        /// The key.
+        key: String,
+        /// The value as found (lossy UTF-8).
+        value: String,
+    },
+
+    /// A sequence has no ids left below its maximum.
+    #[snafu(display(
+        "sequence key '{key}' is exhausted: next id {next} is beyond the maximum {max}"
+    ))]
+    SequenceExhausted {
+        /// The key.
+        key: String,
+        /// The next id it would hand out.
+        next: u64,
+        /// The largest id it may hand out.
+        max: u64,
+    },
+
+    /// Reserving a batch of a sequence kept losing the compare-and-put race.
+    #[snafu(display(
+        "sequence key '{key}': could not reserve a batch after {attempts} attempts (contention)"
+    ))]
+    SequenceContention {
+        /// The key.
+        key: String,
+        /// Attempts made.
+        attempts: usize,
+    },
+
+    /// No datanode is configured to place regions on.
+    #[snafu(display("cannot place {num_regions} regions: no datanode is configured"))]
+    NoDatanodes {
+        /// Regions to place.
+        num_regions: usize,
+    },
+
+    /// A source of WAL options returned another number of options than asked.
+    #[snafu(display("table {table}: asked for {wanted} WAL options, got {got}"))]
+    WalOptionsCount {
+        /// The full table name.
+        table: String,
+        /// Options asked for.
+        wanted: usize,
+        /// Options returned.
+        got: usize,
+    },
+
+    /// A region exists on a datanode with other options than the ones it is being created with.
+    #[snafu(display(
+        "region {region_id} already exists on datanode {datanode_id} with different options (existing: {existing}, requested: {requested})"
+    ))]
+    RegionExistsWithDifferentOptions {
+        /// The region id.
+        region_id: u64,
+        /// The datanode.
+        datanode_id: u64,
+        /// The existing region's request, as text.
+        existing: String,
+        /// The refused request, as text.
+        requested: String,
+    },
+
+    /// A datanode could not be reached or refused to serve for now.
+    #[snafu(display("datanode {datanode_id} unavailable while {action}: {reason}"))]
+    DatanodeUnavailable {
+        /// The datanode.
+        datanode_id: u64,
+        /// What was being done, e.g. `creating region 4398046511104`.
+        action: String,
         /// What happened.
-        message: String,
+        reason: String,
+    },
+
+    /// The persisted state of a create-table procedure could not be decoded or encoded.
+    #[snafu(display("create-table procedure state: {source}"))]
+    CreateTableState {
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+
+    /// Creating a table through the procedure manager failed.
+    #[snafu(display("create table {table}: {source}"))]
+    CreateTable {
+        /// The full table name.
+        table: String,
+        /// The engine's error (the procedure's failure text when it failed).
+        source: procedures::Error,
+    },
+
+    /// A finished create-table procedure gave no usable table id.
+    #[snafu(display(
+        "create table {table}: procedure {procedure_id} finished with output {output}, expected {{\"table_id\":N}}"
+    ))]
+    CreateTableOutput {
+        /// The full table name.
+        table: String,
+        /// The procedure.
+        procedure_id: String,
+        /// The output as received.
+        output: String,
     },
     // ---- end ddl ----
 
     // ---- datanode (src/datanode) ----
-    /// Placeholder of the datanode section.
-    #[snafu(display("datanode: {message}"))]
-    DatanodeOther {
-        /// What happened.
-        message: String,
+    /// A key under `__dn_table/{datanode_id}/` is not `__dn_table/{datanode_id}/{table_id}`.
+    #[snafu(display("datanode table key '{key}' is malformed: {reason}"))]
+    InvalidDatanodeTableKey {
+        /// The key (lossy UTF-8).
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// A datanode table value did not decode; none of that table's regions can be opened.
+    #[snafu(display("datanode table key '{key}': value does not decode: {source}"))]
+    DecodeDatanodeTableValue {
+        /// The key.
+        key: String,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+
+    /// One region's WAL options in a datanode table value are unusable.
+    #[snafu(display(
+        "datanode table key '{key}', region {region_number} (region id {region_id}): {source}"
+    ))]
+    RegionWalOptions {
+        /// The key.
+        key: String,
+        /// The region number.
+        region_number: u32,
+        /// The region id.
+        region_id: u64,
+        /// Why: the options do not decode.
+        #[snafu(source(from(Error, Box::new)))]
+        source: Box<Error>,
+    },
+
+    /// A region's WAL provider is not the one this datanode is configured for.
+    #[snafu(display(
+        "datanode table key '{key}', region {region_number} (region id {region_id}): WAL provider is '{found}' but this datanode is configured for '{expected}'"
+    ))]
+    WalProviderMismatch {
+        /// The key.
+        key: String,
+        /// The region number.
+        region_number: u32,
+        /// The region id.
+        region_id: u64,
+        /// The datanode's provider.
+        expected: String,
+        /// The region's provider.
+        found: String,
+    },
+
+    /// A region of a datanode table value has no WAL options while the datanode needs them (Kafka).
+    #[snafu(display(
+        "datanode table key '{key}', region {region_number} (region id {region_id}): no WAL options recorded, but this datanode is configured for '{expected}'"
+    ))]
+    MissingRegionWalOptions {
+        /// The key.
+        key: String,
+        /// The region number.
+        region_number: u32,
+        /// The region id.
+        region_id: u64,
+        /// The datanode's provider.
+        expected: String,
     },
     // ---- end datanode ----
 
@@ -197,7 +609,16 @@ impl Error {
             | Error::EtcdTimeout { .. } => true,
             Error::EtcdOp { source, .. } => crate::kv::etcd::is_retryable(source),
             // ---- retryable: wal ----
+            Error::KafkaTimeout { .. } | Error::TopicNotListed { .. } => true,
+            Error::KafkaConnect { source, .. }
+            | Error::ListTopics { source, .. }
+            | Error::CreateTopic { source, .. } => {
+                crate::wal::kafka::rskafka_admin::is_retryable_rskafka_error(source)
+            }
             // ---- retryable: ddl ----
+            Error::DatanodeUnavailable { .. } => true,
+            Error::SequenceContention { .. } => true,
+            Error::CreateTable { source, .. } => source.is_retryable(),
             _ => false,
         }
     }

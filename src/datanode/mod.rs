@@ -1,1 +1,8 @@
-//! What a datanode opens: `DatanodeTableValue` → `RegionOpenRequest`.
+//! What a datanode opens when it starts: it reads every `DatanodeTableValue` recorded for it and turns each region
+//! into a [`RegionOpenRequest`] carrying the region's encoded WAL options.
+
+pub mod open_request;
+pub mod opener;
+
+pub use open_request::RegionOpenRequest;
+pub use opener::{OpenRegions, RegionOpenError, RegionOpener, WalProviderKind};

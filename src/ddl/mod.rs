@@ -1,1 +1,35 @@
-//! Table metadata, the table metadata allocator, the create-table procedure and the `DdlManager`.
+//! Table metadata (keys and values in the kv backend), the table metadata allocator, the create-table procedure
+//! and the [`DdlManager`] that runs it.
+
+pub mod allocator;
+pub mod context;
+pub mod create_table;
+pub mod datanode_manager;
+pub mod datanode_table;
+pub mod ddl_manager;
+pub mod metadata_manager;
+pub mod peer;
+pub mod region;
+pub mod sequence;
+pub mod table_info;
+pub mod table_name;
+pub mod table_route;
+pub mod task;
+pub mod wal_source;
+
+pub use allocator::{TableAllocation, TableMetadataAllocator, TableMetadataAllocatorRef};
+pub use context::DdlContext;
+pub use create_table::{CREATE_TABLE_TYPE_NAME, CreateTableProcedure};
+pub use datanode_manager::{
+    DatanodeManager, DatanodeManagerRef, MemoryDatanodeManager, RegionCreateRequest,
+};
+pub use datanode_table::DatanodeTableValue;
+pub use ddl_manager::DdlManager;
+pub use metadata_manager::{TableMetadata, TableMetadataManager, TableMetadataManagerRef};
+pub use peer::{PeerSelector, PeerSelectorRef, RoundRobinPeerSelector};
+pub use table_name::TableName;
+pub use task::CreateTableTask;
+pub use wal_source::{RaftEngineWalSource, WalOptionsSource, WalOptionsSourceRef};
+
+#[cfg(test)]
+mod create_table_tests;

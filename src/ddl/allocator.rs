@@ -1,0 +1,190 @@
+//! [`TableMetadataAllocator`]: a new table's id, the placement of its regions and their WAL options.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use snafu::{ResultExt, ensure};
+
+use crate::ddl::peer::PeerSelectorRef;
+use crate::ddl::sequence::Sequence;
+use crate::ddl::task::CreateTableTask;
+use crate::ddl::wal_source::WalOptionsSourceRef;
+use crate::error::{
+    DecodeMetadataSnafu, EncodeMetadataSnafu, InvalidCreateTableSnafu, Result, WalOptionsCountSnafu,
+};
+use crate::kv::{CompareAndPutRequest, KvBackendRef};
+
+/// Key of the table id sequence.
+pub const TABLE_ID_SEQ_KEY: &str = "__table_id_seq";
+
+/// The first table id handed out (ids below are left for system tables, as in GreptimeDB).
+pub const MIN_USER_TABLE_ID: u32 = 1024;
+
+/// How many table ids one sequence reservation takes.
+pub const TABLE_ID_STEP: u64 = 10;
+
+/// Prefix of allocation reservations: `__table_allocation/{procedure_id}` holds the [`TableAllocation`] a
+/// create-table procedure made, until its metadata is written.
+pub const ALLOCATION_KEY_PREFIX: &str = "__table_allocation";
+
+/// The kv key of the allocation reserved by procedure `procedure_id`.
+pub fn allocation_key(procedure_id: &str) -> String {
+    format!("{ALLOCATION_KEY_PREFIX}/{procedure_id}")
+}
+
+/// What was allocated for one new table. The create-table procedure persists it before using any of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableAllocation {
+    /// The table's id.
+    pub table_id: u32,
+    /// Region number → datanode id.
+    pub region_routes: BTreeMap<u32, u64>,
+    /// Region number → encoded WAL options.
+    pub region_wal_options: BTreeMap<u32, String>,
+}
+
+/// Allocates table ids (from a kv-backed sequence), region placement and WAL options.
+#[derive(Debug)]
+pub struct TableMetadataAllocator {
+    kv: KvBackendRef,
+    table_ids: Sequence,
+    peers: PeerSelectorRef,
+    wal: WalOptionsSourceRef,
+}
+
+/// A shared [`TableMetadataAllocator`].
+pub type TableMetadataAllocatorRef = Arc<TableMetadataAllocator>;
+
+impl TableMetadataAllocator {
+    /// An allocator whose table ids come from `__table_id_seq` in `kv`, starting at [`MIN_USER_TABLE_ID`].
+    pub fn new(kv: KvBackendRef, peers: PeerSelectorRef, wal: WalOptionsSourceRef) -> Self {
+        Self::with_sequence(
+            kv.clone(),
+            Sequence::new(
+                kv,
+                TABLE_ID_SEQ_KEY,
+                u64::from(MIN_USER_TABLE_ID),
+                TABLE_ID_STEP,
+                u64::from(u32::MAX),
+            ),
+            peers,
+            wal,
+        )
+    }
+
+    /// An allocator with its own table id sequence; reservations go to `kv`.
+    pub fn with_sequence(
+        kv: KvBackendRef,
+        table_ids: Sequence,
+        peers: PeerSelectorRef,
+        wal: WalOptionsSourceRef,
+    ) -> Self {
+        TableMetadataAllocator {
+            kv,
+            table_ids,
+            peers,
+            wal,
+        }
+    }
+
+    /// A fresh table id (never handed out before, by any allocator on the same kv).
+    pub async fn next_table_id(&self) -> Result<u32> {
+        let id = self.table_ids.next().await?;
+        // The sequence's maximum is u32::MAX, so this conversion cannot fail; keep the error path anyway.
+        u32::try_from(id).map_err(|_| {
+            crate::error::SequenceExhaustedSnafu {
+                key: self.table_ids.key().to_string(),
+                next: id,
+                max: u64::from(u32::MAX),
+            }
+            .build()
+        })
+    }
+
+    /// Everything a new table needs: id, one datanode per region, one WAL option per region.
+    pub async fn allocate(&self, task: &CreateTableTask) -> Result<TableAllocation> {
+        let n = task.num_regions as usize;
+        let peers = self.peers.select(n)?;
+        ensure!(
+            peers.len() == n,
+            InvalidCreateTableSnafu {
+                table: task.name.to_string(),
+                reason: format!("the peer selector placed {} of {n} regions", peers.len()),
+            }
+        );
+        let wal = self.wal.alloc_batch(n)?;
+        ensure!(
+            wal.len() == n,
+            WalOptionsCountSnafu {
+                table: task.name.to_string(),
+                wanted: n,
+                got: wal.len(),
+            }
+        );
+        let table_id = self.next_table_id().await?;
+        Ok(TableAllocation {
+            table_id,
+            region_routes: (0..task.num_regions).zip(peers).collect(),
+            region_wal_options: (0..task.num_regions)
+                .zip(wal.iter().map(|w| w.encode()))
+                .collect(),
+        })
+    }
+
+    /// The allocation of procedure `procedure_id` for `task`, made at most once: the first call allocates and
+    /// reserves it in the kv (`__table_allocation/{procedure_id}`, put-if-absent); every later call — a replay
+    /// after a crash, by any process — returns the reserved one. [`TableMetadataAllocator::release`] removes the
+    /// reservation once the table's metadata holds it.
+    pub async fn allocate_once(
+        &self,
+        procedure_id: &str,
+        task: &CreateTableTask,
+    ) -> Result<TableAllocation> {
+        let key = allocation_key(procedure_id);
+        if let Some(kv) = self.kv.get(key.as_bytes()).await? {
+            return self.reserved(&key, &kv.value, task);
+        }
+        let allocation = self.allocate(task).await?;
+        let value =
+            serde_json::to_vec(&allocation).context(EncodeMetadataSnafu { key: key.clone() })?;
+        let resp = self
+            .kv
+            .compare_and_put(CompareAndPutRequest {
+                key: key.clone().into_bytes(),
+                expect: None,
+                value,
+            })
+            .await?;
+        match resp.prev_kv {
+            Some(prev) if !resp.success => self.reserved(&key, &prev.value, task),
+            _ => Ok(allocation),
+        }
+    }
+
+    /// Removes the reservation of procedure `procedure_id` (absent is fine).
+    pub async fn release(&self, procedure_id: &str) -> Result<()> {
+        self.kv
+            .batch_delete(&[allocation_key(procedure_id).into_bytes()], false)
+            .await?;
+        Ok(())
+    }
+
+    fn reserved(&self, key: &str, value: &[u8], task: &CreateTableTask) -> Result<TableAllocation> {
+        let allocation: TableAllocation =
+            serde_json::from_slice(value).context(DecodeMetadataSnafu { key })?;
+        ensure!(
+            allocation.region_routes.len() == task.num_regions as usize
+                && allocation.region_wal_options.len() == task.num_regions as usize,
+            InvalidCreateTableSnafu {
+                table: task.name.to_string(),
+                reason: format!(
+                    "the allocation reserved at '{key}' has {} regions, the task asks for {}",
+                    allocation.region_routes.len(),
+                    task.num_regions
+                ),
+            }
+        );
+        Ok(allocation)
+    }
+}

@@ -1,0 +1,248 @@
+//! [`CreateTableProcedure`]: creates a table — its id, its regions on the datanodes with their WAL options, and
+//! its metadata — as a persisted, resumable procedure.
+//!
+//! Steps, in order: `Prepare → Allocate → CreateRegions → PersistDatanodeTableValue → done` (output
+//! `{"table_id":N}`). The allocation (table id, placement, WAL options) is persisted in the procedure's state before
+//! anything uses it, so a replay after a crash reuses it and never allocates twice. Creating a region that already
+//! exists with the same options, and writing metadata that is already there with the same values, both count as
+//! success, which makes every step safe to run again.
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, Status, StringKey};
+use serde::{Deserialize, Serialize};
+use snafu::ResultExt;
+
+use crate::ddl::allocator::TableAllocation;
+use crate::ddl::context::DdlContext;
+use crate::ddl::datanode_manager::RegionCreateRequest;
+use crate::ddl::metadata_manager::TableMetadata;
+use crate::ddl::region::{region_dir, region_id, region_storage_path};
+use crate::ddl::task::CreateTableTask;
+use crate::error::{CreateTableStateSnafu, Result, TableAlreadyExistsSnafu};
+use crate::wal::WAL_OPTIONS_KEY;
+
+/// The type name the procedure is registered and persisted under.
+pub const CREATE_TABLE_TYPE_NAME: &str = "remote_wal::CreateTable";
+
+/// Where a create-table procedure is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CreateTableState {
+    /// Validate the request; finish early if the table exists.
+    Prepare,
+    /// Allocate table id, placement and WAL options.
+    Allocate,
+    /// Create every region on its datanode.
+    CreateRegions,
+    /// Write the table's metadata in one transaction.
+    PersistDatanodeTableValue,
+}
+
+/// The persisted state of a create-table procedure.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateTableData {
+    /// The next step.
+    pub state: CreateTableState,
+    /// The request.
+    pub task: CreateTableTask,
+    /// What was allocated; set (and persisted) by `Allocate`.
+    #[serde(default)]
+    pub allocation: Option<TableAllocation>,
+}
+
+/// Creates one table. See the module documentation.
+#[derive(Debug)]
+pub struct CreateTableProcedure {
+    context: DdlContext,
+    data: CreateTableData,
+}
+
+/// The procedure's output: `{"table_id":N}`.
+pub fn table_id_output(table_id: u32) -> procedures::Output {
+    serde_json::json!({ "table_id": table_id })
+}
+
+/// One create request per region, with the datanode it goes to, in region-number order.
+pub fn region_create_requests(
+    task: &CreateTableTask,
+    allocation: &TableAllocation,
+) -> Vec<(u64, RegionCreateRequest)> {
+    let storage_path = region_storage_path(&task.name.catalog, &task.name.schema);
+    allocation
+        .region_routes
+        .iter()
+        .map(|(&number, &datanode_id)| {
+            let mut options: BTreeMap<String, String> = task.options.clone();
+            if let Some(wal) = allocation.region_wal_options.get(&number) {
+                options.insert(WAL_OPTIONS_KEY.to_string(), wal.clone());
+            }
+            let request = RegionCreateRequest {
+                region_id: region_id(allocation.table_id, number),
+                engine: task.engine.clone(),
+                region_dir: region_dir(&storage_path, allocation.table_id, number),
+                options,
+            };
+            (datanode_id, request)
+        })
+        .collect()
+}
+
+impl CreateTableProcedure {
+    /// A new procedure for `task`.
+    pub fn new(task: CreateTableTask, context: DdlContext) -> Self {
+        CreateTableProcedure {
+            context,
+            data: CreateTableData {
+                state: CreateTableState::Prepare,
+                task,
+                allocation: None,
+            },
+        }
+    }
+
+    /// Rebuilds a procedure from its persisted state.
+    pub fn from_json(value: serde_json::Value, context: DdlContext) -> Result<Self> {
+        let data = serde_json::from_value(value).context(CreateTableStateSnafu)?;
+        Ok(CreateTableProcedure { context, data })
+    }
+
+    /// The loader to register with a procedure manager under [`CREATE_TABLE_TYPE_NAME`].
+    pub fn loader(context: DdlContext) -> BoxedProcedureLoader {
+        Box::new(move |value| {
+            let procedure = CreateTableProcedure::from_json(value, context.clone())?;
+            Ok(Box::new(procedure) as procedures::BoxedProcedure)
+        })
+    }
+
+    /// The persisted state.
+    pub fn data(&self) -> &CreateTableData {
+        &self.data
+    }
+
+    /// Prepare: validate; if the table exists, finish with its id (`if_not_exists`) or fail.
+    async fn on_prepare(&mut self, ctx: &Context) -> Result<Status> {
+        let task = &self.data.task;
+        task.validate()?;
+        if let Some(table_id) = self.context.metadata.table_id(&task.name).await? {
+            // A reservation of an earlier run of this procedure (if any) will not be used.
+            self.context
+                .allocator
+                .release(ctx.procedure_id().as_str())
+                .await?;
+            if task.if_not_exists {
+                return Ok(Status::done_with_output(table_id_output(table_id)));
+            }
+            return TableAlreadyExistsSnafu {
+                table: task.name.to_string(),
+                table_id: Some(table_id),
+            }
+            .fail();
+        }
+        self.data.state = CreateTableState::Allocate;
+        Ok(Status::executing(false))
+    }
+
+    /// Allocate: table id, placement and WAL options, persisted before the next step uses them. An allocation
+    /// already in the state is kept; one reserved in the kv by an earlier run of this step (crashed before its
+    /// state was stored) is reused.
+    async fn on_allocate(&mut self, ctx: &Context) -> Result<Status> {
+        if self.data.allocation.is_none() {
+            let allocation = self
+                .context
+                .allocator
+                .allocate_once(ctx.procedure_id().as_str(), &self.data.task)
+                .await?;
+            self.data.allocation = Some(allocation);
+        }
+        self.data.state = CreateTableState::CreateRegions;
+        Ok(Status::executing(true))
+    }
+
+    /// CreateRegions: each region on its datanode, one after the other, with a side-effect point after each.
+    async fn on_create_regions(&mut self, ctx: &Context) -> procedures::Result<Status> {
+        let allocation = self.allocation()?;
+        for (datanode_id, request) in region_create_requests(&self.data.task, &allocation) {
+            let region_id = request.region_id;
+            self.context
+                .datanodes
+                .create_region(datanode_id, request)
+                .await?;
+            ctx.side_effect_point(&format!(
+                "created region {region_id} on datanode {datanode_id}"
+            ))?;
+        }
+        self.data.state = CreateTableState::PersistDatanodeTableValue;
+        Ok(Status::executing(true))
+    }
+
+    /// PersistDatanodeTableValue: every metadata key in one transaction; done with the table id. The allocation's
+    /// kv reservation is removed once the metadata holds it, or once the metadata is refused for good.
+    async fn on_persist_metadata(&mut self, ctx: &Context) -> Result<Status> {
+        let allocation = self.allocation()?;
+        let metadata = TableMetadata::new(&self.data.task, &allocation);
+        let written = self.context.metadata.create_table_metadata(&metadata).await;
+        if let Err(e) = &written
+            && e.is_retryable()
+        {
+            return written.map(|_| Status::done());
+        }
+        self.context
+            .allocator
+            .release(ctx.procedure_id().as_str())
+            .await?;
+        written?;
+        Ok(Status::done_with_output(table_id_output(
+            allocation.table_id,
+        )))
+    }
+
+    fn allocation(&self) -> Result<TableAllocation> {
+        self.data.allocation.clone().ok_or_else(|| {
+            crate::error::InvalidCreateTableSnafu {
+                table: self.data.task.name.to_string(),
+                reason: format!(
+                    "procedure state {:?} has no allocation (corrupt state)",
+                    self.data.state
+                ),
+            }
+            .build()
+        })
+    }
+}
+
+#[async_trait]
+impl Procedure for CreateTableProcedure {
+    fn type_name(&self) -> &str {
+        CREATE_TABLE_TYPE_NAME
+    }
+
+    async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
+        match self.data.state {
+            CreateTableState::Prepare => Ok(self.on_prepare(ctx).await?),
+            CreateTableState::Allocate => Ok(self.on_allocate(ctx).await?),
+            CreateTableState::CreateRegions => self.on_create_regions(ctx).await,
+            CreateTableState::PersistDatanodeTableValue => {
+                Ok(self.on_persist_metadata(ctx).await?)
+            }
+        }
+    }
+
+    fn dump(&self) -> procedures::Result<serde_json::Value> {
+        Ok(serde_json::to_value(&self.data).context(CreateTableStateSnafu)?)
+    }
+
+    /// Catalog and schema shared, the table name exclusive.
+    fn lock_key(&self) -> LockKey {
+        let name = &self.data.task.name;
+        LockKey::new([
+            StringKey::Shared(format!("__catalog_lock/{}", name.catalog)),
+            StringKey::Shared(format!("__schema_lock/{}/{}", name.catalog, name.schema)),
+            StringKey::Exclusive(format!(
+                "__table_name_lock/{}/{}/{}",
+                name.catalog, name.schema, name.table
+            )),
+        ])
+    }
+}

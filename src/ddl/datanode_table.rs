@@ -1,0 +1,103 @@
+//! The `__dn_table/{datanode_id}/{table_id}` key and [`DatanodeTableValue`]: what one datanode serves of one table,
+//! with each region's encoded WAL options. The JSON layout is GreptimeDB's, so either side reads the other's values.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{InvalidDatanodeTableKeySnafu, Result};
+
+/// Prefix of datanode table keys.
+pub const DATANODE_TABLE_KEY_PREFIX: &str = "__dn_table";
+
+/// The kv key of what datanode `datanode_id` serves of table `table_id`: `__dn_table/{datanode_id}/{table_id}`.
+pub fn datanode_table_key(datanode_id: u64, table_id: u32) -> String {
+    format!("{DATANODE_TABLE_KEY_PREFIX}/{datanode_id}/{table_id}")
+}
+
+/// The prefix of every key of one datanode: `__dn_table/{datanode_id}/`.
+pub fn datanode_table_prefix(datanode_id: u64) -> String {
+    format!("{DATANODE_TABLE_KEY_PREFIX}/{datanode_id}/")
+}
+
+/// Parses `__dn_table/{datanode_id}/{table_id}` into `(datanode_id, table_id)`; the error quotes the key.
+pub fn parse_datanode_table_key(key: &[u8]) -> Result<(u64, u32)> {
+    let text = String::from_utf8_lossy(key);
+    let bad = |reason: &str| {
+        InvalidDatanodeTableKeySnafu {
+            key: text.to_string(),
+            reason: reason.to_string(),
+        }
+        .build()
+    };
+    let rest = text
+        .strip_prefix(DATANODE_TABLE_KEY_PREFIX)
+        .and_then(|r| r.strip_prefix('/'))
+        .ok_or_else(|| bad("it does not start with '__dn_table/'"))?;
+    let (dn, table) = rest
+        .split_once('/')
+        .ok_or_else(|| bad("expected __dn_table/{datanode_id}/{table_id}"))?;
+    let dn = dn
+        .parse::<u64>()
+        .map_err(|_| bad("the datanode id is not a number"))?;
+    let table = table
+        .parse::<u32>()
+        .map_err(|_| bad("the table id is not a 32-bit number"))?;
+    Ok((dn, table))
+}
+
+/// What one datanode serves of one table.
+///
+/// JSON, fields in this order (GreptimeDB flattens its `RegionInfo` into the value; the fields are the same):
+/// `{"table_id":1024,"regions":[0,2],"engine":"mito","region_storage_path":"greptime/public",
+/// "region_options":{},"region_wal_options":{"0":"{\"wal.provider\":\"raft_engine\"}"},"version":0}`.
+/// `region_wal_options` maps the region number, written as a string, to the encoded WAL options string. Unknown
+/// fields are ignored when reading; missing optional fields take their defaults.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeTableValue {
+    /// The table.
+    pub table_id: u32,
+    /// The region numbers this datanode serves.
+    pub regions: Vec<u32>,
+    /// The regions' storage engine.
+    #[serde(default)]
+    pub engine: String,
+    /// Where the regions' files live (`{catalog}/{schema}`).
+    #[serde(default)]
+    pub region_storage_path: String,
+    /// Options of every region (the table options), without the WAL options.
+    #[serde(default)]
+    pub region_options: BTreeMap<String, String>,
+    /// Region number → encoded WAL options of that region.
+    #[serde(default)]
+    pub region_wal_options: BTreeMap<u32, String>,
+    /// Version of the value, bumped by every change.
+    #[serde(default)]
+    pub version: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_layout_and_parse() {
+        assert_eq!(datanode_table_key(3, 1024), "__dn_table/3/1024");
+        assert_eq!(datanode_table_prefix(3), "__dn_table/3/");
+        assert_eq!(
+            parse_datanode_table_key(b"__dn_table/3/1024").unwrap(),
+            (3, 1024)
+        );
+        for bad in [
+            "__dn_table/3",
+            "__dn_table/x/1",
+            "__dn_table/3/1/2",
+            "__table_name/3/1",
+        ] {
+            let err = parse_datanode_table_key(bad.as_bytes())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(bad), "{err}");
+        }
+    }
+}

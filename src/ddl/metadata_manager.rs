@@ -1,0 +1,272 @@
+//! [`TableMetadataManager`]: reads a table's metadata and writes all of it in one kv transaction.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use snafu::{ResultExt, ensure};
+
+use crate::ddl::allocator::TableAllocation;
+use crate::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
+use crate::ddl::region::region_storage_path;
+use crate::ddl::table_info::{TableInfoValue, table_info_key};
+use crate::ddl::table_name::{TableName, TableNameValue};
+use crate::ddl::table_route::{TableRouteValue, table_route_key};
+use crate::ddl::task::CreateTableTask;
+use crate::error::{
+    DecodeMetadataSnafu, EncodeMetadataSnafu, MetadataTxnTooLargeSnafu, Result,
+    TableAlreadyExistsSnafu, TableMetadataConflictSnafu,
+};
+use crate::kv::{Compare, KvBackendRef, Txn, TxnOp, TxnOpResponse};
+
+/// Every value a new table's metadata consists of.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableMetadata {
+    /// The table's name.
+    pub name: TableName,
+    /// `__table_name/...` → this.
+    pub name_value: TableNameValue,
+    /// `__table_info/{id}` → this.
+    pub info: TableInfoValue,
+    /// `__table_route/{id}` → this.
+    pub route: TableRouteValue,
+    /// `__dn_table/{datanode}/{id}` → this, per datanode id.
+    pub datanode_tables: BTreeMap<u64, DatanodeTableValue>,
+}
+
+impl TableMetadata {
+    /// The metadata of the table `task` creates with `allocation`.
+    pub fn new(task: &CreateTableTask, allocation: &TableAllocation) -> Self {
+        let table_id = allocation.table_id;
+        let route = TableRouteValue {
+            region_routes: allocation.region_routes.clone(),
+            version: 0,
+        };
+        let storage_path = region_storage_path(&task.name.catalog, &task.name.schema);
+        let datanode_tables = route
+            .regions_by_datanode()
+            .into_iter()
+            .map(|(dn, regions)| {
+                let region_wal_options = regions
+                    .iter()
+                    .filter_map(|r| {
+                        allocation
+                            .region_wal_options
+                            .get(r)
+                            .map(|w| (*r, w.clone()))
+                    })
+                    .collect();
+                let value = DatanodeTableValue {
+                    table_id,
+                    regions,
+                    engine: task.engine.clone(),
+                    region_storage_path: storage_path.clone(),
+                    region_options: task.options.clone(),
+                    region_wal_options,
+                    version: 0,
+                };
+                (dn, value)
+            })
+            .collect();
+        TableMetadata {
+            name: task.name.clone(),
+            name_value: TableNameValue { table_id },
+            info: TableInfoValue {
+                table_id,
+                name: task.name.table.clone(),
+                catalog_name: task.name.catalog.clone(),
+                schema_name: task.name.schema.clone(),
+                engine: task.engine.clone(),
+                num_regions: task.num_regions,
+                options: task.options.clone(),
+                version: 0,
+            },
+            route,
+            datanode_tables,
+        }
+    }
+
+    /// The table's id.
+    pub fn table_id(&self) -> u32 {
+        self.name_value.table_id
+    }
+
+    /// Every key with its encoded value: name, info, route, then one per datanode.
+    pub fn encode(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let id = self.table_id();
+        let mut kvs = vec![
+            encode_kv(self.name.key(), &self.name_value)?,
+            encode_kv(table_info_key(id), &self.info)?,
+            encode_kv(table_route_key(id), &self.route)?,
+        ];
+        for (dn, value) in &self.datanode_tables {
+            kvs.push(encode_kv(datanode_table_key(*dn, id), value)?);
+        }
+        Ok(kvs)
+    }
+}
+
+fn encode_kv<T: Serialize>(key: String, value: &T) -> Result<(String, Vec<u8>)> {
+    let bytes = serde_json::to_vec(value).context(EncodeMetadataSnafu { key: key.clone() })?;
+    Ok((key, bytes))
+}
+
+fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).context(DecodeMetadataSnafu { key })
+}
+
+/// Whether two encoded JSON values mean the same (field order and whitespace aside).
+fn same_json(a: &[u8], b: &[u8]) -> bool {
+    match (
+        serde_json::from_slice::<serde_json::Value>(a),
+        serde_json::from_slice::<serde_json::Value>(b),
+    ) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// Reads and writes table metadata in a kv backend.
+#[derive(Clone, Debug)]
+pub struct TableMetadataManager {
+    kv: KvBackendRef,
+}
+
+/// A shared [`TableMetadataManager`].
+pub type TableMetadataManagerRef = Arc<TableMetadataManager>;
+
+impl TableMetadataManager {
+    /// A manager over `kv`.
+    pub fn new(kv: KvBackendRef) -> Self {
+        TableMetadataManager { kv }
+    }
+
+    /// The kv backend.
+    pub fn kv(&self) -> &KvBackendRef {
+        &self.kv
+    }
+
+    /// The id of the table `name`, if it exists.
+    pub async fn table_id(&self, name: &TableName) -> Result<Option<u32>> {
+        let key = name.key();
+        match self.kv.get(key.as_bytes()).await? {
+            Some(kv) => Ok(Some(decode::<TableNameValue>(&key, &kv.value)?.table_id)),
+            None => Ok(None),
+        }
+    }
+
+    /// The info of table `table_id`, if it exists.
+    pub async fn table_info(&self, table_id: u32) -> Result<Option<TableInfoValue>> {
+        self.get_decoded(table_info_key(table_id)).await
+    }
+
+    /// The route of table `table_id`, if it exists.
+    pub async fn table_route(&self, table_id: u32) -> Result<Option<TableRouteValue>> {
+        self.get_decoded(table_route_key(table_id)).await
+    }
+
+    /// What datanode `datanode_id` serves of table `table_id`, if anything.
+    pub async fn datanode_table(
+        &self,
+        datanode_id: u64,
+        table_id: u32,
+    ) -> Result<Option<DatanodeTableValue>> {
+        self.get_decoded(datanode_table_key(datanode_id, table_id))
+            .await
+    }
+
+    async fn get_decoded<T: DeserializeOwned>(&self, key: String) -> Result<Option<T>> {
+        match self.kv.get(key.as_bytes()).await? {
+            Some(kv) => Ok(Some(decode(&key, &kv.value)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Writes every key of `metadata` in one transaction, each only if absent.
+    ///
+    /// If the keys already hold exactly these values (a replay), this succeeds without writing. If the table name
+    /// holds another id, the error is "table already exists"; if another key holds another value, the error names
+    /// that key. A transaction larger than the backend's `max_txn_ops` is refused before anything is sent.
+    pub async fn create_table_metadata(&self, metadata: &TableMetadata) -> Result<()> {
+        let table = metadata.name.to_string();
+        let kvs = metadata.encode()?;
+        // Compares and the failure branch's reads both hold one entry per key.
+        let ops = kvs.len() * 2;
+        let max = self.kv.max_txn_ops();
+        ensure!(
+            ops <= max,
+            MetadataTxnTooLargeSnafu {
+                table: table.clone(),
+                ops,
+                max,
+                backend: self.kv.name(),
+            }
+        );
+        let txn = Txn {
+            compare: kvs
+                .iter()
+                .map(|(k, _)| Compare::Absent(k.as_bytes().to_vec()))
+                .collect(),
+            success: kvs
+                .iter()
+                .map(|(k, v)| TxnOp::Put(k.as_bytes().to_vec(), v.clone()))
+                .collect(),
+            failure: kvs
+                .iter()
+                .map(|(k, _)| TxnOp::Get(k.as_bytes().to_vec()))
+                .collect(),
+        };
+        let resp = self.kv.txn(txn).await?;
+        if resp.succeeded {
+            return Ok(());
+        }
+        let current: Vec<Option<Vec<u8>>> = if resp.responses.len() == kvs.len() {
+            resp.responses
+                .into_iter()
+                .map(|r| match r {
+                    TxnOpResponse::Get(kv) => kv.map(|kv| kv.value),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            let keys: Vec<Vec<u8>> = kvs.iter().map(|(k, _)| k.as_bytes().to_vec()).collect();
+            let found = self.kv.batch_get(&keys).await?;
+            keys.iter()
+                .map(|k| {
+                    found
+                        .iter()
+                        .find(|kv| &kv.key == k)
+                        .map(|kv| kv.value.clone())
+                })
+                .collect()
+        };
+        self.check_replay(metadata, &table, &kvs, &current)
+    }
+
+    /// After a refused transaction: success when every key holds what would have been written.
+    fn check_replay(
+        &self,
+        metadata: &TableMetadata,
+        table: &str,
+        kvs: &[(String, Vec<u8>)],
+        current: &[Option<Vec<u8>>],
+    ) -> Result<()> {
+        // The table name key comes first: another id there means another table owns the name.
+        if let Some(Some(bytes)) = current.first() {
+            let existing: TableNameValue = decode(&kvs[0].0, bytes)?;
+            ensure!(
+                existing == metadata.name_value,
+                TableAlreadyExistsSnafu {
+                    table,
+                    table_id: Some(existing.table_id),
+                }
+            );
+        }
+        for ((key, want), have) in kvs.iter().zip(current) {
+            let same = have.as_deref().is_some_and(|have| same_json(have, want));
+            ensure!(same, TableMetadataConflictSnafu { table, key });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,188 @@
+//! [`Sequence`]: ids from a kv-backed counter, reserved in batches.
+//!
+//! The key holds, as decimal text, the first id not yet reserved by anyone. To hand out ids, a sequence reserves
+//! `[current, current + step)` with one compare-and-put and then serves that range from memory. Ids of a reserved
+//! range that were never handed out (the process stopped) are skipped, never reused: a new sequence on the same kv
+//! continues after the last reserved range.
+
+use std::ops::Range;
+
+use snafu::ensure;
+use tokio::sync::Mutex;
+
+use crate::error::{CorruptSequenceSnafu, Result, SequenceContentionSnafu, SequenceExhaustedSnafu};
+use crate::kv::{CompareAndPutRequest, KvBackendRef};
+
+/// How many times a batch reservation retries after losing a compare-and-put race.
+const MAX_RESERVE_ATTEMPTS: usize = 16;
+
+/// A kv-backed id sequence. Ids are strictly increasing within one instance and unique across every instance
+/// sharing the key.
+#[derive(Debug)]
+pub struct Sequence {
+    kv: KvBackendRef,
+    key: String,
+    start: u64,
+    step: u64,
+    max: u64,
+    range: Mutex<Range<u64>>,
+}
+
+impl Sequence {
+    /// A sequence at `key` whose first id is `start`, reserving `step` ids at a time (at least 1), never handing
+    /// out an id above `max`.
+    pub fn new(kv: KvBackendRef, key: impl Into<String>, start: u64, step: u64, max: u64) -> Self {
+        Sequence {
+            kv,
+            key: key.into(),
+            start,
+            step: step.max(1),
+            max,
+            range: Mutex::new(0..0),
+        }
+    }
+
+    /// The key the sequence lives at.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The next id.
+    pub async fn next(&self) -> Result<u64> {
+        let mut range = self.range.lock().await;
+        if range.is_empty() {
+            *range = self.reserve().await?;
+        }
+        let id = range.start;
+        range.start += 1;
+        Ok(id)
+    }
+
+    /// Reserves the next batch in the kv.
+    async fn reserve(&self) -> Result<Range<u64>> {
+        let mut current = self.kv.get(self.key.as_bytes()).await?.map(|kv| kv.value);
+        for _ in 0..MAX_RESERVE_ATTEMPTS {
+            let first = match &current {
+                Some(bytes) => self.decode(bytes)?,
+                None => self.start,
+            };
+            ensure!(
+                first <= self.max,
+                SequenceExhaustedSnafu {
+                    key: self.key.clone(),
+                    next: first,
+                    max: self.max,
+                }
+            );
+            // `end` is exclusive; it may be `max + 1`, which is what the key then holds.
+            let end = first
+                .saturating_add(self.step)
+                .min(self.max.saturating_add(1));
+            let resp = self
+                .kv
+                .compare_and_put(CompareAndPutRequest {
+                    key: self.key.as_bytes().to_vec(),
+                    expect: current.clone(),
+                    value: end.to_string().into_bytes(),
+                })
+                .await?;
+            if resp.success {
+                return Ok(first..end);
+            }
+            current = resp.prev_kv.map(|kv| kv.value);
+        }
+        SequenceContentionSnafu {
+            key: self.key.clone(),
+            attempts: MAX_RESERVE_ATTEMPTS,
+        }
+        .fail()
+    }
+
+    fn decode(&self, bytes: &[u8]) -> Result<u64> {
+        std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| {
+                CorruptSequenceSnafu {
+                    key: self.key.clone(),
+                    value: String::from_utf8_lossy(bytes).to_string(),
+                }
+                .build()
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::kv::{MemoryKvBackend, PutRequest};
+
+    fn kv() -> KvBackendRef {
+        Arc::new(MemoryKvBackend::new())
+    }
+
+    #[tokio::test]
+    async fn reserves_in_batches_and_a_new_instance_continues_after_the_last_batch() {
+        let kv = kv();
+        let a = Sequence::new(kv.clone(), "seq", 1024, 10, u64::MAX);
+        assert_eq!(a.next().await.unwrap(), 1024);
+        assert_eq!(a.next().await.unwrap(), 1025);
+        assert_eq!(kv.get(b"seq").await.unwrap().unwrap().value, b"1034");
+        // A restart: the unused ids of the first batch are skipped, never handed out again.
+        let b = Sequence::new(kv.clone(), "seq", 1024, 10, u64::MAX);
+        assert_eq!(b.next().await.unwrap(), 1034);
+        assert_eq!(a.next().await.unwrap(), 1026);
+        for _ in 0..8 {
+            a.next().await.unwrap();
+        }
+        // `a` used up its batch and reserves after `b`'s.
+        assert_eq!(a.next().await.unwrap(), 1044);
+    }
+
+    #[tokio::test]
+    async fn concurrent_instances_never_share_an_id() {
+        let kv = kv();
+        let seqs: Vec<_> = (0..4)
+            .map(|_| Arc::new(Sequence::new(kv.clone(), "seq", 0, 3, u64::MAX)))
+            .collect();
+        let mut handles = Vec::new();
+        for s in &seqs {
+            for _ in 0..25 {
+                let s = s.clone();
+                handles.push(tokio::spawn(async move { s.next().await.unwrap() }));
+            }
+        }
+        let mut ids = BTreeSet::new();
+        for h in handles {
+            assert!(ids.insert(h.await.unwrap()), "an id was handed out twice");
+        }
+        assert_eq!(ids.len(), 100);
+    }
+
+    #[tokio::test]
+    async fn exhaustion_and_corruption_are_errors_naming_the_key() {
+        let kv = kv();
+        let s = Sequence::new(kv.clone(), "seq", 5, 10, 6);
+        assert_eq!(s.next().await.unwrap(), 5);
+        assert_eq!(s.next().await.unwrap(), 6);
+        let err = s.next().await.unwrap_err().to_string();
+        assert!(err.contains("'seq'") && err.contains("exhausted"), "{err}");
+
+        kv.put(PutRequest {
+            key: b"bad".to_vec(),
+            value: b"x1".to_vec(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+        let err = Sequence::new(kv, "bad", 0, 1, u64::MAX)
+            .next()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'bad'") && err.contains("'x1'"), "{err}");
+    }
+}
