@@ -2,8 +2,10 @@
 //! pool and its bootstrap procedure, and the allocator that hands options to new regions.
 
 pub mod allocator;
+pub mod config;
 pub mod kafka;
 pub mod options;
 
 pub use allocator::{WalOptionsAllocator, WalOptionsAllocatorRef};
+pub use config::{BackoffConfig, KafkaConfig, SelectorType, WalConfig};
 pub use options::{KafkaWalOptions, WAL_OPTIONS_KEY, WalOptions};

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod bootstrap;
+pub mod rskafka_admin;
 pub mod selector;
 pub mod topic_key;
 pub mod topic_pool;
