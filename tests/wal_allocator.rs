@@ -13,7 +13,9 @@ use procedures::{
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::bootstrap::bootstrap_procedure_id;
 use remote_wal::wal::kafka::topic_key::list_persisted_topics;
-use remote_wal::wal::kafka::{KafkaTopicManager, ReadyPoll, RoundRobinTopicSelector, TopicPoolSpec};
+use remote_wal::wal::kafka::{
+    KafkaTopicManager, ReadyPoll, RoundRobinTopicSelector, TopicPoolSpec,
+};
 use remote_wal::wal::{WalOptions, WalOptionsAllocator};
 use wal_support::FakeAdmin;
 
@@ -61,7 +63,10 @@ async fn raft_engine_is_ready_at_once() {
     let allocator = WalOptionsAllocator::RaftEngine;
     assert!(allocator.is_ready());
     assert_eq!(allocator.alloc().unwrap(), WalOptions::RaftEngine);
-    assert_eq!(allocator.alloc_batch(3).unwrap(), vec![WalOptions::RaftEngine; 3]);
+    assert_eq!(
+        allocator.alloc_batch(3).unwrap(),
+        vec![WalOptions::RaftEngine; 3]
+    );
     let manager = manager(&allocator).await;
     allocator.start(&manager).await.unwrap();
     assert!(allocator.alloc_batch(0).unwrap().is_empty());
@@ -78,7 +83,10 @@ async fn kafka_allocation_before_start_is_an_error_not_a_fallback() {
         allocator.alloc_batch(2).unwrap_err(),
     ] {
         let text = err.to_string();
-        assert!(text.contains("'early'") && text.contains("not ready"), "{text}");
+        assert!(
+            text.contains("'early'") && text.contains("not ready"),
+            "{text}"
+        );
     }
 }
 
@@ -98,7 +106,9 @@ async fn start_bootstraps_the_pool_then_allocates_round_robin() {
     let got = allocator.alloc_batch(4).unwrap();
     assert_eq!(
         got,
-        ["rr_0", "rr_1", "rr_2", "rr_0"].map(WalOptions::kafka).to_vec()
+        ["rr_0", "rr_1", "rr_2", "rr_0"]
+            .map(WalOptions::kafka)
+            .to_vec()
     );
     assert_eq!(allocator.alloc().unwrap(), WalOptions::kafka("rr_1"));
 }
@@ -135,13 +145,12 @@ async fn a_grown_pool_runs_a_new_bootstrap_after_the_finished_one() {
     let big = kafka(spec("grow", 6), &kv, &admin);
     big.start(&manager).await.unwrap();
     assert_eq!(admin.total_create_calls(), 6);
-    assert_eq!(list_persisted_topics(kv.as_ref(), "").await.unwrap().len(), 6);
-    assert_eq!(big.alloc_batch(6).unwrap().len(), 6);
-    assert!(
-        manager
-            .watch(&bootstrap_procedure_id("grow", 1))
-            .is_some()
+    assert_eq!(
+        list_persisted_topics(kv.as_ref(), "").await.unwrap().len(),
+        6
     );
+    assert_eq!(big.alloc_batch(6).unwrap().len(), 6);
+    assert!(manager.watch(&bootstrap_procedure_id("grow", 1)).is_some());
 }
 
 #[tokio::test]
@@ -154,11 +163,19 @@ async fn a_failed_bootstrap_is_reported_and_a_later_start_runs_a_new_one() {
     let err = allocator.start(&manager).await.unwrap_err().to_string();
     assert!(err.contains("'bad'") && err.contains("bad_1"), "{err}");
     assert!(!allocator.is_ready());
-    assert!(list_persisted_topics(kv.as_ref(), "").await.unwrap().is_empty());
+    assert!(
+        list_persisted_topics(kv.as_ref(), "")
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // The operator fixes the topic; the next start (same manager, failed record retained) succeeds.
     admin.delete_out_of_band("bad_1");
     allocator.start(&manager).await.unwrap();
     assert!(allocator.is_ready());
-    assert_eq!(list_persisted_topics(kv.as_ref(), "").await.unwrap().len(), 3);
+    assert_eq!(
+        list_persisted_topics(kv.as_ref(), "").await.unwrap().len(),
+        3
+    );
 }

@@ -74,7 +74,11 @@ impl CrashScenario for BootstrapScenario {
         env.store.clone()
     }
 
-    fn register_loaders(&self, env: &Env, manager: &dyn ProcedureManager) -> procedures::Result<()> {
+    fn register_loaders(
+        &self,
+        env: &Env,
+        manager: &dyn ProcedureManager,
+    ) -> procedures::Result<()> {
         manager.register_loader(
             TopicBootstrapProcedure::TYPE_NAME,
             TopicBootstrapProcedure::loader(env.kv.clone(), env.admin.clone()),
@@ -125,11 +129,17 @@ async fn assert_golden_world(scenario: &BootstrapScenario) {
     let wanted = scenario.spec.topic_names();
     assert_eq!(
         outcome.topics,
-        wanted.iter().map(|t| (t.clone(), 1)).collect::<BTreeMap<_, _>>()
+        wanted
+            .iter()
+            .map(|t| (t.clone(), 1))
+            .collect::<BTreeMap<_, _>>()
     );
     assert_eq!(
         outcome.created,
-        wanted.iter().map(|t| (t.clone(), 1)).collect::<BTreeMap<_, _>>()
+        wanted
+            .iter()
+            .map(|t| (t.clone(), 1))
+            .collect::<BTreeMap<_, _>>()
     );
     let mut persisted: Vec<(String, String)> = wanted
         .iter()
@@ -162,7 +172,8 @@ async fn every_crash_point_of_an_8_topic_bootstrap_ends_with_each_topic_once_and
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_first_crash_point_of_a_64_topic_bootstrap_ends_with_each_topic_once_and_all_persisted() {
+async fn every_first_crash_point_of_a_64_topic_bootstrap_ends_with_each_topic_once_and_all_persisted()
+ {
     let scenario = BootstrapScenario::new(64);
     assert_golden_world(&scenario).await;
     let config = MatrixConfig {

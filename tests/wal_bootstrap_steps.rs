@@ -56,6 +56,18 @@ mock! {
     }
 }
 
+impl std::fmt::Debug for MockAdmin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MockAdmin")
+    }
+}
+
+impl std::fmt::Debug for MockKv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MockKv")
+    }
+}
+
 fn spec(prefix: &str, n: usize) -> TopicPoolSpec {
     let mut spec = TopicPoolSpec::new(prefix, n);
     spec.max_concurrent_creates = 4;
@@ -109,7 +121,9 @@ async fn persist(kv: &dyn KvBackend, topic: &str, pruned: u64) {
 }
 
 /// Runs every step until done; the output.
-async fn run_to_done(p: &mut TopicBootstrapProcedure) -> procedures::Result<Option<serde_json::Value>> {
+async fn run_to_done(
+    p: &mut TopicBootstrapProcedure,
+) -> procedures::Result<Option<serde_json::Value>> {
     loop {
         match p.execute(&ctx()).await? {
             Status::Executing { persist } => assert!(persist, "every step persists"),
@@ -126,7 +140,9 @@ fn listed(topics: &BTreeSet<String>, partitions: usize) -> BTreeMap<String, usiz
 #[tokio::test]
 async fn load_topics_reads_only_this_pools_names() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    for t in ["p_0", "p_1", "p_7", "p_01", "p_x", "p_x_1", "other_0", "pp_0"] {
+    for t in [
+        "p_0", "p_1", "p_7", "p_01", "p_x", "p_x_1", "other_0", "pp_0",
+    ] {
         persist(kv.as_ref(), t, 0).await;
     }
     let admin = Arc::new(MockAdmin::new()); // no calls expected
@@ -212,7 +228,10 @@ async fn a_wrong_partition_count_fails_naming_the_topic() {
     let err = p.execute(&ctx()).await.unwrap_err();
     assert!(!err.is_retryable());
     let text = err.to_string();
-    assert!(text.contains("'p_1'") && text.contains("3 partitions"), "{text}");
+    assert!(
+        text.contains("'p_1'") && text.contains("3 partitions"),
+        "{text}"
+    );
     assert_eq!(p.data().step, BootstrapStep::CreateMissing);
 }
 
@@ -472,7 +491,12 @@ async fn a_topic_made_out_of_band_with_other_partitions_fails_the_run_naming_it(
     let mut p = TopicBootstrapProcedure::new(spec("o", 4), kv.clone(), admin.clone()).unwrap();
     let err = run_to_done(&mut p).await.unwrap_err().to_string();
     assert!(err.contains("o_2") && err.contains('3'), "{err}");
-    assert!(list_persisted_topics(kv.as_ref(), "").await.unwrap().is_empty());
+    assert!(
+        list_persisted_topics(kv.as_ref(), "")
+            .await
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[tokio::test]
