@@ -10,6 +10,8 @@
 #        scripts/services.sh stop   kafka|etcd [NAME]  stop it (data kept)
 #        scripts/services.sh endpoint kafka|etcd [NAME] print host:port
 #        scripts/services.sh logs   kafka|etcd [NAME]  print the tail of its log
+#        scripts/services.sh start-cluster NAME N      start an N-node Kafka KRaft cluster NAME-1..NAME-N; prints
+#                                                    the bootstrap endpoints (comma-separated)
 #        scripts/services.sh stop-all                stop everything this checkout started
 set -euo pipefail
 
@@ -195,6 +197,14 @@ case "$cmd" in
   stop) [[ -n ${1:-} ]] || die "stop kafka|etcd [NAME]"; stop_pid "$STATE/${2:-$1}" ;;
   endpoint) echo "127.0.0.1:$(cat "$STATE/${2:-$1}/port")" ;;
   logs) tail -n "${LINES_SHOWN:-60}" "$STATE/${2:-$1}"/*.log ;;
+  start-cluster)
+    [[ -n ${1:-} && -n ${2:-} ]] || die "start-cluster NAME N"
+    members=""; for i in $(seq 1 "$2"); do members+="${members:+ }$1-$i"; done
+    # Every node must be up before any is ready (the controllers need a quorum): start all, then wait for each.
+    for m in $members; do KAFKA_CLUSTER="$members" KAFKA_NO_WAIT=1 kafka_start "$m"; done
+    for m in $members; do kafka_wait "$m"; done
+    eps=""; for m in $members; do eps+="${eps:+,}127.0.0.1:$(cat "$STATE/$m/port")"; done
+    echo "$eps" ;;
   stop-all) for d in "$STATE"/*/; do [[ -d $d ]] && stop_pid "${d%/}"; done ;;
   *) die "usage: $0 install | start|stop|endpoint|logs kafka|etcd [NAME] | stop-all" ;;
 esac

@@ -70,3 +70,6 @@ impl LocalManager {
 }
 
 mod local;
+mod lock;
+mod retention;
+mod runner;

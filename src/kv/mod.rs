@@ -10,6 +10,15 @@ use async_trait::async_trait;
 
 use crate::error::Result;
 
+mod check;
+pub mod conformance;
+pub mod etcd;
+pub mod memory;
+pub mod redb;
+
+pub use memory::MemoryKvBackend;
+pub use redb::RedbKvBackend;
+
 /// A key with its value.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct KeyValue {
@@ -132,6 +141,15 @@ pub enum Compare {
     Present(Vec<u8>),
 }
 
+impl Compare {
+    /// The key compared.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Compare::ValueEquals(key, _) | Compare::Absent(key) | Compare::Present(key) => key,
+        }
+    }
+}
+
 /// An operation in a [`Txn`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TxnOp {
@@ -141,6 +159,15 @@ pub enum TxnOp {
     Get(Vec<u8>),
     /// Delete a key.
     Delete(Vec<u8>),
+}
+
+impl TxnOp {
+    /// The key the op reads or writes.
+    pub fn key(&self) -> &[u8] {
+        match self {
+            TxnOp::Put(key, _) | TxnOp::Get(key) | TxnOp::Delete(key) => key,
+        }
+    }
 }
 
 /// The result of one [`TxnOp`].
@@ -223,3 +250,39 @@ pub trait KvBackend: Send + Sync + Debug {
 
 /// A shared [`KvBackend`].
 pub type KvBackendRef = Arc<dyn KvBackend>;
+
+/// Reads a whole range, `page` pairs per request (0 = one unlimited request), following the `more` flag: each next
+/// page starts at the last key + `\0`. `req.limit` caps the total (0 = no cap). Pages are separate reads: on a store
+/// changed meanwhile, the result is not one snapshot.
+pub async fn range_all(
+    kv: &dyn KvBackend,
+    req: RangeRequest,
+    page: usize,
+) -> Result<Vec<KeyValue>> {
+    let total = req.limit;
+    let mut next = RangeRequest { limit: page, ..req };
+    let mut out = Vec::new();
+    loop {
+        if total > 0 {
+            let left = total - out.len();
+            next.limit = if page == 0 { left } else { page.min(left) };
+        }
+        let resp = kv.range(next.clone()).await?;
+        let last = resp.kvs.last().map(|kv| kv.key.clone());
+        out.extend(resp.kvs);
+        let done = total > 0 && out.len() >= total;
+        match last {
+            Some(mut key) if resp.more && !done => {
+                // Resuming a single-key range (empty range_end) is never needed: it cannot have more.
+                key.push(0);
+                next.key = key;
+            }
+            _ => return Ok(out),
+        }
+    }
+}
+
+/// A key as printable text for messages: ASCII as is, other bytes escaped (`\xff`).
+pub fn display_key(key: &[u8]) -> String {
+    key.escape_ascii().to_string()
+}

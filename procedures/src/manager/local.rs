@@ -1,21 +1,139 @@
-//! The local manager's internals. (Placeholder: being implemented.)
+//! The local manager's shared state: the epoch, the known procedures and their watch channels, the admission
+//! semaphore, the lock table; plus `start` (claim the epoch, recover), `submit`, and halting.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use async_trait::async_trait;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::AbortHandle;
 
-use crate::config::ManagerConfig;
-use crate::error::Result;
-use crate::manager::{LocalManager, ProcedureManager};
-use crate::procedure::{BoxedProcedureLoader, ProcedureId, ProcedureWithId, SideEffectHook};
-use crate::record::ProcedureInfo;
-use crate::store::StateStore;
+use crate::config::{ManagerConfig, RetryPolicy};
+use crate::error::{Error, Result};
+use crate::manager::lock::LockTable;
+use crate::manager::runner::{Resume, Runner};
+use crate::manager::{LocalManager, ProcedureManager, retention};
+use crate::procedure::{
+    BoxedProcedure, BoxedProcedureLoader, ProcedureId, ProcedureWithId, SideEffectHook,
+};
+use crate::record::{
+    EPOCH_KEY, ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION,
+    RECORD_PREFIX, now_ms, record_key,
+};
+use crate::store::{Condition, StateStore, WriteOp, WriteOutcome};
 use crate::watcher::Watcher;
 
+/// How many times `start` re-reads the epoch when another manager claims it at the same moment.
+const EPOCH_CLAIM_ATTEMPTS: usize = 5;
+
+/// Where the manager is in its life.
+#[derive(Clone, Debug)]
+pub(crate) enum Phase {
+    /// `start` not called (or not finished).
+    New,
+    /// Running procedures.
+    Running,
+    /// Stopped for good: by `stop`, by a newer manager's epoch, or by a fatal error. No more writes.
+    Halted(HaltReason),
+}
+
+/// Why a manager halted.
+#[derive(Clone, Debug)]
+pub(crate) enum HaltReason {
+    Stopped,
+    Fenced { epoch: u64, own: u64 },
+    Fatal(String),
+}
+
+impl HaltReason {
+    fn error(&self) -> Error {
+        match self {
+            HaltReason::Stopped => Error::ManagerNotRunning {
+                reason: "the manager was stopped".to_string(),
+            },
+            HaltReason::Fenced { epoch, own } => Error::Fenced {
+                epoch: *epoch,
+                own: *own,
+            },
+            HaltReason::Fatal(text) => Error::ManagerNotRunning {
+                reason: format!("the manager halted: {text}"),
+            },
+        }
+    }
+}
+
+/// What the manager knows of one procedure.
+pub(crate) struct Entry {
+    /// The latest information (also after the channel is closed).
+    pub(crate) info: ProcedureInfo,
+    /// The channel watchers follow; `None` once no more updates will come from this manager.
+    pub(crate) tx: Option<watch::Sender<ProcedureInfo>>,
+    /// The root id of the procedure's tree (its own id for a root).
+    pub(crate) root: ProcedureId,
+    /// The record could not be recovered: shown as failed, but its record is left as it is in the store.
+    pub(crate) unrecoverable: bool,
+    /// The runner task, while there is one.
+    pub(crate) task: Option<AbortHandle>,
+}
+
+impl Entry {
+    fn new(info: ProcedureInfo, root: ProcedureId) -> Self {
+        let (tx, _) = watch::channel(info.clone());
+        Entry {
+            info,
+            tx: Some(tx),
+            root,
+            unrecoverable: false,
+            task: None,
+        }
+    }
+
+    /// Records new information and tells the watchers.
+    pub(crate) fn publish(&mut self, info: ProcedureInfo) {
+        if let Some(tx) = &self.tx {
+            tx.send_replace(info.clone());
+        }
+        self.info = info;
+    }
+
+    /// Publishes `info` as the last word of this manager on the procedure: watchers of an unfinished procedure then
+    /// resolve with [`Error::ManagerNotRunning`].
+    pub(crate) fn close(&mut self, info: ProcedureInfo) {
+        self.publish(info);
+        self.tx = None;
+    }
+
+    /// A watcher; for a closed channel, one that resolves at once from the last information.
+    pub(crate) fn watcher(&self) -> Watcher {
+        match &self.tx {
+            Some(tx) => Watcher::new(self.info.id.clone(), tx.subscribe()),
+            None => {
+                let (_, rx) = watch::channel(self.info.clone());
+                Watcher::new(self.info.id.clone(), rx)
+            }
+        }
+    }
+}
+
+pub(crate) struct State {
+    pub(crate) phase: Phase,
+    pub(crate) epoch: Option<u64>,
+    pub(crate) procedures: BTreeMap<ProcedureId, Entry>,
+    retention_task: Option<AbortHandle>,
+}
+
 pub(crate) struct Inner {
-    _store: Arc<dyn StateStore>,
-    _config: ManagerConfig,
-    _hook: Option<Arc<dyn SideEffectHook>>,
+    pub(crate) store: Arc<dyn StateStore>,
+    pub(crate) config: ManagerConfig,
+    pub(crate) hook: Option<Arc<dyn SideEffectHook>>,
+    loaders: RwLock<HashMap<String, BoxedProcedureLoader>>,
+    state: Mutex<State>,
+    /// Set once the manager halts; runners check it before every step and every write.
+    halted: AtomicBool,
+    pub(crate) admission: Arc<Semaphore>,
+    pub(crate) locks: Arc<LockTable>,
 }
 
 impl Inner {
@@ -24,38 +142,663 @@ impl Inner {
         config: ManagerConfig,
         hook: Option<Arc<dyn SideEffectHook>>,
     ) -> Arc<Self> {
+        let slots = config.max_running_procedures.max(1);
         Arc::new(Inner {
-            _store: store,
-            _config: config,
-            _hook: hook,
+            store,
+            config,
+            hook,
+            loaders: RwLock::new(HashMap::new()),
+            state: Mutex::new(State {
+                phase: Phase::New,
+                epoch: None,
+                procedures: BTreeMap::new(),
+                retention_task: None,
+            }),
+            halted: AtomicBool::new(false),
+            admission: Arc::new(Semaphore::new(slots)),
+            locks: LockTable::new(),
         })
     }
+
+    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+        // Every change under this lock is a few map operations that cannot panic half-way.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn is_halted(&self) -> bool {
+        self.halted.load(Ordering::Acquire)
+    }
+
+    /// The claimed epoch; an error when the manager is not running.
+    fn running_epoch(&self) -> Result<u64> {
+        let state = self.state();
+        match (&state.phase, state.epoch) {
+            (Phase::Running, Some(epoch)) => Ok(epoch),
+            (Phase::Halted(reason), _) => Err(reason.error()),
+            _ => Err(Error::ManagerNotRunning {
+                reason: "the manager has not been started".to_string(),
+            }),
+        }
+    }
+
+    /// Stops the manager for good: no runner makes another write, every task ends, and the watchers of unfinished
+    /// procedures resolve with [`Error::ManagerNotRunning`]. The in-memory state of every procedure stays at its last
+    /// persisted step. Only the first call has an effect.
+    pub(crate) fn halt(&self, reason: HaltReason) {
+        let mut state = self.state();
+        if matches!(state.phase, Phase::Halted(_)) {
+            return;
+        }
+        match &reason {
+            HaltReason::Stopped => tracing::info!("procedure manager stopped"),
+            HaltReason::Fenced { epoch, own } => {
+                tracing::warn!(epoch, own, "procedure manager fenced by a newer epoch")
+            }
+            HaltReason::Fatal(text) => tracing::warn!(error = %text, "procedure manager halted"),
+        }
+        state.phase = Phase::Halted(reason);
+        self.halted.store(true, Ordering::Release);
+        self.admission.close();
+        for entry in state.procedures.values_mut() {
+            if let Some(task) = entry.task.take() {
+                task.abort();
+            }
+            if !entry.info.state.is_finished() {
+                entry.tx = None;
+            }
+        }
+        if let Some(task) = state.retention_task.take() {
+            task.abort();
+        }
+    }
+
+    /// Halts because of a fatal error (fenced, crashed).
+    pub(crate) fn halt_on(&self, error: &Error) {
+        let reason = match error {
+            Error::Fenced { epoch, own } => HaltReason::Fenced {
+                epoch: *epoch,
+                own: *own,
+            },
+            other => HaltReason::Fatal(other.to_string()),
+        };
+        self.halt(reason);
+    }
+
+    /// Runs `f` on the entry of `id`, if known.
+    pub(crate) fn with_entry<T>(
+        &self,
+        id: &ProcedureId,
+        f: impl FnOnce(&mut Entry) -> T,
+    ) -> Option<T> {
+        self.state().procedures.get_mut(id).map(f)
+    }
+
+    /// One atomic write conditional on this manager's epoch (plus `conditions`), retried with the store retry
+    /// policy while the store error is retryable. A refusal because the epoch moved is [`Error::Fenced`]; a
+    /// refusal of one of the other `conditions` comes back as [`WriteOutcome::Rejected`].
+    pub(crate) async fn write(
+        &self,
+        epoch: u64,
+        conditions: Vec<Condition>,
+        ops: Vec<WriteOp>,
+    ) -> Result<WriteOutcome> {
+        let mut all = Vec::with_capacity(conditions.len() + 1);
+        all.push(Condition::Equals {
+            key: EPOCH_KEY.to_string(),
+            value: epoch.to_string().into_bytes(),
+        });
+        all.extend(conditions);
+        let mut backoff = backoff(&self.config.store_retry);
+        loop {
+            if self.is_halted() {
+                return Err(self.halt_error());
+            }
+            match self.store.write(all.clone(), ops.clone()).await {
+                Ok(WriteOutcome::Applied) => return Ok(WriteOutcome::Applied),
+                Ok(WriteOutcome::Rejected { current }) => {
+                    let now = current
+                        .iter()
+                        .find(|(key, _)| key == EPOCH_KEY)
+                        .map(|(_, value)| value.as_deref().and_then(parse_epoch).unwrap_or(0));
+                    return match now {
+                        Some(now) if now != epoch => Err(Error::Fenced {
+                            epoch: now,
+                            own: epoch,
+                        }),
+                        _ => Ok(WriteOutcome::Rejected { current }),
+                    };
+                }
+                Err(e) if e.is_retryable() => match backoff.next() {
+                    Some(delay) => {
+                        tracing::debug!(error = %e, ?delay, "retrying a state store write");
+                        tokio::time::sleep(delay).await;
+                    }
+                    None => return Err(e),
+                },
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A read, retried like a write.
+    async fn read<T, F, Fut>(&self, f: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
+        let mut backoff = backoff(&self.config.store_retry);
+        loop {
+            match f().await {
+                Err(e) if e.is_retryable() => match backoff.next() {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => return Err(e),
+                },
+                other => return other,
+            }
+        }
+    }
+
+    pub(crate) fn halt_error(&self) -> Error {
+        match &self.state().phase {
+            Phase::Halted(reason) => reason.error(),
+            _ => Error::ManagerNotRunning {
+                reason: "the manager is not running".to_string(),
+            },
+        }
+    }
+
+    /// Claims the next epoch with a compare-and-set on [`EPOCH_KEY`].
+    async fn claim_epoch(&self) -> Result<u64> {
+        for _ in 0..EPOCH_CLAIM_ATTEMPTS {
+            let current = self.read(|| self.store.get(EPOCH_KEY)).await?;
+            let (condition, previous) = match &current {
+                Some(bytes) => {
+                    let previous = parse_epoch(bytes).ok_or_else(|| Error::CorruptRecord {
+                        id: ProcedureId::new(EPOCH_KEY),
+                        type_name: "epoch".to_string(),
+                        key: EPOCH_KEY.to_string(),
+                        reason: format!(
+                            "the epoch is not a decimal number: {:?}",
+                            String::from_utf8_lossy(bytes)
+                        ),
+                    })?;
+                    (
+                        Condition::Equals {
+                            key: EPOCH_KEY.to_string(),
+                            value: bytes.clone(),
+                        },
+                        previous,
+                    )
+                }
+                None => (
+                    Condition::Absent {
+                        key: EPOCH_KEY.to_string(),
+                    },
+                    0,
+                ),
+            };
+            let epoch = previous + 1;
+            let outcome = self
+                .read(|| {
+                    self.store.write(
+                        vec![condition.clone()],
+                        vec![WriteOp::Put {
+                            key: EPOCH_KEY.to_string(),
+                            value: epoch.to_string().into_bytes(),
+                        }],
+                    )
+                })
+                .await?;
+            if outcome == WriteOutcome::Applied {
+                return Ok(epoch);
+            }
+            tracing::debug!(
+                epoch,
+                "another manager claimed the epoch at the same time; retrying"
+            );
+        }
+        Err(Error::ManagerNotRunning {
+            reason: format!(
+                "could not claim an epoch: '{EPOCH_KEY}' changed under every one of {EPOCH_CLAIM_ATTEMPTS} attempts"
+            ),
+        })
+    }
+
+    /// Claims the epoch, loads every record, and starts a runner for every unfinished recoverable one.
+    pub(crate) async fn start(self: &Arc<Self>) -> Result<()> {
+        if !matches!(self.state().phase, Phase::New) {
+            return Err(Error::ManagerNotRunning {
+                reason: "start was already called on this manager; start a new one".to_string(),
+            });
+        }
+        let epoch = self.claim_epoch().await?;
+        let records = self.read(|| self.store.scan(RECORD_PREFIX)).await?;
+
+        let mut runners = Vec::new();
+        {
+            let mut state = self.state();
+            if !matches!(state.phase, Phase::New) {
+                return Err(Error::ManagerNotRunning {
+                    reason: "start was already called on this manager; start a new one".to_string(),
+                });
+            }
+            state.epoch = Some(epoch);
+            state.phase = Phase::Running;
+            for (key, value) in records {
+                match self.recover(&key, &value) {
+                    Recovered::Finished(record) => {
+                        let info = ProcedureInfo::from(&record);
+                        state
+                            .procedures
+                            .insert(record.id.clone(), Entry::new(info, record.id.clone()));
+                    }
+                    Recovered::Unfinished(record, procedure) => {
+                        let info = ProcedureInfo::from(&record);
+                        state
+                            .procedures
+                            .insert(record.id.clone(), Entry::new(info, record.id.clone()));
+                        runners.push((record, procedure));
+                    }
+                    Recovered::Unrecoverable {
+                        id,
+                        type_name,
+                        parent_id,
+                        error,
+                    } => {
+                        tracing::warn!(%error, "procedure record cannot be recovered");
+                        let now = now_ms();
+                        let info = ProcedureInfo {
+                            id: id.clone(),
+                            type_name,
+                            parent_id,
+                            state: ProcedureState::Failed,
+                            step: 0,
+                            output: None,
+                            error: Some(error.to_string()),
+                            created_at_ms: now,
+                            updated_at_ms: now,
+                        };
+                        let mut entry = Entry::new(info, id.clone());
+                        entry.unrecoverable = true;
+                        entry.tx = None;
+                        // Two damaged records may name the same id; keep the first.
+                        state.procedures.entry(id).or_insert(entry);
+                    }
+                }
+            }
+            // Roots: follow parent links among the known procedures.
+            let roots: Vec<(ProcedureId, ProcedureId)> = state
+                .procedures
+                .keys()
+                .map(|id| (id.clone(), root_of(&state.procedures, id)))
+                .collect();
+            for (id, root) in roots {
+                if let Some(entry) = state.procedures.get_mut(&id) {
+                    entry.root = root;
+                }
+            }
+            tracing::info!(
+                epoch,
+                recovering = runners.len(),
+                "procedure manager started"
+            );
+            for (record, procedure) in runners {
+                let resume = if record.state == ProcedureState::RollingBack {
+                    Resume::RollBack(record.error.clone().unwrap_or_default())
+                } else {
+                    Resume::Execute
+                };
+                self.spawn_locked(&mut state, epoch, record, procedure, resume);
+            }
+            let retention = tokio::spawn(retention::run(Arc::downgrade(self)));
+            state.retention_task = Some(retention.abort_handle());
+        }
+        Ok(())
+    }
+
+    /// Rebuilds one record.
+    fn recover(&self, key: &str, value: &[u8]) -> Recovered {
+        let key_id = ProcedureId::new(key.strip_prefix(RECORD_PREFIX).unwrap_or(key));
+        let record: ProcedureRecord = match serde_json::from_slice(value) {
+            Ok(record) => record,
+            Err(e) => {
+                // Name what can still be read of a damaged envelope.
+                let loose: Option<serde_json::Value> = serde_json::from_slice(value).ok();
+                let field = |name: &str| {
+                    loose
+                        .as_ref()
+                        .and_then(|v| v.get(name))
+                        .and_then(|v| v.as_str())
+                        .map(str::to_string)
+                };
+                let id = field("id").map(ProcedureId::new).unwrap_or(key_id);
+                let type_name = field("type_name").unwrap_or_else(|| "unknown".to_string());
+                return Recovered::Unrecoverable {
+                    error: Error::CorruptRecord {
+                        id: id.clone(),
+                        type_name: type_name.clone(),
+                        key: key.to_string(),
+                        reason: format!("the record envelope does not parse: {e}"),
+                    },
+                    id,
+                    type_name,
+                    parent_id: field("parent_id").map(ProcedureId::new),
+                };
+            }
+        };
+        let unrecoverable = |error: Error| Recovered::Unrecoverable {
+            id: record.id.clone(),
+            type_name: record.type_name.clone(),
+            parent_id: record.parent_id.clone(),
+            error,
+        };
+        if record.format_version > RECORD_FORMAT_VERSION {
+            return unrecoverable(Error::CorruptRecord {
+                id: record.id.clone(),
+                type_name: record.type_name.clone(),
+                key: key.to_string(),
+                reason: format!(
+                    "record format version {} is newer than the {} this manager reads",
+                    record.format_version, RECORD_FORMAT_VERSION
+                ),
+            });
+        }
+        if record.state.is_finished() {
+            return Recovered::Finished(record);
+        }
+        let loaders = self.loaders.read().unwrap_or_else(|p| p.into_inner());
+        let Some(loader) = loaders.get(&record.type_name) else {
+            return unrecoverable(Error::LoaderNotFound {
+                id: record.id.clone(),
+                type_name: record.type_name.clone(),
+                key: key.to_string(),
+            });
+        };
+        match loader(record.data.clone()) {
+            Ok(procedure) => {
+                drop(loaders);
+                Recovered::Unfinished(record, procedure)
+            }
+            Err(e) => unrecoverable(Error::CorruptRecord {
+                id: record.id.clone(),
+                type_name: record.type_name.clone(),
+                key: key.to_string(),
+                reason: format!("the loader refused its data: {e}"),
+            }),
+        }
+    }
+
+    pub(crate) fn register_loader(
+        &self,
+        type_name: &str,
+        loader: BoxedProcedureLoader,
+    ) -> Result<()> {
+        let mut loaders = self.loaders.write().unwrap_or_else(|p| p.into_inner());
+        if loaders.contains_key(type_name) {
+            return Err(Error::LoaderConflict {
+                type_name: type_name.to_string(),
+            });
+        }
+        loaders.insert(type_name.to_string(), loader);
+        Ok(())
+    }
+
+    /// Persists a new procedure (a root when `parent` is `None`) and starts its runner.
+    pub(crate) async fn submit(
+        self: &Arc<Self>,
+        procedure: ProcedureWithId,
+        parent: Option<&ProcedureId>,
+    ) -> Result<Watcher> {
+        let epoch = self.running_epoch()?;
+        let ProcedureWithId { id, procedure } = procedure;
+        let data = procedure.dump()?;
+        let now = now_ms();
+        let record = ProcedureRecord {
+            format_version: RECORD_FORMAT_VERSION,
+            type_name: procedure.type_name().to_string(),
+            id: id.clone(),
+            parent_id: parent.cloned(),
+            step: 0,
+            state: ProcedureState::Running,
+            data,
+            output: None,
+            error: None,
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        let value = serde_json::to_vec(&record).map_err(|source| Error::Serialize {
+            id: id.clone(),
+            what: "record",
+            source,
+        })?;
+        // Reserve the id in memory first, so two submissions of one id cannot both write.
+        {
+            let mut state = self.state();
+            if state.procedures.contains_key(&id) {
+                return Err(Error::DuplicateProcedure { id });
+            }
+            let root = match parent {
+                Some(parent) => state
+                    .procedures
+                    .get(parent)
+                    .map(|p| p.root.clone())
+                    .unwrap_or_else(|| parent.clone()),
+                None => id.clone(),
+            };
+            state
+                .procedures
+                .insert(id.clone(), Entry::new(ProcedureInfo::from(&record), root));
+        }
+        let key = record_key(&id);
+        let outcome = self
+            .write(
+                epoch,
+                vec![Condition::Absent { key: key.clone() }],
+                vec![WriteOp::Put { key, value }],
+            )
+            .await;
+        match outcome {
+            Ok(WriteOutcome::Applied) => {}
+            Ok(WriteOutcome::Rejected { .. }) => {
+                self.state().procedures.remove(&id);
+                return Err(Error::DuplicateProcedure { id });
+            }
+            Err(e) => {
+                self.state().procedures.remove(&id);
+                if e.is_fatal() {
+                    self.halt_on(&e);
+                }
+                return Err(e);
+            }
+        }
+        let mut state = self.state();
+        if let Phase::Halted(reason) = &state.phase {
+            return Err(reason.error());
+        }
+        self.spawn_locked(&mut state, epoch, record, procedure, Resume::Execute);
+        state
+            .procedures
+            .get(&id)
+            .map(Entry::watcher)
+            .ok_or_else(|| Error::ManagerNotRunning {
+                reason: format!("procedure {id} was forgotten while it was being submitted"),
+            })
+    }
+
+    /// Loads a record that exists in the store but not in memory (a child submitted before a crash that this
+    /// manager did not see at start), so its parent can wait for it.
+    pub(crate) async fn adopt(self: &Arc<Self>, id: &ProcedureId) -> Result<()> {
+        let key = record_key(id);
+        let Some(value) = self.read(|| self.store.get(&key)).await? else {
+            return Err(Error::ManagerNotRunning {
+                reason: format!("procedure {id} was reported to exist at '{key}' but is absent"),
+            });
+        };
+        let recovered = self.recover(&key, &value);
+        let mut state = self.state();
+        let epoch = match (&state.phase, state.epoch) {
+            (Phase::Running, Some(epoch)) => epoch,
+            (Phase::Halted(reason), _) => return Err(reason.error()),
+            _ => return Err(self_not_started()),
+        };
+        if state.procedures.contains_key(id) {
+            return Ok(());
+        }
+        match recovered {
+            Recovered::Finished(record) => {
+                let root = root_of(&state.procedures, &record.id);
+                state
+                    .procedures
+                    .insert(id.clone(), Entry::new(ProcedureInfo::from(&record), root));
+            }
+            Recovered::Unfinished(record, procedure) => {
+                let root = root_of(&state.procedures, &record.id);
+                state
+                    .procedures
+                    .insert(id.clone(), Entry::new(ProcedureInfo::from(&record), root));
+                let resume = if record.state == ProcedureState::RollingBack {
+                    Resume::RollBack(record.error.clone().unwrap_or_default())
+                } else {
+                    Resume::Execute
+                };
+                self.spawn_locked(&mut state, epoch, record, procedure, resume);
+            }
+            Recovered::Unrecoverable { error, .. } => return Err(error),
+        }
+        Ok(())
+    }
+
+    /// Starts the runner task of a procedure whose entry is already in `state`.
+    fn spawn_locked(
+        self: &Arc<Self>,
+        state: &mut State,
+        epoch: u64,
+        record: ProcedureRecord,
+        procedure: BoxedProcedure,
+        resume: Resume,
+    ) {
+        let id = record.id.clone();
+        let Some(entry) = state.procedures.get_mut(&id) else {
+            return;
+        };
+        let runner = Runner::new(
+            Arc::clone(self),
+            epoch,
+            entry.root.clone(),
+            record,
+            procedure,
+        );
+        let task = tokio::spawn(runner.run(resume));
+        entry.task = Some(task.abort_handle());
+    }
+}
+
+fn self_not_started() -> Error {
+    Error::ManagerNotRunning {
+        reason: "the manager has not been started".to_string(),
+    }
+}
+
+/// What a stored record turned into.
+enum Recovered {
+    Finished(ProcedureRecord),
+    Unfinished(ProcedureRecord, BoxedProcedure),
+    Unrecoverable {
+        id: ProcedureId,
+        type_name: String,
+        parent_id: Option<ProcedureId>,
+        error: Error,
+    },
+}
+
+/// The root of `id`'s tree among `procedures` (a procedure whose parent is unknown is its own root).
+fn root_of(procedures: &BTreeMap<ProcedureId, Entry>, id: &ProcedureId) -> ProcedureId {
+    let mut current = id.clone();
+    // Bounded walk: a cycle of parent links in damaged records must not hang the manager.
+    for _ in 0..=procedures.len() {
+        match procedures
+            .get(&current)
+            .and_then(|e| e.info.parent_id.clone())
+        {
+            Some(parent) if procedures.contains_key(&parent) => current = parent,
+            Some(parent) => {
+                // The parent may be known by its root already.
+                return procedures
+                    .get(&parent)
+                    .map(|p| p.root.clone())
+                    .unwrap_or(parent);
+            }
+            None => return current,
+        }
+    }
+    current
+}
+
+pub(crate) fn parse_epoch(bytes: &[u8]) -> Option<u64> {
+    std::str::from_utf8(bytes).ok()?.trim().parse().ok()
+}
+
+/// The exponential backoff with jitter of `policy`.
+pub(crate) fn backoff(policy: &RetryPolicy) -> impl Iterator<Item = std::time::Duration> + use<> {
+    ExponentialBuilder::default()
+        .with_min_delay(policy.initial_delay)
+        .with_max_delay(policy.max_delay)
+        .with_factor(policy.factor)
+        .with_max_times(policy.max_retries)
+        .with_jitter()
+        .build()
 }
 
 #[async_trait]
 impl ProcedureManager for LocalManager {
-    fn register_loader(&self, _type_name: &str, _loader: BoxedProcedureLoader) -> Result<()> {
-        todo!()
+    fn register_loader(&self, type_name: &str, loader: BoxedProcedureLoader) -> Result<()> {
+        self.inner.register_loader(type_name, loader)
     }
+
     async fn start(&self) -> Result<()> {
-        todo!()
+        self.inner.start().await
     }
+
     async fn stop(&self) -> Result<()> {
-        todo!()
+        self.inner.halt(HaltReason::Stopped);
+        Ok(())
     }
-    async fn submit(&self, _procedure: ProcedureWithId) -> Result<Watcher> {
-        todo!()
+
+    async fn submit(&self, procedure: ProcedureWithId) -> Result<Watcher> {
+        self.inner.submit(procedure, None).await
     }
-    fn watch(&self, _id: &ProcedureId) -> Option<Watcher> {
-        todo!()
+
+    fn watch(&self, id: &ProcedureId) -> Option<Watcher> {
+        self.inner.state().procedures.get(id).map(Entry::watcher)
     }
-    async fn procedure_state(&self, _id: &ProcedureId) -> Result<Option<ProcedureInfo>> {
-        todo!()
+
+    async fn procedure_state(&self, id: &ProcedureId) -> Result<Option<ProcedureInfo>> {
+        Ok(self
+            .inner
+            .state()
+            .procedures
+            .get(id)
+            .map(|e| e.info.clone()))
     }
+
     async fn list_procedures(&self) -> Result<Vec<ProcedureInfo>> {
-        todo!()
+        Ok(self
+            .inner
+            .state()
+            .procedures
+            .values()
+            .map(|e| e.info.clone())
+            .collect())
     }
+
     fn epoch(&self) -> Option<u64> {
-        todo!()
+        self.inner.state().epoch
+    }
+}
+
+impl Drop for LocalManager {
+    fn drop(&mut self) {
+        // Tasks hold the shared state; without a handle nobody could stop them.
+        self.inner.halt(HaltReason::Stopped);
     }
 }

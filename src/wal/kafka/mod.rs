@@ -1,3 +1,12 @@
 //! The Kafka side of remote WAL: topic administration, the topic pool, the selector and the bootstrap procedure.
 
 pub mod admin;
+pub mod bootstrap;
+pub mod rskafka_admin;
+pub mod selector;
+pub mod topic_key;
+pub mod topic_pool;
+
+pub use bootstrap::TopicBootstrapProcedure;
+pub use selector::{RoundRobinTopicSelector, TopicSelector, TopicSelectorRef};
+pub use topic_pool::{KafkaTopicManager, ReadyPoll, TopicPoolSpec};

@@ -1,0 +1,160 @@
+//! Crash matrix of a four-step procedure with one outside effect per step.
+
+mod crash_common;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use crash_common::{World, WorldScenario, loader, run_matrix};
+use procedures::testing::CrashPoint;
+use procedures::{
+    Context, Error, LockKey, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Result,
+    Status,
+};
+use serde::{Deserialize, Serialize};
+
+const TYPE: &str = "four_steps";
+const STEPS: u32 = 4;
+
+#[derive(Serialize, Deserialize)]
+struct State {
+    name: String,
+    next_step: u32,
+}
+
+/// Step i creates `{name}/effect-{i}` in the world. Step 1 does not persist (so a crash after it replays two steps);
+/// the others do.
+struct FourSteps {
+    state: State,
+    world: Arc<World>,
+}
+
+#[async_trait]
+impl Procedure for FourSteps {
+    fn type_name(&self) -> &str {
+        TYPE
+    }
+
+    async fn execute(&mut self, ctx: &Context) -> Result<Status> {
+        let step = self.state.next_step;
+        if step == STEPS {
+            return Ok(Status::done_with_output(
+                serde_json::json!({ "name": self.state.name, "effects": STEPS }),
+            ));
+        }
+        let effect = format!("{}/effect-{step}", self.state.name);
+        self.world.create(&effect);
+        ctx.side_effect_point(&effect)?;
+        self.state.next_step += 1;
+        Ok(Status::executing(step != 1))
+    }
+
+    fn dump(&self) -> Result<serde_json::Value> {
+        serde_json::to_value(&self.state).map_err(Error::external)
+    }
+
+    fn lock_key(&self) -> LockKey {
+        LockKey::exclusive(self.state.name.clone())
+    }
+}
+
+fn register(world: &Arc<World>, manager: &dyn ProcedureManager) -> Result<()> {
+    manager.register_loader(
+        TYPE,
+        loader(world, |state, world| Box::new(FourSteps { state, world })),
+    )
+}
+
+fn root(world: &Arc<World>, name: &str) -> ProcedureWithId {
+    ProcedureWithId::new(
+        ProcedureId::new(name),
+        Box::new(FourSteps {
+            state: State {
+                name: name.to_string(),
+                next_step: 0,
+            },
+            world: world.clone(),
+        }),
+    )
+}
+
+#[tokio::test]
+async fn four_step_procedure_survives_every_single_and_double_crash() {
+    let scenario = WorldScenario {
+        register,
+        roots: |world| vec![root(world, "alpha")],
+    };
+    let report = run_matrix("four steps", &scenario).await;
+    report.assert_no_mismatch();
+    // Epoch claim, submission, and at least one write per persisting step and the end.
+    assert!(report.transitions >= 2 + 3 + 1, "{report}");
+    assert_eq!(report.side_effect_points, STEPS as usize, "{report}");
+    assert_eq!(
+        report.single_crash_cases,
+        2 * report.transitions + report.side_effect_points
+    );
+    assert!(
+        report.double_crash_cases > report.single_crash_cases,
+        "{report}"
+    );
+    assert_eq!(report.unreached_crash_points, 0, "{report}");
+}
+
+#[tokio::test]
+async fn two_concurrent_roots_survive_every_single_and_double_crash() {
+    let scenario = WorldScenario {
+        register,
+        roots: |world| vec![root(world, "alpha"), root(world, "beta")],
+    };
+    let report = run_matrix("four steps, two roots", &scenario).await;
+    report.assert_no_mismatch();
+    assert_eq!(report.side_effect_points, 2 * STEPS as usize, "{report}");
+}
+
+/// The matrix really crashes where it says: a manager crashed at the first side-effect point leaves the first
+/// effect in the world and nothing persisted after the submission.
+#[tokio::test]
+async fn a_crash_at_the_first_side_effect_stops_the_manager_there() {
+    use procedures::testing::{CrashPlan, CrashingStore};
+    use procedures::{LocalManager, MemoryStateStore};
+
+    let world = Arc::new(World::default());
+    let memory = Arc::new(MemoryStateStore::new());
+    let store = Arc::new(CrashingStore::with_plan(
+        memory.clone(),
+        CrashPlan::at(CrashPoint::SideEffect(0)),
+    ));
+    let manager = LocalManager::with_side_effect_hook(
+        store.clone(),
+        procedures::testing::MatrixConfig::default().manager,
+        store.clone(),
+    );
+    register(&world, &manager).unwrap();
+    manager.start().await.unwrap();
+    let mut watcher = manager.submit(root(&world, "alpha")).await.unwrap();
+    let err = watcher.wait().await.unwrap_err();
+    assert!(matches!(err, Error::ManagerNotRunning { .. }), "{err}");
+    assert_eq!(
+        store.controller().crashed().map(|c| c.point),
+        Some(CrashPoint::SideEffect(0))
+    );
+    assert!(world.is_present("alpha/effect-0"));
+    assert!(!world.is_present("alpha/effect-1"));
+    // Only the submission record is persisted: the crash came before the first step's write.
+    let digest = procedures::testing::store_digest(memory.as_ref())
+        .await
+        .unwrap();
+    let record = digest.record(&ProcedureId::new("alpha")).unwrap();
+    assert_eq!(record.step, 0);
+    assert!(!record.state.is_finished());
+    // The dead manager writes nothing more, even when stopped.
+    let writes = store.controller().writes();
+    let _ = manager.stop().await;
+    assert_eq!(store.controller().writes(), writes);
+    assert_eq!(
+        procedures::testing::store_digest(memory.as_ref())
+            .await
+            .unwrap(),
+        digest
+    );
+}

@@ -1,0 +1,502 @@
+//! Behaviour of `LocalManager` on the in-memory store: results, duplicates, locks, children, retry, rollback,
+//! timeout, admission, recovery, unrecoverable records, fencing, retention.
+
+mod manager_support;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use manager_support::{Env, Plan, TYPE, fast_config, within};
+use procedures::record::{EPOCH_KEY, record_key};
+use procedures::{
+    Error, LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
+    ProcedureRecord, ProcedureState, StateStore,
+};
+
+async fn manager(
+    store: &Arc<MemoryStateStore>,
+    config: ManagerConfig,
+    env: &Arc<Env>,
+) -> LocalManager {
+    let manager = LocalManager::new(store.clone(), config);
+    manager.register_loader(TYPE, env.loader()).unwrap();
+    manager.start().await.unwrap();
+    manager
+}
+
+fn stored(store: &MemoryStateStore, id: &str) -> ProcedureRecord {
+    let bytes = store.snapshot()[&record_key(&ProcedureId::new(id))].clone();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// Waits (yielding to the runtime) until procedure `id` has persisted at least `step` steps.
+async fn until_step(manager: &LocalManager, id: &str, step: u64) {
+    within(async {
+        loop {
+            let info = manager
+                .procedure_state(&ProcedureId::new(id))
+                .await
+                .unwrap();
+            if info.is_some_and(|i| i.step >= step) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn output_comes_back_through_the_watcher() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    assert_eq!(m.epoch(), Some(1));
+    let mut watcher = m
+        .submit(env.with_id("p", Plan::steps(3, true)))
+        .await
+        .unwrap();
+    let output = within(watcher.wait()).await.unwrap();
+    assert_eq!(output, Some(serde_json::json!({ "steps": 3 })));
+    let record = stored(&store, "p");
+    assert_eq!(record.state, ProcedureState::Done);
+    // Submission, three persisted steps, done.
+    assert_eq!(record.step, 4);
+    let listed = m.list_procedures().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].state, ProcedureState::Done);
+}
+
+#[tokio::test]
+async fn duplicate_ids_are_refused_in_memory_and_in_the_store() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let mut watcher = m
+        .submit(env.with_id("d", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    within(watcher.wait()).await.unwrap();
+    let again = m.submit(env.with_id("d", Plan::steps(1, true))).await;
+    assert!(matches!(again, Err(Error::DuplicateProcedure { id }) if id.as_str() == "d"));
+
+    // A record this manager has not loaded (written behind its back) is found by the submission's condition.
+    let mut foreign = stored(&store, "d");
+    foreign.id = ProcedureId::new("e");
+    store
+        .put(
+            &record_key(&foreign.id),
+            serde_json::to_vec(&foreign).unwrap(),
+        )
+        .await
+        .unwrap();
+    let behind = m.submit(env.with_id("e", Plan::steps(1, true))).await;
+    assert!(matches!(behind, Err(Error::DuplicateProcedure { id }) if id.as_str() == "e"));
+    m.stop().await.unwrap();
+
+    // A new manager loads the finished record and refuses the id as well.
+    let m2 = manager(&store, fast_config(), &env).await;
+    let across = m2.submit(env.with_id("d", Plan::steps(1, true))).await;
+    assert!(matches!(across, Err(Error::DuplicateProcedure { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn conflicting_exclusive_procedures_run_one_after_the_other() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let plan = Plan {
+        exclusive: vec!["table/1".into()],
+        hold_ms: 10,
+        ..Plan::steps(2, true)
+    };
+    let mut a = m.submit(env.with_id("a", plan.clone())).await.unwrap();
+    let mut b = m.submit(env.with_id("b", plan)).await.unwrap();
+    within(a.wait()).await.unwrap();
+    within(b.wait()).await.unwrap();
+    let (a_in, a_out) = env.span("a");
+    let (b_in, b_out) = env.span("b");
+    assert!(a_out < b_in || b_out < a_in, "overlap: {:?}", env.events());
+    assert_eq!(env.max_running.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn shared_procedures_overlap() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let plan = Plan {
+        shared: vec!["table/1".into()],
+        hold_ms: 10,
+        ..Plan::steps(2, true)
+    };
+    let mut a = m.submit(env.with_id("a", plan.clone())).await.unwrap();
+    let mut b = m.submit(env.with_id("b", plan)).await.unwrap();
+    within(a.wait()).await.unwrap();
+    within(b.wait()).await.unwrap();
+    assert_eq!(env.max_running.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn children_run_and_the_parent_resumes_even_with_one_slot_and_its_own_key() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let config = ManagerConfig {
+        max_running_procedures: 1,
+        ..fast_config()
+    };
+    let m = manager(&store, config, &env).await;
+    let child = Plan {
+        exclusive: vec!["k".into()],
+        ..Plan::steps(1, true)
+    };
+    let parent = Plan {
+        exclusive: vec!["k".into()],
+        children: vec![("c1".into(), child.clone()), ("c2".into(), child)],
+        ..Plan::steps(1, true)
+    };
+    let mut w = m.submit(env.with_id("p", parent)).await.unwrap();
+    assert_eq!(
+        within(w.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 1 }))
+    );
+    for child in ["p/c1", "p/c2"] {
+        let record = stored(&store, child);
+        assert_eq!(record.state, ProcedureState::Done);
+        assert_eq!(record.parent_id, Some(ProcedureId::new("p")));
+    }
+    // The parent ran again after both children were done.
+    let events = env.events();
+    let last_parent = events
+        .iter()
+        .rposition(|e| e.starts_with("enter p at"))
+        .unwrap();
+    let last_child = events
+        .iter()
+        .rposition(|e| e.starts_with("exit p/c"))
+        .unwrap();
+    assert!(last_parent > last_child, "{events:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_child_fails_its_parent() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let parent = Plan {
+        children: vec![(
+            "bad".into(),
+            Plan {
+                fail: true,
+                ..Plan::steps(0, true)
+            },
+        )],
+        ..Plan::steps(1, true)
+    };
+    let mut w = m.submit(env.with_id("p", parent)).await.unwrap();
+    let err = within(w.wait()).await.unwrap_err().to_string();
+    assert!(err.contains("subprocedure p/bad of p failed"), "{err}");
+    assert_eq!(stored(&store, "p").state, ProcedureState::Failed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retryable_error_is_retried_then_succeeds() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let plan = Plan {
+        retryable_failures: 2,
+        ..Plan::steps(1, true)
+    };
+    let mut w = m.submit(env.with_id("r", plan)).await.unwrap();
+    assert!(within(w.wait()).await.is_ok());
+    assert_eq!(env.attempts.load(Ordering::SeqCst), 2);
+    assert_eq!(stored(&store, "r").state, ProcedureState::Done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn exhausted_retries_roll_back_then_fail() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let plan = Plan {
+        retryable_failures: 100,
+        rollback: true,
+        ..Plan::steps(1, true)
+    };
+    let mut w = m.submit(env.with_id("r", plan)).await.unwrap();
+    let err = within(w.wait()).await.unwrap_err().to_string();
+    assert!(
+        err.contains("flaky step") && err.contains("rolled back"),
+        "{err}"
+    );
+    // The first attempt and max_retries = 3 retries.
+    assert_eq!(env.attempts.load(Ordering::SeqCst), 4);
+    assert_eq!(env.rollbacks.load(Ordering::SeqCst), 1);
+    let record = stored(&store, "r");
+    assert_eq!(record.state, ProcedureState::Failed);
+    assert!(record.error.unwrap().contains("rolled back"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_procedure_past_its_timeout_fails() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let plan = Plan {
+        timeout_ms: Some(50),
+        hold_ms: 20,
+        ..Plan::steps(10, true)
+    };
+    let mut w = m.submit(env.with_id("t", plan)).await.unwrap();
+    let err = within(w.wait()).await.unwrap_err().to_string();
+    assert!(err.contains("procedure t timed out after 50ms"), "{err}");
+    let record = stored(&store, "t");
+    assert_eq!(record.state, ProcedureState::Failed);
+    // It got through some steps, not all ten.
+    assert!(record.step < 10, "{record:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn admission_limits_how_many_execute_at_once() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let config = ManagerConfig {
+        max_running_procedures: 2,
+        ..fast_config()
+    };
+    let m = manager(&store, config, &env).await;
+    let mut watchers = Vec::new();
+    for i in 0..6 {
+        let plan = Plan {
+            hold_ms: 10,
+            ..Plan::steps(2, true)
+        };
+        watchers.push(m.submit(env.with_id(&format!("a{i}"), plan)).await.unwrap());
+    }
+    for w in &mut watchers {
+        within(w.wait()).await.unwrap();
+    }
+    assert_eq!(env.max_running.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_manager_resumes_from_the_persisted_step() {
+    let store = Arc::new(MemoryStateStore::new());
+    let blocked = Env::new(false);
+    let m1 = manager(&store, fast_config(), &blocked).await;
+    let plan = Plan {
+        block_at: Some(1),
+        ..Plan::steps(3, true)
+    };
+    let mut w1 = m1.submit(blocked.with_id("p", plan)).await.unwrap();
+    until_step(&m1, "p", 1).await;
+    m1.stop().await.unwrap();
+    assert!(matches!(
+        within(w1.wait()).await,
+        Err(Error::ManagerNotRunning { .. })
+    ));
+    assert_eq!(stored(&store, "p").step, 1);
+    assert_eq!(stored(&store, "p").state, ProcedureState::Running);
+
+    let env = Env::new(true);
+    let m2 = manager(&store, fast_config(), &env).await;
+    assert_eq!(m2.epoch(), Some(2));
+    let mut w2 = m2.watch(&ProcedureId::new("p")).unwrap();
+    assert_eq!(
+        within(w2.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 3 }))
+    );
+    let events = env.events();
+    assert_eq!(events.first().map(String::as_str), Some("enter p at 1"));
+    assert!(!events.iter().any(|e| e == "enter p at 0"), "{events:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_manager_resumes_a_rollback() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    // A record left rolling back by a crashed manager.
+    let record = ProcedureRecord {
+        format_version: 1,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("rb"),
+        parent_id: None,
+        step: 3,
+        state: ProcedureState::RollingBack,
+        data: serde_json::to_value(Plan {
+            rollback: true,
+            ..Plan::steps(1, true)
+        })
+        .unwrap(),
+        output: None,
+        error: Some("it broke".into()),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    store
+        .put("proc/rb", serde_json::to_vec(&record).unwrap())
+        .await
+        .unwrap();
+    let m = manager(&store, fast_config(), &env).await;
+    let err = within(m.watch(&ProcedureId::new("rb")).unwrap().wait())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("it broke (rolled back)"), "{err}");
+    assert_eq!(env.rollbacks.load(Ordering::SeqCst), 1);
+    // Rolled back without running a step.
+    assert!(env.events().is_empty());
+    assert_eq!(stored(&store, "rb").step, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unrecoverable_records_show_as_failed_and_stay_untouched() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let good = ProcedureRecord {
+        format_version: 1,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("ok"),
+        parent_id: None,
+        step: 1,
+        state: ProcedureState::Running,
+        data: serde_json::to_value(Plan::steps(2, true)).unwrap(),
+        output: None,
+        error: None,
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    let unknown = ProcedureRecord {
+        id: ProcedureId::new("unknown"),
+        type_name: "no_such_type".into(),
+        ..good.clone()
+    };
+    let bad_data = ProcedureRecord {
+        id: ProcedureId::new("bad_data"),
+        data: serde_json::json!({ "steps": "many" }),
+        ..good.clone()
+    };
+    let newer = ProcedureRecord {
+        id: ProcedureId::new("newer"),
+        format_version: 99,
+        ..good.clone()
+    };
+    for record in [&good, &unknown, &bad_data, &newer] {
+        store
+            .put(&record_key(&record.id), serde_json::to_vec(record).unwrap())
+            .await
+            .unwrap();
+    }
+    store
+        .put("proc/garbled", b"{not json".to_vec())
+        .await
+        .unwrap();
+    let before = store.snapshot();
+
+    let m = manager(&store, fast_config(), &env).await;
+    within(m.watch(&ProcedureId::new("ok")).unwrap().wait())
+        .await
+        .unwrap();
+
+    let listed = m.list_procedures().await.unwrap();
+    let ids: Vec<&str> = listed.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["bad_data", "garbled", "newer", "ok", "unknown"]);
+    let expect = [
+        ("unknown", "type 'no_such_type', key 'proc/unknown'"),
+        ("bad_data", "type 'test_steps', key 'proc/bad_data'"),
+        ("garbled", "type 'unknown', key 'proc/garbled'"),
+        ("newer", "format version 99"),
+    ];
+    for (id, text) in expect {
+        let info = m
+            .procedure_state(&ProcedureId::new(id))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.state, ProcedureState::Failed, "{id}");
+        let error = info.error.unwrap();
+        assert!(error.contains(&format!("procedure {id} ")), "{error}");
+        assert!(error.contains(text), "{error}");
+        // Watchers resolve as failed at once.
+        assert!(within(m.watch(&info.id).unwrap().wait()).await.is_err());
+    }
+    // Only the good record changed.
+    let after = store.snapshot();
+    for key in [
+        "proc/unknown",
+        "proc/bad_data",
+        "proc/newer",
+        "proc/garbled",
+    ] {
+        assert_eq!(before[key], after[key], "{key}");
+    }
+    assert_eq!(stored(&store, "ok").state, ProcedureState::Done);
+    m.stop().await.unwrap();
+
+    // A later manager that knows the type recovers the record.
+    let m2 = LocalManager::new(store.clone(), fast_config());
+    m2.register_loader(TYPE, env.loader()).unwrap();
+    m2.register_loader("no_such_type", env.loader()).unwrap();
+    m2.start().await.unwrap();
+    within(m2.watch(&ProcedureId::new("unknown")).unwrap().wait())
+        .await
+        .unwrap();
+    assert_eq!(stored(&store, "unknown").state, ProcedureState::Done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_second_manager_fences_the_first() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env1 = Env::new(false);
+    let m1 = manager(&store, fast_config(), &env1).await;
+    let plan = Plan {
+        block_at: Some(1),
+        ..Plan::steps(3, true)
+    };
+    let mut w1 = m1.submit(env1.with_id("p", plan)).await.unwrap();
+    until_step(&m1, "p", 1).await;
+
+    // The second manager does not know the type: it leaves the record alone.
+    let m2 = LocalManager::new(store.clone(), fast_config());
+    m2.start().await.unwrap();
+    assert_eq!(m2.epoch(), Some(2));
+    assert_eq!(store.snapshot()[EPOCH_KEY], b"2".to_vec());
+
+    // The first manager's next write is refused: it halts.
+    env1.gate.add_permits(1);
+    let err = within(w1.wait()).await.unwrap_err();
+    assert!(matches!(err, Error::ManagerNotRunning { .. }), "{err}");
+    assert_eq!(stored(&store, "p").step, 1);
+    let refused = m1.submit(env1.with_id("q", Plan::steps(1, true))).await;
+    let text = refused.unwrap_err().to_string();
+    assert!(text.contains("fenced by epoch 2"), "{text}");
+    assert!(!store.snapshot().contains_key("proc/q"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn finished_procedures_are_deleted_after_retention() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let config = ManagerConfig {
+        retention: Duration::ZERO,
+        retention_check_interval: Duration::from_millis(10),
+        ..fast_config()
+    };
+    let m = manager(&store, config, &env).await;
+    let parent = Plan {
+        children: vec![("c".into(), Plan::steps(1, true))],
+        ..Plan::steps(1, true)
+    };
+    let mut w = m.submit(env.with_id("p", parent)).await.unwrap();
+    within(w.wait()).await.unwrap();
+    within(async {
+        while !m.list_procedures().await.unwrap().is_empty() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    let keys: Vec<String> = store.snapshot().into_keys().collect();
+    assert_eq!(keys, [EPOCH_KEY]);
+}

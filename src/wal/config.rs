@@ -1,0 +1,778 @@
+//! [`WalConfig`]: which WAL new regions get, and for Kafka the shape of the topic pool and how to talk to the
+//! brokers. TOML-friendly: durations are humantime strings (`"30s"`, `"500ms"`), unknown keys are errors.
+//!
+//! ```toml
+//! [wal]
+//! provider = "kafka"
+//! broker_endpoints = ["127.0.0.1:9092"]
+//! num_topics = 64
+//! topic_name_prefix = "greptimedb_wal_topic"
+//! create_topic_timeout = "30s"
+//!
+//! [wal.backoff]
+//! init = "500ms"
+//! deadline = "5m"
+//! ```
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use snafu::{ResultExt, ensure};
+
+use crate::error::{InvalidTopicNameSnafu, InvalidWalConfigSnafu, ParseWalConfigSnafu, Result};
+
+/// The longest topic name Kafka accepts.
+pub const MAX_TOPIC_NAME_LEN: usize = 249;
+
+/// Which WAL new regions write to.
+///
+/// In TOML, a table with `provider = "raft_engine"` or `provider = "kafka"` and, for Kafka, the keys of
+/// [`KafkaConfig`] next to it. Unknown keys, and Kafka keys under `raft_engine`, are errors naming the key.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawWalConfig", into = "RawWalConfig")]
+pub enum WalConfig {
+    /// Each datanode's local raft-engine WAL.
+    #[default]
+    RaftEngine,
+    /// A shared pool of Kafka topics.
+    Kafka(KafkaConfig),
+}
+
+impl WalConfig {
+    /// Parses a TOML document holding the WAL table's keys (`provider = "kafka"` …) at its top level.
+    pub fn from_toml_str(toml: &str) -> Result<Self> {
+        toml::from_str(toml).context(ParseWalConfigSnafu)
+    }
+
+    /// Checks every value; the error names the first bad field and its value.
+    pub fn validate(&self) -> Result<()> {
+        match self {
+            WalConfig::RaftEngine => Ok(()),
+            WalConfig::Kafka(kafka) => kafka.validate(),
+        }
+    }
+}
+
+/// The provider names of [`WalConfig`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Provider {
+    RaftEngine,
+    Kafka,
+}
+
+/// The TOML shape of [`WalConfig`]: a plain struct (not a serde-tagged enum) so the TOML parser's errors keep
+/// pointing at the offending key and line.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWalConfig {
+    provider: Provider,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    broker_endpoints: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    num_topics: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    topic_name_prefix: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    num_partitions: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    replication_factor: Option<i16>,
+    #[serde(
+        default,
+        with = "humantime_serde::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    create_topic_timeout: Option<Duration>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    selector_type: Option<SelectorType>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_concurrent_creates: Option<usize>,
+    // Tables last: TOML writes plain keys before sub-tables.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backoff: Option<BackoffConfig>,
+}
+
+impl TryFrom<RawWalConfig> for WalConfig {
+    type Error = String;
+
+    fn try_from(raw: RawWalConfig) -> Result<Self, String> {
+        match raw.provider {
+            Provider::RaftEngine => {
+                let given = [
+                    ("broker_endpoints", raw.broker_endpoints.is_some()),
+                    ("num_topics", raw.num_topics.is_some()),
+                    ("topic_name_prefix", raw.topic_name_prefix.is_some()),
+                    ("num_partitions", raw.num_partitions.is_some()),
+                    ("replication_factor", raw.replication_factor.is_some()),
+                    ("create_topic_timeout", raw.create_topic_timeout.is_some()),
+                    ("selector_type", raw.selector_type.is_some()),
+                    (
+                        "max_concurrent_creates",
+                        raw.max_concurrent_creates.is_some(),
+                    ),
+                    ("backoff", raw.backoff.is_some()),
+                ];
+                match given.iter().find(|(_, is_given)| *is_given) {
+                    Some((key, _)) => Err(format!(
+                        "key `{key}` applies only to provider = \"kafka\", not \"raft_engine\""
+                    )),
+                    None => Ok(WalConfig::RaftEngine),
+                }
+            }
+            Provider::Kafka => {
+                let d = KafkaConfig::default();
+                Ok(WalConfig::Kafka(KafkaConfig {
+                    broker_endpoints: raw.broker_endpoints.unwrap_or(d.broker_endpoints),
+                    num_topics: raw.num_topics.unwrap_or(d.num_topics),
+                    topic_name_prefix: raw.topic_name_prefix.unwrap_or(d.topic_name_prefix),
+                    num_partitions: raw.num_partitions.unwrap_or(d.num_partitions),
+                    replication_factor: raw.replication_factor.unwrap_or(d.replication_factor),
+                    create_topic_timeout: raw
+                        .create_topic_timeout
+                        .unwrap_or(d.create_topic_timeout),
+                    selector_type: raw.selector_type.unwrap_or(d.selector_type),
+                    backoff: raw.backoff.unwrap_or(d.backoff),
+                    max_concurrent_creates: raw
+                        .max_concurrent_creates
+                        .unwrap_or(d.max_concurrent_creates),
+                }))
+            }
+        }
+    }
+}
+
+impl From<WalConfig> for RawWalConfig {
+    fn from(config: WalConfig) -> Self {
+        match config {
+            WalConfig::RaftEngine => RawWalConfig {
+                provider: Provider::RaftEngine,
+                broker_endpoints: None,
+                num_topics: None,
+                topic_name_prefix: None,
+                num_partitions: None,
+                replication_factor: None,
+                create_topic_timeout: None,
+                selector_type: None,
+                max_concurrent_creates: None,
+                backoff: None,
+            },
+            WalConfig::Kafka(k) => RawWalConfig {
+                provider: Provider::Kafka,
+                broker_endpoints: Some(k.broker_endpoints),
+                num_topics: Some(k.num_topics),
+                topic_name_prefix: Some(k.topic_name_prefix),
+                num_partitions: Some(k.num_partitions),
+                replication_factor: Some(k.replication_factor),
+                create_topic_timeout: Some(k.create_topic_timeout),
+                selector_type: Some(k.selector_type),
+                max_concurrent_creates: Some(k.max_concurrent_creates),
+                backoff: Some(k.backoff),
+            },
+        }
+    }
+}
+
+/// How new topics are handed to regions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelectorType {
+    /// Round-robin over the pool.
+    #[default]
+    RoundRobin,
+}
+
+/// The Kafka topic pool and how to reach the brokers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port` each.
+    pub broker_endpoints: Vec<String>,
+    /// Topics in the pool.
+    pub num_topics: usize,
+    /// Topic `i` is named `{topic_name_prefix}_{i}`.
+    pub topic_name_prefix: String,
+    /// Partitions per topic.
+    pub num_partitions: i32,
+    /// Replicas per partition; at most the number of live brokers.
+    pub replication_factor: i16,
+    /// How long the broker may take to create one topic (sent to Kafka as the request's timeout).
+    #[serde(with = "humantime_serde")]
+    pub create_topic_timeout: Duration,
+    /// How topics are handed to regions.
+    pub selector_type: SelectorType,
+    /// Retries of connection and controller errors.
+    pub backoff: BackoffConfig,
+    /// At most this many topic creations in flight at once.
+    pub max_concurrent_creates: usize,
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        Self {
+            broker_endpoints: vec!["127.0.0.1:9092".to_string()],
+            num_topics: 64,
+            topic_name_prefix: "greptimedb_wal_topic".to_string(),
+            num_partitions: 1,
+            replication_factor: 1,
+            create_topic_timeout: Duration::from_secs(30),
+            selector_type: SelectorType::RoundRobin,
+            backoff: BackoffConfig::default(),
+            max_concurrent_creates: 16,
+        }
+    }
+}
+
+/// Exponential backoff between retries of a failing Kafka call, bounded by a deadline.
+///
+/// The deadline is what stops a client from retrying forever against a broker that is down.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BackoffConfig {
+    /// The first wait.
+    #[serde(with = "humantime_serde")]
+    pub init: Duration,
+    /// The longest wait.
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+    /// Each wait is about this many times the previous one (≥ 1).
+    #[serde(alias = "multiplier")]
+    pub base: f64,
+    /// Give up once retries have taken this long.
+    #[serde(with = "humantime_serde")]
+    pub deadline: Duration,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        Self {
+            init: Duration::from_millis(500),
+            max: Duration::from_secs(10),
+            base: 2.0,
+            deadline: Duration::from_secs(5 * 60),
+        }
+    }
+}
+
+impl KafkaConfig {
+    /// The name of topic `i` of the pool: `{topic_name_prefix}_{i}`.
+    pub fn topic_name(&self, i: usize) -> String {
+        format!("{}_{}", self.topic_name_prefix, i)
+    }
+
+    /// The names of the whole pool, topic 0 first.
+    pub fn topic_names(&self) -> Vec<String> {
+        (0..self.num_topics).map(|i| self.topic_name(i)).collect()
+    }
+
+    /// Checks every value; the error names the first bad field and its value.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            !self.broker_endpoints.is_empty(),
+            InvalidWalConfigSnafu {
+                field: "broker_endpoints",
+                value: "[]",
+                reason: "at least one broker endpoint is needed",
+            }
+        );
+        for endpoint in &self.broker_endpoints {
+            ensure!(
+                !endpoint.trim().is_empty(),
+                InvalidWalConfigSnafu {
+                    field: "broker_endpoints",
+                    value: format!("{:?}", self.broker_endpoints),
+                    reason: "an endpoint is empty",
+                }
+            );
+        }
+        ensure!(
+            self.num_topics > 0,
+            InvalidWalConfigSnafu {
+                field: "num_topics",
+                value: "0",
+                reason: "the pool needs at least one topic",
+            }
+        );
+        self.validate_prefix()?;
+        let longest = self.topic_name(self.num_topics - 1);
+        ensure!(
+            longest.len() <= MAX_TOPIC_NAME_LEN,
+            InvalidWalConfigSnafu {
+                field: "topic_name_prefix",
+                value: self.topic_name_prefix.clone(),
+                reason: format!(
+                    "the generated name '{longest}' has {} characters; Kafka allows at most {MAX_TOPIC_NAME_LEN}",
+                    longest.len()
+                ),
+            }
+        );
+        ensure!(
+            self.num_partitions >= 1,
+            InvalidWalConfigSnafu {
+                field: "num_partitions",
+                value: self.num_partitions.to_string(),
+                reason: "must be at least 1",
+            }
+        );
+        ensure!(
+            self.replication_factor >= 1,
+            InvalidWalConfigSnafu {
+                field: "replication_factor",
+                value: self.replication_factor.to_string(),
+                reason: "must be at least 1",
+            }
+        );
+        ensure!(
+            !self.create_topic_timeout.is_zero(),
+            InvalidWalConfigSnafu {
+                field: "create_topic_timeout",
+                value: "0s",
+                reason: "must be positive",
+            }
+        );
+        ensure!(
+            i32::try_from(self.create_topic_timeout.as_millis()).is_ok(),
+            InvalidWalConfigSnafu {
+                field: "create_topic_timeout",
+                value: humantime_serde::re::humantime::format_duration(self.create_topic_timeout)
+                    .to_string(),
+                reason: "Kafka takes the timeout as i32 milliseconds (at most about 24 days)",
+            }
+        );
+        ensure!(
+            self.max_concurrent_creates > 0,
+            InvalidWalConfigSnafu {
+                field: "max_concurrent_creates",
+                value: "0",
+                reason: "must be at least 1",
+            }
+        );
+        self.backoff.validate()
+    }
+
+    fn validate_prefix(&self) -> Result<()> {
+        let prefix = &self.topic_name_prefix;
+        let bad = |reason: &str| {
+            InvalidWalConfigSnafu {
+                field: "topic_name_prefix",
+                value: prefix.clone(),
+                reason: reason.to_string(),
+            }
+            .fail()
+        };
+        if prefix.is_empty() {
+            return bad("must not be empty");
+        }
+        if prefix.starts_with("__") {
+            return bad("names starting with '__' are Kafka's internal namespace");
+        }
+        if prefix.contains('.') {
+            return bad(
+                "must not contain '.': generated names join with '_', and Kafka treats '.' and '_' as the same \
+                 character in metric names, so names mixing them collide",
+            );
+        }
+        if let Some(c) = prefix.chars().find(|c| !is_legal_topic_char(*c)) {
+            return bad(&format!(
+                "character {c:?} is not allowed; use only [a-zA-Z0-9._-]"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl BackoffConfig {
+    /// Checks every value; the error names the first bad field and its value.
+    pub fn validate(&self) -> Result<()> {
+        for (field, value) in [
+            ("backoff.init", self.init),
+            ("backoff.max", self.max),
+            ("backoff.deadline", self.deadline),
+        ] {
+            ensure!(
+                !value.is_zero(),
+                InvalidWalConfigSnafu {
+                    field,
+                    value: "0s",
+                    reason: "must be positive",
+                }
+            );
+        }
+        ensure!(
+            self.max >= self.init,
+            InvalidWalConfigSnafu {
+                field: "backoff.max",
+                value: humantime_serde::re::humantime::format_duration(self.max).to_string(),
+                reason: format!(
+                    "must be at least backoff.init ({})",
+                    humantime_serde::re::humantime::format_duration(self.init)
+                ),
+            }
+        );
+        ensure!(
+            self.base.is_finite() && self.base >= 1.0,
+            InvalidWalConfigSnafu {
+                field: "backoff.base",
+                value: self.base.to_string(),
+                reason: "must be a finite number of at least 1",
+            }
+        );
+        Ok(())
+    }
+}
+
+fn is_legal_topic_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-'
+}
+
+/// Checks a topic name as Kafka would: 1 to 249 characters of `[a-zA-Z0-9._-]`, not `.` or `..`.
+///
+/// The error names the topic. Called before anything is sent to a broker.
+pub fn validate_topic_name(name: &str) -> Result<()> {
+    let bad = |reason: String| {
+        InvalidTopicNameSnafu {
+            topic: name.to_string(),
+            reason,
+        }
+        .fail()
+    };
+    if name.is_empty() {
+        return bad("must not be empty".to_string());
+    }
+    if name == "." || name == ".." {
+        return bad("'.' and '..' are not allowed".to_string());
+    }
+    if name.len() > MAX_TOPIC_NAME_LEN {
+        return bad(format!(
+            "{} characters; Kafka allows at most {MAX_TOPIC_NAME_LEN}",
+            name.len()
+        ));
+    }
+    if let Some(c) = name.chars().find(|c| !is_legal_topic_char(*c)) {
+        return bad(format!(
+            "character {c:?} is not allowed; use only [a-zA-Z0-9._-]"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kafka() -> KafkaConfig {
+        KafkaConfig::default()
+    }
+
+    /// Asserts `config` fails validation with an error naming `field` and `value`.
+    fn assert_rejected(config: &KafkaConfig, field: &str, value: &str) -> String {
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains(field), "error should name {field}: {err}");
+        assert!(err.contains(value), "error should name {value:?}: {err}");
+        err
+    }
+
+    #[test]
+    fn defaults_match_the_reference() {
+        let c = kafka();
+        assert_eq!(c.num_topics, 64);
+        assert_eq!(c.topic_name_prefix, "greptimedb_wal_topic");
+        assert_eq!(c.num_partitions, 1);
+        assert_eq!(c.replication_factor, 1);
+        assert_eq!(c.create_topic_timeout, Duration::from_secs(30));
+        assert_eq!(c.selector_type, SelectorType::RoundRobin);
+        assert_eq!(c.max_concurrent_creates, 16);
+        assert_eq!(c.backoff.init, Duration::from_millis(500));
+        assert_eq!(c.backoff.max, Duration::from_secs(10));
+        assert_eq!(c.backoff.base, 2.0);
+        assert_eq!(c.backoff.deadline, Duration::from_secs(300));
+        c.validate().unwrap();
+        assert_eq!(WalConfig::default(), WalConfig::RaftEngine);
+    }
+
+    #[test]
+    fn topic_names_are_prefix_underscore_index() {
+        let c = KafkaConfig {
+            num_topics: 3,
+            topic_name_prefix: "wal".to_string(),
+            ..kafka()
+        };
+        assert_eq!(c.topic_name(7), "wal_7");
+        assert_eq!(c.topic_names(), vec!["wal_0", "wal_1", "wal_2"]);
+    }
+
+    #[test]
+    fn kafka_toml_with_only_the_provider_gets_every_default() {
+        let parsed = WalConfig::from_toml_str(r#"provider = "kafka""#).unwrap();
+        assert_eq!(parsed, WalConfig::Kafka(kafka()));
+        let parsed = WalConfig::from_toml_str(r#"provider = "raft_engine""#).unwrap();
+        assert_eq!(parsed, WalConfig::RaftEngine);
+    }
+
+    #[test]
+    fn toml_round_trips() {
+        let defaults = WalConfig::Kafka(kafka());
+        let text = toml::to_string(&defaults).unwrap();
+        assert!(text.contains(r#"create_topic_timeout = "30s""#), "{text}");
+        assert!(text.contains(r#"selector_type = "round_robin""#), "{text}");
+        assert_eq!(WalConfig::from_toml_str(&text).unwrap(), defaults);
+
+        let custom = WalConfig::Kafka(KafkaConfig {
+            broker_endpoints: vec!["a:9092".to_string(), "b:9093".to_string()],
+            num_topics: 5,
+            topic_name_prefix: "p-x".to_string(),
+            num_partitions: 2,
+            replication_factor: 3,
+            create_topic_timeout: Duration::from_millis(1500),
+            selector_type: SelectorType::RoundRobin,
+            backoff: BackoffConfig {
+                init: Duration::from_millis(10),
+                max: Duration::from_secs(1),
+                base: 1.5,
+                deadline: Duration::from_secs(7),
+            },
+            max_concurrent_creates: 4,
+        });
+        let text = toml::to_string(&custom).unwrap();
+        assert_eq!(WalConfig::from_toml_str(&text).unwrap(), custom);
+        let text = toml::to_string(&WalConfig::RaftEngine).unwrap();
+        assert_eq!(
+            WalConfig::from_toml_str(&text).unwrap(),
+            WalConfig::RaftEngine
+        );
+    }
+
+    #[test]
+    fn hand_written_toml_parses_durations_and_the_multiplier_alias() {
+        let parsed = WalConfig::from_toml_str(
+            r#"
+            provider = "kafka"
+            broker_endpoints = ["k1:9092"]
+            create_topic_timeout = "2s"
+            [backoff]
+            init = "100ms"
+            multiplier = 3
+            deadline = "1m"
+            "#,
+        )
+        .unwrap();
+        let WalConfig::Kafka(k) = parsed else {
+            panic!("expected kafka: {parsed:?}")
+        };
+        assert_eq!(k.broker_endpoints, vec!["k1:9092"]);
+        assert_eq!(k.create_topic_timeout, Duration::from_secs(2));
+        assert_eq!(k.backoff.init, Duration::from_millis(100));
+        assert_eq!(k.backoff.base, 3.0);
+        assert_eq!(k.backoff.deadline, Duration::from_secs(60));
+        assert_eq!(k.backoff.max, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn unknown_keys_are_errors_naming_the_key() {
+        for (toml, key) in [
+            ("provider = \"kafka\"\nnum_topicz = 3", "num_topicz"),
+            ("provider = \"kafka\"\n[backoff]\nfoo = \"1s\"", "foo"),
+            ("provider = \"raft_engine\"\nbar = 1", "bar"),
+            ("provider = \"raft_engine\"\nnum_topics = 1", "num_topics"),
+        ] {
+            let err = WalConfig::from_toml_str(toml).unwrap_err().to_string();
+            assert!(err.contains(key), "error should name {key}: {err}");
+        }
+    }
+
+    #[test]
+    fn unknown_provider_is_an_error_naming_it() {
+        let err = WalConfig::from_toml_str(r#"provider = "noop""#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("noop"), "{err}");
+    }
+
+    #[test]
+    fn bad_duration_is_an_error() {
+        let err = WalConfig::from_toml_str("provider = \"kafka\"\ncreate_topic_timeout = \"soon\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("create_topic_timeout"), "{err}");
+    }
+
+    #[test]
+    fn rejects_zero_topics() {
+        let c = KafkaConfig {
+            num_topics: 0,
+            ..kafka()
+        };
+        assert_rejected(&c, "num_topics", "0");
+    }
+
+    #[test]
+    fn rejects_empty_prefix() {
+        let c = KafkaConfig {
+            topic_name_prefix: String::new(),
+            ..kafka()
+        };
+        assert_rejected(&c, "topic_name_prefix", "empty");
+    }
+
+    #[test]
+    fn rejects_illegal_prefix_characters() {
+        for prefix in ["wal topic", "wal/topic", "wal:1", "wäl"] {
+            let c = KafkaConfig {
+                topic_name_prefix: prefix.to_string(),
+                ..kafka()
+            };
+            assert_rejected(&c, "topic_name_prefix", prefix);
+        }
+    }
+
+    #[test]
+    fn rejects_internal_namespace_prefix() {
+        let c = KafkaConfig {
+            topic_name_prefix: "__wal".to_string(),
+            ..kafka()
+        };
+        let err = assert_rejected(&c, "topic_name_prefix", "__wal");
+        assert!(err.contains("internal"), "{err}");
+    }
+
+    #[test]
+    fn rejects_dot_in_prefix_because_it_collides_with_underscore() {
+        let c = KafkaConfig {
+            topic_name_prefix: "greptimedb.wal".to_string(),
+            ..kafka()
+        };
+        let err = assert_rejected(&c, "topic_name_prefix", "greptimedb.wal");
+        assert!(err.contains("collide"), "{err}");
+    }
+
+    #[test]
+    fn rejects_generated_names_over_249_characters() {
+        // 246 + "_" + "99" = 249: the longest name fits exactly.
+        let c = KafkaConfig {
+            topic_name_prefix: "a".repeat(246),
+            num_topics: 100,
+            ..kafka()
+        };
+        c.validate().unwrap();
+        // One more topic makes the last name "_100": 250 characters.
+        let c = KafkaConfig {
+            num_topics: 101,
+            ..c
+        };
+        let err = assert_rejected(&c, "topic_name_prefix", "_100");
+        assert!(err.contains("250"), "{err}");
+    }
+
+    #[test]
+    fn rejects_replication_factor_below_one() {
+        for rf in [0, -1] {
+            let c = KafkaConfig {
+                replication_factor: rf,
+                ..kafka()
+            };
+            assert_rejected(&c, "replication_factor", &rf.to_string());
+        }
+    }
+
+    #[test]
+    fn rejects_partitions_below_one() {
+        let c = KafkaConfig {
+            num_partitions: 0,
+            ..kafka()
+        };
+        assert_rejected(&c, "num_partitions", "0");
+    }
+
+    #[test]
+    fn rejects_empty_broker_list_and_empty_endpoint() {
+        let c = KafkaConfig {
+            broker_endpoints: vec![],
+            ..kafka()
+        };
+        assert_rejected(&c, "broker_endpoints", "[]");
+        let c = KafkaConfig {
+            broker_endpoints: vec!["k:9092".to_string(), " ".to_string()],
+            ..kafka()
+        };
+        assert_rejected(&c, "broker_endpoints", "k:9092");
+    }
+
+    #[test]
+    fn rejects_zero_durations() {
+        let c = KafkaConfig {
+            create_topic_timeout: Duration::ZERO,
+            ..kafka()
+        };
+        assert_rejected(&c, "create_topic_timeout", "0s");
+        for field in ["init", "max", "deadline"] {
+            let mut c = kafka();
+            match field {
+                "init" => c.backoff.init = Duration::ZERO,
+                "max" => c.backoff.max = Duration::ZERO,
+                _ => c.backoff.deadline = Duration::ZERO,
+            }
+            assert_rejected(&c, &format!("backoff.{field}"), "0s");
+        }
+    }
+
+    #[test]
+    fn rejects_create_timeout_beyond_i32_millis() {
+        let c = KafkaConfig {
+            create_topic_timeout: Duration::from_secs(30 * 24 * 3600),
+            ..kafka()
+        };
+        assert_rejected(&c, "create_topic_timeout", "30days");
+    }
+
+    #[test]
+    fn rejects_backoff_max_below_init_and_bad_base() {
+        let mut c = kafka();
+        c.backoff.max = Duration::from_millis(100);
+        assert_rejected(&c, "backoff.max", "100ms");
+        let mut c = kafka();
+        c.backoff.base = 0.5;
+        assert_rejected(&c, "backoff.base", "0.5");
+        c.backoff.base = f64::NAN;
+        assert_rejected(&c, "backoff.base", "NaN");
+    }
+
+    #[test]
+    fn rejects_zero_concurrent_creates() {
+        let c = KafkaConfig {
+            max_concurrent_creates: 0,
+            ..kafka()
+        };
+        assert_rejected(&c, "max_concurrent_creates", "0");
+    }
+
+    #[test]
+    fn wal_config_validate_delegates_to_kafka() {
+        WalConfig::RaftEngine.validate().unwrap();
+        let bad = WalConfig::Kafka(KafkaConfig {
+            num_topics: 0,
+            ..kafka()
+        });
+        assert!(
+            bad.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("num_topics")
+        );
+    }
+
+    #[test]
+    fn topic_name_validation_names_the_topic() {
+        for ok in ["a", "wal_0", "A.b-c_9", &"x".repeat(249)] {
+            validate_topic_name(ok).unwrap();
+        }
+        for bad in ["", ".", "..", "has space", "slash/", "ü", &"x".repeat(250)] {
+            let err = validate_topic_name(bad).unwrap_err();
+            assert!(
+                matches!(err, crate::Error::InvalidTopicName { .. }),
+                "{err}"
+            );
+            if !bad.is_empty() && bad.len() < 50 {
+                assert!(err.to_string().contains(bad), "{err}");
+            }
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! [`TopicBootstrapProcedure`]: creates the Kafka topic pool exactly once and persists its names.
+//!
+//! Steps, in order (each persisted before the next runs):
+//! 1. **LoadTopics** — read the pool's persisted names (`__topic_name/kafka/{prefix}_{i}`) into the state.
+//! 2. **CreateMissing** — create every wanted topic that is not persisted, at most `max_concurrent_creates` at a
+//!    time; Kafka's TOPIC_ALREADY_EXISTS counts as created (the admin checks the partition count). Then poll the
+//!    broker's metadata until every wanted topic shows the pool's partition count, up to the poll deadline.
+//! 3. **PersistNames** — persist the names that are not persisted yet, in one atomic transaction (chunked only when
+//!    the backend's transaction limits require it).
+//!
+//! Why a crash anywhere is harmless: topic names are deterministic, so re-running CreateMissing after a crash
+//! (even after m of n creations) re-creates nothing — the created ones answer "already exists". A name is
+//! persisted only once its topic is visible, so every persisted name is a real topic. PersistNames writes each
+//! key only if it is absent: re-running it after its transaction committed writes nothing and never resets a
+//! key's `pruned_entry_id`. Growing `num_topics` creates only the new topics; shrinking deletes nothing and only
+//! logs a warning naming the persisted topics beyond the pool.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::StreamExt;
+use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, ProcedureId, Status};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+use crate::error::{
+    PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu, PoolTopicsNotVisibleSnafu, Result,
+};
+use crate::kv::KvBackendRef;
+use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdminRef};
+use crate::wal::kafka::topic_key::{
+    TopicNameValue, list_persisted_topics, persist_topics_txn, topic_name_key,
+};
+use crate::wal::kafka::topic_pool::TopicPoolSpec;
+
+/// The procedure id of a pool's bootstrap: `topic_bootstrap/{prefix}` for attempt 0, then
+/// `topic_bootstrap/{prefix}/attempt-{k}` (see [`crate::wal::kafka::KafkaTopicManager::start`]).
+pub fn bootstrap_procedure_id(prefix: &str, attempt: u32) -> ProcedureId {
+    let base = ProcedureId::new(format!("topic_bootstrap/{prefix}"));
+    if attempt == 0 {
+        base
+    } else {
+        base.child(format!("attempt-{attempt}"))
+    }
+}
+
+/// The lock key every bootstrap of the pool holds exclusively: `wal/kafka/topic_pool/{prefix}`.
+pub fn pool_lock_key(prefix: &str) -> LockKey {
+    LockKey::exclusive(format!("wal/kafka/topic_pool/{prefix}"))
+}
+
+/// The step the procedure runs next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BootstrapStep {
+    /// Read the persisted names.
+    LoadTopics,
+    /// Create the topics that are not persisted and wait until all are visible.
+    CreateMissing,
+    /// Persist the names that are not persisted.
+    PersistNames,
+}
+
+/// The persisted state of a [`TopicBootstrapProcedure`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TopicBootstrapData {
+    /// The next step.
+    pub step: BootstrapStep,
+    /// What the pool should be.
+    pub spec: TopicPoolSpec,
+    /// The pool's names found persisted by LoadTopics (`{prefix}_{i}`, any `i`).
+    pub persisted: BTreeSet<String>,
+    /// The wanted topics confirmed to exist with the right partition count by CreateMissing.
+    pub created: BTreeSet<String>,
+}
+
+/// Creates the pool's missing topics and persists their names; see the module documentation.
+pub struct TopicBootstrapProcedure {
+    data: TopicBootstrapData,
+    kv: KvBackendRef,
+    admin: TopicAdminRef,
+}
+
+impl std::fmt::Debug for TopicBootstrapProcedure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopicBootstrapProcedure")
+            .field("data", &self.data)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TopicBootstrapProcedure {
+    /// The type name the loader is registered under.
+    pub const TYPE_NAME: &'static str = "remote_wal::TopicBootstrap";
+
+    /// A bootstrap of the pool `spec` (validated), starting at LoadTopics.
+    pub fn new(spec: TopicPoolSpec, kv: KvBackendRef, admin: TopicAdminRef) -> Result<Self> {
+        spec.validate()?;
+        Ok(Self::from_data(
+            TopicBootstrapData {
+                step: BootstrapStep::LoadTopics,
+                spec,
+                persisted: BTreeSet::new(),
+                created: BTreeSet::new(),
+            },
+            kv,
+            admin,
+        ))
+    }
+
+    /// A bootstrap resuming from `data`.
+    pub fn from_data(data: TopicBootstrapData, kv: KvBackendRef, admin: TopicAdminRef) -> Self {
+        TopicBootstrapProcedure { data, kv, admin }
+    }
+
+    /// The current state.
+    pub fn data(&self) -> &TopicBootstrapData {
+        &self.data
+    }
+
+    /// The loader to register with the procedure manager under [`Self::TYPE_NAME`].
+    pub fn loader(kv: KvBackendRef, admin: TopicAdminRef) -> BoxedProcedureLoader {
+        Box::new(move |value| {
+            let data: TopicBootstrapData =
+                serde_json::from_value(value).map_err(procedures::Error::external)?;
+            Ok(Box::new(TopicBootstrapProcedure::from_data(
+                data,
+                kv.clone(),
+                admin.clone(),
+            )))
+        })
+    }
+
+    /// Step 1: read the pool's persisted names.
+    async fn load_topics(&mut self) -> Result<Status> {
+        let spec = &self.data.spec;
+        let prefix = format!("{}_", spec.topic_name_prefix);
+        let persisted: BTreeSet<String> = list_persisted_topics(self.kv.as_ref(), &prefix)
+            .await?
+            .into_iter()
+            .filter(|t| spec.pool_index(t).is_some())
+            .collect();
+        let beyond: Vec<&String> = persisted
+            .iter()
+            .filter(|t| spec.pool_index(t).is_some_and(|i| i >= spec.num_topics))
+            .collect();
+        if !beyond.is_empty() {
+            warn!(
+                pool = %spec.topic_name_prefix,
+                num_topics = spec.num_topics,
+                topics = ?beyond,
+                "the pool shrank: these persisted topics are beyond num_topics; they are kept (never deleted) and \
+                 regions already on them keep using them, but no new region gets them"
+            );
+        }
+        info!(pool = %spec.topic_name_prefix, persisted = persisted.len(), wanted = spec.num_topics, "loaded persisted topic names");
+        self.data.persisted = persisted;
+        self.data.step = BootstrapStep::CreateMissing;
+        Ok(Status::executing(true))
+    }
+
+    /// Step 2: create the wanted topics that are not persisted (bounded concurrency), then wait until every wanted
+    /// topic is visible with the pool's partition count.
+    async fn create_missing(&mut self, ctx: &Context) -> procedures::Result<Status> {
+        let spec = self.data.spec.clone();
+        let wanted = spec.topic_names();
+        let missing: Vec<String> = wanted
+            .iter()
+            .filter(|t| !self.data.persisted.contains(*t))
+            .cloned()
+            .collect();
+        let admin = self.admin.clone();
+        let mut creations = futures::stream::iter(missing)
+            .map(|topic| {
+                let admin = admin.clone();
+                async move {
+                    let outcome = admin
+                        .create_topic(&topic, spec.num_partitions, spec.replication_factor)
+                        .await;
+                    (topic, outcome)
+                }
+            })
+            .buffer_unordered(spec.max_concurrent_creates);
+        while let Some((topic, outcome)) = creations.next().await {
+            match outcome? {
+                CreateTopicOutcome::Created => debug!(%topic, "created topic"),
+                CreateTopicOutcome::AlreadyExisted => debug!(%topic, "topic already existed"),
+            }
+            ctx.side_effect_point(&format!("created {topic}"))?;
+        }
+        drop(creations);
+
+        self.wait_until_visible(&wanted).await?;
+        self.data.created = wanted.into_iter().collect();
+        self.data.step = BootstrapStep::PersistNames;
+        Ok(Status::executing(true))
+    }
+
+    /// Polls the broker's metadata until every topic of `wanted` shows the pool's partition count; a wrong count is
+    /// an error at once, a topic still missing at the deadline is an error naming it.
+    async fn wait_until_visible(&self, wanted: &[String]) -> Result<()> {
+        let poll = &self.data.spec.ready_poll;
+        let expected = self.data.spec.num_partitions;
+        let started = Instant::now();
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(poll.init)
+            .with_max_delay(poll.max)
+            .with_factor(poll.factor)
+            .without_max_times()
+            .build();
+        loop {
+            let listed = self.admin.list_topics().await?;
+            let mut missing = Vec::new();
+            for topic in wanted {
+                match listed.get(topic) {
+                    Some(&actual) if i64::try_from(actual).ok() == Some(i64::from(expected)) => {}
+                    Some(&actual) => {
+                        return PoolTopicPartitionsSnafu {
+                            topic: topic.clone(),
+                            expected,
+                            actual,
+                        }
+                        .fail();
+                    }
+                    None => missing.push(topic.clone()),
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let waited = started.elapsed();
+            if waited >= poll.deadline {
+                return PoolTopicsNotVisibleSnafu {
+                    topics: missing,
+                    endpoints: self.admin.endpoints(),
+                    waited,
+                }
+                .fail();
+            }
+            let delay = delays
+                .next()
+                .unwrap_or(poll.max)
+                .min(poll.deadline - waited);
+            debug!(
+                missing = missing.len(),
+                ?delay,
+                "waiting for created topics to show up in metadata"
+            );
+            tokio::time::sleep(delay).await;
+        }
+    }
+
+    /// Step 3: persist the names not persisted yet, atomically, then finish.
+    async fn persist_names(&mut self, ctx: &Context) -> procedures::Result<Status> {
+        self.persist_missing_names().await?;
+        ctx.side_effect_point("persisted names")?;
+        Ok(Status::done_with_output(serde_json::json!({
+            "topics": self.data.spec.num_topics,
+        })))
+    }
+
+    /// Writes every wanted name missing from `persisted` with one transaction of "absent? then put" per key. When
+    /// the transaction is refused (a name was persisted meanwhile — e.g. this step already ran before a crash),
+    /// nothing was written; the names are read again and only the still-missing ones are written.
+    async fn persist_missing_names(&mut self) -> Result<()> {
+        let wanted = self.data.spec.topic_names();
+        let mut refused_in_a_row = 0;
+        loop {
+            let missing: Vec<String> = wanted
+                .iter()
+                .filter(|t| !self.data.persisted.contains(*t))
+                .cloned()
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let chunk = self.txn_chunk_len(&missing);
+            let mut refused = false;
+            for names in missing.chunks(chunk) {
+                let resp = self.kv.txn(persist_topics_txn(names)).await?;
+                if !resp.succeeded {
+                    refused = true;
+                    break;
+                }
+                self.data.persisted.extend(names.iter().cloned());
+            }
+            if !refused {
+                info!(pool = %self.data.spec.topic_name_prefix, persisted = missing.len(), "persisted topic names");
+                return Ok(());
+            }
+            refused_in_a_row += 1;
+            if refused_in_a_row > 1 {
+                return PersistTopicNamesConflictSnafu {
+                    prefix: self.data.spec.topic_name_prefix.clone(),
+                    reason: "another writer keeps persisting the pool's names (is a second metasrv running?)",
+                }
+                .fail();
+            }
+            let prefix = format!("{}_", self.data.spec.topic_name_prefix);
+            self.data.persisted = list_persisted_topics(self.kv.as_ref(), &prefix)
+                .await?
+                .into_iter()
+                .collect();
+        }
+    }
+
+    /// How many names fit one transaction of the backend (each name costs a compare and a put).
+    fn txn_chunk_len(&self, names: &[String]) -> usize {
+        let by_ops = self.kv.max_txn_ops() / 2;
+        let value_len = TopicNameValue::default().encode().len();
+        let largest = names
+            .iter()
+            .map(|t| 2 * topic_name_key(t).len() + value_len)
+            .max()
+            .unwrap_or(1);
+        let by_bytes = self.kv.max_request_bytes() / largest;
+        by_ops.min(by_bytes).max(1)
+    }
+}
+
+#[async_trait]
+impl Procedure for TopicBootstrapProcedure {
+    fn type_name(&self) -> &str {
+        Self::TYPE_NAME
+    }
+
+    async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
+        match self.data.step {
+            BootstrapStep::LoadTopics => Ok(self.load_topics().await?),
+            BootstrapStep::CreateMissing => self.create_missing(ctx).await,
+            BootstrapStep::PersistNames => self.persist_names(ctx).await,
+        }
+    }
+
+    fn dump(&self) -> procedures::Result<serde_json::Value> {
+        serde_json::to_value(&self.data).map_err(procedures::Error::external)
+    }
+
+    fn lock_key(&self) -> LockKey {
+        pool_lock_key(&self.data.spec.topic_name_prefix)
+    }
+}

@@ -1,0 +1,198 @@
+//! Persisted topic names: one key per topic of the pool, `__topic_name/kafka/{topic}` → `{"pruned_entry_id":0}`,
+//! byte-compatible with GreptimeDB's metasrv.
+//!
+//! A name is persisted only after the topic was created in Kafka and shows up in its metadata, so every persisted
+//! name is a topic that exists. Existing keys are never overwritten: GreptimeDB advances `pruned_entry_id` later.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{InvalidTopicNameKeySnafu, Result};
+use crate::kv::{Compare, KvBackend, RangeRequest, Txn, TxnOp};
+
+/// The prefix of every persisted topic name key.
+pub const TOPIC_NAME_KEY_PREFIX: &str = "__topic_name/kafka/";
+
+/// How many keys one page of a listing reads.
+const LIST_PAGE_SIZE: usize = 1024;
+
+/// The key persisting `topic`: `__topic_name/kafka/{topic}`.
+pub fn topic_name_key(topic: &str) -> Vec<u8> {
+    format!("{TOPIC_NAME_KEY_PREFIX}{topic}").into_bytes()
+}
+
+/// The topic named by a persisted key; an error quoting the key when it is not one.
+pub fn decode_topic_name_key(key: &[u8]) -> Result<String> {
+    let text = std::str::from_utf8(key).map_err(|_| {
+        InvalidTopicNameKeySnafu {
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason: "not UTF-8",
+        }
+        .build()
+    })?;
+    match text.strip_prefix(TOPIC_NAME_KEY_PREFIX) {
+        Some(topic) if !topic.is_empty() => Ok(topic.to_string()),
+        _ => InvalidTopicNameKeySnafu {
+            key: text,
+            reason: format!("expected '{TOPIC_NAME_KEY_PREFIX}<topic>'"),
+        }
+        .fail(),
+    }
+}
+
+/// The value stored under a topic name key.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicNameValue {
+    /// Entries of the topic up to this id were pruned (0 when the name is first persisted).
+    pub pruned_entry_id: u64,
+}
+
+impl TopicNameValue {
+    /// The encoded value: `{"pruned_entry_id":N}`.
+    pub fn encode(&self) -> Vec<u8> {
+        format!(r#"{{"pruned_entry_id":{}}}"#, self.pruned_entry_id).into_bytes()
+    }
+
+    /// Decodes a stored value; `key` names it in the error.
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<Self> {
+        serde_json::from_slice(value)
+            .map_err(|e| e.to_string())
+            .map_err(|reason| {
+                InvalidTopicNameKeySnafu {
+                    key: String::from_utf8_lossy(key).into_owned(),
+                    reason: format!(
+                        "value '{}' is not a topic name value: {reason}",
+                        String::from_utf8_lossy(value)
+                    ),
+                }
+                .build()
+            })
+    }
+}
+
+/// Every persisted topic whose name starts with `topic_prefix` (all of them for `""`), in key order, read page by
+/// page.
+pub async fn list_persisted_topics(kv: &dyn KvBackend, topic_prefix: &str) -> Result<Vec<String>> {
+    let prefix = topic_name_key(topic_prefix);
+    let end = crate::kv::prefix_end(&prefix);
+    let mut start = prefix;
+    let mut topics = Vec::new();
+    loop {
+        let resp = kv
+            .range(
+                RangeRequest::range(start.clone(), end.clone())
+                    .with_limit(LIST_PAGE_SIZE)
+                    .with_keys_only(),
+            )
+            .await?;
+        for kv in &resp.kvs {
+            topics.push(decode_topic_name_key(&kv.key)?);
+        }
+        match (resp.more, resp.kvs.last()) {
+            (true, Some(last)) => {
+                start = last.key.clone();
+                start.push(0);
+            }
+            _ => return Ok(topics),
+        }
+    }
+}
+
+/// A transaction persisting `topics` only if none of them is persisted yet: one `Absent` compare and one put per
+/// topic, applied atomically. When it fails (some name appeared meanwhile) nothing is written, so no
+/// `pruned_entry_id` is ever reset.
+pub fn persist_topics_txn(topics: &[String]) -> Txn {
+    let value = TopicNameValue::default().encode();
+    Txn {
+        compare: topics
+            .iter()
+            .map(|t| Compare::Absent(topic_name_key(t)))
+            .collect(),
+        success: topics
+            .iter()
+            .map(|t| TxnOp::Put(topic_name_key(t), value.clone()))
+            .collect(),
+        failure: Vec::new(),
+    }
+}
+
+/// Reads a persisted key's value, checking it decodes; `None` when absent.
+pub async fn get_topic_value(kv: &dyn KvBackend, topic: &str) -> Result<Option<TopicNameValue>> {
+    let key = topic_name_key(topic);
+    match kv.get(&key).await? {
+        Some(pair) => TopicNameValue::decode(&key, &pair.value).map(Some),
+        None => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_and_value_are_byte_for_byte() {
+        assert_eq!(
+            topic_name_key("greptimedb_wal_topic_3"),
+            b"__topic_name/kafka/greptimedb_wal_topic_3"
+        );
+        assert_eq!(
+            TopicNameValue::default().encode(),
+            br#"{"pruned_entry_id":0}"#
+        );
+        assert_eq!(
+            serde_json::to_vec(&TopicNameValue::default()).unwrap(),
+            TopicNameValue::default().encode()
+        );
+    }
+
+    #[test]
+    fn keys_and_values_decode() {
+        assert_eq!(
+            decode_topic_name_key(b"__topic_name/kafka/t_1").unwrap(),
+            "t_1"
+        );
+        let v = TopicNameValue::decode(b"k", br#"{"pruned_entry_id":42}"#).unwrap();
+        assert_eq!(v.pruned_entry_id, 42);
+    }
+
+    #[test]
+    fn bad_keys_and_values_are_errors_quoting_them() {
+        for bad in [&b"__topic_name/kafka/"[..], b"__table_name/x", b"\xff\xfe"] {
+            let err = decode_topic_name_key(bad).unwrap_err().to_string();
+            assert!(err.contains(&*String::from_utf8_lossy(bad)), "{err}");
+        }
+        let err = TopicNameValue::decode(b"__topic_name/kafka/t_0", b"nope")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("__topic_name/kafka/t_0") && err.contains("nope"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn persist_txn_puts_each_name_only_if_absent() {
+        let names = vec!["a_0".to_string(), "a_1".to_string()];
+        let txn = persist_topics_txn(&names);
+        assert_eq!(
+            txn.compare,
+            vec![
+                Compare::Absent(b"__topic_name/kafka/a_0".to_vec()),
+                Compare::Absent(b"__topic_name/kafka/a_1".to_vec()),
+            ]
+        );
+        assert_eq!(
+            txn.success,
+            vec![
+                TxnOp::Put(
+                    b"__topic_name/kafka/a_0".to_vec(),
+                    br#"{"pruned_entry_id":0}"#.to_vec()
+                ),
+                TxnOp::Put(
+                    b"__topic_name/kafka/a_1".to_vec(),
+                    br#"{"pruned_entry_id":0}"#.to_vec()
+                ),
+            ]
+        );
+        assert!(txn.failure.is_empty());
+    }
+}

@@ -1,0 +1,351 @@
+//! The Kafka topic pool: what it should be ([`TopicPoolSpec`]) and the ready pool in memory
+//! ([`KafkaTopicManager`]), which runs the bootstrap procedure and hands out topics through a [`TopicSelector`].
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use procedures::{ProcedureManager, ProcedureManagerRef, ProcedureWithId};
+use serde::{Deserialize, Serialize};
+use snafu::ResultExt;
+use tracing::{info, warn};
+
+use crate::error::{InvalidTopicPoolSnafu, Result, TopicBootstrapSnafu, TopicPoolNotReadySnafu};
+use crate::kv::KvBackendRef;
+use crate::wal::kafka::admin::TopicAdminRef;
+use crate::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
+use crate::wal::kafka::selector::TopicSelectorRef;
+use crate::wal::kafka::topic_key::list_persisted_topics;
+use crate::wal::options::WalOptions;
+
+/// How often and how long the bootstrap polls the broker's metadata for created topics to show up.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ReadyPoll {
+    /// Delay before the second poll.
+    #[serde(with = "humantime_serde")]
+    pub init: Duration,
+    /// Largest delay between two polls.
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+    /// Growth factor of the delay.
+    pub factor: f32,
+    /// Give up (with an error naming the missing topics) after polling this long.
+    #[serde(with = "humantime_serde")]
+    pub deadline: Duration,
+}
+
+impl Default for ReadyPoll {
+    fn default() -> Self {
+        ReadyPoll {
+            init: Duration::from_millis(500),
+            max: Duration::from_secs(10),
+            factor: 2.0,
+            deadline: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What the pool should be: topics `{topic_name_prefix}_{i}` for `i` in `0..num_topics`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TopicPoolSpec {
+    /// Prefix of every topic name.
+    pub topic_name_prefix: String,
+    /// How many topics the pool holds.
+    pub num_topics: usize,
+    /// Partitions of each topic.
+    pub num_partitions: i32,
+    /// Replication factor of each topic.
+    pub replication_factor: i16,
+    /// At most this many create requests in flight at once.
+    pub max_concurrent_creates: usize,
+    /// How the bootstrap waits for created topics to show up in metadata.
+    pub ready_poll: ReadyPoll,
+}
+
+impl TopicPoolSpec {
+    /// A spec with one partition per topic, replication factor 1, 8 concurrent creates and the default polling.
+    pub fn new(topic_name_prefix: impl Into<String>, num_topics: usize) -> Self {
+        TopicPoolSpec {
+            topic_name_prefix: topic_name_prefix.into(),
+            num_topics,
+            num_partitions: 1,
+            replication_factor: 1,
+            max_concurrent_creates: 8,
+            ready_poll: ReadyPoll::default(),
+        }
+    }
+
+    /// The name of topic `i`: `{prefix}_{i}`.
+    pub fn topic_name(&self, i: usize) -> String {
+        format!("{}_{i}", self.topic_name_prefix)
+    }
+
+    /// Every wanted topic name, in index order.
+    pub fn topic_names(&self) -> Vec<String> {
+        (0..self.num_topics).map(|i| self.topic_name(i)).collect()
+    }
+
+    /// The index `i` when `topic` is exactly `{prefix}_{i}` (canonical decimal, no leading zeros), any `i`.
+    pub fn pool_index(&self, topic: &str) -> Option<usize> {
+        let digits = topic
+            .strip_prefix(self.topic_name_prefix.as_str())?
+            .strip_prefix('_')?;
+        let canonical = !digits.is_empty()
+            && digits.bytes().all(|b| b.is_ascii_digit())
+            && (digits == "0" || !digits.starts_with('0'));
+        if canonical { digits.parse().ok() } else { None }
+    }
+
+    /// Rejects what the bootstrap cannot work with (the full name rules are checked by the WAL config).
+    pub fn validate(&self) -> Result<()> {
+        let fail = |reason: &str| {
+            InvalidTopicPoolSnafu {
+                prefix: self.topic_name_prefix.clone(),
+                reason,
+            }
+            .fail()
+        };
+        if self.topic_name_prefix.is_empty() {
+            return fail("the topic name prefix is empty");
+        }
+        if self.num_topics == 0 {
+            return fail("num_topics is 0");
+        }
+        if self.num_partitions < 1 {
+            return fail("num_partitions is below 1");
+        }
+        if self.replication_factor < 1 {
+            return fail("replication_factor is below 1");
+        }
+        if self.max_concurrent_creates == 0 {
+            return fail("max_concurrent_creates is 0");
+        }
+        Ok(())
+    }
+}
+
+/// How many bootstrap procedure ids [`KafkaTopicManager::start`] tries after finding earlier bootstraps finished
+/// (a failed one, or a smaller pool's) under the same pool.
+const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1000;
+
+/// The Kafka topic pool of one metasrv: runs the bootstrap procedure, then keeps the ready pool in memory and hands
+/// out its topics. Before the pool is ready every allocation is an error.
+#[derive(Debug)]
+pub struct KafkaTopicManager {
+    spec: TopicPoolSpec,
+    kv: KvBackendRef,
+    admin: TopicAdminRef,
+    selector: TopicSelectorRef,
+    ready: RwLock<Option<Arc<Vec<String>>>>,
+}
+
+impl KafkaTopicManager {
+    /// A manager of the pool `spec` (validated), persisting names in `kv` and creating topics through `admin`.
+    pub fn new(
+        spec: TopicPoolSpec,
+        kv: KvBackendRef,
+        admin: TopicAdminRef,
+        selector: TopicSelectorRef,
+    ) -> Result<Self> {
+        spec.validate()?;
+        Ok(KafkaTopicManager {
+            spec,
+            kv,
+            admin,
+            selector,
+            ready: RwLock::new(None),
+        })
+    }
+
+    /// The pool's spec.
+    pub fn spec(&self) -> &TopicPoolSpec {
+        &self.spec
+    }
+
+    /// Registers the bootstrap procedure's loader; call before the procedure manager starts.
+    pub fn register_loader(&self, manager: &dyn ProcedureManager) -> Result<()> {
+        manager.register_loader(
+            TopicBootstrapProcedure::TYPE_NAME,
+            TopicBootstrapProcedure::loader(self.kv.clone(), self.admin.clone()),
+        )?;
+        Ok(())
+    }
+
+    /// Runs (or joins, or resumes) the bootstrap procedure of this pool and waits for it, then loads the ready pool.
+    ///
+    /// The procedure id is fixed per pool (`topic_bootstrap/{prefix}`), so concurrent or repeated starts are one
+    /// procedure. When the manager still retains a finished bootstrap under that id (a failed one, or one that
+    /// made a smaller pool), the next id `topic_bootstrap/{prefix}/attempt-{k}` is used; the pool's exclusive lock
+    /// key serialises them and each one is idempotent.
+    pub async fn start(&self, manager: &ProcedureManagerRef) -> Result<()> {
+        let prefix = &self.spec.topic_name_prefix;
+        for attempt in 0..MAX_BOOTSTRAP_ATTEMPTS {
+            let id = bootstrap_procedure_id(prefix, attempt);
+            let procedure = TopicBootstrapProcedure::new(
+                self.spec.clone(),
+                self.kv.clone(),
+                self.admin.clone(),
+            )?;
+            match manager
+                .submit(ProcedureWithId::new(id.clone(), Box::new(procedure)))
+                .await
+            {
+                Ok(mut watcher) => {
+                    watcher
+                        .wait()
+                        .await
+                        .context(TopicBootstrapSnafu { prefix })?;
+                    return self.load_ready().await;
+                }
+                Err(procedures::Error::DuplicateProcedure { .. }) => {
+                    let Some(mut watcher) = manager.watch(&id) else {
+                        continue;
+                    };
+                    match watcher.wait().await {
+                        Ok(_) => {
+                            if self.load().await?.is_ok() {
+                                return Ok(());
+                            }
+                            info!(%id, "an earlier bootstrap of the pool finished but the pool is incomplete; running the next one");
+                        }
+                        Err(procedures::Error::ProcedureFailed { message, .. }) => {
+                            warn!(%id, %message, "an earlier bootstrap of the pool failed; running the next one");
+                        }
+                        Err(source) => {
+                            return Err(source).context(TopicBootstrapSnafu { prefix });
+                        }
+                    }
+                }
+                Err(source) => return Err(source).context(TopicBootstrapSnafu { prefix }),
+            }
+        }
+        TopicPoolNotReadySnafu {
+            prefix: prefix.clone(),
+            reason: format!("{MAX_BOOTSTRAP_ATTEMPTS} bootstrap procedures are retained for the pool; none completed it"),
+        }
+        .fail()
+    }
+
+    /// Loads the persisted names and makes the pool ready when every wanted topic is persisted; otherwise an error
+    /// naming the missing topics (the pool stays as it was).
+    pub async fn load_ready(&self) -> Result<()> {
+        match self.load().await? {
+            Ok(()) => Ok(()),
+            Err(missing) => TopicPoolNotReadySnafu {
+                prefix: self.spec.topic_name_prefix.clone(),
+                reason: format!(
+                    "{} of {} topics are not persisted (first: {:?})",
+                    missing.len(),
+                    self.spec.num_topics,
+                    missing.iter().take(5).collect::<Vec<_>>()
+                ),
+            }
+            .fail(),
+        }
+    }
+
+    /// Ok(()) and the pool made ready when complete, else the missing names.
+    async fn load(&self) -> Result<std::result::Result<(), Vec<String>>> {
+        let persisted: BTreeSet<String> = list_persisted_topics(
+            self.kv.as_ref(),
+            &format!("{}_", self.spec.topic_name_prefix),
+        )
+        .await?
+        .into_iter()
+        .collect();
+        let wanted = self.spec.topic_names();
+        let missing: Vec<String> = wanted
+            .iter()
+            .filter(|t| !persisted.contains(*t))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            return Ok(Err(missing));
+        }
+        *self.ready.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(wanted));
+        Ok(Ok(()))
+    }
+
+    /// The ready pool's topics, in index order; an error before the pool is ready.
+    pub fn topics(&self) -> Result<Arc<Vec<String>>> {
+        match &*self.ready.read().unwrap_or_else(|p| p.into_inner()) {
+            Some(topics) => Ok(topics.clone()),
+            None => TopicPoolNotReadySnafu {
+                prefix: self.spec.topic_name_prefix.clone(),
+                reason: "the topic bootstrap has not completed (call start first)",
+            }
+            .fail(),
+        }
+    }
+
+    /// Whether the pool is ready to allocate.
+    pub fn is_ready(&self) -> bool {
+        self.topics().is_ok()
+    }
+
+    /// WAL options for one new region, its topic chosen by the selector.
+    pub fn alloc(&self) -> Result<WalOptions> {
+        let topics = self.topics()?;
+        Ok(WalOptions::kafka(self.selector.select(&topics)?.as_str()))
+    }
+
+    /// WAL options for `n` new regions, topics chosen by the selector.
+    pub fn alloc_batch(&self, n: usize) -> Result<Vec<WalOptions>> {
+        let topics = self.topics()?;
+        Ok(self
+            .selector
+            .select_many(&topics, n)?
+            .into_iter()
+            .map(|t| WalOptions::kafka(t.as_str()))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_indices_round_trip() {
+        let spec = TopicPoolSpec::new("wal_t", 3);
+        assert_eq!(spec.topic_names(), ["wal_t_0", "wal_t_1", "wal_t_2"]);
+        assert_eq!(spec.pool_index("wal_t_12"), Some(12));
+        assert_eq!(spec.pool_index("wal_t_0"), Some(0));
+        for not_ours in [
+            "wal_t_",
+            "wal_t_01",
+            "wal_t_1a",
+            "wal_t_x_1",
+            "wal_t1",
+            "other_1",
+            "wal_t_-1",
+        ] {
+            assert_eq!(spec.pool_index(not_ours), None, "{not_ours}");
+        }
+    }
+
+    #[test]
+    fn validate_names_the_pool_and_the_problem() {
+        let mut spec = TopicPoolSpec::new("p", 0);
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("'p'") && err.contains("num_topics is 0"),
+            "{err}"
+        );
+        spec.num_topics = 1;
+        spec.max_concurrent_creates = 0;
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(err.contains("max_concurrent_creates"), "{err}");
+        spec.max_concurrent_creates = 1;
+        spec.validate().unwrap();
+    }
+
+    #[test]
+    fn spec_serialises_durations_readably() {
+        let spec = TopicPoolSpec::new("p", 2);
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["ready_poll"]["deadline"], "5m");
+        let back: TopicPoolSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, spec);
+    }
+}

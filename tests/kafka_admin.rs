@@ -1,0 +1,213 @@
+//! `RsKafkaTopicAdmin` against a real Kafka broker (`KAFKA_ENDPOINTS`, comma-separated `host:port`).
+//!
+//! Every test uses its own topic names, so the tests never collide with each other or with earlier runs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::future::join_all;
+use remote_wal::Error;
+use remote_wal::wal::KafkaConfig;
+use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin};
+use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
+
+/// The broker endpoints from `KAFKA_ENDPOINTS`; fails the test when unset.
+fn endpoints() -> Vec<String> {
+    let raw = std::env::var("KAFKA_ENDPOINTS").unwrap_or_default();
+    let endpoints: Vec<String> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(String::from)
+        .collect();
+    assert!(
+        !endpoints.is_empty(),
+        "KAFKA_ENDPOINTS is not set: these tests need a running Kafka broker (comma-separated host:port)"
+    );
+    endpoints
+}
+
+fn config(endpoints: Vec<String>) -> KafkaConfig {
+    let mut c = KafkaConfig {
+        broker_endpoints: endpoints,
+        create_topic_timeout: Duration::from_secs(10),
+        ..KafkaConfig::default()
+    };
+    c.backoff.init = Duration::from_millis(50);
+    c.backoff.max = Duration::from_millis(500);
+    c.backoff.deadline = Duration::from_secs(10);
+    c
+}
+
+/// An admin on the real broker; fails the test with the connect error when the broker is unreachable.
+async fn admin() -> RsKafkaTopicAdmin {
+    let endpoints = endpoints();
+    match RsKafkaTopicAdmin::connect(&config(endpoints.clone())).await {
+        Ok(admin) => admin,
+        Err(e) => panic!("Kafka at KAFKA_ENDPOINTS={endpoints:?} is unreachable: {e}"),
+    }
+}
+
+/// A topic name no other test or earlier run uses.
+fn unique_topic(tag: &str) -> String {
+    static COUNTER: AtomicUsize = AtomicUsize::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "remote_wal_test_{tag}_{}_{nanos}_{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn create_then_create_again_is_created_then_already_existed() {
+    let admin = admin().await;
+    let topic = unique_topic("twice");
+    assert_eq!(
+        admin.create_topic(&topic, 1, 1).await.unwrap(),
+        CreateTopicOutcome::Created
+    );
+    assert_eq!(
+        admin.create_topic(&topic, 1, 1).await.unwrap(),
+        CreateTopicOutcome::AlreadyExisted
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn list_topics_sees_a_fresh_topic_with_its_partition_count() {
+    let admin = admin().await;
+    let one = unique_topic("list1");
+    let three = unique_topic("list3");
+    assert!(!admin.list_topics().await.unwrap().contains_key(&one));
+    admin.create_topic(&one, 1, 1).await.unwrap();
+    admin.create_topic(&three, 3, 1).await.unwrap();
+    let topics = admin.list_topics().await.unwrap();
+    assert_eq!(topics.get(&one), Some(&1), "{one} missing or wrong");
+    assert_eq!(topics.get(&three), Some(&3), "{three} missing or wrong");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn existing_topic_with_other_partition_count_is_an_error_naming_it() {
+    let admin = admin().await;
+    let topic = unique_topic("mismatch");
+    assert_eq!(
+        admin.create_topic(&topic, 3, 1).await.unwrap(),
+        CreateTopicOutcome::Created
+    );
+    let err = admin.create_topic(&topic, 1, 1).await.unwrap_err();
+    match &err {
+        Error::TopicPartitionMismatch {
+            topic: t,
+            wanted,
+            found,
+        } => {
+            assert_eq!(t, &topic);
+            assert_eq!((*wanted, *found), (1, 3));
+        }
+        other => panic!("expected a partition mismatch, got {other}"),
+    }
+    let msg = err.to_string();
+    eprintln!("{msg}");
+    assert!(
+        msg.contains(&topic) && msg.contains('3') && msg.contains('1'),
+        "{msg}"
+    );
+    assert!(!err.is_retryable());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replication_factor_above_live_brokers_surfaces_kafkas_error() {
+    let admin = admin().await;
+    let topic = unique_topic("rf3");
+    let err = admin.create_topic(&topic, 1, 3).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::InvalidReplicationFactor { topic: t, replication_factor: 3, .. } if t == &topic
+        ),
+        "expected INVALID_REPLICATION_FACTOR for {topic}, got {err}"
+    );
+    let msg = err.to_string();
+    eprintln!("{msg}");
+    assert!(
+        msg.contains(&topic) && msg.contains("replication factor 3"),
+        "{msg}"
+    );
+    assert!(!err.is_retryable());
+    assert!(!admin.list_topics().await.unwrap().contains_key(&topic));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_names_are_rejected_in_the_client() {
+    let admin = admin().await;
+    let long = "x".repeat(250);
+    for bad in ["has space", ".", "..", "", "slash/name", long.as_str()] {
+        let err = admin.create_topic(bad, 1, 1).await.unwrap_err();
+        // InvalidTopicName is only raised client-side; Kafka's own rejection is KafkaRejectedTopicName.
+        assert!(
+            matches!(&err, Error::InvalidTopicName { topic, .. } if topic == bad),
+            "{bad:?}: {err}"
+        );
+        assert!(err.to_string().contains(&format!("'{bad}'")), "{err}");
+        assert!(!err.is_retryable());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreachable_broker_fails_with_an_error_naming_the_endpoint() {
+    // A loopback port nobody listens on: bind it, then close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let endpoint = format!("127.0.0.1:{port}");
+    let mut config = config(vec![endpoint.clone()]);
+    config.backoff.deadline = Duration::from_secs(2);
+    // The guard only turns a hang into a failure; it is far above the configured deadline.
+    let result = tokio::time::timeout(Duration::from_secs(60), RsKafkaTopicAdmin::connect(&config))
+        .await
+        .expect("connect to a closed port hung instead of failing at the backoff deadline");
+    let err = result.unwrap_err();
+    eprintln!("{err}");
+    assert!(
+        matches!(err, Error::KafkaConnect { .. } | Error::KafkaTimeout { .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains(&endpoint), "{err}");
+    assert!(err.is_retryable(), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn concurrent_creates_of_one_name_create_it_exactly_once() {
+    // Four clients (four connections), eight creates each, all in flight together.
+    let mut admins = Vec::new();
+    for _ in 0..4 {
+        admins.push(Arc::new(admin().await));
+    }
+    let topic = unique_topic("race");
+    let creates = (0..32).map(|i| {
+        let admin = Arc::clone(&admins[i % admins.len()]);
+        let topic = topic.clone();
+        tokio::spawn(async move { admin.create_topic(&topic, 1, 1).await })
+    });
+    let outcomes: Vec<CreateTopicOutcome> = join_all(creates)
+        .await
+        .into_iter()
+        .map(|joined| joined.unwrap().unwrap())
+        .collect();
+    let created = outcomes
+        .iter()
+        .filter(|o| **o == CreateTopicOutcome::Created)
+        .count();
+    let existed = outcomes
+        .iter()
+        .filter(|o| **o == CreateTopicOutcome::AlreadyExisted)
+        .count();
+    assert_eq!((created, existed), (1, 31), "{outcomes:?}");
+    assert_eq!(admins[0].list_topics().await.unwrap().get(&topic), Some(&1));
+}
