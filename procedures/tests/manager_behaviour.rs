@@ -500,3 +500,35 @@ async fn finished_procedures_are_deleted_after_retention() {
     let keys: Vec<String> = store.snapshot().into_keys().collect();
     assert_eq!(keys, [EPOCH_KEY]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_replayed_parent_waits_for_its_recovered_child() {
+    let store = Arc::new(MemoryStateStore::new());
+    let blocked = Env::new(false);
+    let m1 = manager(&store, fast_config(), &blocked).await;
+    let child = Plan {
+        block_at: Some(1),
+        ..Plan::steps(2, true)
+    };
+    // The parent does not persist its suspension: replayed, it asks for the same child again.
+    let parent = Plan {
+        children: vec![("c".into(), child)],
+        ..Plan::steps(1, false)
+    };
+    m1.submit(blocked.with_id("p", parent)).await.unwrap();
+    until_step(&m1, "p/c", 1).await;
+    m1.stop().await.unwrap();
+    assert_eq!(stored(&store, "p").step, 0);
+
+    let env = Env::new(true);
+    let m2 = manager(&store, fast_config(), &env).await;
+    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
+        .await
+        .unwrap();
+    assert_eq!(output, Some(serde_json::json!({ "steps": 1 })));
+    let events = env.events();
+    assert!(events.iter().any(|e| e == "enter p/c at 1"), "{events:?}");
+    assert!(!events.iter().any(|e| e == "enter p/c at 0"), "{events:?}");
+    let child = stored(&store, "p/c");
+    assert_eq!((child.state, child.step), (ProcedureState::Done, 3));
+}

@@ -165,10 +165,10 @@ impl Runner {
                 Ok(watcher) => watchers.push(watcher),
                 Err(Error::DuplicateProcedure { .. }) => {
                     // Known in memory by now, or persisted earlier without this manager knowing it.
-                    if self.inner.with_entry(&child_id, |_| ()).is_none() {
-                        if let Err(e) = self.inner.adopt(&child_id).await {
-                            return Err(self.stop_on_child(&child_id, e));
-                        }
+                    if self.inner.with_entry(&child_id, |_| ()).is_none()
+                        && let Err(e) = self.inner.adopt(&child_id).await
+                    {
+                        return Err(self.stop_on_child(&child_id, e));
                     }
                     match self.watch_child(&child_id)? {
                         Some(watcher) => watchers.push(watcher),
