@@ -22,17 +22,17 @@ use crate::datanode::{OpenRegions, RegionOpener, WalProviderKind};
 use crate::ddl::{
     CreateTableTask, DatanodeManagerRef, DatanodeTableValue, DdlContext, DdlManager,
     MemoryDatanodeManager, RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager,
-    TableMetadataManagerRef, TableName, WalOptionsSource,
+    TableMetadataManagerRef, TableName,
 };
 use crate::error::{
     CreateDataDirSnafu, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu, NoKafkaPoolSnafu,
     ProcedureNotFoundSnafu, Result,
 };
 use crate::kv::{KvBackendRef, RangeRequest};
+use crate::wal::kafka::KafkaTopicManager;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::kafka::topic_key::list_persisted_topics;
-use crate::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
 use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
 mod namespace;
@@ -177,16 +177,6 @@ impl std::fmt::Debug for Metasrv {
     }
 }
 
-/// Adapts the allocator to what the create-table procedure asks of a WAL options source.
-#[derive(Debug)]
-struct AllocatorSource(Arc<WalOptionsAllocator>);
-
-impl WalOptionsSource for AllocatorSource {
-    fn alloc_batch(&self, n: usize) -> Result<Vec<WalOptions>> {
-        self.0.alloc_batch(n)
-    }
-}
-
 /// A topic admin that connects to the brokers on first use, so a metasrv configured for Kafka starts (and lists
 /// procedures, builds open requests) while the brokers are down; only what needs them fails.
 #[derive(Debug)]
@@ -245,7 +235,7 @@ impl Metasrv {
         datanodes: DatanodeManagerRef,
     ) -> Result<Self> {
         config.validate()?;
-        let state_store = Arc::new(procedures::MemoryStateStore::new()); // TEMP until KvStateStore lands
+        let state_store = Arc::new(crate::kv::KvStateStore::new(kv.clone()));
         let procedures: ProcedureManagerRef = Arc::new(LocalManager::new(
             state_store,
             config.procedure.manager_config(),
@@ -261,12 +251,7 @@ impl Metasrv {
                         admin: OnceCell::new(),
                     }),
                 };
-                let topics = KafkaTopicManager::new(
-                    pool_spec(kafka),
-                    kv.clone(),
-                    admin.clone(),
-                    Arc::new(RoundRobinTopicSelector::new()),
-                )?;
+                let topics = KafkaTopicManager::from_config(kafka, kv.clone(), admin.clone())?;
                 (WalOptionsAllocator::Kafka(topics), Some(admin))
             }
         };
@@ -278,7 +263,7 @@ impl Metasrv {
         let allocator = Arc::new(TableMetadataAllocator::new(
             kv.clone(),
             Arc::new(RoundRobinPeerSelector::new(config.datanodes.ids.clone())),
-            Arc::new(AllocatorSource(wal.clone())),
+            wal.clone(),
         ));
         let ddl = DdlManager::new(
             procedures.clone(),
@@ -576,15 +561,6 @@ impl Metasrv {
     }
 }
 
-/// The pool spec of a Kafka WAL config.
-fn pool_spec(kafka: &KafkaConfig) -> TopicPoolSpec {
-    let mut spec = TopicPoolSpec::new(kafka.topic_name_prefix.clone(), kafka.num_topics);
-    spec.num_partitions = kafka.num_partitions;
-    spec.replication_factor = kafka.replication_factor;
-    spec.max_concurrent_creates = kafka.max_concurrent_creates;
-    spec
-}
-
 /// Opens the configured kv backend.
 async fn open_kv_backend(config: &MetasrvConfig) -> Result<KvBackendRef> {
     let store = &config.metadata_store;
@@ -599,12 +575,13 @@ async fn open_kv_backend(config: &MetasrvConfig) -> Result<KvBackendRef> {
             Arc::new(crate::kv::RedbKvBackend::open(&store.path)?)
         }
         MetadataBackend::Etcd => {
-            return crate::error::InvalidConfigSnafu {
-                key: "metadata_store.backend",
-                value: "etcd",
-                reason: "TEMP: not wired yet",
-            }
-            .fail();
+            let etcd = crate::kv::EtcdConfig {
+                endpoints: store.endpoints.clone(),
+                connect_timeout: store.connect_timeout,
+                request_timeout: store.request_timeout,
+                ..Default::default()
+            };
+            Arc::new(crate::kv::EtcdKvBackend::connect(etcd).await?)
         }
     };
     Ok(NamespacedKvBackend::wrap(kv, &store.key_prefix))
