@@ -187,16 +187,18 @@ impl Runner {
                 Err(e) => return Err(self.stop_on_child(&child_id, e)),
             }
         }
+        // Every child ends before the parent goes on (or rolls back): the first failure is reported.
+        let mut failed = None;
         for mut watcher in watchers {
             let child_id = watcher.id().clone();
             match watcher.wait().await {
                 Ok(_) => {}
                 Err(Error::ProcedureFailed { message, .. }) => {
-                    return Ok(Some(Error::SubprocedureFailed {
+                    failed.get_or_insert(Error::SubprocedureFailed {
                         parent: self.record.id.clone(),
                         child: child_id,
                         message,
-                    }));
+                    });
                 }
                 Err(e) => {
                     if self.inner.is_halted() {
@@ -206,7 +208,7 @@ impl Runner {
                 }
             }
         }
-        Ok(None)
+        Ok(failed)
     }
 
     /// A watcher of a known child; `Stopped` when the child is known but cannot be recovered (the parent then
