@@ -598,3 +598,58 @@ async fn a_crash_at_a_side_effect_point_halts_without_writing() {
         .unwrap();
     assert_eq!(output, Some(serde_json::json!({ "steps": 3 })));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_trees_on_many_threads_finish_and_never_share_an_exclusive_key() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let config = ManagerConfig {
+        max_running_procedures: 3,
+        ..fast_config()
+    };
+    let m = manager(&store, config, &env).await;
+    let mut watchers = Vec::new();
+    for i in 0..24 {
+        let key = format!("k{}", i % 3);
+        let child = Plan {
+            exclusive: vec![key.clone()],
+            shared: vec!["all".into()],
+            ..Plan::steps(2, i % 2 == 0)
+        };
+        let plan = Plan {
+            exclusive: vec![key],
+            shared: vec!["all".into()],
+            children: if i % 4 == 0 {
+                vec![("a".into(), child.clone()), ("b".into(), child)]
+            } else {
+                Vec::new()
+            },
+            ..Plan::steps(3, i % 2 == 1)
+        };
+        watchers.push(m.submit(env.with_id(&format!("t{i}"), plan)).await.unwrap());
+    }
+    for w in &mut watchers {
+        within(w.wait()).await.unwrap();
+    }
+    // Trees sharing an exclusive key ran one after the other (a tree's span covers its children's).
+    let span = |i: usize| {
+        let (mut enter, mut exit) = env.span(&format!("t{i}"));
+        if i % 4 == 0 {
+            for c in ["a", "b"] {
+                let (e, x) = env.span(&format!("t{i}/{c}"));
+                enter = enter.min(e);
+                exit = exit.max(x);
+            }
+        }
+        (enter, exit)
+    };
+    for i in 0..24 {
+        for j in (i + 1)..24 {
+            if i % 3 == j % 3 {
+                let ((a_in, a_out), (b_in, b_out)) = (span(i), span(j));
+                assert!(a_out < b_in || b_out < a_in, "t{i} and t{j} overlap");
+            }
+        }
+    }
+    assert!(env.max_running.load(Ordering::SeqCst) <= 3);
+}
