@@ -8,7 +8,9 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::manager::local::{Inner, backoff};
 use crate::procedure::{BoxedProcedure, Context, Output, ProcedureId, ProcedureWithId, Status};
-use crate::record::{ProcedureInfo, ProcedureRecord, ProcedureState, now_ms, record_key};
+use crate::record::{
+    ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, now_ms, record_key,
+};
 use crate::store::{WriteOp, WriteOutcome};
 
 /// Where a runner picks a procedure up.
@@ -314,13 +316,19 @@ impl Runner {
                 return Err(Stopped);
             }
         };
-        let mut record = self.record.clone();
-        record.step += 1;
-        record.state = state;
-        record.data = data;
-        record.output = output;
-        record.error = error;
-        record.updated_at_ms = now_ms();
+        let record = ProcedureRecord {
+            format_version: RECORD_FORMAT_VERSION,
+            type_name: self.record.type_name.clone(),
+            id: self.record.id.clone(),
+            parent_id: self.record.parent_id.clone(),
+            step: self.record.step + 1,
+            state,
+            data,
+            output,
+            error,
+            created_at_ms: self.record.created_at_ms,
+            updated_at_ms: now_ms(),
+        };
         let value = match serde_json::to_vec(&record) {
             Ok(value) => value,
             Err(source) => {
