@@ -619,7 +619,7 @@ async fn many_trees_on_many_threads_finish_and_never_share_an_exclusive_key() {
         let plan = Plan {
             exclusive: vec![key],
             shared: vec!["all".into()],
-            children: if i % 4 == 0 {
+            children: if i.is_multiple_of(4) {
                 vec![("a".into(), child.clone()), ("b".into(), child)]
             } else {
                 Vec::new()
@@ -634,7 +634,7 @@ async fn many_trees_on_many_threads_finish_and_never_share_an_exclusive_key() {
     // Trees sharing an exclusive key ran one after the other (a tree's span covers its children's).
     let span = |i: usize| {
         let (mut enter, mut exit) = env.span(&format!("t{i}"));
-        if i % 4 == 0 {
+        if i.is_multiple_of(4) {
             for c in ["a", "b"] {
                 let (e, x) = env.span(&format!("t{i}/{c}"));
                 enter = enter.min(e);
