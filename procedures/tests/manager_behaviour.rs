@@ -609,7 +609,7 @@ async fn many_trees_on_many_threads_finish_and_never_share_an_exclusive_key() {
     };
     let m = manager(&store, config, &env).await;
     let mut watchers = Vec::new();
-    for i in 0..24 {
+    for i in 0..24usize {
         let key = format!("k{}", i % 3);
         let child = Plan {
             exclusive: vec![key.clone()],
