@@ -238,7 +238,7 @@ async fn bootstrap(metasrv: &Metasrv, out: &mut Output) -> Result<()> {
         }));
     } else if let Some(prefix) = &report.topic_name_prefix {
         out.line(&format!(
-            "Kafka topic pool '{prefix}' ready: {} topics created and persisted",
+            "Kafka topic pool '{prefix}' ready: {} topics, all on the brokers and persisted",
             report.num_topics
         ));
     } else {
