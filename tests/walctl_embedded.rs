@@ -342,3 +342,14 @@ fn a_metadata_file_held_by_another_process_is_a_clear_error() {
     let err = env.err(Some(&config), &["procedures", "list"]);
     assert!(err.contains("held.redb"), "names the file: {err}");
 }
+
+#[test]
+fn unreachable_etcd_is_an_error_naming_the_endpoint() {
+    let env = Env::new();
+    let config = env.write(
+        "etcd.toml",
+        "[metadata_store]\nbackend = \"etcd\"\nendpoints = [\"127.0.0.1:1\"]\nconnect_timeout = \"1s\"\n",
+    );
+    let err = env.err(Some(&config), &["procedures", "list"]);
+    assert!(err.contains("127.0.0.1:1"), "{err}");
+}
