@@ -165,6 +165,8 @@ pub struct Metasrv {
     ddl: DdlManager,
     datanodes: DatanodeManagerRef,
     started: AtomicBool,
+    /// The procedures that were unfinished when the manager started (left by an earlier run).
+    recovered: std::sync::Mutex<Vec<ProcedureId>>,
 }
 
 impl std::fmt::Debug for Metasrv {
@@ -285,6 +287,7 @@ impl Metasrv {
             ddl,
             datanodes,
             started: AtomicBool::new(false),
+            recovered: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -318,13 +321,46 @@ impl Metasrv {
     /// Starts the procedure manager: it claims the store (fencing any older manager) and recovers and resumes
     /// every unfinished procedure. Enough for listing procedures, building open requests and reading the pool.
     pub async fn start_procedures(&self) -> Result<()> {
-        if !self.started.swap(true, Ordering::SeqCst)
-            && let Err(e) = self.procedures.start().await
-        {
+        if self.started.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        if let Err(e) = self.procedures.start().await {
             self.started.store(false, Ordering::SeqCst);
             return Err(e.into());
         }
+        let recovered: Vec<ProcedureId> = self
+            .procedures
+            .list_procedures()
+            .await?
+            .into_iter()
+            .filter(|p| !p.state.is_finished())
+            .map(|p| p.id)
+            .collect();
+        *self.recovered.lock().unwrap_or_else(|e| e.into_inner()) = recovered;
         Ok(())
+    }
+
+    /// Waits until every procedure that was unfinished when the manager started — what an earlier, killed run
+    /// left behind, now resumed — has finished, and returns what became of each (a failed one is returned with its
+    /// error, not as an `Err`). `walctl` calls this before commands whose output depends on those procedures.
+    pub async fn finish_recovered(&self) -> Result<Vec<ProcedureInfo>> {
+        self.ensure_started("finish recovered procedures")?;
+        let ids = self
+            .recovered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(mut watcher) = self.procedures.watch(&id) {
+                // The outcome is read from the procedure's state below, failed or not.
+                let _ = watcher.wait().await;
+            }
+            if let Some(info) = self.procedures.procedure_state(&id).await? {
+                out.push(info);
+            }
+        }
+        Ok(out)
     }
 
     /// Stops the procedure manager; unfinished procedures stay in the store and resume at the next start.

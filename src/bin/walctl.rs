@@ -179,12 +179,14 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
         } => {
             let name = parse_table_name(name)?;
             metasrv.start().await?;
+            finish_recovered(metasrv).await?;
             let table = metasrv.create_table(name, *regions, *if_not_exists).await?;
             print_table(out, &table);
             Ok(())
         }
         Command::OpenRegions { datanode } => {
             metasrv.start_procedures().await?;
+            finish_recovered(metasrv).await?;
             let open = metasrv.open_regions(*datanode).await?;
             print_open_regions(out, *datanode, &open);
             Ok(())
@@ -203,11 +205,34 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
         }
         Command::Topics => {
             metasrv.start_procedures().await?;
+            finish_recovered(metasrv).await?;
             let topics = metasrv.topics().await?;
             print_topics(out, &topics);
             Ok(())
         }
     }
+}
+
+/// Lets the procedures an earlier, killed run left unfinished complete before a command whose output depends on
+/// them; one that fails is reported as a warning (it stays visible in `walctl procedures list`).
+async fn finish_recovered(metasrv: &Metasrv) -> Result<()> {
+    for info in metasrv.finish_recovered().await? {
+        match &info.error {
+            Some(error) if info.state == procedures::ProcedureState::Failed => tracing::warn!(
+                "procedure {} ({}) left unfinished by an earlier run failed: {}",
+                info.id,
+                info.type_name,
+                one_line(error)
+            ),
+            _ => tracing::info!(
+                "procedure {} ({}) left unfinished by an earlier run: {}",
+                info.id,
+                info.type_name,
+                info.state
+            ),
+        }
+    }
+    Ok(())
 }
 
 async fn bootstrap(metasrv: &Metasrv, out: &mut Output) -> Result<()> {
