@@ -8,8 +8,11 @@
 //!   `create_topic_timeout`);
 //! - listing topics: bounded by `create_topic_timeout` + [`CALL_MARGIN`].
 //!
-//! `create_topic` returns only once fresh metadata lists the topic with the wanted partition count (polled for up
-//! to `create_topic_timeout`), so a caller may use the topic, or see it in `list_topics`, right away.
+//! A topic Kafka has just created can be missing from the next metadata response for a moment (the controller
+//! answers before every broker has applied the new topic). So `Created` means "the controller committed it"; a
+//! caller that needs it listed polls `list_topics` (the bootstrap procedure does, once for all topics). On
+//! TOPIC_ALREADY_EXISTS the admin itself polls fresh metadata until the topic shows up, since it must compare the
+//! partition count before answering `AlreadyExisted`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -95,9 +98,8 @@ impl RsKafkaTopicAdmin {
 
     /// Polls fresh metadata until `name` shows up, then compares its partition count with `wanted`.
     ///
-    /// Kafka answers CreateTopics once the controller has committed the topic; the broker serving metadata learns of
-    /// it a moment later, so a just-created topic (ours, or another client's on TOPIC_ALREADY_EXISTS) can be missing
-    /// from metadata briefly. Polls for up to `create_topic_timeout`; `outcome` is returned on a match.
+    /// A topic another client has just created can be missing from metadata briefly, so this polls for up to
+    /// `create_topic_timeout`; `outcome` is returned on a match.
     async fn await_listed(
         &self,
         name: &str,
@@ -230,10 +232,7 @@ impl TopicAdmin for RsKafkaTopicAdmin {
             .build()
         })?;
         match created {
-            Ok(()) => {
-                self.await_listed(name, num_partitions, CreateTopicOutcome::Created)
-                    .await
-            }
+            Ok(()) => Ok(CreateTopicOutcome::Created),
             // Also after our own earlier attempt timed out on the wire and rskafka retried: it counts as created
             // once the partition count matches.
             Err(RsKafkaError::ServerError {

@@ -1,0 +1,101 @@
+//! Helpers shared by the ddl tests (not a test target itself).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use remote_wal::datanode::{RegionOpenRequest, RegionOpener, WalProviderKind};
+use remote_wal::ddl::{
+    DdlContext, MemoryDatanodeManager, RoundRobinPeerSelector, TableMetadataAllocator,
+    TableMetadataManager, WalOptionsSource, WalOptionsSourceRef,
+};
+use remote_wal::kv::{KvBackendRef, RangeRequest};
+use remote_wal::wal::WalOptions;
+
+/// A pool of Kafka topics already in place (as after bootstrap): hands them out round-robin from the first.
+#[derive(Debug)]
+pub struct FakeKafkaPool {
+    topics: Vec<String>,
+    next: AtomicUsize,
+}
+
+impl FakeKafkaPool {
+    pub fn new(n: usize) -> Self {
+        FakeKafkaPool {
+            topics: (0..n).map(|i| format!("greptimedb_wal_topic_{i}")).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl WalOptionsSource for FakeKafkaPool {
+    fn alloc_batch(&self, n: usize) -> remote_wal::Result<Vec<WalOptions>> {
+        let first = self.next.fetch_add(n, Ordering::Relaxed);
+        Ok((0..n)
+            .map(|i| WalOptions::kafka(self.topics[(first + i) % self.topics.len()].clone()))
+            .collect())
+    }
+}
+
+/// A context as a freshly started metasrv process builds it: new allocator (new sequence cache, selector at its
+/// first datanode) over the shared kv and datanodes.
+pub fn context(
+    kv: KvBackendRef,
+    datanode_ids: Vec<u64>,
+    wal: WalOptionsSourceRef,
+    datanodes: Arc<MemoryDatanodeManager>,
+) -> DdlContext {
+    DdlContext {
+        metadata: Arc::new(TableMetadataManager::new(kv.clone())),
+        allocator: Arc::new(TableMetadataAllocator::new(
+            kv,
+            Arc::new(RoundRobinPeerSelector::new(datanode_ids)),
+            wal,
+        )),
+        datanodes,
+    }
+}
+
+/// What each datanode would open: its requests, and its errors as text.
+pub async fn open_all(
+    kv: &KvBackendRef,
+    datanode_ids: &[u64],
+    provider: WalProviderKind,
+) -> BTreeMap<u64, (Vec<RegionOpenRequest>, Vec<String>)> {
+    let mut out = BTreeMap::new();
+    for &dn in datanode_ids {
+        let open = RegionOpener::new(kv.clone(), dn, provider)
+            .with_page_size(2)
+            .open_regions()
+            .await
+            .expect("kv readable");
+        let errors = open.errors.iter().map(|e| e.error.to_string()).collect();
+        out.insert(dn, (open.requests, errors));
+    }
+    out
+}
+
+/// Every metadata key (table name/info/route, datanode tables, id sequence, allocation reservations) as text.
+pub async fn metadata_snapshot(kv: &KvBackendRef) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for prefix in [
+        "__table_name/",
+        "__table_info/",
+        "__table_route/",
+        "__dn_table/",
+        "__table_id_seq",
+        "__table_allocation/",
+    ] {
+        let resp = remote_wal::kv::range_all(kv.as_ref(), RangeRequest::prefix(prefix), 128)
+            .await
+            .expect("kv readable");
+        for kv in resp {
+            out.insert(
+                String::from_utf8_lossy(&kv.key).to_string(),
+                String::from_utf8_lossy(&kv.value).to_string(),
+            );
+        }
+    }
+    out
+}
