@@ -1,16 +1,22 @@
 //! Random crash schedules: proptest draws a sequence of operations — bootstrap the Kafka topic pool, grow it, create
-//! tables with random names (three names, so recreates are common) and region counts, with and without
-//! `if_not_exists` — and a list of crash points (before or after the k-th durable write of a manager, or at its m-th
-//! side-effect point). The schedule runs on one memory kv backend, one procedure state store, one fake Kafka and one
-//! set of fake datanodes; each "process" (a `LocalManager` behind a `CrashingStore`) takes the next crash point, and
-//! when it dies a fresh process starts on the same stores, recovers, boots the pool as a metasrv would and submits
-//! (or watches) the interrupted operation again, then the schedule goes on. Crash points count from a process's
-//! start, so a crash can hit the recovery of the previous one.
+//! tables with random names (three names, so recreates are common) and 1–8 regions, with and without
+//! `if_not_exists` — and, for most operations, up to three crash points (before or after the k-th durable write of a
+//! manager, or at its m-th side-effect point: after one topic creation, after one region creation).
+//!
+//! Everything runs on one memory kv backend (holding the metadata and, through `KvStateStore`, the procedure state),
+//! one fake Kafka that refuses a second create of a name as Kafka does, and one set of fake datanodes. A "process" is
+//! a `LocalManager` behind a `CrashingStore`. An operation with crash points starts a fresh process that dies at the
+//! first point; a fresh process then starts on the same stores (dying at the next point, if any — so a crash can
+//! hit a recovery), recovers what the dead one left, boots the pool as a metasrv does, and submits the interrupted
+//! operation again (or watches it: create-table procedures have fixed ids per operation); then the schedule goes on
+//! in the last process.
 //!
 //! After every operation the whole world is checked against a model: each wanted topic exists once in the fake
-//! cluster and is persisted; table names map to unique ids; each region has exactly one WAL option, from the pool
-//! (or raft-engine); each region was created once, with the recorded options; every datanode's open requests are
-//! exactly its regions; a recreate never makes a second table; no allocation reservation is left behind.
+//! cluster (one successful create per name) and is persisted under `__topic_name/kafka/`; table names map to unique
+//! ids, a recreate returns the existing id (`if_not_exists`) or "already exists" and never makes a second table;
+//! each region has exactly one WAL option, from the pool as it was when the table was created (or raft-engine); each
+//! region was created once on its datanode, with the recorded options, and no other region exists; every
+//! datanode's open requests are exactly the regions it was asked to create; no allocation reservation is left.
 //!
 //! Both WAL modes run. `PROPTEST_CASES` sets the case count (default 64).
 
@@ -25,9 +31,8 @@ use async_trait::async_trait;
 use procedures::error::CrashedSnafu;
 use procedures::testing::{CrashController, CrashPlan, CrashPoint, CrashingStore, MatrixConfig};
 use procedures::{
-    BoxedProcedure, BoxedProcedureLoader, Context, LocalManager, LockKey, MemoryStateStore,
-    Procedure, ProcedureId, ProcedureInfo, ProcedureManager, ProcedureManagerRef, ProcedureWithId,
-    Status, Watcher,
+    BoxedProcedure, BoxedProcedureLoader, Context, LocalManager, LockKey, Procedure, ProcedureId,
+    ProcedureInfo, ProcedureManager, ProcedureManagerRef, ProcedureWithId, Status, Watcher,
 };
 use proptest::prelude::*;
 use remote_wal::datanode::opener::{RegionOpener, WalProviderKind};
@@ -41,7 +46,9 @@ use remote_wal::ddl::{
     RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager, TableName,
     WalOptionsSource,
 };
-use remote_wal::kv::{KvBackend, KvBackendRef, MemoryKvBackend, RangeRequest, range_all};
+use remote_wal::kv::{
+    KvBackend, KvBackendRef, KvStateStore, MemoryKvBackend, RangeRequest, range_all,
+};
 use remote_wal::wal::kafka::topic_key::{get_topic_value, list_persisted_topics};
 use remote_wal::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
 use remote_wal::wal::{WAL_OPTIONS_KEY, WalOptions, WalOptionsAllocator};
@@ -309,7 +316,8 @@ impl WalOptionsSource for CurrentPool {
 /// Everything that outlives a process: the durable stores and the outside world.
 struct World {
     mode: Mode,
-    state: Arc<MemoryStateStore>,
+    /// The procedure state, in the same kv backend as the metadata (as a metasrv keeps it).
+    state: Arc<KvStateStore>,
     kv: Arc<MemoryKvBackend>,
     admin: Arc<FakeAdmin>,
     datanodes: Arc<MemoryDatanodeManager>,
@@ -333,10 +341,11 @@ enum Failure {
 
 impl World {
     fn new(mode: Mode) -> Self {
+        let kv = Arc::new(MemoryKvBackend::new());
         World {
             mode,
-            state: Arc::new(MemoryStateStore::new()),
-            kv: Arc::new(MemoryKvBackend::new()),
+            state: Arc::new(KvStateStore::new(kv.clone())),
+            kv,
             admin: Arc::new(FakeAdmin::new()),
             datanodes: Arc::new(MemoryDatanodeManager::new()),
             pool_size: 0,
