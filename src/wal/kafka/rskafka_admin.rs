@@ -28,9 +28,9 @@ use tokio::time::{Instant, sleep, timeout};
 
 use super::admin::{CreateTopicOutcome, TopicAdmin};
 use crate::error::{
-    CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu, KafkaConnectSnafu,
-    KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu, ListTopicsSnafu, Result, TopicNotListedSnafu,
-    TopicPartitionMismatchSnafu,
+    CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu,
+    KafkaBrokersFencedSnafu, KafkaConnectSnafu, KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu,
+    ListTopicsSnafu, Result, TopicNotListedSnafu, TopicPartitionMismatchSnafu,
 };
 use crate::wal::config::{KafkaConfig, validate_topic_name};
 
@@ -147,6 +147,17 @@ impl RsKafkaTopicAdmin {
             _ => String::new(),
         };
         match &e {
+            // A broker that is shutting down or restarting is fenced by the controller, which then refuses every
+            // replica placement with this code: transient, unlike a replication factor above the broker count.
+            RsKafkaError::ServerError {
+                protocol_error: ProtocolError::InvalidReplicationFactor,
+                ..
+            } if message.contains("fenced") => KafkaBrokersFencedSnafu {
+                topic: name,
+                endpoints: self.endpoints.clone(),
+                message,
+            }
+            .into_error(e),
             RsKafkaError::ServerError {
                 protocol_error: ProtocolError::InvalidReplicationFactor,
                 ..
