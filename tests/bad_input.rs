@@ -50,8 +50,11 @@ async fn assert_config_refused(toml: &str, expected: &str) {
     assert_eq!(err.to_string(), expected);
 
     let file: toml::Table = toml::from_str(toml).unwrap();
-    let wal = file.get("wal").map(|w| toml::to_string(w).unwrap());
-    if let Some(Ok(WalConfig::Kafka(kafka))) = wal.map(|w| WalConfig::from_toml_str(&w)) {
+    let wal = file
+        .get("wal")
+        .map(|w| toml::to_string(w).unwrap())
+        .unwrap_or_default();
+    if let Ok(WalConfig::Kafka(kafka)) = WalConfig::from_toml_str(&wal) {
         let kv = Arc::new(MemoryKvBackend::new());
         let admin = Arc::new(FakeAdmin::new());
         let err = KafkaTopicManager::from_config(&kafka, kv.clone(), admin.clone()).unwrap_err();

@@ -430,10 +430,11 @@ impl World {
             Ok(Err(_)) => return Err((Failure::Crashed, Some(process))),
             Ok(Ok(())) => {}
         }
-        if self.mode == Mode::Kafka && self.pool_size > 0 {
-            if let Err(f) = self.start_pool(&process).await {
-                return Err((f, Some(process)));
-            }
+        if self.mode == Mode::Kafka
+            && self.pool_size > 0
+            && let Err(f) = self.start_pool(&process).await
+        {
+            return Err((f, Some(process)));
         }
         Ok(process)
     }
@@ -519,10 +520,10 @@ async fn run_schedule(mode: Mode, schedule: &Schedule) -> Result<Vec<String>, St
                 shut(p).await?;
             }
         }
-        if let Op::GrowPool { extra } = op {
-            if mode == Mode::Kafka {
-                world.pool_size += extra;
-            }
+        if let Op::GrowPool { extra } = op
+            && mode == Mode::Kafka
+        {
+            world.pool_size += extra;
         }
         // Each pass: (boot a process if none lives, then) run the operation; a crash ends the pass.
         let mut passes = 0;
