@@ -10,13 +10,15 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use procedures::testing::{CrashScenario, MatrixConfig, StoreDigest, run_crash_matrix, store_digest};
+use procedures::testing::{
+    CrashScenario, MatrixConfig, StoreDigest, run_crash_matrix, store_digest,
+};
 use procedures::{MemoryStateStore, ProcedureId, ProcedureManager, ProcedureWithId, StateStore};
 use remote_wal::datanode::{RegionOpenRequest, WalProviderKind};
 use remote_wal::ddl::datanode_manager::RegionCreateRequest;
 use remote_wal::ddl::{
-    CREATE_TABLE_TYPE_NAME, CreateTableProcedure, CreateTableTask, DdlContext, MemoryDatanodeManager,
-    RaftEngineWalSource, TableName, WalOptionsSourceRef,
+    CREATE_TABLE_TYPE_NAME, CreateTableProcedure, CreateTableTask, DdlContext,
+    MemoryDatanodeManager, RaftEngineWalSource, TableName, WalOptionsSourceRef,
 };
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 
@@ -68,7 +70,10 @@ impl CreateTableScenario {
     }
 
     fn task(&self) -> CreateTableTask {
-        let mut task = CreateTableTask::new(TableName::new("greptime", "public", "cpu"), self.num_regions);
+        let mut task = CreateTableTask::new(
+            TableName::new("greptime", "public", "cpu"),
+            self.num_regions,
+        );
         task.options.insert("ttl".into(), "7d".into());
         task
     }
@@ -92,14 +97,31 @@ impl CrashScenario for CreateTableScenario {
         env.store.clone()
     }
 
-    fn register_loaders(&self, env: &Env, manager: &dyn ProcedureManager) -> procedures::Result<()> {
-        let context = support::context(env.kv.clone(), DATANODES.to_vec(), self.wal(), env.datanodes.clone());
+    fn register_loaders(
+        &self,
+        env: &Env,
+        manager: &dyn ProcedureManager,
+    ) -> procedures::Result<()> {
+        let context = support::context(
+            env.kv.clone(),
+            DATANODES.to_vec(),
+            self.wal(),
+            env.datanodes.clone(),
+        );
         *env.current.lock().unwrap() = Some(context.clone());
-        manager.register_loader(CREATE_TABLE_TYPE_NAME, CreateTableProcedure::loader(context))
+        manager.register_loader(
+            CREATE_TABLE_TYPE_NAME,
+            CreateTableProcedure::loader(context),
+        )
     }
 
     fn procedures(&self, env: &Env) -> Vec<ProcedureWithId> {
-        let context = env.current.lock().unwrap().clone().expect("loaders registered first");
+        let context = env
+            .current
+            .lock()
+            .unwrap()
+            .clone()
+            .expect("loaders registered first");
         vec![ProcedureWithId::new(
             ProcedureId::new("create-cpu"),
             Box::new(CreateTableProcedure::new(self.task(), context)),
@@ -113,7 +135,9 @@ impl CrashScenario for CreateTableScenario {
         let open = support::open_all(&env.kv, &DATANODES, self.wal_kind()).await;
         let violations = invariants(self, &metadata, &regions, &creations, &open);
         Outcome {
-            store: store_digest(env.store.as_ref()).await.expect("store readable"),
+            store: store_digest(env.store.as_ref())
+                .await
+                .expect("store readable"),
             metadata,
             regions,
             creations,
@@ -133,14 +157,18 @@ fn invariants(
     open: &BTreeMap<u64, (Vec<RegionOpenRequest>, Vec<String>)>,
 ) -> Vec<String> {
     let mut v = Vec::new();
-    let names: Vec<_> = metadata.keys().filter(|k| k.starts_with("__table_name/")).collect();
+    let names: Vec<_> = metadata
+        .keys()
+        .filter(|k| k.starts_with("__table_name/"))
+        .collect();
     if names.len() != 1 {
         v.push(format!("{} table names", names.len()));
         return v;
     }
-    let id: u32 = serde_json::from_str::<serde_json::Value>(&metadata[names[0]]).unwrap()["table_id"]
-        .as_u64()
-        .unwrap() as u32;
+    let id: u32 =
+        serde_json::from_str::<serde_json::Value>(&metadata[names[0]]).unwrap()["table_id"]
+            .as_u64()
+            .unwrap() as u32;
     for k in metadata.keys() {
         let ok = k.starts_with("__table_name/")
             || k == "__table_id_seq"
@@ -155,10 +183,15 @@ fn invariants(
         v.push(format!("creations {creations:?}"));
     }
     if creations.keys().any(|r| (r >> 32) as u32 != id) {
-        v.push(format!("a region of another table id was created: {creations:?}"));
+        v.push(format!(
+            "a region of another table id was created: {creations:?}"
+        ));
     }
     for (dn, (requests, errors)) in open {
-        let created: Vec<_> = regions.get(dn).map(|r| r.values().cloned().collect()).unwrap_or_default();
+        let created: Vec<_> = regions
+            .get(dn)
+            .map(|r| r.values().cloned().collect())
+            .unwrap_or_default();
         let opened: Vec<RegionCreateRequest> = requests
             .iter()
             .map(|r| RegionCreateRequest {
@@ -169,14 +202,19 @@ fn invariants(
             })
             .collect();
         if created != opened || !errors.is_empty() {
-            v.push(format!("datanode {dn}: created {created:?}, opens {opened:?}, errors {errors:?}"));
+            v.push(format!(
+                "datanode {dn}: created {created:?}, opens {opened:?}, errors {errors:?}"
+            ));
         }
     }
     v
 }
 
 async fn run(provider: Provider) {
-    let scenario = CreateTableScenario { provider, num_regions: 5 };
+    let scenario = CreateTableScenario {
+        provider,
+        num_regions: 5,
+    };
 
     // The golden run itself must satisfy the invariants (the matrix then holds every case to it).
     let env = scenario.new_env().await;
@@ -184,7 +222,14 @@ async fn run(provider: Provider) {
     scenario.register_loaders(&env, &manager).unwrap();
     manager.start().await.unwrap();
     for root in scenario.procedures(&env) {
-        let out = manager.submit(root).await.unwrap().wait().await.unwrap().unwrap();
+        let out = manager
+            .submit(root)
+            .await
+            .unwrap()
+            .wait()
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(out["table_id"], 1024);
     }
     manager.stop().await.unwrap();
@@ -203,7 +248,10 @@ async fn run(provider: Provider) {
     );
     report.assert_no_mismatch();
     assert_eq!(report.side_effect_points, 5);
-    assert_eq!(report.single_crash_cases, 2 * report.transitions + report.side_effect_points);
+    assert_eq!(
+        report.single_crash_cases,
+        2 * report.transitions + report.side_effect_points
+    );
     assert!(report.double_crash_cases > 0);
 }
 

@@ -23,7 +23,9 @@ pub struct FakeKafkaPool {
 impl FakeKafkaPool {
     pub fn new(n: usize) -> Self {
         FakeKafkaPool {
-            topics: (0..n).map(|i| format!("greptimedb_wal_topic_{i}")).collect(),
+            topics: (0..n)
+                .map(|i| format!("greptimedb_wal_topic_{i}"))
+                .collect(),
             next: AtomicUsize::new(0),
         }
     }

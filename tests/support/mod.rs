@@ -20,7 +20,10 @@ pub fn require_endpoints(var: &str, what: &str) -> Vec<String> {
 
 /// A name no other test (or earlier run) uses.
 pub fn unique(prefix: &str) -> String {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     format!("{prefix}_{}_{nanos:x}", std::process::id())
 }
 
@@ -60,7 +63,11 @@ impl Service {
         let name = unique(tag).replace('_', "-");
         run(&["start", "kafka", &name]);
         let ep = run(&["endpoint", "kafka", &name]);
-        Service { kind: "kafka", names: vec![name], endpoints: vec![ep] }
+        Service {
+            kind: "kafka",
+            names: vec![name],
+            endpoints: vec![ep],
+        }
     }
 
     /// An `n`-node Kafka KRaft cluster (every node broker and controller).
@@ -68,7 +75,11 @@ impl Service {
         let name = unique(tag).replace('_', "-");
         let eps = run(&["start-cluster", &name, &n.to_string()]);
         let names = (1..=n).map(|i| format!("{name}-{i}")).collect();
-        Service { kind: "kafka", names, endpoints: eps.split(',').map(str::to_string).collect() }
+        Service {
+            kind: "kafka",
+            names,
+            endpoints: eps.split(',').map(str::to_string).collect(),
+        }
     }
 
     /// An etcd of this test's own.
@@ -76,7 +87,11 @@ impl Service {
         let name = unique(tag).replace('_', "-");
         run(&["start", "etcd", &name]);
         let ep = run(&["endpoint", "etcd", &name]);
-        Service { kind: "etcd", names: vec![name], endpoints: vec![ep] }
+        Service {
+            kind: "etcd",
+            names: vec![name],
+            endpoints: vec![ep],
+        }
     }
 
     /// Stops node `i` (data kept).
@@ -93,8 +108,13 @@ impl Service {
 impl Drop for Service {
     fn drop(&mut self) {
         for name in &self.names {
-            let _ = Command::new("bash").arg(script()).args(["stop", self.kind, name]).output();
-            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/services").join(name);
+            let _ = Command::new("bash")
+                .arg(script())
+                .args(["stop", self.kind, name])
+                .output();
+            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("target/services")
+                .join(name);
             let _ = std::fs::remove_dir_all(dir);
         }
     }
