@@ -79,12 +79,23 @@ async fn thirty_two_distinct_tables_in_parallel_get_distinct_ids() {
             .unwrap()
             .unwrap();
         assert!(ids.contains(&id));
-        assert_eq!(metadata.table_info(id).await.unwrap().unwrap().name, format!("t{i}"));
+        assert_eq!(
+            metadata.table_info(id).await.unwrap().unwrap().name,
+            format!("t{i}")
+        );
     }
     assert_eq!(s.datanodes.creations().len(), 64);
     assert!(s.datanodes.creations().values().all(|&n| n == 1));
     let open = support::open_all(&s.kv, &DATANODES, WalProviderKind::Kafka).await;
-    assert_eq!(open.values().map(|(r, e)| { assert!(e.is_empty()); r.len() }).sum::<usize>(), 64);
+    assert_eq!(
+        open.values()
+            .map(|(r, e)| {
+                assert!(e.is_empty());
+                r.len()
+            })
+            .sum::<usize>(),
+        64
+    );
     s.manager.stop().await.unwrap();
 }
 
@@ -108,11 +119,19 @@ async fn eight_creates_of_one_name_one_wins_the_others_see_it_exists() {
     assert_eq!(won.len(), 1, "winners {won:?}, errors {lost:?}");
     assert_eq!(lost.len(), 7);
     for e in &lost {
-        assert!(e.contains("greptime.public.cpu") && e.contains("already exists"), "{e}");
+        assert!(
+            e.contains("greptime.public.cpu") && e.contains("already exists"),
+            "{e}"
+        );
     }
     // Only the winner's regions exist.
     assert_eq!(s.datanodes.creations().len(), 3);
-    assert!(s.datanodes.creations().keys().all(|r| (r >> 32) as u32 == won[0]));
+    assert!(
+        s.datanodes
+            .creations()
+            .keys()
+            .all(|r| (r >> 32) as u32 == won[0])
+    );
 
     // With if_not_exists, every caller gets the existing id.
     let handles: Vec<_> = (0..8)
@@ -154,10 +173,23 @@ async fn eight_if_not_exists_creates_of_one_name_all_get_one_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_fails_naming_the_culprit_and_writes_nothing() {
     let s = setup().await;
-    let err = s.ddl.create_table(task("no space", 1)).await.unwrap_err().to_string();
+    let err = s
+        .ddl
+        .create_table(task("no space", 1))
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("'no space'"), "{err}");
-    let err = s.ddl.create_table(task("ok", 0)).await.unwrap_err().to_string();
-    assert!(err.contains("greptime.public.ok") && err.contains("0 regions"), "{err}");
+    let err = s
+        .ddl
+        .create_table(task("ok", 0))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("greptime.public.ok") && err.contains("0 regions"),
+        "{err}"
+    );
     assert!(support::metadata_snapshot(&s.kv).await.is_empty());
     assert_eq!(s.datanodes.calls(), 0);
     s.manager.stop().await.unwrap();
@@ -169,6 +201,11 @@ async fn an_unavailable_datanode_is_retried_until_it_answers() {
     s.datanodes.fail_next(2, 3);
     let id = s.ddl.create_table(task("cpu", 3)).await.unwrap();
     assert_eq!(s.datanodes.creations().len(), 3);
-    assert!(s.datanodes.creations().keys().all(|r| (r >> 32) as u32 == id));
+    assert!(
+        s.datanodes
+            .creations()
+            .keys()
+            .all(|r| (r >> 32) as u32 == id)
+    );
     s.manager.stop().await.unwrap();
 }
