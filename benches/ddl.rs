@@ -9,8 +9,10 @@ use remote_wal::datanode::{RegionOpener, WalProviderKind};
 use remote_wal::ddl::datanode_table::datanode_table_key;
 use remote_wal::ddl::{
     CreateTableTask, DatanodeTableValue, DdlContext, DdlManager, MemoryDatanodeManager,
-    RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager, TableName, WalOptionsSource,
+    RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager, TableName,
+    WalOptionsSource,
 };
+use remote_wal::kv::redb::RedbKvBackend;
 use remote_wal::kv::{KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
 use tokio::runtime::Runtime;
@@ -50,12 +52,17 @@ fn bench_create_table(c: &mut Criterion) {
     let mut group = c.benchmark_group("create_table_64_regions");
     group.sample_size(10);
 
-    let ddl = ddl_manager(&rt, Arc::new(MemoryKvBackend::new()), Arc::new(MemoryStateStore::new()));
+    let ddl = ddl_manager(
+        &rt,
+        Arc::new(MemoryKvBackend::new()),
+        Arc::new(MemoryStateStore::new()),
+    );
     let n = AtomicUsize::new(0);
     group.bench_function("memory", |b| {
         b.to_async(&rt).iter(|| async {
             let i = n.fetch_add(1, Ordering::Relaxed);
-            let task = CreateTableTask::new(TableName::new("greptime", "public", format!("t{i}")), 64);
+            let task =
+                CreateTableTask::new(TableName::new("greptime", "public", format!("t{i}")), 64);
             ddl.create_table(task).await.expect("create")
         })
     });
@@ -78,7 +85,12 @@ fn bench_open_regions(c: &mut Criterion) {
                 region_options: Default::default(),
                 region_wal_options: regions
                     .iter()
-                    .map(|&r| (r, WalOptions::kafka(format!("greptimedb_wal_topic_{}", r % 64)).encode()))
+                    .map(|&r| {
+                        (
+                            r,
+                            WalOptions::kafka(format!("greptimedb_wal_topic_{}", r % 64)).encode(),
+                        )
+                    })
                     .collect(),
                 version: 0,
             };

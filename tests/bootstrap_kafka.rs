@@ -15,7 +15,7 @@ use procedures::{
     LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
     ProcedureManagerRef, ProcedureWithId, RetryPolicy, SideEffectHook, StateStore,
 };
-use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
+use remote_wal::kv::{KvBackendRef, KvStateStore, MemoryKvBackend};
 use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin};
 use remote_wal::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
@@ -226,7 +226,7 @@ async fn a_crash_after_20_of_64_creations_recovers_without_duplicates() {
     let prefix = unique_prefix("crash");
     let config = config(&prefix, 64);
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let store: Arc<dyn StateStore> = Arc::new(MemoryStateStore::new());
+    let store: Arc<dyn StateStore> = Arc::new(KvStateStore::new(kv.clone()));
     let admin = CountingAdmin::connect(&config).await;
 
     let first = allocator(&config, &kv, &admin);

@@ -2,7 +2,8 @@
 //! side-effect point (after each single topic creation, after the names are persisted), then recovery — and, in
 //! the full matrix, a second crash during the recovery. Every case must end like the uncrashed run: each wanted
 //! topic exists exactly once in the (fake) cluster, nothing else exists, every name is persisted once, nothing
-//! else is persisted.
+//! else is persisted. Procedure records and topic names share one metadata store (`KvStateStore` over
+//! `MemoryKvBackend`).
 
 mod wal_support;
 
@@ -15,8 +16,8 @@ use async_trait::async_trait;
 use procedures::testing::{
     CrashScenario, MatrixConfig, MatrixReport, StoreDigest, run_crash_matrix, store_digest,
 };
-use procedures::{MemoryStateStore, ProcedureManager, ProcedureWithId, StateStore};
-use remote_wal::kv::MemoryKvBackend;
+use procedures::{ProcedureManager, ProcedureWithId, StateStore};
+use remote_wal::kv::{KvStateStore, MemoryKvBackend};
 use remote_wal::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
 use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
 use wal_support::FakeAdmin;
@@ -53,7 +54,7 @@ struct Outcome {
     topics: BTreeMap<String, usize>,
     /// Topic → how many times it was created. Kafka cannot create a name twice; the fake enforces the same.
     created: BTreeMap<String, usize>,
-    /// Everything in the metadata store, as text.
+    /// Every topic name key of the metadata store with its value, as text.
     kv: Vec<(String, String)>,
 }
 
@@ -63,9 +64,12 @@ impl CrashScenario for BootstrapScenario {
     type Outcome = Outcome;
 
     async fn new_env(&self) -> Env {
+        // One metadata store holds both the procedure records (under `__procedure__/`) and the topic names, as in a
+        // metasrv.
+        let kv = Arc::new(MemoryKvBackend::new());
         Env {
-            store: Arc::new(MemoryStateStore::new()),
-            kv: Arc::new(MemoryKvBackend::new()),
+            store: Arc::new(KvStateStore::new(kv.clone())),
+            kv,
             admin: Arc::new(FakeAdmin::new()),
         }
     }
@@ -104,6 +108,7 @@ impl CrashScenario for BootstrapScenario {
                 .kv
                 .dump()
                 .into_iter()
+                .filter(|kv| kv.key.starts_with(b"__topic_name/"))
                 .map(|kv| {
                     (
                         String::from_utf8_lossy(&kv.key).into_owned(),
@@ -125,6 +130,18 @@ async fn assert_golden_world(scenario: &BootstrapScenario) {
         manager.submit(p).await.unwrap().wait().await.unwrap();
     }
     manager.stop().await.unwrap();
+    let stray: Vec<_> = env
+        .kv
+        .dump()
+        .into_iter()
+        .filter(|kv| {
+            !kv.key.starts_with(b"__topic_name/") && !kv.key.starts_with(b"__procedure__/")
+        })
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "nothing but names and records is written: {stray:?}"
+    );
     let outcome = scenario.outcome(&env).await;
     let wanted = scenario.spec.topic_names();
     assert_eq!(
