@@ -229,7 +229,8 @@ impl Metasrv {
     }
 
     /// Builds a metasrv on an already open kv backend, with an optional topic admin (by default one over the
-    /// configured brokers) and the datanodes regions are created on. Registers every loader.
+    /// configured brokers) and the datanodes regions are created on. Registers every loader. The
+    /// `[metadata_store]` settings are not used here: wrap `kv` in a [`NamespacedKvBackend`] for a key prefix.
     pub fn with_parts(
         config: MetasrvConfig,
         kv: KvBackendRef,
