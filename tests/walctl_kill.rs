@@ -21,7 +21,7 @@ fn killed_bootstrap_resumes_to_exactly_the_wanted_topics_all_persisted() {
     let env = Env::new();
     let prefix = unique("walctl_kill");
     let wanted = wanted_topics(&prefix, NUM_TOPICS);
-    // Two creations in flight at a time, so the pool takes long enough to be caught half-made.
+    // Four creations in flight at a time, so the pool takes long enough to be caught half-made.
     let config = env.write(
         "kill.toml",
         &format!(
@@ -35,7 +35,7 @@ provider = "kafka"
 broker_endpoints = {brokers}
 num_topics = {NUM_TOPICS}
 topic_name_prefix = "{prefix}"
-max_concurrent_creates = 2
+max_concurrent_creates = 4
 
 [wal.backoff]
 deadline = "60s"
@@ -54,12 +54,12 @@ deadline = "60s"
         .spawn()
         .expect("spawn walctl bootstrap");
 
-    // Kill it once the broker shows a good part, but not all, of the pool — with room for the (at most 2)
+    // Kill it once the broker shows a good part, but not all, of the pool — with room for the (at most 4)
     // creations in flight at the kill, which the broker may still complete.
     let deadline = Instant::now() + Duration::from_secs(120);
     let seen_at_kill = loop {
         let seen = pool_topics_on_broker(&brokers, &prefix).len();
-        if seen >= NUM_TOPICS / 4 && seen + 4 < NUM_TOPICS {
+        if seen >= NUM_TOPICS / 4 && seen + 8 < NUM_TOPICS {
             child.kill().expect("SIGKILL walctl");
             break seen;
         }
