@@ -8,7 +8,7 @@ use remote_wal::datanode::{RegionOpener, WalProviderKind};
 use remote_wal::ddl::DatanodeTableValue;
 use remote_wal::ddl::datanode_table::datanode_table_key;
 use remote_wal::ddl::region::region_id;
-use remote_wal::kv::{KvBackend, KvBackendRef, MemoryKvBackend, PutRequest};
+use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest};
 use remote_wal::wal::WalOptions;
 
 async fn put(kv: &KvBackendRef, key: String, value: Vec<u8>) {

@@ -11,7 +11,7 @@ use manager_support::{Env, Plan, TYPE, fast_config, within};
 use procedures::record::{EPOCH_KEY, record_key};
 use procedures::{
     Error, LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
-    ProcedureRecord, ProcedureState, StateStore,
+    ProcedureRecord, ProcedureState, SideEffectHook, StateStore,
 };
 
 async fn manager(
@@ -499,4 +499,157 @@ async fn finished_procedures_are_deleted_after_retention() {
     .await;
     let keys: Vec<String> = store.snapshot().into_keys().collect();
     assert_eq!(keys, [EPOCH_KEY]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replayed_parent_waits_for_its_recovered_child() {
+    let store = Arc::new(MemoryStateStore::new());
+    let blocked = Env::new(false);
+    let m1 = manager(&store, fast_config(), &blocked).await;
+    let child = Plan {
+        block_at: Some(1),
+        ..Plan::steps(2, true)
+    };
+    // The parent does not persist its suspension: replayed, it asks for the same child again.
+    let parent = Plan {
+        children: vec![("c".into(), child)],
+        ..Plan::steps(1, false)
+    };
+    m1.submit(blocked.with_id("p", parent)).await.unwrap();
+    until_step(&m1, "p/c", 1).await;
+    m1.stop().await.unwrap();
+    assert_eq!(stored(&store, "p").step, 0);
+
+    let env = Env::new(true);
+    let m2 = manager(&store, fast_config(), &env).await;
+    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
+        .await
+        .unwrap();
+    assert_eq!(output, Some(serde_json::json!({ "steps": 1 })));
+    let events = env.events();
+    assert!(events.iter().any(|e| e == "enter p/c at 1"), "{events:?}");
+    assert!(!events.iter().any(|e| e == "enter p/c at 0"), "{events:?}");
+    let child = stored(&store, "p/c");
+    assert_eq!((child.state, child.step), (ProcedureState::Done, 3));
+}
+
+/// Crashes at the side-effect point with this label.
+struct CrashAt(&'static str);
+
+impl SideEffectHook for CrashAt {
+    fn on_side_effect(&self, _id: &ProcedureId, label: &str) -> procedures::Result<()> {
+        if label == self.0 {
+            return Err(Error::Crashed {
+                point: label.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_at_a_side_effect_point_halts_without_writing() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = LocalManager::with_side_effect_hook(
+        store.clone(),
+        fast_config(),
+        Arc::new(CrashAt("step 1")),
+    );
+    m.register_loader(TYPE, env.loader()).unwrap();
+    m.start().await.unwrap();
+    let other = Plan {
+        block_at: Some(0),
+        ..Plan::steps(0, true)
+    };
+    let blocked = Env::new(false);
+    let mut w_other = m.submit(blocked.with_id("other", other)).await.unwrap();
+    let mut w = m
+        .submit(env.with_id("p", Plan::steps(3, true)))
+        .await
+        .unwrap();
+    let err = within(w.wait()).await.unwrap_err();
+    assert!(matches!(err, Error::ManagerNotRunning { .. }), "{err}");
+    // Every watcher of an unfinished procedure resolves, not only the crashed one's.
+    assert!(matches!(
+        within(w_other.wait()).await,
+        Err(Error::ManagerNotRunning { .. })
+    ));
+    let after_crash = store.snapshot();
+    assert_eq!(stored(&store, "p").step, 1);
+    let info = m
+        .procedure_state(&ProcedureId::new("p"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((info.step, info.state), (1, ProcedureState::Running));
+    let refused = m.submit(env.with_id("q", Plan::steps(1, true))).await;
+    let text = refused.unwrap_err().to_string();
+    assert!(text.contains("injected crash at step 1"), "{text}");
+    // The blocked procedure, released, writes nothing either: its task has ended.
+    blocked.gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.snapshot(), after_crash);
+
+    // A fresh manager on the same store finishes the work.
+    let m2 = manager(&store, fast_config(), &env).await;
+    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
+        .await
+        .unwrap();
+    assert_eq!(output, Some(serde_json::json!({ "steps": 3 })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_trees_on_many_threads_finish_and_never_share_an_exclusive_key() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let config = ManagerConfig {
+        max_running_procedures: 3,
+        ..fast_config()
+    };
+    let m = manager(&store, config, &env).await;
+    let mut watchers = Vec::new();
+    for i in 0..24usize {
+        let key = format!("k{}", i % 3);
+        let child = Plan {
+            exclusive: vec![key.clone()],
+            shared: vec!["all".into()],
+            ..Plan::steps(2, i % 2 == 0)
+        };
+        let plan = Plan {
+            exclusive: vec![key],
+            shared: vec!["all".into()],
+            children: if i.is_multiple_of(4) {
+                vec![("a".into(), child.clone()), ("b".into(), child)]
+            } else {
+                Vec::new()
+            },
+            ..Plan::steps(3, i % 2 == 1)
+        };
+        watchers.push(m.submit(env.with_id(&format!("t{i}"), plan)).await.unwrap());
+    }
+    for w in &mut watchers {
+        within(w.wait()).await.unwrap();
+    }
+    // Trees sharing an exclusive key ran one after the other (a tree's span covers its children's).
+    let span = |i: usize| {
+        let (mut enter, mut exit) = env.span(&format!("t{i}"));
+        if i.is_multiple_of(4) {
+            for c in ["a", "b"] {
+                let (e, x) = env.span(&format!("t{i}/{c}"));
+                enter = enter.min(e);
+                exit = exit.max(x);
+            }
+        }
+        (enter, exit)
+    };
+    for i in 0..24 {
+        for j in (i + 1)..24 {
+            if i % 3 == j % 3 {
+                let ((a_in, a_out), (b_in, b_out)) = (span(i), span(j));
+                assert!(a_out < b_in || b_out < a_in, "t{i} and t{j} overlap");
+            }
+        }
+    }
+    assert!(env.max_running.load(Ordering::SeqCst) <= 3);
 }

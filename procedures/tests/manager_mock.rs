@@ -34,6 +34,8 @@ enum Reply {
     StoreError {
         retryable: bool,
     },
+    /// An injected crash (after the write was applied, as far as the manager can tell).
+    Crashed,
 }
 
 type Writes = Arc<Mutex<Vec<(Vec<Condition>, Vec<WriteOp>)>>>;
@@ -63,6 +65,9 @@ fn store(previous: Option<u64>, replies: Vec<Reply>) -> (Arc<MockStore>, Writes)
             Reply::Applied => Ok(WriteOutcome::Applied),
             Reply::RejectEpoch(epoch) => Ok(WriteOutcome::Rejected {
                 current: vec![(EPOCH_KEY.into(), Some(epoch.to_string().into_bytes()))],
+            }),
+            Reply::Crashed => Err(Error::Crashed {
+                point: "after write".into(),
             }),
             Reply::StoreError { retryable } => Err(Error::Store {
                 action: "write",
@@ -385,4 +390,24 @@ async fn a_store_error_that_persists_stops_the_procedure_without_writes() {
                 .is_ok()
         );
     }
+}
+
+#[tokio::test]
+async fn a_crashed_write_halts_the_manager_without_another_write() {
+    let env = Env::new(true);
+    let (store, writes) = store(
+        Some(1),
+        vec![Reply::Applied, Reply::Applied, Reply::Crashed],
+    );
+    let m = started(&store, fast_config(), &env).await;
+    let mut w = m
+        .submit(env.with_id("p", Plan::steps(3, true)))
+        .await
+        .unwrap();
+    let err = within(w.wait()).await.unwrap_err();
+    assert!(matches!(err, Error::ManagerNotRunning { .. }), "{err}");
+    assert_eq!(writes.lock().unwrap().len(), 3);
+    let refused = m.submit(env.with_id("q", Plan::steps(1, true))).await;
+    assert!(matches!(refused, Err(Error::ManagerNotRunning { .. })));
+    assert_eq!(writes.lock().unwrap().len(), 3);
 }

@@ -135,8 +135,8 @@ mod tests {
         let b = Sequence::new(kv.clone(), "seq", 1024, 10, u64::MAX);
         assert_eq!(b.next().await.unwrap(), 1034);
         assert_eq!(a.next().await.unwrap(), 1026);
-        for _ in 0..8 {
-            a.next().await.unwrap();
+        for expected in 1027..1034 {
+            assert_eq!(a.next().await.unwrap(), expected);
         }
         // `a` used up its batch and reserves after `b`'s.
         assert_eq!(a.next().await.unwrap(), 1044);

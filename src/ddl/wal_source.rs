@@ -25,3 +25,9 @@ impl WalOptionsSource for RaftEngineWalSource {
         Ok(vec![WalOptions::RaftEngine; n])
     }
 }
+
+impl WalOptionsSource for crate::wal::allocator::WalOptionsAllocator {
+    fn alloc_batch(&self, n: usize) -> Result<Vec<WalOptions>> {
+        crate::wal::allocator::WalOptionsAllocator::alloc_batch(self, n)
+    }
+}

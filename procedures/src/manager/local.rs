@@ -204,6 +204,12 @@ impl Inner {
                 task.abort();
             }
             if !entry.info.state.is_finished() {
+                // `retrying` is never persisted: the last persisted state of a retrying procedure is `running`.
+                if entry.info.state == ProcedureState::Retrying {
+                    let mut info = entry.info.clone();
+                    info.state = ProcedureState::Running;
+                    entry.publish(info);
+                }
                 entry.tx = None;
             }
         }

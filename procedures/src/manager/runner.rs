@@ -8,7 +8,9 @@ use tokio::time::Instant;
 use crate::error::{Error, Result};
 use crate::manager::local::{Inner, backoff};
 use crate::procedure::{BoxedProcedure, Context, Output, ProcedureId, ProcedureWithId, Status};
-use crate::record::{ProcedureInfo, ProcedureRecord, ProcedureState, now_ms, record_key};
+use crate::record::{
+    ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, now_ms, record_key,
+};
 use crate::store::{WriteOp, WriteOutcome};
 
 /// Where a runner picks a procedure up.
@@ -165,10 +167,10 @@ impl Runner {
                 Ok(watcher) => watchers.push(watcher),
                 Err(Error::DuplicateProcedure { .. }) => {
                     // Known in memory by now, or persisted earlier without this manager knowing it.
-                    if self.inner.with_entry(&child_id, |_| ()).is_none() {
-                        if let Err(e) = self.inner.adopt(&child_id).await {
-                            return Err(self.stop_on_child(&child_id, e));
-                        }
+                    if self.inner.with_entry(&child_id, |_| ()).is_none()
+                        && let Err(e) = self.inner.adopt(&child_id).await
+                    {
+                        return Err(self.stop_on_child(&child_id, e));
                     }
                     match self.watch_child(&child_id)? {
                         Some(watcher) => watchers.push(watcher),
@@ -187,16 +189,18 @@ impl Runner {
                 Err(e) => return Err(self.stop_on_child(&child_id, e)),
             }
         }
+        // Every child ends before the parent goes on (or rolls back): the first failure is reported.
+        let mut failed = None;
         for mut watcher in watchers {
             let child_id = watcher.id().clone();
             match watcher.wait().await {
                 Ok(_) => {}
                 Err(Error::ProcedureFailed { message, .. }) => {
-                    return Ok(Some(Error::SubprocedureFailed {
+                    failed.get_or_insert(Error::SubprocedureFailed {
                         parent: self.record.id.clone(),
                         child: child_id,
                         message,
-                    }));
+                    });
                 }
                 Err(e) => {
                     if self.inner.is_halted() {
@@ -206,7 +210,7 @@ impl Runner {
                 }
             }
         }
-        Ok(None)
+        Ok(failed)
     }
 
     /// A watcher of a known child; `Stopped` when the child is known but cannot be recovered (the parent then
@@ -312,13 +316,19 @@ impl Runner {
                 return Err(Stopped);
             }
         };
-        let mut record = self.record.clone();
-        record.step += 1;
-        record.state = state;
-        record.data = data;
-        record.output = output;
-        record.error = error;
-        record.updated_at_ms = now_ms();
+        let record = ProcedureRecord {
+            format_version: RECORD_FORMAT_VERSION,
+            type_name: self.record.type_name.clone(),
+            id: self.record.id.clone(),
+            parent_id: self.record.parent_id.clone(),
+            step: self.record.step + 1,
+            state,
+            data,
+            output,
+            error,
+            created_at_ms: self.record.created_at_ms,
+            updated_at_ms: now_ms(),
+        };
         let value = match serde_json::to_vec(&record) {
             Ok(value) => value,
             Err(source) => {

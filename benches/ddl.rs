@@ -1,0 +1,118 @@
+//! Create-table end to end (64 regions) and building a datanode's open requests (100k regions).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use procedures::{LocalManager, ManagerConfig, MemoryStateStore, ProcedureManager, StateStore};
+use remote_wal::datanode::{RegionOpener, WalProviderKind};
+use remote_wal::ddl::datanode_table::datanode_table_key;
+use remote_wal::ddl::{
+    CreateTableTask, DatanodeTableValue, DdlContext, DdlManager, MemoryDatanodeManager,
+    RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager, TableName,
+    WalOptionsSource,
+};
+use remote_wal::kv::redb::RedbKvBackend;
+use remote_wal::kv::{KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
+use remote_wal::wal::WalOptions;
+use tokio::runtime::Runtime;
+
+/// A ready Kafka topic pool of 64 topics, handed out round-robin.
+#[derive(Debug, Default)]
+struct Pool(AtomicUsize);
+
+impl WalOptionsSource for Pool {
+    fn alloc_batch(&self, n: usize) -> remote_wal::Result<Vec<WalOptions>> {
+        let first = self.0.fetch_add(n, Ordering::Relaxed);
+        Ok((0..n)
+            .map(|i| WalOptions::kafka(format!("greptimedb_wal_topic_{}", (first + i) % 64)))
+            .collect())
+    }
+}
+
+fn ddl_manager(rt: &Runtime, kv: KvBackendRef, store: Arc<dyn StateStore>) -> DdlManager {
+    let context = DdlContext {
+        metadata: Arc::new(TableMetadataManager::new(kv.clone())),
+        allocator: Arc::new(TableMetadataAllocator::new(
+            kv,
+            Arc::new(RoundRobinPeerSelector::new((1..=8).collect())),
+            Arc::new(Pool::default()),
+        )),
+        datanodes: Arc::new(MemoryDatanodeManager::new()),
+    };
+    let manager = Arc::new(LocalManager::new(store, ManagerConfig::default()));
+    let ddl = DdlManager::new(manager.clone(), context);
+    ddl.register_loaders().expect("register");
+    rt.block_on(manager.start()).expect("start");
+    ddl
+}
+
+fn bench_create_table(c: &mut Criterion) {
+    let rt = Runtime::new().expect("runtime");
+    let mut group = c.benchmark_group("create_table_64_regions");
+    group.sample_size(10);
+
+    let ddl = ddl_manager(
+        &rt,
+        Arc::new(MemoryKvBackend::new()),
+        Arc::new(MemoryStateStore::new()),
+    );
+    let n = AtomicUsize::new(0);
+    group.bench_function("memory", |b| {
+        b.to_async(&rt).iter(|| async {
+            let i = n.fetch_add(1, Ordering::Relaxed);
+            let task =
+                CreateTableTask::new(TableName::new("greptime", "public", format!("t{i}")), 64);
+            ddl.create_table(task).await.expect("create")
+        })
+    });
+    group.finish();
+}
+
+fn bench_open_regions(c: &mut Criterion) {
+    let rt = Runtime::new().expect("runtime");
+    let kv = Arc::new(MemoryKvBackend::new());
+    // 1,000 tables of 100 regions on datanode 1: 100,000 regions.
+    let kvs: Vec<KeyValue> = (0..1000u32)
+        .map(|t| {
+            let table_id = 1024 + t;
+            let regions: Vec<u32> = (0..100).collect();
+            let value = DatanodeTableValue {
+                table_id,
+                regions: regions.clone(),
+                engine: "mito".into(),
+                region_storage_path: "greptime/public".into(),
+                region_options: Default::default(),
+                region_wal_options: regions
+                    .iter()
+                    .map(|&r| {
+                        (
+                            r,
+                            WalOptions::kafka(format!("greptimedb_wal_topic_{}", r % 64)).encode(),
+                        )
+                    })
+                    .collect(),
+                version: 0,
+            };
+            KeyValue {
+                key: datanode_table_key(1, table_id).into_bytes(),
+                value: serde_json::to_vec(&value).expect("encode"),
+            }
+        })
+        .collect();
+    rt.block_on(kv.batch_put(kvs, false)).expect("load");
+    let opener = RegionOpener::new(kv, 1, WalProviderKind::Kafka);
+    let mut group = c.benchmark_group("open_regions");
+    group.sample_size(10);
+    group.bench_function("100k_regions_memory", |b| {
+        b.to_async(&rt).iter(|| async {
+            let open = opener.open_regions().await.expect("open");
+            assert_eq!(open.requests.len(), 100_000);
+            open
+        })
+    });
+    group.finish();
+}
+
+criterion_group!(benches, bench_create_table, bench_open_regions);
+criterion_main!(benches);
