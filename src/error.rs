@@ -69,8 +69,8 @@ pub enum Error {
         action: &'static str,
         /// The (first) key touched, escaped.
         key: String,
-        /// redb's error.
-        source: redb::Error,
+        /// redb's error (boxed: it is large).
+        source: Box<redb::Error>,
     },
 
     /// The blocking task that ran a redb call died before answering.

@@ -31,14 +31,20 @@ async fn redb_backend_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn etcd_backend_conforms() {
     let kv: KvBackendRef = Arc::new(remote_wal::kv::conformance::etcd_from_env().await);
+    // One random prefix for the run, one sub-prefix per case; the run's keys are removed at the end.
+    let run = remote_wal::kv::conformance::unique_prefix("conformance");
+    let n = std::sync::atomic::AtomicUsize::new(0);
     run_all(|| {
         let kv = kv.clone();
-        async move {
-            (
-                kv,
-                remote_wal::kv::conformance::unique_prefix("conformance"),
-            )
-        }
+        let ns = [
+            run.clone(),
+            format!("{}/", n.fetch_add(1, std::sync::atomic::Ordering::SeqCst)).into_bytes(),
+        ]
+        .concat();
+        async move { (kv, ns) }
     })
     .await;
+    kv.delete_range(&run, &remote_wal::kv::prefix_end(&run), false)
+        .await
+        .unwrap();
 }

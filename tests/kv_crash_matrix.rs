@@ -17,7 +17,7 @@ use procedures::{
 use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
 use remote_wal::kv::{
     Compare, KeyValue, KvBackendRef, KvStateStore, PutRequest, RangeRequest, RedbKvBackend, Txn,
-    TxnOp, range_all,
+    TxnOp, prefix_end, range_all,
 };
 use serde::{Deserialize, Serialize};
 
@@ -176,7 +176,12 @@ enum Backend {
         dir: tempfile::TempDir,
         next: AtomicUsize,
     },
-    Etcd(KvBackendRef),
+    /// A random prefix for the run, a numbered sub-prefix per case; the run's keys are removed at the end.
+    Etcd {
+        kv: KvBackendRef,
+        run: String,
+        next: AtomicUsize,
+    },
 }
 
 struct Scenario {
@@ -208,9 +213,9 @@ impl CrashScenario for Scenario {
                 let kv: KvBackendRef = Arc::new(RedbKvBackend::open(path).unwrap());
                 (kv, String::new())
             }
-            Backend::Etcd(kv) => (
+            Backend::Etcd { kv, run, next } => (
                 kv.clone(),
-                String::from_utf8(unique_prefix("crash")).unwrap(),
+                format!("{run}{}/", next.fetch_add(1, Ordering::SeqCst)),
             ),
         };
         Env {
@@ -306,12 +311,21 @@ async fn kv_state_store_on_redb_survives_every_single_and_double_crash() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kv_state_store_on_etcd_survives_every_single_and_double_crash() {
+    let kv: KvBackendRef = Arc::new(etcd_from_env().await);
+    let run = String::from_utf8(unique_prefix("crash")).unwrap();
     let scenario = Scenario {
-        backend: Backend::Etcd(Arc::new(etcd_from_env().await)),
+        backend: Backend::Etcd {
+            kv: kv.clone(),
+            run: run.clone(),
+            next: AtomicUsize::new(0),
+        },
     };
     check_golden(&scenario).await;
     let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
     print("kv state store on etcd", &report);
+    kv.delete_range(run.as_bytes(), &prefix_end(run.as_bytes()), false)
+        .await
+        .unwrap();
     assert_shape(&report);
     assert!(
         report.double_crash_cases > report.single_crash_cases,

@@ -47,3 +47,60 @@ async fn a_missing_directory_is_an_open_error_naming_the_path() {
     assert!(matches!(err, Error::RedbOpen { .. }), "{err:?}");
     assert!(err.to_string().contains("no-such-dir"), "{err}");
 }
+
+/// Run as a child of the test below (`KV_REDB_HOLD` set): hold the file open until stdin closes.
+fn hold_file_until_stdin_closes(path: &str) {
+    use std::io::{BufRead, Write};
+    let held = RedbKvBackend::open(path);
+    println!("{}", if held.is_ok() { "HELD" } else { "NOT HELD" });
+    std::io::stdout().flush().unwrap();
+    for _ in std::io::stdin().lock().lines() {}
+    drop(held);
+}
+
+#[test]
+fn a_file_held_by_another_process_is_refused_naming_the_path() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    if let Ok(path) = std::env::var("KV_REDB_HOLD") {
+        return hold_file_until_stdin_closes(&path);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("meta.redb");
+    // This same test binary, running only this test, in child mode.
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_file_held_by_another_process_is_refused_naming_the_path",
+            "--nocapture",
+        ])
+        .env("KV_REDB_HOLD", &path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap())
+        .lines()
+        .map(|l| l.unwrap());
+    let status_line = lines
+        .by_ref()
+        .find(|l| l == "HELD" || l == "NOT HELD")
+        .expect("the child reports whether it holds the file");
+    assert_eq!(status_line, "HELD", "the child process opened the file");
+
+    let err = RedbKvBackend::open(&path).expect_err("another process holds the file");
+    assert!(matches!(err, Error::RedbLocked { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "the error names the path: {err}"
+    );
+
+    drop(child.stdin.take());
+    let rest: Vec<String> = lines.collect();
+    assert!(
+        child.wait().unwrap().success(),
+        "the child exited cleanly: {rest:?}"
+    );
+    RedbKvBackend::open(&path).expect("free again once the other process exited");
+}

@@ -9,11 +9,11 @@ use snafu::ensure;
 use crate::error::{KvInvalidRequestSnafu, KvLimitSnafu, Result};
 use crate::kv::{KeyValue, Txn, TxnOp, display_key};
 
+/// Start and end bounds of a key range, for an ordered map.
+pub(crate) type Span<'a> = (Bound<&'a [u8]>, Bound<&'a [u8]>);
+
 /// The keys a `(key, range_end)` pair covers, as bounds for an ordered map; `None` when it covers nothing.
-pub(crate) fn span<'a>(
-    key: &'a [u8],
-    range_end: &'a [u8],
-) -> Option<(Bound<&'a [u8]>, Bound<&'a [u8]>)> {
+pub(crate) fn span<'a>(key: &'a [u8], range_end: &'a [u8]) -> Option<Span<'a>> {
     if range_end.is_empty() {
         Some((Bound::Included(key), Bound::Included(key)))
     } else if range_end == [0] {

@@ -56,7 +56,7 @@ impl RedbKvBackend {
             tx.commit()?;
             Ok(())
         };
-        init().context(RedbOpSnafu {
+        init().map_err(Box::new).context(RedbOpSnafu {
             path: path.clone(),
             action: "create table",
             key: "",
@@ -87,6 +87,7 @@ impl RedbKvBackend {
                 action,
                 key: key.clone(),
             })?
+            .map_err(Box::new)
             .context(RedbOpSnafu {
                 path: self.path.clone(),
                 action,
