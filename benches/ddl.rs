@@ -12,6 +12,7 @@ use remote_wal::ddl::{
     RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager, TableName,
     WalOptionsSource,
 };
+use remote_wal::kv::redb::RedbKvBackend;
 use remote_wal::kv::{KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
 use tokio::runtime::Runtime;

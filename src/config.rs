@@ -19,6 +19,11 @@
 //!
 //! [datanodes]
 //! ids = [1, 2, 3]
+//!
+//! [procedure]                           # retries of a step failing with a retryable error
+//! max_retries = 10
+//! retry_delay = "100ms"                 # doubles each retry
+//! max_retry_delay = "10s"
 //! ```
 //!
 //! Every table denies unknown keys. Parse errors are one line naming the file, the position and the key
@@ -51,6 +56,67 @@ pub struct MetasrvConfig {
     pub wal: WalConfig,
     /// The datanodes regions are placed on.
     pub datanodes: DatanodesConfig,
+    /// How procedures retry failing steps.
+    pub procedure: ProcedureConfig,
+}
+
+/// The `[procedure]` section: retries of a procedure step that failed with a retryable error (a broker or the
+/// metadata store unreachable). Non-retryable errors fail the procedure at once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProcedureConfig {
+    /// Retries after the first attempt; 0 = fail at the first error.
+    pub max_retries: usize,
+    /// Delay before the first retry; it doubles each time.
+    #[serde(with = "humantime_serde")]
+    pub retry_delay: Duration,
+    /// Longest delay between two attempts.
+    #[serde(with = "humantime_serde")]
+    pub max_retry_delay: Duration,
+}
+
+impl Default for ProcedureConfig {
+    fn default() -> Self {
+        let retry = procedures::RetryPolicy::default();
+        ProcedureConfig {
+            max_retries: retry.max_retries,
+            retry_delay: retry.initial_delay,
+            max_retry_delay: retry.max_delay,
+        }
+    }
+}
+
+impl ProcedureConfig {
+    /// The manager config these settings give.
+    pub fn manager_config(&self) -> procedures::ManagerConfig {
+        let mut config = procedures::ManagerConfig::default();
+        config.step_retry.max_retries = self.max_retries;
+        config.step_retry.initial_delay = self.retry_delay;
+        config.step_retry.max_delay = self.max_retry_delay;
+        config
+    }
+
+    /// Delays positive, the longest at least the first.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            !self.retry_delay.is_zero(),
+            InvalidConfigSnafu {
+                key: "procedure.retry_delay",
+                value: "0s",
+                reason: "must be positive",
+            }
+        );
+        ensure!(
+            self.max_retry_delay >= self.retry_delay,
+            InvalidConfigSnafu {
+                key: "procedure.max_retry_delay",
+                value: humantime_serde::re::humantime::format_duration(self.max_retry_delay)
+                    .to_string(),
+                reason: "must be at least procedure.retry_delay",
+            }
+        );
+        Ok(())
+    }
 }
 
 /// Which kv backend holds the metadata.
@@ -164,7 +230,8 @@ impl MetasrvConfig {
     pub fn validate(&self) -> Result<()> {
         self.metadata_store.validate()?;
         self.wal.validate()?;
-        self.datanodes.validate()
+        self.datanodes.validate()?;
+        self.procedure.validate()
     }
 
     /// The TOML text of this config (what `examples/` hold).
@@ -372,6 +439,11 @@ mod tests {
                 ..Default::default()
             }),
             datanodes: DatanodesConfig { ids: vec![4, 2] },
+            procedure: ProcedureConfig {
+                max_retries: 3,
+                retry_delay: Duration::from_millis(10),
+                max_retry_delay: Duration::from_secs(1),
+            },
         };
         assert_eq!(parse(&c.to_toml_string()).unwrap(), c);
         let e = MetasrvConfig::embedded();
@@ -444,6 +516,10 @@ mod tests {
         assert!(err.contains("num_topics"), "{err}");
         let err = parse_err("[wal]\nprovider = \"kafka\"\ntopic_name_prefix = \"__x\"\n");
         assert!(err.contains("topic_name_prefix"), "{err}");
+        let err = parse_err("[procedure]\nretry_delay = \"0s\"\n");
+        assert!(err.contains("procedure.retry_delay"), "{err}");
+        let err = parse_err("[procedure]\nretry_delay = \"2s\"\nmax_retry_delay = \"1s\"\n");
+        assert!(err.contains("procedure.max_retry_delay"), "{err}");
     }
 
     #[test]

@@ -238,6 +238,21 @@ pub enum Error {
         /// rskafka's error.
         source: rskafka::client::error::Error,
     },
+    /// Kafka answered INVALID_REPLICATION_FACTOR because every broker is fenced (shutting down, restarting, or not
+    /// yet registered with the controller): a transient state, retried until the backoff deadline.
+    #[snafu(display(
+        "Kafka brokers {endpoints:?} cannot take topic '{topic}' now: every broker is fenced (shutting down or restarting): {message}"
+    ))]
+    KafkaBrokersFenced {
+        /// The topic.
+        topic: String,
+        /// The brokers asked.
+        endpoints: Vec<String>,
+        /// The broker's message.
+        message: String,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
     /// Kafka rejected the topic name (error 17).
     #[snafu(display("Kafka rejected topic name '{topic}' (INVALID_TOPIC_EXCEPTION): {message}"))]
     KafkaRejectedTopicName {
@@ -686,7 +701,9 @@ impl Error {
             | Error::EtcdTimeout { .. } => true,
             Error::EtcdOp { source, .. } => crate::kv::etcd::is_retryable(source),
             // ---- retryable: wal ----
-            Error::KafkaTimeout { .. } | Error::TopicNotListed { .. } => true,
+            Error::KafkaTimeout { .. }
+            | Error::TopicNotListed { .. }
+            | Error::KafkaBrokersFenced { .. } => true,
             Error::KafkaConnect { source, .. }
             | Error::ListTopics { source, .. }
             | Error::CreateTopic { source, .. } => {

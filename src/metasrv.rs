@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use procedures::{LocalManager, ManagerConfig, ProcedureId, ProcedureInfo, ProcedureManagerRef};
+use procedures::{LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef};
 use serde::Serialize;
 use snafu::{ResultExt, ensure};
 use tokio::sync::OnceCell;
@@ -22,17 +22,17 @@ use crate::datanode::{OpenRegions, RegionOpener, WalProviderKind};
 use crate::ddl::{
     CreateTableTask, DatanodeManagerRef, DatanodeTableValue, DdlContext, DdlManager,
     MemoryDatanodeManager, RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager,
-    TableMetadataManagerRef, TableName, WalOptionsSource,
+    TableMetadataManagerRef, TableName,
 };
 use crate::error::{
     CreateDataDirSnafu, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu, NoKafkaPoolSnafu,
     ProcedureNotFoundSnafu, Result,
 };
 use crate::kv::{KvBackendRef, RangeRequest};
+use crate::wal::kafka::KafkaTopicManager;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::kafka::topic_key::list_persisted_topics;
-use crate::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
 use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
 mod namespace;
@@ -177,16 +177,6 @@ impl std::fmt::Debug for Metasrv {
     }
 }
 
-/// Adapts the allocator to what the create-table procedure asks of a WAL options source.
-#[derive(Debug)]
-struct AllocatorSource(Arc<WalOptionsAllocator>);
-
-impl WalOptionsSource for AllocatorSource {
-    fn alloc_batch(&self, n: usize) -> Result<Vec<WalOptions>> {
-        self.0.alloc_batch(n)
-    }
-}
-
 /// A topic admin that connects to the brokers on first use, so a metasrv configured for Kafka starts (and lists
 /// procedures, builds open requests) while the brokers are down; only what needs them fails.
 #[derive(Debug)]
@@ -245,9 +235,11 @@ impl Metasrv {
         datanodes: DatanodeManagerRef,
     ) -> Result<Self> {
         config.validate()?;
-        let state_store = Arc::new(procedures::MemoryStateStore::new()); // TEMP until KvStateStore lands
-        let procedures: ProcedureManagerRef =
-            Arc::new(LocalManager::new(state_store, ManagerConfig::default()));
+        let state_store = Arc::new(crate::kv::KvStateStore::new(kv.clone()));
+        let procedures: ProcedureManagerRef = Arc::new(LocalManager::new(
+            state_store,
+            config.procedure.manager_config(),
+        ));
 
         let (wal, topic_admin) = match &config.wal {
             WalConfig::RaftEngine => (WalOptionsAllocator::RaftEngine, None),
@@ -259,12 +251,7 @@ impl Metasrv {
                         admin: OnceCell::new(),
                     }),
                 };
-                let topics = KafkaTopicManager::new(
-                    pool_spec(kafka),
-                    kv.clone(),
-                    admin.clone(),
-                    Arc::new(RoundRobinTopicSelector::new()),
-                )?;
+                let topics = KafkaTopicManager::from_config(kafka, kv.clone(), admin.clone())?;
                 (WalOptionsAllocator::Kafka(topics), Some(admin))
             }
         };
@@ -276,7 +263,7 @@ impl Metasrv {
         let allocator = Arc::new(TableMetadataAllocator::new(
             kv.clone(),
             Arc::new(RoundRobinPeerSelector::new(config.datanodes.ids.clone())),
-            Arc::new(AllocatorSource(wal.clone())),
+            wal.clone(),
         ));
         let ddl = DdlManager::new(
             procedures.clone(),
@@ -331,11 +318,11 @@ impl Metasrv {
     /// Starts the procedure manager: it claims the store (fencing any older manager) and recovers and resumes
     /// every unfinished procedure. Enough for listing procedures, building open requests and reading the pool.
     pub async fn start_procedures(&self) -> Result<()> {
-        if !self.started.swap(true, Ordering::SeqCst) {
-            if let Err(e) = self.procedures.start().await {
-                self.started.store(false, Ordering::SeqCst);
-                return Err(e.into());
-            }
+        if !self.started.swap(true, Ordering::SeqCst)
+            && let Err(e) = self.procedures.start().await
+        {
+            self.started.store(false, Ordering::SeqCst);
+            return Err(e.into());
         }
         Ok(())
     }
@@ -377,12 +364,17 @@ impl Metasrv {
         let start = self.wal.start(&self.procedures);
         tokio::pin!(start);
         let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
+        // The bootstrap's end preempts a progress poll in flight (which may be waiting on an unreachable broker).
         let result = loop {
             tokio::select! {
                 result = &mut start => break result,
-                _ = tick.tick() => {
+                _ = tick.tick() => {}
+            }
+            tokio::select! {
+                result = &mut start => break result,
+                progress = self.bootstrap_progress(kafka, &wanted) => {
                     // Progress is best effort: a failed poll only skips this report.
-                    if let Ok(progress) = self.bootstrap_progress(kafka, &wanted).await {
+                    if let Ok(progress) = progress {
                         on_progress(progress);
                     }
                 }
@@ -569,15 +561,6 @@ impl Metasrv {
     }
 }
 
-/// The pool spec of a Kafka WAL config.
-fn pool_spec(kafka: &KafkaConfig) -> TopicPoolSpec {
-    let mut spec = TopicPoolSpec::new(kafka.topic_name_prefix.clone(), kafka.num_topics);
-    spec.num_partitions = kafka.num_partitions;
-    spec.replication_factor = kafka.replication_factor;
-    spec.max_concurrent_creates = kafka.max_concurrent_creates;
-    spec
-}
-
 /// Opens the configured kv backend.
 async fn open_kv_backend(config: &MetasrvConfig) -> Result<KvBackendRef> {
     let store = &config.metadata_store;
@@ -592,12 +575,13 @@ async fn open_kv_backend(config: &MetasrvConfig) -> Result<KvBackendRef> {
             Arc::new(crate::kv::RedbKvBackend::open(&store.path)?)
         }
         MetadataBackend::Etcd => {
-            return crate::error::InvalidConfigSnafu {
-                key: "metadata_store.backend",
-                value: "etcd",
-                reason: "TEMP: not wired yet",
-            }
-            .fail();
+            let etcd = crate::kv::EtcdConfig {
+                endpoints: store.endpoints.clone(),
+                connect_timeout: store.connect_timeout,
+                request_timeout: store.request_timeout,
+                ..Default::default()
+            };
+            Arc::new(crate::kv::EtcdKvBackend::connect(etcd).await?)
         }
     };
     Ok(NamespacedKvBackend::wrap(kv, &store.key_prefix))
@@ -605,7 +589,171 @@ async fn open_kv_backend(config: &MetasrvConfig) -> Result<KvBackendRef> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Mutex;
+
     use super::*;
+    use crate::config::MetadataStoreConfig;
+    use crate::kv::MemoryKvBackend;
+
+    /// A broker in memory: creating a topic takes a few milliseconds, so progress can be observed.
+    #[derive(Debug, Default)]
+    struct FakeBroker {
+        topics: Mutex<BTreeMap<String, usize>>,
+    }
+
+    #[async_trait]
+    impl TopicAdmin for FakeBroker {
+        fn endpoints(&self) -> Vec<String> {
+            vec!["fake:9092".to_string()]
+        }
+
+        async fn list_topics(&self) -> Result<BTreeMap<String, usize>> {
+            Ok(self.topics.lock().unwrap().clone())
+        }
+
+        async fn create_topic(
+            &self,
+            name: &str,
+            num_partitions: i32,
+            _replication_factor: i16,
+        ) -> Result<CreateTopicOutcome> {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let mut topics = self.topics.lock().unwrap();
+            if topics.contains_key(name) {
+                return Ok(CreateTopicOutcome::AlreadyExisted);
+            }
+            topics.insert(name.to_string(), num_partitions as usize);
+            Ok(CreateTopicOutcome::Created)
+        }
+    }
+
+    fn memory_config(wal: WalConfig, datanodes: Vec<u64>) -> MetasrvConfig {
+        MetasrvConfig {
+            metadata_store: MetadataStoreConfig {
+                backend: MetadataBackend::Memory,
+                ..Default::default()
+            },
+            wal,
+            datanodes: crate::config::DatanodesConfig { ids: datanodes },
+            ..Default::default()
+        }
+    }
+
+    fn kafka_metasrv(num_topics: usize) -> (Metasrv, Arc<FakeBroker>) {
+        let broker = Arc::new(FakeBroker::default());
+        let kafka = KafkaConfig {
+            num_topics,
+            topic_name_prefix: "fake_pool".to_string(),
+            max_concurrent_creates: 1,
+            ..Default::default()
+        };
+        let metasrv = Metasrv::with_parts(
+            memory_config(WalConfig::Kafka(kafka), vec![1, 2]),
+            Arc::new(MemoryKvBackend::new()),
+            Some(broker.clone()),
+            Arc::new(MemoryDatanodeManager::new()),
+        )
+        .unwrap();
+        (metasrv, broker)
+    }
+
+    #[tokio::test]
+    async fn bootstrap_reports_progress_until_every_topic_is_on_the_broker_and_persisted() {
+        let (metasrv, broker) = kafka_metasrv(60);
+        let seen = Mutex::new(Vec::new());
+        let report = metasrv
+            .bootstrap(|p| seen.lock().unwrap().push(p))
+            .await
+            .unwrap();
+        assert_eq!(report.provider, "kafka");
+        assert_eq!(report.num_topics, 60);
+        assert!(report.ready);
+        assert_eq!(broker.topics.lock().unwrap().len(), 60);
+        let seen = seen.into_inner().unwrap();
+        // 60 creations of 5 ms one at a time take longer than one 200 ms progress interval.
+        assert!(seen.len() >= 2, "{seen:?}");
+        assert!(
+            seen.iter()
+                .all(|p| p.wanted == 60 && p.on_broker <= 60 && p.persisted <= 60)
+        );
+        assert!(
+            seen.windows(2).all(|w| w[0].on_broker <= w[1].on_broker),
+            "{seen:?}"
+        );
+        assert_eq!(
+            seen.last().copied(),
+            Some(BootstrapProgress {
+                wanted: 60,
+                on_broker: 60,
+                persisted: 60
+            })
+        );
+        metasrv.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn topics_counts_regions_per_pool_topic() {
+        let (metasrv, _broker) = kafka_metasrv(3);
+        metasrv.start().await.unwrap();
+        let table = metasrv
+            .create_table(TableName::new("greptime", "public", "t"), 7, false)
+            .await
+            .unwrap();
+        assert_eq!(table.regions.len(), 7);
+        let report = metasrv.topics().await.unwrap();
+        assert_eq!(report.persisted, 3);
+        assert_eq!(report.topics.len(), 3);
+        let mut counts: Vec<usize> = report.topics.iter().map(|t| t.regions).collect();
+        counts.sort();
+        assert_eq!(counts, vec![2, 2, 3], "round-robin over 3 topics");
+        assert!(report.topics.iter().all(|t| t.persisted && t.in_pool));
+
+        // What the table reports is what the datanodes open.
+        let mut opened = BTreeMap::new();
+        for dn in [1, 2] {
+            let open = metasrv.open_regions(dn).await.unwrap();
+            assert!(open.errors.is_empty(), "{:?}", open.errors);
+            for r in open.requests {
+                opened.insert(
+                    r.region_id,
+                    (dn, r.options[crate::wal::WAL_OPTIONS_KEY].clone()),
+                );
+            }
+        }
+        let expected: BTreeMap<u64, (u64, String)> = table
+            .regions
+            .iter()
+            .map(|r| (r.region_id, (r.datanode_id, r.wal_options.clone())))
+            .collect();
+        assert_eq!(opened, expected);
+        metasrv.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn raft_engine_has_no_pool_and_needs_start_for_procedures() {
+        let metasrv = Metasrv::new(memory_config(WalConfig::RaftEngine, vec![1]))
+            .await
+            .unwrap();
+        let err = metasrv.list_procedures().await.unwrap_err().to_string();
+        assert!(err.contains("start"), "{err}");
+        let err = metasrv.topics().await.unwrap_err().to_string();
+        assert!(err.contains("no Kafka topic pool"), "{err}");
+        let report = metasrv.bootstrap(|_| {}).await.unwrap();
+        assert_eq!(report.provider, "raft_engine");
+        assert!(report.ready);
+        let table = metasrv
+            .create_table(TableName::new("greptime", "public", "r"), 2, false)
+            .await
+            .unwrap();
+        assert!(
+            table
+                .regions
+                .iter()
+                .all(|r| r.wal_options == WalOptions::RaftEngine.encode())
+        );
+        assert_eq!(metasrv.list_procedures().await.unwrap().len(), 1);
+        metasrv.stop().await.unwrap();
+    }
 
     #[test]
     fn table_names_take_defaults() {

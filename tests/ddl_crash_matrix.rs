@@ -6,8 +6,9 @@
 #[path = "ddl_support/mod.rs"]
 mod support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use procedures::testing::{
@@ -20,14 +21,26 @@ use remote_wal::ddl::{
     CREATE_TABLE_TYPE_NAME, CreateTableProcedure, CreateTableTask, DdlContext,
     MemoryDatanodeManager, RaftEngineWalSource, TableName, WalOptionsSourceRef,
 };
-use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
+use remote_wal::kv::{KeyValue, KvBackendRef, MemoryKvBackend};
+use remote_wal::wal::kafka::TopicPoolSpec;
+use remote_wal::wal::kafka::admin::TopicAdminRef;
+use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
+use remote_wal::wal::{KafkaConfig, WalOptions};
 
 const DATANODES: [u64; 3] = [1, 2, 3];
 
-#[derive(Clone, Copy, Debug)]
+/// Where the WAL options come from.
+#[derive(Clone, Debug)]
 enum Provider {
+    /// Every region on raft-engine.
     RaftEngine,
-    Kafka,
+    /// The real `WalOptionsAllocator::Kafka` over a pool bootstrapped once (through `admin`), whose persisted topic
+    /// keys are copied into each case's fresh kv.
+    Kafka {
+        spec: TopicPoolSpec,
+        admin: TopicAdminRef,
+        pool: Vec<KeyValue>,
+    },
 }
 
 struct CreateTableScenario {
@@ -39,6 +52,7 @@ struct Env {
     store: Arc<MemoryStateStore>,
     kv: KvBackendRef,
     datanodes: Arc<MemoryDatanodeManager>,
+    wal: WalOptionsSourceRef,
     /// The context of the manager currently running (rebuilt for each manager, as a restarted process would).
     current: Mutex<Option<DdlContext>>,
 }
@@ -55,17 +69,10 @@ struct Outcome {
 }
 
 impl CreateTableScenario {
-    fn wal(&self) -> WalOptionsSourceRef {
-        match self.provider {
-            Provider::RaftEngine => Arc::new(RaftEngineWalSource),
-            Provider::Kafka => Arc::new(support::FakeKafkaPool::new(4)),
-        }
-    }
-
     fn wal_kind(&self) -> WalProviderKind {
         match self.provider {
             Provider::RaftEngine => WalProviderKind::RaftEngine,
-            Provider::Kafka => WalProviderKind::Kafka,
+            Provider::Kafka { .. } => WalProviderKind::Kafka,
         }
     }
 
@@ -85,10 +92,21 @@ impl CrashScenario for CreateTableScenario {
     type Outcome = Outcome;
 
     async fn new_env(&self) -> Env {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        let wal: WalOptionsSourceRef = match &self.provider {
+            Provider::RaftEngine => Arc::new(RaftEngineWalSource),
+            Provider::Kafka { spec, admin, pool } => {
+                kv.batch_put(pool.clone(), false)
+                    .await
+                    .expect("kv writable");
+                Arc::new(support::kafka_allocator(spec.clone(), admin.clone(), kv.clone()).await)
+            }
+        };
         Env {
             store: Arc::new(MemoryStateStore::new()),
-            kv: Arc::new(MemoryKvBackend::new()),
+            kv,
             datanodes: Arc::new(MemoryDatanodeManager::new()),
+            wal,
             current: Mutex::new(None),
         }
     }
@@ -105,7 +123,7 @@ impl CrashScenario for CreateTableScenario {
         let context = support::context(
             env.kv.clone(),
             DATANODES.to_vec(),
-            self.wal(),
+            env.wal.clone(),
             env.datanodes.clone(),
         );
         *env.current.lock().unwrap() = Some(context.clone());
@@ -210,7 +228,8 @@ fn invariants(
     v
 }
 
-async fn run(provider: Provider) {
+/// Runs the matrix; returns the golden outcome.
+async fn run(provider: Provider) -> Outcome {
     let scenario = CreateTableScenario {
         provider,
         num_regions: 5,
@@ -239,12 +258,13 @@ async fn run(provider: Provider) {
 
     let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
     println!(
-        "{provider:?}: {} transitions, {} side-effect points, {} single-crash + {} double-crash cases, {} unreached",
+        "{:?}: {} transitions, {} side-effect points, {} single-crash + {} double-crash cases, {} unreached",
+        scenario.wal_kind(),
         report.transitions,
         report.side_effect_points,
         report.single_crash_cases,
         report.double_crash_cases,
-        report.unreached_crash_points
+        report.unreached_crash_points,
     );
     report.assert_no_mismatch();
     assert_eq!(report.side_effect_points, 5);
@@ -253,14 +273,82 @@ async fn run(provider: Provider) {
         2 * report.transitions + report.side_effect_points
     );
     assert!(report.double_crash_cases > 0);
+    golden
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_table_survives_every_crash_point_raft_engine() {
-    run(Provider::RaftEngine).await;
+    let golden = run(Provider::RaftEngine).await;
+    for (requests, _) in golden.open.values() {
+        for r in requests {
+            assert_eq!(
+                r.options["wal_options"],
+                r#"{"wal.provider":"raft_engine"}"#
+            );
+        }
+    }
+}
+
+/// The topics the golden run's regions write to.
+fn topics_used(golden: &Outcome) -> BTreeSet<String> {
+    golden
+        .open
+        .values()
+        .flat_map(|(requests, _)| requests.iter())
+        .map(
+            |r| match WalOptions::decode(&r.options["wal_options"]).unwrap() {
+                WalOptions::Kafka(k) => k.topic,
+                other => panic!("not kafka: {other:?}"),
+            },
+        )
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn create_table_survives_every_crash_point_kafka_pool() {
-    run(Provider::Kafka).await;
+async fn create_table_survives_every_crash_point_kafka_pool_in_memory() {
+    let spec = TopicPoolSpec::new("greptimedb_wal_topic", 4);
+    let admin: TopicAdminRef = Arc::new(support::MemoryTopicAdmin::default());
+    let pool = support::bootstrap_pool(spec.clone(), admin.clone()).await;
+    assert_eq!(pool.len(), 4);
+    let golden = run(Provider::Kafka { spec, admin, pool }).await;
+    // 5 regions over a 4-topic pool, round-robin from the first topic.
+    assert_eq!(topics_used(&golden).len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_table_survives_every_crash_point_kafka_real_broker() {
+    let endpoints = support::kafka_endpoints();
+    let mut config = KafkaConfig {
+        broker_endpoints: endpoints.clone(),
+        create_topic_timeout: Duration::from_secs(10),
+        ..KafkaConfig::default()
+    };
+    config.backoff.deadline = Duration::from_secs(10);
+    let admin: TopicAdminRef = match RsKafkaTopicAdmin::connect(&config).await {
+        Ok(admin) => Arc::new(admin),
+        Err(e) => panic!("Kafka at KAFKA_ENDPOINTS={endpoints:?} is unreachable: {e}"),
+    };
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let spec = TopicPoolSpec::new(format!("remote_wal_ddl_matrix_{nanos}"), 4);
+    let pool = support::bootstrap_pool(spec.clone(), admin.clone()).await;
+    assert_eq!(pool.len(), 4);
+    let golden = run(Provider::Kafka {
+        spec,
+        admin: admin.clone(),
+        pool,
+    })
+    .await;
+    let in_broker = admin.list_topics().await.unwrap();
+    let used = topics_used(&golden);
+    assert_eq!(used.len(), 4);
+    for topic in used {
+        assert_eq!(
+            in_broker.get(&topic),
+            Some(&1),
+            "topic {topic} is not in the broker with 1 partition"
+        );
+    }
 }

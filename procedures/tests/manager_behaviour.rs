@@ -332,6 +332,7 @@ async fn a_new_manager_resumes_a_rollback() {
         .unwrap(),
         output: None,
         error: Some("it broke".into()),
+        waiting_for: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,
     };
@@ -365,6 +366,7 @@ async fn unrecoverable_records_show_as_failed_and_stay_untouched() {
         data: serde_json::to_value(Plan::steps(2, true)).unwrap(),
         output: None,
         error: None,
+        waiting_for: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,
     };
@@ -652,4 +654,174 @@ async fn many_trees_on_many_threads_finish_and_never_share_an_exclusive_key() {
         }
     }
     assert!(env.max_running.load(Ordering::SeqCst) <= 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recovered_parent_waits_for_the_children_its_persisted_suspension_names() {
+    let store = Arc::new(MemoryStateStore::new());
+    let blocked = Env::new(false);
+    let m1 = manager(&store, fast_config(), &blocked).await;
+    let child = Plan {
+        block_at: Some(1),
+        ..Plan::steps(2, true)
+    };
+    // The parent persists its suspension: its record moves on together with the child's first record.
+    let parent = Plan {
+        children: vec![("c".into(), child)],
+        ..Plan::steps(1, true)
+    };
+    m1.submit(blocked.with_id("p", parent)).await.unwrap();
+    until_step(&m1, "p/c", 1).await;
+    m1.stop().await.unwrap();
+    let suspended = stored(&store, "p");
+    assert_eq!(suspended.step, 1);
+    assert_eq!(suspended.waiting_for, [ProcedureId::new("p/c")]);
+    assert_eq!(suspended.format_version, 2);
+    assert_eq!(suspended.data["children_started"], true);
+
+    let env = Env::new(true);
+    let m2 = manager(&store, fast_config(), &env).await;
+    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
+        .await
+        .unwrap();
+    assert_eq!(output, Some(serde_json::json!({ "steps": 1 })));
+    // The child finished before the parent ran its next step, which it ran once, without suspending again.
+    let events = env.events();
+    let (_, child_exit) = env.span("p/c");
+    let (parent_enter, _) = env.span("p");
+    assert!(child_exit < parent_enter, "{events:?}");
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.starts_with("enter p at"))
+            .count(),
+        2,
+        "{events:?}"
+    );
+    let done = stored(&store, "p");
+    assert_eq!(done.state, ProcedureState::Done);
+    assert!(done.waiting_for.is_empty());
+    assert_eq!(done.format_version, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recovered_parent_fails_when_a_child_its_suspension_names_failed() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let parent = ProcedureRecord {
+        format_version: 2,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("p"),
+        parent_id: None,
+        step: 1,
+        state: ProcedureState::Running,
+        data: serde_json::to_value(Plan {
+            children: vec![("c".into(), Plan::steps(1, true))],
+            children_started: true,
+            ..Plan::steps(1, true)
+        })
+        .unwrap(),
+        output: None,
+        error: None,
+        waiting_for: vec![ProcedureId::new("p/c")],
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    let child = ProcedureRecord {
+        format_version: 1,
+        id: ProcedureId::new("p/c"),
+        parent_id: Some(ProcedureId::new("p")),
+        step: 2,
+        state: ProcedureState::Failed,
+        data: serde_json::to_value(Plan::steps(1, true)).unwrap(),
+        error: Some("it broke".into()),
+        waiting_for: Vec::new(),
+        ..parent.clone()
+    };
+    for record in [&parent, &child] {
+        store
+            .put(&record_key(&record.id), serde_json::to_vec(record).unwrap())
+            .await
+            .unwrap();
+    }
+    let m = manager(&store, fast_config(), &env).await;
+    let err = within(m.watch(&ProcedureId::new("p")).unwrap().wait())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("subprocedure p/c of p failed: it broke"),
+        "{err}"
+    );
+    // The parent failed without running a step.
+    assert!(env.events().is_empty(), "{:?}", env.events());
+    let failed = stored(&store, "p");
+    assert_eq!((failed.state, failed.step), (ProcedureState::Failed, 2));
+    assert!(failed.waiting_for.is_empty());
+}
+
+#[test]
+fn records_without_waiting_for_read_and_write_as_format_1() {
+    let old = serde_json::json!({
+        "format_version": 1,
+        "type_name": TYPE,
+        "id": "p",
+        "parent_id": null,
+        "step": 1,
+        "state": "running",
+        "data": { "steps": 2 },
+        "output": null,
+        "error": null,
+        "created_at_ms": 1,
+        "updated_at_ms": 2
+    });
+    let record: ProcedureRecord = serde_json::from_value(old.clone()).unwrap();
+    assert!(record.waiting_for.is_empty());
+    assert_eq!(record.required_format_version(), 1);
+    // Written back, it is the same JSON: no `waiting_for` key for an older manager to stumble on.
+    assert_eq!(serde_json::to_value(&record).unwrap(), old);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_persisted_suspension_awaits_a_child_already_in_the_store_instead_of_writing_it() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    // Written behind the manager's back after its start: the suspension's write finds the key taken.
+    let child = ProcedureRecord {
+        format_version: 1,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("p/c"),
+        parent_id: Some(ProcedureId::new("p")),
+        step: 2,
+        state: ProcedureState::Done,
+        data: serde_json::to_value(Plan::steps(1, true)).unwrap(),
+        output: Some(serde_json::json!("earlier")),
+        error: None,
+        waiting_for: Vec::new(),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    store
+        .put("proc/p/c", serde_json::to_vec(&child).unwrap())
+        .await
+        .unwrap();
+    let parent = Plan {
+        children: vec![("c".into(), Plan::steps(1, true))],
+        ..Plan::steps(1, true)
+    };
+    let mut w = m.submit(env.with_id("p", parent)).await.unwrap();
+    assert_eq!(
+        within(w.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 1 }))
+    );
+    assert_eq!(stored(&store, "p/c"), child);
+    let events = env.events();
+    assert!(!events.iter().any(|e| e.contains("p/c")), "{events:?}");
+    let info = m
+        .procedure_state(&ProcedureId::new("p/c"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.output, Some(serde_json::json!("earlier")));
 }

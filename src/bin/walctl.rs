@@ -144,10 +144,11 @@ fn one_line(s: &str) -> String {
         .join(" ")
 }
 
-/// Logs go to stderr at `warn` unless `RUST_LOG` says otherwise.
+/// Logs go to stderr at `warn` unless `RUST_LOG` says otherwise. rskafka's own per-attempt connection warnings
+/// are left out by default: a failed connection ends in one error naming the brokers anyway.
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rskafka=error"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -237,7 +238,7 @@ async fn bootstrap(metasrv: &Metasrv, out: &mut Output) -> Result<()> {
         }));
     } else if let Some(prefix) = &report.topic_name_prefix {
         out.line(&format!(
-            "Kafka topic pool '{prefix}' ready: {} topics created and persisted",
+            "Kafka topic pool '{prefix}' ready: {} topics, all on the brokers and persisted",
             report.num_topics
         ));
     } else {

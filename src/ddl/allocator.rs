@@ -188,3 +188,67 @@ impl TableMetadataAllocator {
         Ok(allocation)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ddl::peer::RoundRobinPeerSelector;
+    use crate::ddl::table_name::TableName;
+    use crate::ddl::wal_source::RaftEngineWalSource;
+    use crate::kv::MemoryKvBackend;
+
+    fn allocator(kv: &KvBackendRef) -> TableMetadataAllocator {
+        TableMetadataAllocator::new(
+            kv.clone(),
+            Arc::new(RoundRobinPeerSelector::new(vec![1, 2, 3])),
+            Arc::new(RaftEngineWalSource),
+        )
+    }
+
+    #[tokio::test]
+    async fn ids_survive_a_restart_and_placement_is_round_robin() {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        let task = CreateTableTask::new(TableName::new("greptime", "public", "cpu"), 4);
+        let first = allocator(&kv);
+        let a = first.allocate(&task).await.unwrap();
+        assert_eq!(a.table_id, MIN_USER_TABLE_ID);
+        assert_eq!(
+            a.region_routes,
+            BTreeMap::from([(0, 1), (1, 2), (2, 3), (3, 1)])
+        );
+        assert!(
+            a.region_wal_options
+                .values()
+                .all(|w| w == r#"{"wal.provider":"raft_engine"}"#)
+        );
+        // A restarted process never hands out an id of the first process's batch.
+        let restarted = allocator(&kv);
+        assert_eq!(
+            restarted.next_table_id().await.unwrap(),
+            MIN_USER_TABLE_ID + TABLE_ID_STEP as u32
+        );
+        assert_eq!(first.next_table_id().await.unwrap(), MIN_USER_TABLE_ID + 1);
+    }
+
+    #[tokio::test]
+    async fn allocate_once_returns_the_reservation_and_release_removes_it() {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        let task = CreateTableTask::new(TableName::new("greptime", "public", "cpu"), 2);
+        let a = allocator(&kv).allocate_once("p1", &task).await.unwrap();
+        let again = allocator(&kv).allocate_once("p1", &task).await.unwrap();
+        assert_eq!(a, again);
+        let other = allocator(&kv).allocate_once("p2", &task).await.unwrap();
+        assert_ne!(a.table_id, other.table_id);
+        // A reservation that does not fit the task is an error naming the key.
+        let bigger = CreateTableTask::new(TableName::new("greptime", "public", "cpu"), 3);
+        let err = allocator(&kv)
+            .allocate_once("p1", &bigger)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("__table_allocation/p1"), "{err}");
+        allocator(&kv).release("p1").await.unwrap();
+        assert!(kv.get(b"__table_allocation/p1").await.unwrap().is_none());
+        allocator(&kv).release("p1").await.unwrap();
+    }
+}

@@ -101,3 +101,96 @@ pub async fn metadata_snapshot(kv: &KvBackendRef) -> BTreeMap<String, String> {
     }
     out
 }
+
+/// Topics in memory, as a Kafka cluster would hold them (for bootstrapping a pool without a broker).
+#[derive(Debug, Default)]
+pub struct MemoryTopicAdmin {
+    topics: std::sync::Mutex<BTreeMap<String, usize>>,
+}
+
+#[async_trait::async_trait]
+impl remote_wal::wal::kafka::admin::TopicAdmin for MemoryTopicAdmin {
+    fn endpoints(&self) -> Vec<String> {
+        vec!["memory".to_string()]
+    }
+
+    async fn list_topics(&self) -> remote_wal::Result<BTreeMap<String, usize>> {
+        Ok(self.topics.lock().unwrap().clone())
+    }
+
+    async fn create_topic(
+        &self,
+        name: &str,
+        num_partitions: i32,
+        _replication_factor: i16,
+    ) -> remote_wal::Result<remote_wal::wal::kafka::admin::CreateTopicOutcome> {
+        use remote_wal::wal::kafka::admin::CreateTopicOutcome;
+        let mut topics = self.topics.lock().unwrap();
+        if topics.contains_key(name) {
+            return Ok(CreateTopicOutcome::AlreadyExisted);
+        }
+        topics.insert(name.to_string(), num_partitions as usize);
+        Ok(CreateTopicOutcome::Created)
+    }
+}
+
+/// Bootstraps the pool `spec` through `admin` with the real bootstrap procedure, and returns the persisted topic
+/// keys (what every later metasrv finds in its kv).
+pub async fn bootstrap_pool(
+    spec: remote_wal::wal::kafka::TopicPoolSpec,
+    admin: remote_wal::wal::kafka::admin::TopicAdminRef,
+) -> Vec<remote_wal::kv::KeyValue> {
+    let kv: KvBackendRef = Arc::new(remote_wal::kv::MemoryKvBackend::new());
+    let topics = remote_wal::wal::kafka::KafkaTopicManager::new(
+        spec,
+        kv.clone(),
+        admin,
+        Arc::new(remote_wal::wal::kafka::RoundRobinTopicSelector::new()),
+    )
+    .expect("valid spec");
+    let manager: procedures::ProcedureManagerRef = Arc::new(procedures::LocalManager::new(
+        Arc::new(procedures::MemoryStateStore::new()),
+        procedures::ManagerConfig::default(),
+    ));
+    topics.register_loader(manager.as_ref()).expect("register");
+    manager.start().await.expect("start");
+    topics.start(&manager).await.expect("bootstrap");
+    manager.stop().await.expect("stop");
+    remote_wal::kv::range_all(kv.as_ref(), RangeRequest::prefix("__topic_name/"), 0)
+        .await
+        .expect("kv readable")
+}
+
+/// A ready `WalOptionsAllocator::Kafka` over a kv holding the pool's persisted topic keys, handing out topics
+/// round-robin from the first.
+pub async fn kafka_allocator(
+    spec: remote_wal::wal::kafka::TopicPoolSpec,
+    admin: remote_wal::wal::kafka::admin::TopicAdminRef,
+    kv: KvBackendRef,
+) -> remote_wal::wal::WalOptionsAllocator {
+    let topics = remote_wal::wal::kafka::KafkaTopicManager::new(
+        spec,
+        kv,
+        admin,
+        Arc::new(remote_wal::wal::kafka::RoundRobinTopicSelector::new()),
+    )
+    .expect("valid spec");
+    topics.load_ready().await.expect("pool persisted");
+    remote_wal::wal::WalOptionsAllocator::Kafka(topics)
+}
+
+/// Kafka endpoints from `KAFKA_ENDPOINTS`; fails the test when unset.
+pub fn kafka_endpoints() -> Vec<String> {
+    let raw = std::env::var("KAFKA_ENDPOINTS").unwrap_or_default();
+    let endpoints: Vec<String> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(String::from)
+        .collect();
+    assert!(
+        !endpoints.is_empty(),
+        "KAFKA_ENDPOINTS is not set: this test needs a running Kafka broker (comma-separated host:port)"
+    );
+    endpoints
+}

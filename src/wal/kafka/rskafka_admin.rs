@@ -3,7 +3,8 @@
 //! rskafka retries connection and controller errors with its backoff, which by default never gives up; here the
 //! backoff always has the configured deadline, and every call is also bounded by `tokio::time::timeout`, so a dead
 //! or black-holed broker turns into an error naming the endpoints instead of a hang:
-//! - connecting: bounded by `backoff.deadline`;
+//! - connecting: rskafka gives up at `backoff.deadline` (its error names the cause, e.g. connection refused); a
+//!   hang is cut at `backoff.deadline` + [`CALL_MARGIN`];
 //! - creating a topic: bounded by `create_topic_timeout` + [`CALL_MARGIN`] (the broker itself gets
 //!   `create_topic_timeout`);
 //! - listing topics: bounded by `create_topic_timeout` + [`CALL_MARGIN`].
@@ -27,9 +28,9 @@ use tokio::time::{Instant, sleep, timeout};
 
 use super::admin::{CreateTopicOutcome, TopicAdmin};
 use crate::error::{
-    CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu, KafkaConnectSnafu,
-    KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu, ListTopicsSnafu, Result, TopicNotListedSnafu,
-    TopicPartitionMismatchSnafu,
+    CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu,
+    KafkaBrokersFencedSnafu, KafkaConnectSnafu, KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu,
+    ListTopicsSnafu, Result, TopicNotListedSnafu, TopicPartitionMismatchSnafu,
 };
 use crate::wal::config::{KafkaConfig, validate_topic_name};
 
@@ -54,7 +55,8 @@ pub struct RsKafkaTopicAdmin {
 impl RsKafkaTopicAdmin {
     /// Validates `config`, then connects to its brokers and reads the cluster metadata.
     ///
-    /// Fails within `config.backoff.deadline` with an error naming the endpoints when no broker answers.
+    /// Fails about `config.backoff.deadline` after the start (at most [`CALL_MARGIN`] later) with an error naming
+    /// the endpoints when no broker answers.
     pub async fn connect(config: &KafkaConfig) -> Result<Self> {
         config.validate()?;
         let endpoints = config.broker_endpoints.clone();
@@ -68,13 +70,16 @@ impl RsKafkaTopicAdmin {
             .client_id("remote-wal")
             .backoff_config(backoff)
             .build();
-        let client = timeout(config.backoff.deadline, build)
+        // rskafka stops retrying at the deadline with an error saying why; the outer timeout only catches a hang,
+        // so it must not race that error.
+        let connect_timeout = config.backoff.deadline + CALL_MARGIN;
+        let client = timeout(connect_timeout, build)
             .await
             .map_err(|_| {
                 KafkaTimeoutSnafu {
                     endpoints: endpoints.clone(),
                     operation: "connect",
-                    timeout: config.backoff.deadline,
+                    timeout: connect_timeout,
                 }
                 .build()
             })?
@@ -142,6 +147,17 @@ impl RsKafkaTopicAdmin {
             _ => String::new(),
         };
         match &e {
+            // A broker that is shutting down or restarting is fenced by the controller, which then refuses every
+            // replica placement with this code: transient, unlike a replication factor above the broker count.
+            RsKafkaError::ServerError {
+                protocol_error: ProtocolError::InvalidReplicationFactor,
+                ..
+            } if message.contains("fenced") => KafkaBrokersFencedSnafu {
+                topic: name,
+                endpoints: self.endpoints.clone(),
+                message,
+            }
+            .into_error(e),
             RsKafkaError::ServerError {
                 protocol_error: ProtocolError::InvalidReplicationFactor,
                 ..
