@@ -315,6 +315,18 @@ pub enum Error {
         waited: std::time::Duration,
     },
 
+    /// Topics whose names are persisted (so regions may use them) are missing from the cluster.
+    #[snafu(display(
+        "Kafka topics {topics:?} are persisted as part of the pool but missing from the cluster at {endpoints:?}; \
+         they were deleted out of band (regions on them lost their WAL) and are not recreated automatically"
+    ))]
+    PersistedTopicsMissing {
+        /// The missing topics.
+        topics: Vec<String>,
+        /// The brokers asked.
+        endpoints: Vec<String>,
+    },
+
     /// Persisting the pool's topic names kept conflicting with another writer.
     #[snafu(display("persisting the topic names of pool '{prefix}' conflicted: {reason}"))]
     PersistTopicNamesConflict {

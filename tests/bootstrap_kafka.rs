@@ -310,6 +310,7 @@ async fn a_topic_made_out_of_band_with_3_partitions_fails_the_bootstrap_naming_i
     )
     .await;
     let err = allocator.start(&manager).await.unwrap_err().to_string();
+    eprintln!("out-of-band topic: {err}");
     assert!(err.contains(&intruder) && err.contains('3'), "{err}");
     assert!(!allocator.is_ready());
     assert!(
@@ -337,6 +338,7 @@ async fn an_unreachable_broker_fails_within_the_deadline_naming_the_endpoints() 
         .await
         .unwrap_err()
         .to_string();
+    eprintln!("unreachable broker: {err}");
     assert!(err.contains(&endpoint), "{err}");
 }
 
@@ -354,6 +356,7 @@ async fn replication_factor_3_on_one_broker_surfaces_kafkas_error() {
     )
     .await;
     let err = allocator.start(&manager).await.unwrap_err().to_string();
+    eprintln!("replication factor 3: {err}");
     assert!(
         err.contains("INVALID_REPLICATION_FACTOR") && err.contains(&prefix),
         "{err}"

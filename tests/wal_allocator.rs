@@ -179,3 +179,63 @@ async fn a_failed_bootstrap_is_reported_and_a_later_start_runs_a_new_one() {
         3
     );
 }
+
+/// A cluster whose brokers stopped after the admin connected: every call times out (a retryable error).
+#[derive(Debug)]
+struct StoppedBrokers;
+
+#[async_trait::async_trait]
+impl remote_wal::wal::kafka::admin::TopicAdmin for StoppedBrokers {
+    fn endpoints(&self) -> Vec<String> {
+        vec!["10.0.0.9:9092".to_string()]
+    }
+
+    async fn list_topics(&self) -> remote_wal::Result<std::collections::BTreeMap<String, usize>> {
+        Err(remote_wal::Error::KafkaTimeout {
+            endpoints: self.endpoints(),
+            operation: "list topics".to_string(),
+            timeout: Duration::from_millis(1),
+        })
+    }
+
+    async fn create_topic(
+        &self,
+        name: &str,
+        _num_partitions: i32,
+        _replication_factor: i16,
+    ) -> remote_wal::Result<remote_wal::wal::kafka::admin::CreateTopicOutcome> {
+        Err(remote_wal::Error::KafkaTimeout {
+            endpoints: self.endpoints(),
+            operation: format!("create topic '{name}'"),
+            timeout: Duration::from_millis(1),
+        })
+    }
+}
+
+#[tokio::test]
+async fn brokers_stopped_after_connecting_fail_the_start_naming_the_endpoints() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let allocator = WalOptionsAllocator::Kafka(
+        KafkaTopicManager::new(
+            spec("down", 2),
+            kv.clone(),
+            Arc::new(StoppedBrokers),
+            Arc::new(RoundRobinTopicSelector::new()),
+        )
+        .unwrap(),
+    );
+    let manager = manager(&allocator).await;
+    // The timeouts are retryable: the manager retries the step (once, in this config), then fails it.
+    let err = allocator.start(&manager).await.unwrap_err().to_string();
+    assert!(
+        err.contains("10.0.0.9:9092") && err.contains("'down'"),
+        "{err}"
+    );
+    assert!(!allocator.is_ready());
+    assert!(
+        list_persisted_topics(kv.as_ref(), "")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -316,6 +316,27 @@ async fn topics_never_visible_fail_at_the_deadline_naming_them_and_the_endpoints
 }
 
 #[tokio::test]
+async fn a_persisted_topic_missing_from_the_cluster_fails_at_once_naming_it() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    let mut spec = spec("lost", 3);
+    spec.ready_poll.deadline = Duration::from_secs(3600); // not waited for
+    let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
+    run_to_done(&mut p).await.unwrap();
+    admin.delete_out_of_band("lost_1");
+
+    let mut p = TopicBootstrapProcedure::new(spec, kv, admin.clone()).unwrap();
+    let err = run_to_done(&mut p).await.unwrap_err();
+    assert!(!err.is_retryable());
+    let text = err.to_string();
+    assert!(
+        text.contains("\"lost_1\"") && text.contains("fake:9092"),
+        "{text}"
+    );
+    assert!(!admin.topics().contains_key("lost_1"), "not recreated");
+}
+
+#[tokio::test]
 async fn persist_names_writes_every_missing_name_once_in_one_atomic_txn() {
     let mut kv = MockKv::new();
     kv.expect_max_txn_ops().return_const(128usize);

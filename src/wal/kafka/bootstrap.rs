@@ -26,7 +26,8 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use crate::error::{
-    PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu, PoolTopicsNotVisibleSnafu, Result,
+    PersistTopicNamesConflictSnafu, PersistedTopicsMissingSnafu, PoolTopicPartitionsSnafu,
+    PoolTopicsNotVisibleSnafu, Result,
 };
 use crate::kv::KvBackendRef;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdminRef};
@@ -199,7 +200,8 @@ impl TopicBootstrapProcedure {
     }
 
     /// Polls the broker's metadata until every topic of `wanted` shows the pool's partition count; a wrong count is
-    /// an error at once, a topic still missing at the deadline is an error naming it.
+    /// an error at once, and so is a persisted topic that is missing (it existed once: it was deleted, not slow to
+    /// appear); a created topic still missing at the deadline is an error naming it.
     async fn wait_until_visible(&self, wanted: &[String]) -> Result<()> {
         let poll = &self.data.spec.ready_poll;
         let expected = self.data.spec.num_partitions;
@@ -229,6 +231,18 @@ impl TopicBootstrapProcedure {
             }
             if missing.is_empty() {
                 return Ok(());
+            }
+            let lost: Vec<String> = missing
+                .iter()
+                .filter(|t| self.data.persisted.contains(*t))
+                .cloned()
+                .collect();
+            if !lost.is_empty() {
+                return PersistedTopicsMissingSnafu {
+                    topics: lost,
+                    endpoints: self.admin.endpoints(),
+                }
+                .fail();
             }
             let waited = started.elapsed();
             if waited >= poll.deadline {

@@ -1,5 +1,6 @@
 //! The Kafka topic pool: what it should be ([`TopicPoolSpec`]) and the ready pool in memory
-//! ([`KafkaTopicManager`]), which runs the bootstrap procedure and hands out topics through a [`TopicSelector`].
+//! ([`KafkaTopicManager`]), which runs the bootstrap procedure and hands out topics through a
+//! [`TopicSelector`](crate::wal::kafka::TopicSelector).
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
