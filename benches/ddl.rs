@@ -52,20 +52,24 @@ fn bench_create_table(c: &mut Criterion) {
     let mut group = c.benchmark_group("create_table_64_regions");
     group.sample_size(10);
 
-    let ddl = ddl_manager(
-        &rt,
-        Arc::new(MemoryKvBackend::new()),
-        Arc::new(MemoryStateStore::new()),
-    );
-    let n = AtomicUsize::new(0);
-    group.bench_function("memory", |b| {
-        b.to_async(&rt).iter(|| async {
-            let i = n.fetch_add(1, Ordering::Relaxed);
-            let task =
-                CreateTableTask::new(TableName::new("greptime", "public", format!("t{i}")), 64);
-            ddl.create_table(task).await.expect("create")
-        })
-    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redb: KvBackendRef =
+        Arc::new(RedbKvBackend::open(dir.path().join("ddl.redb")).expect("redb"));
+    // Procedure state stays in memory in both: what differs is where the table metadata goes.
+    let backends: [(&str, KvBackendRef); 2] =
+        [("memory", Arc::new(MemoryKvBackend::new())), ("redb", redb)];
+    for (name, kv) in backends {
+        let ddl = ddl_manager(&rt, kv, Arc::new(MemoryStateStore::new()));
+        let n = AtomicUsize::new(0);
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| async {
+                let i = n.fetch_add(1, Ordering::Relaxed);
+                let task =
+                    CreateTableTask::new(TableName::new("greptime", "public", format!("t{i}")), 64);
+                ddl.create_table(task).await.expect("create")
+            })
+        });
+    }
     group.finish();
 }
 
