@@ -238,6 +238,21 @@ pub enum Error {
         /// rskafka's error.
         source: rskafka::client::error::Error,
     },
+    /// Kafka answered INVALID_REPLICATION_FACTOR because every broker is fenced (shutting down, restarting, or not
+    /// yet registered with the controller): a transient state, retried until the backoff deadline.
+    #[snafu(display(
+        "Kafka brokers {endpoints:?} cannot take topic '{topic}' now: every broker is fenced (shutting down or restarting): {message}"
+    ))]
+    KafkaBrokersFenced {
+        /// The topic.
+        topic: String,
+        /// The brokers asked.
+        endpoints: Vec<String>,
+        /// The broker's message.
+        message: String,
+        /// rskafka's error.
+        source: rskafka::client::error::Error,
+    },
     /// Kafka rejected the topic name (error 17).
     #[snafu(display("Kafka rejected topic name '{topic}' (INVALID_TOPIC_EXCEPTION): {message}"))]
     KafkaRejectedTopicName {
@@ -580,11 +595,88 @@ pub enum Error {
     // ---- end datanode ----
 
     // ---- metasrv and config (src/metasrv.rs, src/config.rs) ----
-    /// Placeholder of the metasrv section.
-    #[snafu(display("metasrv: {message}"))]
-    MetasrvOther {
-        /// What happened.
+    /// The config file could not be read.
+    #[snafu(display("cannot read config file '{path}': {source}"))]
+    ReadConfig {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML, has an unknown key, or a value of the wrong type.
+    #[snafu(display(
+        "invalid config file '{origin}'{}{}: {message}",
+        if location.is_empty() { String::new() } else { format!(", {location}") },
+        if key.is_empty() { String::new() } else { format!(", key `{key}`") }
+    ))]
+    ParseConfig {
+        /// The file.
+        origin: String,
+        /// `line L, column C`, or empty when unknown.
+        location: String,
+        /// The dotted key concerned (`metadata_store.backend`), or empty when unknown.
+        key: String,
+        /// TOML's message (it names an unknown key or the expected type).
         message: String,
+        /// The TOML error.
+        source: toml::de::Error,
+    },
+    /// A config value is out of range.
+    #[snafu(display("invalid config: {key} = {value}: {reason}"))]
+    InvalidConfig {
+        /// The dotted key, e.g. `datanodes.ids`.
+        key: String,
+        /// The value as configured.
+        value: String,
+        /// Why it is rejected.
+        reason: String,
+    },
+    /// A config file parsed but a value in it is invalid.
+    #[snafu(display("config file '{origin}': {source}"))]
+    ValidateConfig {
+        /// The file.
+        origin: String,
+        /// The validation error (it names the key).
+        #[snafu(source(from(Error, Box::new)))]
+        source: Box<Error>,
+    },
+    /// A table reference given on the command line is malformed.
+    #[snafu(display("invalid table name '{name}': {reason}"))]
+    InvalidTableReference {
+        /// The name as given.
+        name: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// No procedure with this id is known.
+    #[snafu(display(
+        "no procedure with id '{id}' (finished procedures are kept for the retention period only)"
+    ))]
+    ProcedureNotFound {
+        /// The id asked for.
+        id: String,
+    },
+    /// An operation that needs the Kafka topic pool, on a metasrv configured for raft-engine.
+    #[snafu(display(
+        "{operation}: the WAL provider is raft_engine, so there is no Kafka topic pool (set [wal] provider = \"kafka\")"
+    ))]
+    NoKafkaPool {
+        /// What was asked.
+        operation: String,
+    },
+    /// The directory of the redb metadata file could not be created.
+    #[snafu(display("cannot create directory '{path}' for the metadata store: {source}"))]
+    CreateDataDir {
+        /// The directory.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The metasrv was used before `start()` or after `stop()`.
+    #[snafu(display("metasrv is not running: {operation} needs start() first"))]
+    MetasrvNotStarted {
+        /// What was asked.
+        operation: String,
     },
     // ---- end metasrv ----
 
@@ -609,7 +701,9 @@ impl Error {
             | Error::EtcdTimeout { .. } => true,
             Error::EtcdOp { source, .. } => crate::kv::etcd::is_retryable(source),
             // ---- retryable: wal ----
-            Error::KafkaTimeout { .. } | Error::TopicNotListed { .. } => true,
+            Error::KafkaTimeout { .. }
+            | Error::TopicNotListed { .. }
+            | Error::KafkaBrokersFenced { .. } => true,
             Error::KafkaConnect { source, .. }
             | Error::ListTopics { source, .. }
             | Error::CreateTopic { source, .. } => {

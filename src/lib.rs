@@ -8,10 +8,12 @@
 //! opens).
 #![warn(missing_docs)]
 
+pub mod config;
 pub mod datanode;
 pub mod ddl;
 pub mod error;
 pub mod kv;
+pub mod metasrv;
 pub mod wal;
 
 pub use error::{Error, Result};

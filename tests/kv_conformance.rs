@@ -27,3 +27,18 @@ async fn redb_backend_conforms() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn etcd_backend_conforms() {
+    let kv: KvBackendRef = Arc::new(remote_wal::kv::conformance::etcd_from_env().await);
+    run_all(|| {
+        let kv = kv.clone();
+        async move {
+            (
+                kv,
+                remote_wal::kv::conformance::unique_prefix("conformance"),
+            )
+        }
+    })
+    .await;
+}

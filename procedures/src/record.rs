@@ -4,8 +4,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::procedure::{Output, ProcedureId};
 
-/// Format version written into every record. A manager refuses (marks failed, visibly) records of a newer format.
-pub const RECORD_FORMAT_VERSION: u32 = 1;
+/// The newest record format this manager reads and writes. A manager refuses (marks failed, visibly) records of a
+/// newer format.
+///
+/// - 1: the original envelope.
+/// - 2: adds `waiting_for` (the children a parent persisted its suspension on). Only records that use it carry
+///   version 2 (see [`ProcedureRecord::required_format_version`]), so every other record stays readable by a
+///   version-1 manager, and a version-1 manager refuses a suspended parent instead of resuming it without waiting.
+pub const RECORD_FORMAT_VERSION: u32 = 2;
 
 /// Store key of the manager epoch (fencing).
 pub const EPOCH_KEY: &str = "epoch";
@@ -82,10 +88,21 @@ pub struct ProcedureRecord {
     /// The error text, when failed (or rolling back).
     #[serde(default)]
     pub error: Option<String>,
+    /// The children a parent suspended on, written in the same atomic write as their first records. A recovered
+    /// parent waits for every one of them before its next step. Empty (and left out of the JSON) otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<ProcedureId>,
     /// When it was submitted (ms since the Unix epoch).
     pub created_at_ms: u64,
     /// When this record was written (ms since the Unix epoch).
     pub updated_at_ms: u64,
+}
+
+impl ProcedureRecord {
+    /// The oldest format version that describes this record: 2 when it names children it waits for, else 1.
+    pub fn required_format_version(&self) -> u32 {
+        if self.waiting_for.is_empty() { 1 } else { 2 }
+    }
 }
 
 /// What a manager reports about a procedure.

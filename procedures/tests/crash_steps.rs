@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 const TYPE: &str = "four_steps";
 const STEPS: u32 = 4;
+const FLAKY_STEP: u32 = 2;
 
 #[derive(Serialize, Deserialize)]
 struct State {
@@ -23,10 +24,12 @@ struct State {
 }
 
 /// Step i creates `{name}/effect-{i}` in the world. Step 1 does not persist (so a crash after it replays two steps);
-/// the others do.
+/// the others do. A flaky instance fails step 2 once with a retryable error, after its effect (a target that times
+/// out after acting): every manager's instance fails once, so recovery retries too.
 struct FourSteps {
     state: State,
     world: Arc<World>,
+    flaky: bool,
 }
 
 #[async_trait]
@@ -45,6 +48,12 @@ impl Procedure for FourSteps {
         let effect = format!("{}/effect-{step}", self.state.name);
         self.world.create(&effect);
         ctx.side_effect_point(&effect)?;
+        if step == FLAKY_STEP && self.flaky {
+            self.flaky = false;
+            return Err(Error::retry_later(format!(
+                "{effect}: the target timed out"
+            )));
+        }
         self.state.next_step += 1;
         Ok(Status::executing(step != 1))
     }
@@ -59,13 +68,31 @@ impl Procedure for FourSteps {
 }
 
 fn register(world: &Arc<World>, manager: &dyn ProcedureManager) -> Result<()> {
+    register_with(world, manager, false)
+}
+
+fn register_flaky(world: &Arc<World>, manager: &dyn ProcedureManager) -> Result<()> {
+    register_with(world, manager, true)
+}
+
+fn register_with(world: &Arc<World>, manager: &dyn ProcedureManager, flaky: bool) -> Result<()> {
     manager.register_loader(
         TYPE,
-        loader(world, |state, world| Box::new(FourSteps { state, world })),
+        loader(world, move |state, world| {
+            Box::new(FourSteps {
+                state,
+                world,
+                flaky,
+            })
+        }),
     )
 }
 
 fn root(world: &Arc<World>, name: &str) -> ProcedureWithId {
+    root_with(world, name, false)
+}
+
+fn root_with(world: &Arc<World>, name: &str, flaky: bool) -> ProcedureWithId {
     ProcedureWithId::new(
         ProcedureId::new(name),
         Box::new(FourSteps {
@@ -74,6 +101,7 @@ fn root(world: &Arc<World>, name: &str) -> ProcedureWithId {
                 next_step: 0,
             },
             world: world.clone(),
+            flaky,
         }),
     )
 }
@@ -86,8 +114,8 @@ async fn four_step_procedure_survives_every_single_and_double_crash() {
     };
     let report = run_matrix("four steps", &scenario).await;
     report.assert_no_mismatch();
-    // Epoch claim, submission, and at least one write per persisting step and the end.
-    assert!(report.transitions >= 2 + 3 + 1, "{report}");
+    // The epoch claim, the submission, the three persisting steps, the done record.
+    assert_eq!(report.transitions, 6, "{report}");
     assert_eq!(report.side_effect_points, STEPS as usize, "{report}");
     assert_eq!(
         report.single_crash_cases,
@@ -97,6 +125,20 @@ async fn four_step_procedure_survives_every_single_and_double_crash() {
         report.double_crash_cases > report.single_crash_cases,
         "{report}"
     );
+    assert_eq!(report.unreached_crash_points, 0, "{report}");
+}
+
+#[tokio::test]
+async fn four_step_procedure_with_a_retried_step_survives_every_single_and_double_crash() {
+    let scenario = WorldScenario {
+        register: register_flaky,
+        roots: |world| vec![root_with(world, "alpha", true)],
+    };
+    let report = run_matrix("four steps, step 2 retried", &scenario).await;
+    report.assert_no_mismatch();
+    // Retries are not persisted; the retried step reaches its side-effect point twice.
+    assert_eq!(report.transitions, 6, "{report}");
+    assert_eq!(report.side_effect_points, STEPS as usize + 1, "{report}");
     assert_eq!(report.unreached_crash_points, 0, "{report}");
 }
 

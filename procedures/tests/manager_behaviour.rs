@@ -11,7 +11,7 @@ use manager_support::{Env, Plan, TYPE, fast_config, within};
 use procedures::record::{EPOCH_KEY, record_key};
 use procedures::{
     Error, LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
-    ProcedureRecord, ProcedureState, StateStore,
+    ProcedureRecord, ProcedureState, SideEffectHook, StateStore,
 };
 
 async fn manager(
@@ -332,6 +332,7 @@ async fn a_new_manager_resumes_a_rollback() {
         .unwrap(),
         output: None,
         error: Some("it broke".into()),
+        waiting_for: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,
     };
@@ -365,6 +366,7 @@ async fn unrecoverable_records_show_as_failed_and_stay_untouched() {
         data: serde_json::to_value(Plan::steps(2, true)).unwrap(),
         output: None,
         error: None,
+        waiting_for: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,
     };
@@ -499,4 +501,327 @@ async fn finished_procedures_are_deleted_after_retention() {
     .await;
     let keys: Vec<String> = store.snapshot().into_keys().collect();
     assert_eq!(keys, [EPOCH_KEY]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replayed_parent_waits_for_its_recovered_child() {
+    let store = Arc::new(MemoryStateStore::new());
+    let blocked = Env::new(false);
+    let m1 = manager(&store, fast_config(), &blocked).await;
+    let child = Plan {
+        block_at: Some(1),
+        ..Plan::steps(2, true)
+    };
+    // The parent does not persist its suspension: replayed, it asks for the same child again.
+    let parent = Plan {
+        children: vec![("c".into(), child)],
+        ..Plan::steps(1, false)
+    };
+    m1.submit(blocked.with_id("p", parent)).await.unwrap();
+    until_step(&m1, "p/c", 1).await;
+    m1.stop().await.unwrap();
+    assert_eq!(stored(&store, "p").step, 0);
+
+    let env = Env::new(true);
+    let m2 = manager(&store, fast_config(), &env).await;
+    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
+        .await
+        .unwrap();
+    assert_eq!(output, Some(serde_json::json!({ "steps": 1 })));
+    let events = env.events();
+    assert!(events.iter().any(|e| e == "enter p/c at 1"), "{events:?}");
+    assert!(!events.iter().any(|e| e == "enter p/c at 0"), "{events:?}");
+    let child = stored(&store, "p/c");
+    assert_eq!((child.state, child.step), (ProcedureState::Done, 3));
+}
+
+/// Crashes at the side-effect point with this label.
+struct CrashAt(&'static str);
+
+impl SideEffectHook for CrashAt {
+    fn on_side_effect(&self, _id: &ProcedureId, label: &str) -> procedures::Result<()> {
+        if label == self.0 {
+            return Err(Error::Crashed {
+                point: label.to_string(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_crash_at_a_side_effect_point_halts_without_writing() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = LocalManager::with_side_effect_hook(
+        store.clone(),
+        fast_config(),
+        Arc::new(CrashAt("step 1")),
+    );
+    m.register_loader(TYPE, env.loader()).unwrap();
+    m.start().await.unwrap();
+    let other = Plan {
+        block_at: Some(0),
+        ..Plan::steps(0, true)
+    };
+    let blocked = Env::new(false);
+    let mut w_other = m.submit(blocked.with_id("other", other)).await.unwrap();
+    let mut w = m
+        .submit(env.with_id("p", Plan::steps(3, true)))
+        .await
+        .unwrap();
+    let err = within(w.wait()).await.unwrap_err();
+    assert!(matches!(err, Error::ManagerNotRunning { .. }), "{err}");
+    // Every watcher of an unfinished procedure resolves, not only the crashed one's.
+    assert!(matches!(
+        within(w_other.wait()).await,
+        Err(Error::ManagerNotRunning { .. })
+    ));
+    let after_crash = store.snapshot();
+    assert_eq!(stored(&store, "p").step, 1);
+    let info = m
+        .procedure_state(&ProcedureId::new("p"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((info.step, info.state), (1, ProcedureState::Running));
+    let refused = m.submit(env.with_id("q", Plan::steps(1, true))).await;
+    let text = refused.unwrap_err().to_string();
+    assert!(text.contains("injected crash at step 1"), "{text}");
+    // The blocked procedure, released, writes nothing either: its task has ended.
+    blocked.gate.add_permits(1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(store.snapshot(), after_crash);
+
+    // A fresh manager on the same store finishes the work.
+    let m2 = manager(&store, fast_config(), &env).await;
+    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
+        .await
+        .unwrap();
+    assert_eq!(output, Some(serde_json::json!({ "steps": 3 })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_trees_on_many_threads_finish_and_never_share_an_exclusive_key() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let config = ManagerConfig {
+        max_running_procedures: 3,
+        ..fast_config()
+    };
+    let m = manager(&store, config, &env).await;
+    let mut watchers = Vec::new();
+    for i in 0..24usize {
+        let key = format!("k{}", i % 3);
+        let child = Plan {
+            exclusive: vec![key.clone()],
+            shared: vec!["all".into()],
+            ..Plan::steps(2, i % 2 == 0)
+        };
+        let plan = Plan {
+            exclusive: vec![key],
+            shared: vec!["all".into()],
+            children: if i.is_multiple_of(4) {
+                vec![("a".into(), child.clone()), ("b".into(), child)]
+            } else {
+                Vec::new()
+            },
+            ..Plan::steps(3, i % 2 == 1)
+        };
+        watchers.push(m.submit(env.with_id(&format!("t{i}"), plan)).await.unwrap());
+    }
+    for w in &mut watchers {
+        within(w.wait()).await.unwrap();
+    }
+    // Trees sharing an exclusive key ran one after the other (a tree's span covers its children's).
+    let span = |i: usize| {
+        let (mut enter, mut exit) = env.span(&format!("t{i}"));
+        if i.is_multiple_of(4) {
+            for c in ["a", "b"] {
+                let (e, x) = env.span(&format!("t{i}/{c}"));
+                enter = enter.min(e);
+                exit = exit.max(x);
+            }
+        }
+        (enter, exit)
+    };
+    for i in 0..24 {
+        for j in (i + 1)..24 {
+            if i % 3 == j % 3 {
+                let ((a_in, a_out), (b_in, b_out)) = (span(i), span(j));
+                assert!(a_out < b_in || b_out < a_in, "t{i} and t{j} overlap");
+            }
+        }
+    }
+    assert!(env.max_running.load(Ordering::SeqCst) <= 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recovered_parent_waits_for_the_children_its_persisted_suspension_names() {
+    let store = Arc::new(MemoryStateStore::new());
+    let blocked = Env::new(false);
+    let m1 = manager(&store, fast_config(), &blocked).await;
+    let child = Plan {
+        block_at: Some(1),
+        ..Plan::steps(2, true)
+    };
+    // The parent persists its suspension: its record moves on together with the child's first record.
+    let parent = Plan {
+        children: vec![("c".into(), child)],
+        ..Plan::steps(1, true)
+    };
+    m1.submit(blocked.with_id("p", parent)).await.unwrap();
+    until_step(&m1, "p/c", 1).await;
+    m1.stop().await.unwrap();
+    let suspended = stored(&store, "p");
+    assert_eq!(suspended.step, 1);
+    assert_eq!(suspended.waiting_for, [ProcedureId::new("p/c")]);
+    assert_eq!(suspended.format_version, 2);
+    assert_eq!(suspended.data["children_started"], true);
+
+    let env = Env::new(true);
+    let m2 = manager(&store, fast_config(), &env).await;
+    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
+        .await
+        .unwrap();
+    assert_eq!(output, Some(serde_json::json!({ "steps": 1 })));
+    // The child finished before the parent ran its next step, which it ran once, without suspending again.
+    let events = env.events();
+    let (_, child_exit) = env.span("p/c");
+    let (parent_enter, _) = env.span("p");
+    assert!(child_exit < parent_enter, "{events:?}");
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.starts_with("enter p at"))
+            .count(),
+        2,
+        "{events:?}"
+    );
+    let done = stored(&store, "p");
+    assert_eq!(done.state, ProcedureState::Done);
+    assert!(done.waiting_for.is_empty());
+    assert_eq!(done.format_version, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recovered_parent_fails_when_a_child_its_suspension_names_failed() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let parent = ProcedureRecord {
+        format_version: 2,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("p"),
+        parent_id: None,
+        step: 1,
+        state: ProcedureState::Running,
+        data: serde_json::to_value(Plan {
+            children: vec![("c".into(), Plan::steps(1, true))],
+            children_started: true,
+            ..Plan::steps(1, true)
+        })
+        .unwrap(),
+        output: None,
+        error: None,
+        waiting_for: vec![ProcedureId::new("p/c")],
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    let child = ProcedureRecord {
+        format_version: 1,
+        id: ProcedureId::new("p/c"),
+        parent_id: Some(ProcedureId::new("p")),
+        step: 2,
+        state: ProcedureState::Failed,
+        data: serde_json::to_value(Plan::steps(1, true)).unwrap(),
+        error: Some("it broke".into()),
+        waiting_for: Vec::new(),
+        ..parent.clone()
+    };
+    for record in [&parent, &child] {
+        store
+            .put(&record_key(&record.id), serde_json::to_vec(record).unwrap())
+            .await
+            .unwrap();
+    }
+    let m = manager(&store, fast_config(), &env).await;
+    let err = within(m.watch(&ProcedureId::new("p")).unwrap().wait())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("subprocedure p/c of p failed: it broke"),
+        "{err}"
+    );
+    // The parent failed without running a step.
+    assert!(env.events().is_empty(), "{:?}", env.events());
+    let failed = stored(&store, "p");
+    assert_eq!((failed.state, failed.step), (ProcedureState::Failed, 2));
+    assert!(failed.waiting_for.is_empty());
+}
+
+#[test]
+fn records_without_waiting_for_read_and_write_as_format_1() {
+    let old = serde_json::json!({
+        "format_version": 1,
+        "type_name": TYPE,
+        "id": "p",
+        "parent_id": null,
+        "step": 1,
+        "state": "running",
+        "data": { "steps": 2 },
+        "output": null,
+        "error": null,
+        "created_at_ms": 1,
+        "updated_at_ms": 2
+    });
+    let record: ProcedureRecord = serde_json::from_value(old.clone()).unwrap();
+    assert!(record.waiting_for.is_empty());
+    assert_eq!(record.required_format_version(), 1);
+    // Written back, it is the same JSON: no `waiting_for` key for an older manager to stumble on.
+    assert_eq!(serde_json::to_value(&record).unwrap(), old);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_persisted_suspension_awaits_a_child_already_in_the_store_instead_of_writing_it() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    // Written behind the manager's back after its start: the suspension's write finds the key taken.
+    let child = ProcedureRecord {
+        format_version: 1,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("p/c"),
+        parent_id: Some(ProcedureId::new("p")),
+        step: 2,
+        state: ProcedureState::Done,
+        data: serde_json::to_value(Plan::steps(1, true)).unwrap(),
+        output: Some(serde_json::json!("earlier")),
+        error: None,
+        waiting_for: Vec::new(),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    store
+        .put("proc/p/c", serde_json::to_vec(&child).unwrap())
+        .await
+        .unwrap();
+    let parent = Plan {
+        children: vec![("c".into(), Plan::steps(1, true))],
+        ..Plan::steps(1, true)
+    };
+    let mut w = m.submit(env.with_id("p", parent)).await.unwrap();
+    assert_eq!(
+        within(w.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 1 }))
+    );
+    assert_eq!(stored(&store, "p/c"), child);
+    let events = env.events();
+    assert!(!events.iter().any(|e| e.contains("p/c")), "{events:?}");
+    let info = m
+        .procedure_state(&ProcedureId::new("p/c"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.output, Some(serde_json::json!("earlier")));
 }

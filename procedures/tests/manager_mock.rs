@@ -34,6 +34,8 @@ enum Reply {
     StoreError {
         retryable: bool,
     },
+    /// An injected crash (after the write was applied, as far as the manager can tell).
+    Crashed,
 }
 
 type Writes = Arc<Mutex<Vec<(Vec<Condition>, Vec<WriteOp>)>>>;
@@ -63,6 +65,9 @@ fn store(previous: Option<u64>, replies: Vec<Reply>) -> (Arc<MockStore>, Writes)
             Reply::Applied => Ok(WriteOutcome::Applied),
             Reply::RejectEpoch(epoch) => Ok(WriteOutcome::Rejected {
                 current: vec![(EPOCH_KEY.into(), Some(epoch.to_string().into_bytes()))],
+            }),
+            Reply::Crashed => Err(Error::Crashed {
+                point: "after write".into(),
             }),
             Reply::StoreError { retryable } => Err(Error::Store {
                 action: "write",
@@ -385,4 +390,108 @@ async fn a_store_error_that_persists_stops_the_procedure_without_writes() {
                 .is_ok()
         );
     }
+}
+
+#[tokio::test]
+async fn a_crashed_write_halts_the_manager_without_another_write() {
+    let env = Env::new(true);
+    let (store, writes) = store(
+        Some(1),
+        vec![Reply::Applied, Reply::Applied, Reply::Crashed],
+    );
+    let m = started(&store, fast_config(), &env).await;
+    let mut w = m
+        .submit(env.with_id("p", Plan::steps(3, true)))
+        .await
+        .unwrap();
+    let err = within(w.wait()).await.unwrap_err();
+    assert!(matches!(err, Error::ManagerNotRunning { .. }), "{err}");
+    assert_eq!(writes.lock().unwrap().len(), 3);
+    let refused = m.submit(env.with_id("q", Plan::steps(1, true))).await;
+    assert!(matches!(refused, Err(Error::ManagerNotRunning { .. })));
+    assert_eq!(writes.lock().unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn a_persisted_suspension_writes_the_parent_and_its_children_in_one_write() {
+    let env = Env::new(true);
+    let (store, writes) = store(Some(1), vec![]);
+    let m = started(&store, fast_config(), &env).await;
+    let parent = Plan {
+        children: vec![
+            ("c1".into(), Plan::steps(0, true)),
+            ("c2".into(), Plan::steps(0, true)),
+        ],
+        ..Plan::steps(0, true)
+    };
+    let mut w = m.submit(env.with_id("p", parent)).await.unwrap();
+    within(w.wait()).await.unwrap();
+    let writes = writes.lock().unwrap();
+    // Epoch claim, submission, then the suspension: one write, conditional on the epoch and on each child's key
+    // being absent, putting the parent's next record and each child's submission record.
+    let (conditions, ops) = &writes[2];
+    assert_eq!(
+        conditions,
+        &vec![
+            epoch_condition(2),
+            Condition::Absent {
+                key: "proc/p/c1".into()
+            },
+            Condition::Absent {
+                key: "proc/p/c2".into()
+            },
+        ]
+    );
+    let puts: Vec<(&str, ProcedureRecord)> = ops
+        .iter()
+        .map(|op| match op {
+            WriteOp::Put { key, value } => (key.as_str(), serde_json::from_slice(value).unwrap()),
+            other => panic!("expected puts only, got {other:?}"),
+        })
+        .collect();
+    let keys: Vec<&str> = puts.iter().map(|(key, _)| *key).collect();
+    assert_eq!(keys, ["proc/p", "proc/p/c1", "proc/p/c2"]);
+    let suspended = &puts[0].1;
+    assert_eq!(
+        (suspended.step, suspended.state),
+        (1, ProcedureState::Running)
+    );
+    assert_eq!(
+        suspended.waiting_for,
+        [ProcedureId::new("p/c1"), ProcedureId::new("p/c2")]
+    );
+    assert_eq!(suspended.format_version, 2);
+    assert_eq!(suspended.data["children_started"], true);
+    for (_, child) in &puts[1..] {
+        assert_eq!((child.step, child.state), (0, ProcedureState::Running));
+        assert_eq!(child.parent_id, Some(ProcedureId::new("p")));
+        assert!(child.waiting_for.is_empty());
+        assert_eq!(child.format_version, 1);
+    }
+    // Each child then finishes with one write of its own, and the parent with its done record (its waiting list
+    // cleared): no other submission write for the children.
+    let rest: Vec<(String, u64, ProcedureState, usize)> = writes[3..]
+        .iter()
+        .map(|(conditions, ops)| match ops.as_slice() {
+            [WriteOp::Put { key, value }] => {
+                let r: ProcedureRecord = serde_json::from_slice(value).unwrap();
+                assert_eq!(conditions, &vec![epoch_condition(2)], "{key}");
+                (key.clone(), r.step, r.state, r.waiting_for.len())
+            }
+            other => panic!("expected one put, got {other:?}"),
+        })
+        .collect();
+    let mut children: Vec<_> = rest[..2].to_vec();
+    children.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        children,
+        [
+            ("proc/p/c1".to_string(), 1, ProcedureState::Done, 0),
+            ("proc/p/c2".to_string(), 1, ProcedureState::Done, 0),
+        ]
+    );
+    assert_eq!(
+        rest[2..],
+        [("proc/p".to_string(), 2, ProcedureState::Done, 0)]
+    );
 }

@@ -14,6 +14,42 @@ use crate::kv::{
     Txn, TxnOp, TxnOpResponse, prefix_end, range_all,
 };
 
+/// A key prefix no other test run uses: `kvtest-{tag}-{random}/`.
+pub fn unique_prefix(tag: &str) -> Vec<u8> {
+    use std::hash::BuildHasher;
+    let seed = (
+        std::time::SystemTime::now(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed),
+    );
+    let random = std::collections::hash_map::RandomState::new().hash_one(seed);
+    format!("kvtest-{tag}-{random:016x}/").into_bytes()
+}
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// The etcd named by `ETCD_ENDPOINTS` (comma-separated `host:port`). Panics with a message saying what is missing
+/// when the variable is unset or the cluster does not answer: tests needing etcd fail, they never skip.
+pub async fn etcd_from_env() -> crate::kv::EtcdKvBackend {
+    let endpoints = std::env::var("ETCD_ENDPOINTS").unwrap_or_default();
+    let endpoints: Vec<String> = endpoints
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(String::from)
+        .collect();
+    assert!(
+        !endpoints.is_empty(),
+        "ETCD_ENDPOINTS is not set: this test needs a running etcd (comma-separated host:port, e.g. \
+         `source /work/wt/services.env`)"
+    );
+    crate::kv::EtcdKvBackend::connect(crate::kv::EtcdConfig::new(endpoints.clone()))
+        .await
+        .unwrap_or_else(|e| {
+            panic!("this test needs a running etcd at ETCD_ENDPOINTS={endpoints:?}: {e}")
+        })
+}
+
 /// Runs every case. `make` returns a store and the key namespace the case must stay inside: an empty namespace for
 /// a fresh store nobody else uses (memory, a new redb file), a unique prefix on a shared one (etcd). With a
 /// non-empty namespace the store must hold no other key starting with it.

@@ -1,7 +1,272 @@
-//! [`EtcdKvBackend`]: the metadata store on an etcd cluster (being implemented).
+//! [`EtcdKvBackend`]: the metadata store on an etcd cluster (v3 API, over `etcd-client`).
+//!
+//! - Every call runs under the configured request timeout; a connection is proven at [`EtcdKvBackend::connect`]
+//!   with a status call under the connect timeout, so an unreachable cluster is reported, naming the endpoints,
+//!   instead of hanging.
+//! - etcd's limits (`--max-txn-ops`, 128 by default; `--max-request-bytes`, 1.5 MiB by default) are honoured on
+//!   the client: `batch_get`, `batch_put` and `batch_delete` are split into several transactions (each atomic,
+//!   the batch as a whole then is not); a [`Txn`] or a single value over the limits is refused before anything is
+//!   sent.
+//! - `Compare::Absent` / `Present` compare the key's create revision with 0; `ValueEquals` compares the value
+//!   (which fails on an absent key, as etcd does).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient,
+    PutOptions, Txn as EtcdTxn, TxnOp as EtcdTxnOp, TxnOpResponse as EtcdTxnOpResponse,
+};
+use serde::{Deserialize, Serialize};
+use snafu::{IntoError, ensure};
+
+use crate::error::{
+    EtcdConfigSnafu, EtcdConnectSnafu, EtcdConnectTimeoutSnafu, EtcdOpSnafu, EtcdTimeoutSnafu,
+    KvLimitSnafu, Result,
+};
+use crate::kv::{
+    Compare, CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, PutRequest,
+    RangeRequest, RangeResponse, Txn, TxnOp, TxnOpResponse, TxnResponse, check, display_key,
+};
+
+/// etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+
+/// etcd's default `--max-request-bytes` (1.5 MiB) less 32 KiB of headroom for the protobuf framing of up to
+/// [`DEFAULT_MAX_TXN_OPS`] ops, since the client counts only key and value bytes.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024 - 32 * 1024;
+
+/// The largest response the client accepts (a range of many large values).
+const MAX_RESPONSE_BYTES: usize = 512 << 20;
 
 /// gRPC status codes that may clear up on retry: DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE.
 const RETRYABLE_CODES: [i32; 3] = [4, 8, 14];
+
+/// How to reach etcd and what it accepts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EtcdConfig {
+    /// `host:port` (or `http://host:port`) of the cluster's members.
+    pub endpoints: Vec<String>,
+    /// How long [`EtcdKvBackend::connect`] may take to reach a member.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long any one call may take.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// The cluster's `--max-txn-ops`.
+    pub max_txn_ops: usize,
+    /// The most key and value bytes sent in one request (the cluster's `--max-request-bytes` less headroom).
+    pub max_request_bytes: usize,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            endpoints: vec!["127.0.0.1:2379".to_string()],
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            max_txn_ops: DEFAULT_MAX_TXN_OPS,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+        }
+    }
+}
+
+impl EtcdConfig {
+    /// The default configuration for these endpoints.
+    pub fn new(endpoints: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        EtcdConfig {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            ..Default::default()
+        }
+    }
+}
+
+/// A [`KvBackend`] on etcd.
+#[derive(Clone)]
+pub struct EtcdKvBackend {
+    kv: KvClient,
+    config: EtcdConfig,
+    endpoints: String,
+}
+
+impl std::fmt::Debug for EtcdKvBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdKvBackend")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl EtcdKvBackend {
+    /// Connects and checks that a member answers within `config.connect_timeout`.
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        ensure!(
+            !config.endpoints.is_empty(),
+            EtcdConfigSnafu {
+                reason: "no endpoints given",
+            }
+        );
+        ensure!(
+            config.max_txn_ops >= 2 && config.max_request_bytes > 0,
+            EtcdConfigSnafu {
+                reason: format!(
+                    "max_txn_ops must be at least 2 and max_request_bytes positive (got {} and {})",
+                    config.max_txn_ops, config.max_request_bytes
+                ),
+            }
+        );
+        let endpoints = config.endpoints.join(",");
+        let options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            .with_timeout(config.request_timeout);
+        let connecting = async {
+            let mut client = Client::connect(&config.endpoints, Some(options)).await?;
+            // Connecting is lazy: a status call proves a member answers.
+            client.status().await?;
+            Ok::<_, etcd_client::Error>(client)
+        };
+        let client = match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Err(_) => {
+                return EtcdConnectTimeoutSnafu {
+                    endpoints,
+                    timeout: config.connect_timeout,
+                }
+                .fail();
+            }
+            Ok(Err(source)) => return Err(EtcdConnectSnafu { endpoints }.into_error(source)),
+            Ok(Ok(client)) => client,
+        };
+        let kv = client
+            .kv_client()
+            .max_decoding_message_size(MAX_RESPONSE_BYTES);
+        Ok(EtcdKvBackend {
+            kv,
+            config,
+            endpoints,
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    /// Runs one etcd call under the request timeout.
+    async fn call<T, F>(&self, action: &'static str, key: &[u8], f: F) -> Result<T>
+    where
+        F: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        match tokio::time::timeout(self.config.request_timeout, f).await {
+            Err(_) => EtcdTimeoutSnafu {
+                endpoints: self.endpoints.clone(),
+                action,
+                key: display_key(key),
+                timeout: self.config.request_timeout,
+            }
+            .fail(),
+            Ok(Err(source)) => Err(EtcdOpSnafu {
+                endpoints: self.endpoints.clone(),
+                action,
+                key: display_key(key),
+            }
+            .into_error(source)),
+            Ok(Ok(out)) => Ok(out),
+        }
+    }
+
+    /// Runs one etcd transaction of `ops` with no compares and returns its op responses.
+    async fn plain_txn(
+        &self,
+        action: &'static str,
+        key: &[u8],
+        ops: Vec<EtcdTxnOp>,
+    ) -> Result<Vec<EtcdTxnOpResponse>> {
+        let mut kv = self.kv.clone();
+        let resp = self
+            .call(action, key, kv.txn(EtcdTxn::new().and_then(ops)))
+            .await?;
+        Ok(resp.op_responses())
+    }
+
+    /// Refuses a single pair over the byte limit.
+    fn check_size(&self, key: &[u8], bytes: usize) -> Result<()> {
+        let max = self.config.max_request_bytes;
+        ensure!(
+            bytes <= max,
+            KvLimitSnafu {
+                backend: self.name(),
+                key: display_key(key),
+                reason: format!(
+                    "a request may carry at most {max} bytes of keys and values, this one carries {bytes}"
+                ),
+            }
+        );
+        Ok(())
+    }
+
+    /// Splits items into chunks of at most `max_txn_ops` items and `max_request_bytes` bytes (an item over the byte
+    /// limit must have been refused before).
+    fn chunks<T>(&self, items: Vec<T>, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+        let mut chunks = Vec::new();
+        let mut chunk = Vec::new();
+        let mut bytes = 0;
+        for item in items {
+            let n = size(&item);
+            if !chunk.is_empty()
+                && (chunk.len() == self.config.max_txn_ops
+                    || bytes + n > self.config.max_request_bytes)
+            {
+                chunks.push(std::mem::take(&mut chunk));
+                bytes = 0;
+            }
+            bytes += n;
+            chunk.push(item);
+        }
+        if !chunk.is_empty() {
+            chunks.push(chunk);
+        }
+        chunks
+    }
+}
+
+/// etcd refuses an empty start key; no key is empty, so `\0`, the least key, starts the same range.
+fn etcd_start(key: Vec<u8>) -> Vec<u8> {
+    if key.is_empty() { vec![0] } else { key }
+}
+
+fn to_kv(kv: &etcd_client::KeyValue) -> KeyValue {
+    KeyValue {
+        key: kv.key().to_vec(),
+        value: kv.value().to_vec(),
+    }
+}
+
+fn to_compare(c: Compare) -> EtcdCompare {
+    match c {
+        Compare::ValueEquals(k, v) => EtcdCompare::value(k, CompareOp::Equal, v),
+        Compare::Absent(k) => EtcdCompare::create_revision(k, CompareOp::Equal, 0),
+        Compare::Present(k) => EtcdCompare::create_revision(k, CompareOp::Greater, 0),
+    }
+}
+
+fn to_op(op: TxnOp) -> EtcdTxnOp {
+    match op {
+        TxnOp::Put(k, v) => EtcdTxnOp::put(k, v, None),
+        TxnOp::Get(k) => EtcdTxnOp::get(k, None),
+        TxnOp::Delete(k) => EtcdTxnOp::delete(k, None),
+    }
+}
+
+fn from_op_response(resp: EtcdTxnOpResponse) -> TxnOpResponse {
+    match resp {
+        EtcdTxnOpResponse::Put(_) => TxnOpResponse::Put,
+        EtcdTxnOpResponse::Get(get) => TxnOpResponse::Get(get.kvs().first().map(to_kv)),
+        EtcdTxnOpResponse::Delete(del) => TxnOpResponse::Delete(del.deleted().max(0) as u64),
+        // Nested transactions are never sent.
+        EtcdTxnOpResponse::Txn(_) => TxnOpResponse::Put,
+    }
+}
 
 /// Whether an etcd client error may clear up on retry (the cluster was unreachable, overloaded or timed out).
 pub(crate) fn is_retryable(e: &etcd_client::Error) -> bool {
@@ -10,5 +275,223 @@ pub(crate) fn is_retryable(e: &etcd_client::Error) -> bool {
         E::GRpcStatus(status) => RETRYABLE_CODES.contains(&i32::from(status.code())),
         E::TransportError(_) | E::IoError(_) => true,
         _ => false,
+    }
+}
+
+#[async_trait]
+impl KvBackend for EtcdKvBackend {
+    fn name(&self) -> String {
+        format!("etcd:{}", self.endpoints)
+    }
+
+    fn max_txn_ops(&self) -> usize {
+        self.config.max_txn_ops
+    }
+
+    fn max_request_bytes(&self) -> usize {
+        self.config.max_request_bytes
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        if key.is_empty() {
+            return Ok(None);
+        }
+        let mut kv = self.kv.clone();
+        let resp = self.call("get", key, kv.get(key, None)).await?;
+        Ok(resp.kvs().first().map(to_kv))
+    }
+
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<KeyValue>> {
+        let mut out = Vec::new();
+        let keys: Vec<Vec<u8>> = keys.iter().filter(|k| !k.is_empty()).cloned().collect();
+        for chunk in self.chunks(keys, Vec::len) {
+            let first = chunk[0].clone();
+            let ops = chunk.into_iter().map(|k| EtcdTxnOp::get(k, None)).collect();
+            for resp in self.plain_txn("batch_get", &first, ops).await? {
+                if let EtcdTxnOpResponse::Get(get) = resp {
+                    out.extend(get.kvs().first().map(to_kv));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn range(&self, mut req: RangeRequest) -> Result<RangeResponse> {
+        if check::span(&req.key, &req.range_end).is_none()
+            || (req.key.is_empty() && req.range_end.is_empty())
+        {
+            return Ok(RangeResponse::default());
+        }
+        req.key = etcd_start(req.key);
+        let mut options = GetOptions::new();
+        if !req.range_end.is_empty() {
+            options = options.with_range(req.range_end.clone());
+        }
+        if req.limit > 0 {
+            options = options.with_limit(i64::try_from(req.limit).unwrap_or(i64::MAX));
+        }
+        if req.keys_only {
+            options = options.with_keys_only();
+        }
+        let mut kv = self.kv.clone();
+        let resp = self
+            .call("range", &req.key, kv.get(req.key.clone(), Some(options)))
+            .await?;
+        Ok(RangeResponse {
+            kvs: resp.kvs().iter().map(to_kv).collect(),
+            more: resp.more(),
+        })
+    }
+
+    async fn put(&self, req: PutRequest) -> Result<Option<KeyValue>> {
+        check::key(&self.name(), &req.key)?;
+        self.check_size(&req.key, req.key.len() + req.value.len())?;
+        let options = req.prev_kv.then(|| PutOptions::new().with_prev_key());
+        let mut kv = self.kv.clone();
+        let resp = self
+            .call("put", &req.key, kv.put(req.key.clone(), req.value, options))
+            .await?;
+        Ok(resp.prev_key().filter(|_| req.prev_kv).map(to_kv))
+    }
+
+    async fn batch_put(&self, kvs: Vec<KeyValue>, prev_kv: bool) -> Result<Vec<KeyValue>> {
+        let kvs = check::dedup_puts(&self.name(), kvs)?;
+        for kv in &kvs {
+            self.check_size(&kv.key, kv.key.len() + kv.value.len())?;
+        }
+        let mut prevs = Vec::new();
+        for chunk in self.chunks(kvs, |kv| kv.key.len() + kv.value.len()) {
+            let first = chunk[0].key.clone();
+            let ops = chunk
+                .into_iter()
+                .map(|kv| {
+                    EtcdTxnOp::put(
+                        kv.key,
+                        kv.value,
+                        prev_kv.then(|| PutOptions::new().with_prev_key()),
+                    )
+                })
+                .collect();
+            for resp in self.plain_txn("batch_put", &first, ops).await? {
+                if let EtcdTxnOpResponse::Put(put) = resp
+                    && prev_kv
+                {
+                    prevs.extend(put.prev_key().map(to_kv));
+                }
+            }
+        }
+        Ok(prevs)
+    }
+
+    async fn compare_and_put(&self, req: CompareAndPutRequest) -> Result<CompareAndPutResponse> {
+        check::key(&self.name(), &req.key)?;
+        let bytes = req.key.len() * 3 + req.value.len() + req.expect.as_ref().map_or(0, Vec::len);
+        self.check_size(&req.key, bytes)?;
+        let compare = match req.expect {
+            None => to_compare(Compare::Absent(req.key.clone())),
+            Some(v) => to_compare(Compare::ValueEquals(req.key.clone(), v)),
+        };
+        let txn = EtcdTxn::new()
+            .when(vec![compare])
+            .and_then(vec![EtcdTxnOp::put(
+                req.key.clone(),
+                req.value,
+                Some(PutOptions::new().with_prev_key()),
+            )])
+            .or_else(vec![EtcdTxnOp::get(req.key.clone(), None)]);
+        let mut kv = self.kv.clone();
+        let resp = self.call("compare_and_put", &req.key, kv.txn(txn)).await?;
+        let prev_kv = resp.op_responses().into_iter().find_map(|r| match r {
+            EtcdTxnOpResponse::Put(put) => put.prev_key().map(to_kv),
+            EtcdTxnOpResponse::Get(get) => get.kvs().first().map(to_kv),
+            _ => None,
+        });
+        Ok(CompareAndPutResponse {
+            success: resp.succeeded(),
+            prev_kv,
+        })
+    }
+
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> Result<(u64, Vec<KeyValue>)> {
+        if check::span(key, range_end).is_none() || (key.is_empty() && range_end.is_empty()) {
+            return Ok((0, Vec::new()));
+        }
+        let start = etcd_start(key.to_vec());
+        let key = start.as_slice();
+        let mut options = DeleteOptions::new();
+        if !range_end.is_empty() {
+            options = options.with_range(range_end);
+        }
+        if prev_kv {
+            options = options.with_prev_key();
+        }
+        let mut kv = self.kv.clone();
+        let resp = self
+            .call("delete_range", key, kv.delete(key, Some(options)))
+            .await?;
+        Ok((
+            resp.deleted().max(0) as u64,
+            resp.prev_kvs().iter().map(to_kv).collect(),
+        ))
+    }
+
+    async fn batch_delete(&self, keys: &[Vec<u8>], prev_kv: bool) -> Result<Vec<KeyValue>> {
+        // etcd refuses a key deleted twice in one transaction; deleting it once has the same effect.
+        let mut seen = std::collections::HashSet::new();
+        let keys: Vec<Vec<u8>> = keys
+            .iter()
+            .filter(|k| !k.is_empty() && seen.insert(*k))
+            .cloned()
+            .collect();
+        let mut prevs = Vec::new();
+        for chunk in self.chunks(keys, Vec::len) {
+            let first = chunk[0].clone();
+            let ops = chunk
+                .into_iter()
+                .map(|k| {
+                    EtcdTxnOp::delete(k, prev_kv.then(|| DeleteOptions::new().with_prev_key()))
+                })
+                .collect();
+            for resp in self.plain_txn("batch_delete", &first, ops).await? {
+                if let EtcdTxnOpResponse::Delete(del) = resp {
+                    prevs.extend(del.prev_kvs().iter().map(to_kv));
+                }
+            }
+        }
+        Ok(prevs)
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        check::txn(
+            &self.name(),
+            &txn,
+            self.config.max_txn_ops,
+            self.config.max_request_bytes,
+        )?;
+        let first = txn
+            .compare
+            .first()
+            .map(|c| c.key().to_vec())
+            .or_else(|| txn.success.first().map(|op| op.key().to_vec()))
+            .unwrap_or_default();
+        let etcd_txn = EtcdTxn::new()
+            .when(txn.compare.into_iter().map(to_compare).collect::<Vec<_>>())
+            .and_then(txn.success.into_iter().map(to_op).collect::<Vec<_>>())
+            .or_else(txn.failure.into_iter().map(to_op).collect::<Vec<_>>());
+        let mut kv = self.kv.clone();
+        let resp = self.call("txn", &first, kv.txn(etcd_txn)).await?;
+        Ok(TxnResponse {
+            succeeded: resp.succeeded(),
+            responses: resp
+                .op_responses()
+                .into_iter()
+                .map(from_op_response)
+                .collect(),
+        })
     }
 }

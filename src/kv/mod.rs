@@ -15,9 +15,12 @@ pub mod conformance;
 pub mod etcd;
 pub mod memory;
 pub mod redb;
+pub mod state_store;
 
+pub use etcd::{EtcdConfig, EtcdKvBackend};
 pub use memory::MemoryKvBackend;
 pub use redb::RedbKvBackend;
+pub use state_store::KvStateStore;
 
 /// A key with its value.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use procedures::{ProcedureManager, ProcedureManagerRef};
 
 use crate::error::Result;
+use crate::kv::KvBackendRef;
+use crate::wal::config::WalConfig;
 use crate::wal::kafka::KafkaTopicManager;
+use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::options::WalOptions;
 
 /// Allocates [`WalOptions`] for new regions.
@@ -22,6 +25,20 @@ pub enum WalOptionsAllocator {
 pub type WalOptionsAllocatorRef = Arc<WalOptionsAllocator>;
 
 impl WalOptionsAllocator {
+    /// The allocator `config` asks for. Kafka: validates the config and connects to the brokers (failing within
+    /// the backoff deadline, naming the endpoints, when none answers); persisted names go to `kv`.
+    pub async fn from_config(config: &WalConfig, kv: KvBackendRef) -> Result<Self> {
+        match config {
+            WalConfig::RaftEngine => Ok(WalOptionsAllocator::RaftEngine),
+            WalConfig::Kafka(kafka) => {
+                let admin = Arc::new(RsKafkaTopicAdmin::connect(kafka).await?);
+                Ok(WalOptionsAllocator::Kafka(KafkaTopicManager::from_config(
+                    kafka, kv, admin,
+                )?))
+            }
+        }
+    }
+
     /// Registers the loaders of the procedures `start` submits; call before the procedure manager starts.
     pub fn register_loaders(&self, manager: &dyn ProcedureManager) -> Result<()> {
         match self {

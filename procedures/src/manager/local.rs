@@ -204,6 +204,12 @@ impl Inner {
                 task.abort();
             }
             if !entry.info.state.is_finished() {
+                // `retrying` is never persisted: the last persisted state of a retrying procedure is `running`.
+                if entry.info.state == ProcedureState::Retrying {
+                    let mut info = entry.info.clone();
+                    info.state = ProcedureState::Running;
+                    entry.publish(info);
+                }
                 entry.tx = None;
             }
         }
@@ -550,67 +556,71 @@ impl Inner {
         parent: Option<&ProcedureId>,
     ) -> Result<Watcher> {
         let epoch = self.running_epoch()?;
-        let ProcedureWithId { id, procedure } = procedure;
-        let data = procedure.dump()?;
-        let now = now_ms();
-        let record = ProcedureRecord {
-            format_version: RECORD_FORMAT_VERSION,
-            type_name: procedure.type_name().to_string(),
-            id: id.clone(),
-            parent_id: parent.cloned(),
-            step: 0,
-            state: ProcedureState::Running,
-            data,
-            output: None,
-            error: None,
-            created_at_ms: now,
-            updated_at_ms: now,
-        };
-        let value = serde_json::to_vec(&record).map_err(|source| Error::Serialize {
-            id: id.clone(),
-            what: "record",
-            source,
-        })?;
+        let new = NewProcedure::new(procedure, parent)?;
+        let id = new.record.id.clone();
         // Reserve the id in memory first, so two submissions of one id cannot both write.
-        {
-            let mut state = self.state();
-            if state.procedures.contains_key(&id) {
-                return Err(Error::DuplicateProcedure { id });
-            }
-            let root = match parent {
-                Some(parent) => state
-                    .procedures
-                    .get(parent)
-                    .map(|p| p.root.clone())
-                    .unwrap_or_else(|| parent.clone()),
-                None => id.clone(),
-            };
-            state
-                .procedures
-                .insert(id.clone(), Entry::new(ProcedureInfo::from(&record), root));
-        }
-        let key = record_key(&id);
+        self.reserve(&new)?;
+        let key = new.key();
         let outcome = self
             .write(
                 epoch,
                 vec![Condition::Absent { key: key.clone() }],
-                vec![WriteOp::Put { key, value }],
+                vec![WriteOp::Put {
+                    key,
+                    value: new.value.clone(),
+                }],
             )
             .await;
         match outcome {
-            Ok(WriteOutcome::Applied) => {}
+            Ok(WriteOutcome::Applied) => self.launch(epoch, new),
             Ok(WriteOutcome::Rejected { .. }) => {
-                self.state().procedures.remove(&id);
-                return Err(Error::DuplicateProcedure { id });
+                self.unreserve(&id);
+                Err(Error::DuplicateProcedure { id })
             }
             Err(e) => {
-                self.state().procedures.remove(&id);
+                self.unreserve(&id);
                 if e.is_fatal() {
                     self.halt_on(&e);
                 }
-                return Err(e);
+                Err(e)
             }
         }
+    }
+
+    /// Takes the id of a procedure about to be persisted in memory, in its parent's tree: from now on a submission
+    /// of the same id is a duplicate. [`Error::DuplicateProcedure`] when the id is known already.
+    pub(crate) fn reserve(&self, new: &NewProcedure) -> Result<()> {
+        let mut state = self.state();
+        let id = &new.record.id;
+        if state.procedures.contains_key(id) {
+            return Err(Error::DuplicateProcedure { id: id.clone() });
+        }
+        let root = match &new.record.parent_id {
+            Some(parent) => state
+                .procedures
+                .get(parent)
+                .map(|p| p.root.clone())
+                .unwrap_or_else(|| parent.clone()),
+            None => id.clone(),
+        };
+        state.procedures.insert(
+            id.clone(),
+            Entry::new(ProcedureInfo::from(&new.record), root),
+        );
+        Ok(())
+    }
+
+    /// Forgets a reservation whose record was not written.
+    pub(crate) fn unreserve(&self, id: &ProcedureId) {
+        self.state().procedures.remove(id);
+    }
+
+    /// Starts the runner of a reserved procedure whose first record is written, and returns its watcher.
+    pub(crate) fn launch(self: &Arc<Self>, epoch: u64, new: NewProcedure) -> Result<Watcher> {
+        let NewProcedure {
+            record, procedure, ..
+        } = new;
+        let id = record.id.clone();
         let mut state = self.state();
         if let Phase::Halted(reason) = &state.phase {
             return Err(reason.error());
@@ -696,6 +706,53 @@ impl Inner {
 fn self_not_started() -> Error {
     Error::ManagerNotRunning {
         reason: "the manager has not been started".to_string(),
+    }
+}
+
+/// A procedure about to be persisted for the first time: its submission record (step 0), the record's bytes, and
+/// the procedure itself.
+pub(crate) struct NewProcedure {
+    pub(crate) record: ProcedureRecord,
+    pub(crate) value: Vec<u8>,
+    pub(crate) procedure: BoxedProcedure,
+}
+
+impl NewProcedure {
+    /// The submission record of `procedure`, a child of `parent` if given.
+    pub(crate) fn new(procedure: ProcedureWithId, parent: Option<&ProcedureId>) -> Result<Self> {
+        let ProcedureWithId { id, procedure } = procedure;
+        let data = procedure.dump()?;
+        let now = now_ms();
+        let mut record = ProcedureRecord {
+            format_version: RECORD_FORMAT_VERSION,
+            type_name: procedure.type_name().to_string(),
+            id: id.clone(),
+            parent_id: parent.cloned(),
+            step: 0,
+            state: ProcedureState::Running,
+            data,
+            output: None,
+            error: None,
+            waiting_for: Vec::new(),
+            created_at_ms: now,
+            updated_at_ms: now,
+        };
+        record.format_version = record.required_format_version();
+        let value = serde_json::to_vec(&record).map_err(|source| Error::Serialize {
+            id,
+            what: "record",
+            source,
+        })?;
+        Ok(NewProcedure {
+            record,
+            value,
+            procedure,
+        })
+    }
+
+    /// The store key of its record.
+    pub(crate) fn key(&self) -> String {
+        record_key(&self.record.id)
     }
 }
 

@@ -6,10 +6,13 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::manager::local::{Inner, backoff};
+use crate::manager::local::{Inner, NewProcedure, backoff};
 use crate::procedure::{BoxedProcedure, Context, Output, ProcedureId, ProcedureWithId, Status};
-use crate::record::{ProcedureInfo, ProcedureRecord, ProcedureState, now_ms, record_key};
-use crate::store::{WriteOp, WriteOutcome};
+use crate::record::{
+    ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, now_ms, record_key,
+};
+use crate::store::{Condition, WriteOp, WriteOutcome};
+use crate::watcher::Watcher;
 
 /// Where a runner picks a procedure up.
 #[derive(Debug)]
@@ -78,6 +81,15 @@ impl Runner {
     async fn execute_loop(&mut self, mut permit: OwnedSemaphorePermit) -> Result<(), Stopped> {
         let ctx = Context::with_hook(self.id().clone(), self.inner.hook.clone());
         let deadline = self.procedure.timeout().map(|t| (Instant::now() + t, t));
+        if !self.record.waiting_for.is_empty() {
+            // Recovered after persisting a suspension: the children its record names finish before its next step.
+            let watchers = self.recorded_children().await?;
+            let (slot, failed) = self.wait_children_without_slot(permit, watchers).await?;
+            permit = slot;
+            if let Some(error) = failed {
+                return self.fail(error).await;
+            }
+        }
         let mut retry = backoff(&self.inner.config.step_retry);
         loop {
             if self.inner.is_halted() {
@@ -115,16 +127,13 @@ impl Runner {
                 }) => {
                     retry = backoff(&self.inner.config.step_retry);
                     self.running_again();
-                    if persist {
-                        self.persist_step().await?;
-                    }
-                    // Give the slot back while the children run, so they can be admitted.
-                    drop(permit);
-                    let failed = self.run_children(subprocedures).await?;
-                    permit = match Arc::clone(&self.inner.admission).acquire_owned().await {
-                        Ok(permit) => permit,
-                        Err(_) => return Err(Stopped),
+                    let watchers = if persist {
+                        self.persist_suspension(subprocedures).await?
+                    } else {
+                        self.start_children(subprocedures).await?
                     };
+                    let (slot, failed) = self.wait_children_without_slot(permit, watchers).await?;
+                    permit = slot;
                     if let Some(error) = failed {
                         return self.fail(error).await;
                     }
@@ -149,11 +158,159 @@ impl Runner {
         }
     }
 
-    /// Starts (or finds) every child and waits for all of them. `Ok(Some(error))` when one failed.
-    async fn run_children(
+    /// Persists a suspension in ONE write: the parent's next record, naming every child in `waiting_for`, and the
+    /// first record of every child not known yet (each conditional on its key being absent). Then starts those
+    /// children and returns a watcher of every child, in the order given. A crash before the write replays the
+    /// step; after it, the recovered parent waits for exactly these children, whose records exist.
+    async fn persist_suspension(
         &mut self,
         children: Vec<ProcedureWithId>,
-    ) -> Result<Option<Error>, Stopped> {
+    ) -> Result<Vec<Watcher>, Stopped> {
+        let waiting_for: Vec<ProcedureId> = children.iter().map(|c| c.id.clone()).collect();
+        let (record, value) =
+            self.next_record(ProcedureState::Running, None, None, waiting_for.clone())?;
+        let step = record.step;
+        // Children this manager knows already are only awaited; the others are reserved and written.
+        let mut new: Vec<NewProcedure> = Vec::new();
+        for child in children {
+            let child_id = child.id.clone();
+            if self.watch_child(&child_id)?.is_some() {
+                continue;
+            }
+            let reserved = NewProcedure::new(child, Some(self.id()))
+                .and_then(|prepared| self.inner.reserve(&prepared).map(|()| prepared));
+            match reserved {
+                Ok(prepared) => new.push(prepared),
+                // Reserved meanwhile by someone else: awaited like a known child.
+                Err(Error::DuplicateProcedure { .. }) => {}
+                Err(e) => {
+                    self.unreserve(&new);
+                    return Err(self.stop_on_child(&child_id, e));
+                }
+            }
+        }
+        let key = record_key(self.id());
+        loop {
+            let mut conditions = Vec::with_capacity(new.len());
+            let mut ops = Vec::with_capacity(new.len() + 1);
+            ops.push(WriteOp::Put {
+                key: key.clone(),
+                value: value.clone(),
+            });
+            for child in &new {
+                conditions.push(Condition::Absent { key: child.key() });
+                ops.push(WriteOp::Put {
+                    key: child.key(),
+                    value: child.value.clone(),
+                });
+            }
+            match self.inner.write(self.epoch, conditions, ops).await {
+                Ok(WriteOutcome::Applied) => {
+                    self.record = record;
+                    let info = ProcedureInfo::from(&self.record);
+                    self.inner
+                        .with_entry(&self.record.id, |entry| entry.publish(info));
+                    for child in new {
+                        if self.inner.launch(self.epoch, child).is_err() {
+                            // Only a halted manager refuses to launch.
+                            return Err(Stopped);
+                        }
+                    }
+                    break;
+                }
+                Ok(WriteOutcome::Rejected { current }) => {
+                    // Children persisted before without this manager knowing them: adopt and await them, and write
+                    // the others.
+                    let present: Vec<&String> = current
+                        .iter()
+                        .filter(|(_, value)| value.is_some())
+                        .map(|(key, _)| key)
+                        .collect();
+                    let (existing, absent): (Vec<NewProcedure>, Vec<NewProcedure>) = new
+                        .into_iter()
+                        .partition(|child| present.contains(&&child.key()));
+                    new = absent;
+                    if existing.is_empty() {
+                        self.unreserve(&new);
+                        self.stop_with(format!(
+                            "the state store refused the write of step {step}: {current:?}"
+                        ));
+                        return Err(Stopped);
+                    }
+                    for child in existing {
+                        let child_id = child.record.id.clone();
+                        self.inner.unreserve(&child_id);
+                        if let Err(e) = self.inner.adopt(&child_id).await {
+                            self.unreserve(&new);
+                            return Err(self.stop_on_child(&child_id, e));
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.unreserve(&new);
+                    if e.is_fatal() {
+                        self.inner.halt_on(&e);
+                    } else if !self.inner.is_halted() {
+                        tracing::warn!(id = %self.id(), error = %e, "procedure stops: cannot persist its suspension");
+                        self.stop_with(e.to_string());
+                    }
+                    return Err(Stopped);
+                }
+            }
+        }
+        self.watch_children(&waiting_for)
+    }
+
+    /// Forgets the reservations of children whose records were not written.
+    fn unreserve(&self, children: &[NewProcedure]) {
+        for child in children {
+            self.inner.unreserve(&child.record.id);
+        }
+    }
+
+    /// A watcher of every child in `ids`, each known to this manager.
+    fn watch_children(&self, ids: &[ProcedureId]) -> Result<Vec<Watcher>, Stopped> {
+        let mut watchers = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.watch_child(id)? {
+                Some(watcher) => watchers.push(watcher),
+                None => {
+                    let e = Error::ManagerNotRunning {
+                        reason: format!("subprocedure {id} vanished"),
+                    };
+                    return Err(self.stop_on_child(id, e));
+                }
+            }
+        }
+        Ok(watchers)
+    }
+
+    /// Watchers of the children a recovered parent's record waits for: recovered by `start`, or loaded from the
+    /// store now (finished ones included).
+    async fn recorded_children(&mut self) -> Result<Vec<Watcher>, Stopped> {
+        let ids = self.record.waiting_for.clone();
+        for id in &ids {
+            if self.inner.is_halted() {
+                return Err(Stopped);
+            }
+            if self.inner.with_entry(id, |_| ()).is_none()
+                && let Err(e) = self.inner.adopt(id).await
+            {
+                if e.is_fatal() {
+                    self.inner.halt_on(&e);
+                    return Err(Stopped);
+                }
+                return Err(self.stop_on_child(id, e));
+            }
+        }
+        self.watch_children(&ids)
+    }
+
+    /// Starts (or finds) every child, each with its own submission write (a suspension that is not persisted).
+    async fn start_children(
+        &mut self,
+        children: Vec<ProcedureWithId>,
+    ) -> Result<Vec<Watcher>, Stopped> {
         let mut watchers = Vec::with_capacity(children.len());
         for child in children {
             let child_id = child.id.clone();
@@ -165,10 +322,10 @@ impl Runner {
                 Ok(watcher) => watchers.push(watcher),
                 Err(Error::DuplicateProcedure { .. }) => {
                     // Known in memory by now, or persisted earlier without this manager knowing it.
-                    if self.inner.with_entry(&child_id, |_| ()).is_none() {
-                        if let Err(e) = self.inner.adopt(&child_id).await {
-                            return Err(self.stop_on_child(&child_id, e));
-                        }
+                    if self.inner.with_entry(&child_id, |_| ()).is_none()
+                        && let Err(e) = self.inner.adopt(&child_id).await
+                    {
+                        return Err(self.stop_on_child(&child_id, e));
                     }
                     match self.watch_child(&child_id)? {
                         Some(watcher) => watchers.push(watcher),
@@ -187,16 +344,38 @@ impl Runner {
                 Err(e) => return Err(self.stop_on_child(&child_id, e)),
             }
         }
+        Ok(watchers)
+    }
+
+    /// Gives the admission slot back while the children run (so they can be admitted), waits for all of them, and
+    /// takes a slot again. `Some(error)` when one failed.
+    async fn wait_children_without_slot(
+        &mut self,
+        permit: OwnedSemaphorePermit,
+        watchers: Vec<Watcher>,
+    ) -> Result<(OwnedSemaphorePermit, Option<Error>), Stopped> {
+        drop(permit);
+        let failed = self.wait_children(watchers).await?;
+        match Arc::clone(&self.inner.admission).acquire_owned().await {
+            Ok(permit) => Ok((permit, failed)),
+            Err(_) => Err(Stopped),
+        }
+    }
+
+    /// Waits for every child. `Ok(Some(error))` when one failed.
+    async fn wait_children(&mut self, watchers: Vec<Watcher>) -> Result<Option<Error>, Stopped> {
+        // Every child ends before the parent goes on (or rolls back): the first failure is reported.
+        let mut failed = None;
         for mut watcher in watchers {
             let child_id = watcher.id().clone();
             match watcher.wait().await {
                 Ok(_) => {}
                 Err(Error::ProcedureFailed { message, .. }) => {
-                    return Ok(Some(Error::SubprocedureFailed {
+                    failed.get_or_insert(Error::SubprocedureFailed {
                         parent: self.record.id.clone(),
                         child: child_id,
                         message,
-                    }));
+                    });
                 }
                 Err(e) => {
                     if self.inner.is_halted() {
@@ -206,12 +385,12 @@ impl Runner {
                 }
             }
         }
-        Ok(None)
+        Ok(failed)
     }
 
     /// A watcher of a known child; `Stopped` when the child is known but cannot be recovered (the parent then
     /// waits for a later manager that can run it, without writing).
-    fn watch_child(&self, child: &ProcedureId) -> Result<Option<crate::Watcher>, Stopped> {
+    fn watch_child(&self, child: &ProcedureId) -> Result<Option<Watcher>, Stopped> {
         let known = self.inner.with_entry(child, |e| {
             (e.unrecoverable, e.info.error.clone(), e.watcher())
         });
@@ -289,17 +468,15 @@ impl Runner {
         self.persist(ProcedureState::Running, None, None).await
     }
 
-    /// Writes the next record (step + 1) and publishes it. On a write that fails for good, the procedure stops
-    /// without any further write; the error shows in its information.
-    async fn persist(
-        &mut self,
+    /// The next record (step + 1) with the procedure's current data, and its bytes. When the data cannot be
+    /// dumped or serialised, the procedure stops without writing.
+    fn next_record(
+        &self,
         state: ProcedureState,
         output: Option<Output>,
         error: Option<String>,
-    ) -> Result<(), Stopped> {
-        if self.inner.is_halted() {
-            return Err(Stopped);
-        }
+        waiting_for: Vec<ProcedureId>,
+    ) -> Result<(ProcedureRecord, Vec<u8>), Stopped> {
         let data = match self.procedure.dump() {
             Ok(data) => data,
             Err(e) if state.is_finished() || state == ProcedureState::RollingBack => {
@@ -312,15 +489,23 @@ impl Runner {
                 return Err(Stopped);
             }
         };
-        let mut record = self.record.clone();
-        record.step += 1;
-        record.state = state;
-        record.data = data;
-        record.output = output;
-        record.error = error;
-        record.updated_at_ms = now_ms();
-        let value = match serde_json::to_vec(&record) {
-            Ok(value) => value,
+        let mut record = ProcedureRecord {
+            format_version: RECORD_FORMAT_VERSION,
+            type_name: self.record.type_name.clone(),
+            id: self.record.id.clone(),
+            parent_id: self.record.parent_id.clone(),
+            step: self.record.step + 1,
+            state,
+            data,
+            output,
+            error,
+            waiting_for,
+            created_at_ms: self.record.created_at_ms,
+            updated_at_ms: now_ms(),
+        };
+        record.format_version = record.required_format_version();
+        match serde_json::to_vec(&record) {
+            Ok(value) => Ok((record, value)),
             Err(source) => {
                 let e = Error::Serialize {
                     id: record.id.clone(),
@@ -328,9 +513,23 @@ impl Runner {
                     source,
                 };
                 self.stop_with(e.to_string());
-                return Err(Stopped);
+                Err(Stopped)
             }
-        };
+        }
+    }
+
+    /// Writes the next record (step + 1) and publishes it. On a write that fails for good, the procedure stops
+    /// without any further write; the error shows in its information.
+    async fn persist(
+        &mut self,
+        state: ProcedureState,
+        output: Option<Output>,
+        error: Option<String>,
+    ) -> Result<(), Stopped> {
+        if self.inner.is_halted() {
+            return Err(Stopped);
+        }
+        let (record, value) = self.next_record(state, output, error, Vec::new())?;
         let key = record_key(&record.id);
         match self
             .inner

@@ -102,6 +102,7 @@ mod tests {
             data: serde_json::json!({"n": 1}),
             output: Some(serde_json::json!("out")),
             error: None,
+            waiting_for: Vec::new(),
             created_at_ms: updated_at_ms - 5,
             updated_at_ms,
         })

@@ -176,6 +176,10 @@ impl Procedure for Steps {
             });
         }
         if self.plan.at < self.plan.steps {
+            if let Err(e) = ctx.side_effect_point(&format!("step {}", self.plan.at)) {
+                self.exit(ctx);
+                return Err(e);
+            }
             self.plan.at += 1;
             self.exit(ctx);
             return Ok(Status::executing(self.plan.persist));

@@ -3,13 +3,17 @@
 //! rskafka retries connection and controller errors with its backoff, which by default never gives up; here the
 //! backoff always has the configured deadline, and every call is also bounded by `tokio::time::timeout`, so a dead
 //! or black-holed broker turns into an error naming the endpoints instead of a hang:
-//! - connecting: bounded by `backoff.deadline`;
+//! - connecting: rskafka gives up at `backoff.deadline` (its error names the cause, e.g. connection refused); a
+//!   hang is cut at `backoff.deadline` + [`CALL_MARGIN`];
 //! - creating a topic: bounded by `create_topic_timeout` + [`CALL_MARGIN`] (the broker itself gets
 //!   `create_topic_timeout`);
 //! - listing topics: bounded by `create_topic_timeout` + [`CALL_MARGIN`].
 //!
-//! `create_topic` returns only once fresh metadata lists the topic with the wanted partition count (polled for up
-//! to `create_topic_timeout`), so a caller may use the topic, or see it in `list_topics`, right away.
+//! A topic Kafka has just created can be missing from the next metadata response for a moment (the controller
+//! answers before every broker has applied the new topic). So `Created` means "the controller committed it"; a
+//! caller that needs it listed polls `list_topics` (the bootstrap procedure does, once for all topics). On
+//! TOPIC_ALREADY_EXISTS the admin itself polls fresh metadata until the topic shows up, since it must compare the
+//! partition count before answering `AlreadyExisted`.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,9 +28,9 @@ use tokio::time::{Instant, sleep, timeout};
 
 use super::admin::{CreateTopicOutcome, TopicAdmin};
 use crate::error::{
-    CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu, KafkaConnectSnafu,
-    KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu, ListTopicsSnafu, Result, TopicNotListedSnafu,
-    TopicPartitionMismatchSnafu,
+    CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu,
+    KafkaBrokersFencedSnafu, KafkaConnectSnafu, KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu,
+    ListTopicsSnafu, Result, TopicNotListedSnafu, TopicPartitionMismatchSnafu,
 };
 use crate::wal::config::{KafkaConfig, validate_topic_name};
 
@@ -51,7 +55,8 @@ pub struct RsKafkaTopicAdmin {
 impl RsKafkaTopicAdmin {
     /// Validates `config`, then connects to its brokers and reads the cluster metadata.
     ///
-    /// Fails within `config.backoff.deadline` with an error naming the endpoints when no broker answers.
+    /// Fails about `config.backoff.deadline` after the start (at most [`CALL_MARGIN`] later) with an error naming
+    /// the endpoints when no broker answers.
     pub async fn connect(config: &KafkaConfig) -> Result<Self> {
         config.validate()?;
         let endpoints = config.broker_endpoints.clone();
@@ -65,13 +70,16 @@ impl RsKafkaTopicAdmin {
             .client_id("remote-wal")
             .backoff_config(backoff)
             .build();
-        let client = timeout(config.backoff.deadline, build)
+        // rskafka stops retrying at the deadline with an error saying why; the outer timeout only catches a hang,
+        // so it must not race that error.
+        let connect_timeout = config.backoff.deadline + CALL_MARGIN;
+        let client = timeout(connect_timeout, build)
             .await
             .map_err(|_| {
                 KafkaTimeoutSnafu {
                     endpoints: endpoints.clone(),
                     operation: "connect",
-                    timeout: config.backoff.deadline,
+                    timeout: connect_timeout,
                 }
                 .build()
             })?
@@ -95,9 +103,8 @@ impl RsKafkaTopicAdmin {
 
     /// Polls fresh metadata until `name` shows up, then compares its partition count with `wanted`.
     ///
-    /// Kafka answers CreateTopics once the controller has committed the topic; the broker serving metadata learns of
-    /// it a moment later, so a just-created topic (ours, or another client's on TOPIC_ALREADY_EXISTS) can be missing
-    /// from metadata briefly. Polls for up to `create_topic_timeout`; `outcome` is returned on a match.
+    /// A topic another client has just created can be missing from metadata briefly, so this polls for up to
+    /// `create_topic_timeout`; `outcome` is returned on a match.
     async fn await_listed(
         &self,
         name: &str,
@@ -140,6 +147,17 @@ impl RsKafkaTopicAdmin {
             _ => String::new(),
         };
         match &e {
+            // A broker that is shutting down or restarting is fenced by the controller, which then refuses every
+            // replica placement with this code: transient, unlike a replication factor above the broker count.
+            RsKafkaError::ServerError {
+                protocol_error: ProtocolError::InvalidReplicationFactor,
+                ..
+            } if message.contains("fenced") => KafkaBrokersFencedSnafu {
+                topic: name,
+                endpoints: self.endpoints.clone(),
+                message,
+            }
+            .into_error(e),
             RsKafkaError::ServerError {
                 protocol_error: ProtocolError::InvalidReplicationFactor,
                 ..
@@ -230,10 +248,7 @@ impl TopicAdmin for RsKafkaTopicAdmin {
             .build()
         })?;
         match created {
-            Ok(()) => {
-                self.await_listed(name, num_partitions, CreateTopicOutcome::Created)
-                    .await
-            }
+            Ok(()) => Ok(CreateTopicOutcome::Created),
             // Also after our own earlier attempt timed out on the wire and rskafka retried: it counts as created
             // once the partition count matches.
             Err(RsKafkaError::ServerError {

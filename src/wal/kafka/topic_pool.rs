@@ -12,9 +12,10 @@ use tracing::{info, warn};
 
 use crate::error::{InvalidTopicPoolSnafu, Result, TopicBootstrapSnafu, TopicPoolNotReadySnafu};
 use crate::kv::KvBackendRef;
+use crate::wal::config::{KafkaConfig, SelectorType};
 use crate::wal::kafka::admin::TopicAdminRef;
 use crate::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
-use crate::wal::kafka::selector::TopicSelectorRef;
+use crate::wal::kafka::selector::{RoundRobinTopicSelector, TopicSelectorRef};
 use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::options::WalOptions;
 
@@ -72,6 +73,23 @@ impl TopicPoolSpec {
             replication_factor: 1,
             max_concurrent_creates: 8,
             ready_poll: ReadyPoll::default(),
+        }
+    }
+
+    /// The pool a Kafka WAL config asks for (polling for created topics uses the config's backoff).
+    pub fn from_config(config: &KafkaConfig) -> Self {
+        TopicPoolSpec {
+            topic_name_prefix: config.topic_name_prefix.clone(),
+            num_topics: config.num_topics,
+            num_partitions: config.num_partitions,
+            replication_factor: config.replication_factor,
+            max_concurrent_creates: config.max_concurrent_creates,
+            ready_poll: ReadyPoll {
+                init: config.backoff.init,
+                max: config.backoff.max,
+                factor: config.backoff.base as f32,
+                deadline: config.backoff.deadline,
+            },
         }
     }
 
@@ -155,6 +173,20 @@ impl KafkaTopicManager {
             selector,
             ready: RwLock::new(None),
         })
+    }
+
+    /// The manager of the pool `config` describes (validated), with the config's selector.
+    pub fn from_config(
+        config: &KafkaConfig,
+        kv: KvBackendRef,
+        admin: TopicAdminRef,
+    ) -> Result<Self> {
+        config.validate()?;
+        let selector: TopicSelectorRef = match config.selector_type {
+            // Seeded from the clock so that restarts do not always hand out topic 0 first.
+            SelectorType::RoundRobin => Arc::new(RoundRobinTopicSelector::with_start(clock_seed())),
+        };
+        Self::new(TopicPoolSpec::from_config(config), kv, admin, selector)
     }
 
     /// The pool's spec.
@@ -301,6 +333,14 @@ impl KafkaTopicManager {
     }
 }
 
+/// A start offset for the round-robin selector that differs between restarts.
+fn clock_seed() -> usize {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as usize)
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +378,19 @@ mod tests {
         assert!(err.contains("max_concurrent_creates"), "{err}");
         spec.max_concurrent_creates = 1;
         spec.validate().unwrap();
+    }
+
+    #[test]
+    fn spec_follows_the_kafka_config() {
+        let mut config = KafkaConfig::default();
+        config.num_topics = 96;
+        config.max_concurrent_creates = 5;
+        let spec = TopicPoolSpec::from_config(&config);
+        assert_eq!(spec.topic_names(), config.topic_names());
+        assert_eq!(spec.num_partitions, config.num_partitions);
+        assert_eq!(spec.replication_factor, config.replication_factor);
+        assert_eq!(spec.max_concurrent_creates, 5);
+        assert_eq!(spec.ready_poll.deadline, config.backoff.deadline);
     }
 
     #[test]

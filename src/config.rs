@@ -1,0 +1,549 @@
+//! [`MetasrvConfig`]: the TOML file a [`crate::metasrv::Metasrv`] (and `walctl`) is built from.
+//!
+//! ```toml
+//! [metadata_store]
+//! backend = "redb"                      # or "etcd" or "memory"
+//! path = "./walctl-data/metadata.redb"  # redb only
+//! endpoints = ["127.0.0.1:2379"]        # etcd only
+//! connect_timeout = "5s"                # etcd only
+//! request_timeout = "10s"               # etcd only
+//! key_prefix = "cluster-a/"             # optional: a namespace on a shared store
+//!
+//! [wal]
+//! provider = "kafka"                    # or "raft_engine"
+//! broker_endpoints = ["127.0.0.1:9092"]
+//! num_topics = 64
+//! topic_name_prefix = "greptimedb_wal_topic"
+//! replication_factor = 1
+//! create_topic_timeout = "30s"
+//!
+//! [datanodes]
+//! ids = [1, 2, 3]
+//!
+//! [procedure]                           # retries of a step failing with a retryable error
+//! max_retries = 10
+//! retry_delay = "100ms"                 # doubles each retry
+//! max_retry_delay = "10s"
+//! ```
+//!
+//! Every table denies unknown keys. Parse errors are one line naming the file, the position and the key
+//! (`metadata_store.backend`); validation errors name the key and its value. A missing section takes its default,
+//! and no file at all gives the **embedded default**: redb at `./walctl-data/metadata.redb`, the raft-engine WAL,
+//! datanodes `[1]`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use snafu::{IntoError, ResultExt, ensure};
+
+use crate::error::{
+    InvalidConfigSnafu, ParseConfigSnafu, ReadConfigSnafu, Result, ValidateConfigSnafu,
+};
+use crate::wal::WalConfig;
+
+/// Where the embedded default keeps its metadata.
+pub const DEFAULT_REDB_PATH: &str = "./walctl-data/metadata.redb";
+
+/// Everything a metasrv needs to start.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetasrvConfig {
+    /// The kv backend holding table metadata, topic names and procedure state.
+    pub metadata_store: MetadataStoreConfig,
+    /// Which WAL new regions get (and, for Kafka, the topic pool).
+    pub wal: WalConfig,
+    /// The datanodes regions are placed on.
+    pub datanodes: DatanodesConfig,
+    /// How procedures retry failing steps.
+    pub procedure: ProcedureConfig,
+}
+
+/// The `[procedure]` section: retries of a procedure step that failed with a retryable error (a broker or the
+/// metadata store unreachable). Non-retryable errors fail the procedure at once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProcedureConfig {
+    /// Retries after the first attempt; 0 = fail at the first error.
+    pub max_retries: usize,
+    /// Delay before the first retry; it doubles each time.
+    #[serde(with = "humantime_serde")]
+    pub retry_delay: Duration,
+    /// Longest delay between two attempts.
+    #[serde(with = "humantime_serde")]
+    pub max_retry_delay: Duration,
+}
+
+impl Default for ProcedureConfig {
+    fn default() -> Self {
+        let retry = procedures::RetryPolicy::default();
+        ProcedureConfig {
+            max_retries: retry.max_retries,
+            retry_delay: retry.initial_delay,
+            max_retry_delay: retry.max_delay,
+        }
+    }
+}
+
+impl ProcedureConfig {
+    /// The manager config these settings give.
+    pub fn manager_config(&self) -> procedures::ManagerConfig {
+        let mut config = procedures::ManagerConfig::default();
+        config.step_retry.max_retries = self.max_retries;
+        config.step_retry.initial_delay = self.retry_delay;
+        config.step_retry.max_delay = self.max_retry_delay;
+        config
+    }
+
+    /// Delays positive, the longest at least the first.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            !self.retry_delay.is_zero(),
+            InvalidConfigSnafu {
+                key: "procedure.retry_delay",
+                value: "0s",
+                reason: "must be positive",
+            }
+        );
+        ensure!(
+            self.max_retry_delay >= self.retry_delay,
+            InvalidConfigSnafu {
+                key: "procedure.max_retry_delay",
+                value: humantime_serde::re::humantime::format_duration(self.max_retry_delay)
+                    .to_string(),
+                reason: "must be at least procedure.retry_delay",
+            }
+        );
+        Ok(())
+    }
+}
+
+/// Which kv backend holds the metadata.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetadataBackend {
+    /// An embedded redb file (one process at a time).
+    #[default]
+    Redb,
+    /// An etcd cluster.
+    Etcd,
+    /// In memory: gone when the process exits (tests and demos).
+    Memory,
+}
+
+impl MetadataBackend {
+    /// The name as written in the file.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            MetadataBackend::Redb => "redb",
+            MetadataBackend::Etcd => "etcd",
+            MetadataBackend::Memory => "memory",
+        }
+    }
+}
+
+/// The `[metadata_store]` section.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetadataStoreConfig {
+    /// The backend.
+    pub backend: MetadataBackend,
+    /// The redb file (created with its parent directories when missing).
+    pub path: PathBuf,
+    /// etcd endpoints, `host:port` each.
+    pub endpoints: Vec<String>,
+    /// etcd: how long connecting may take.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// etcd: how long one request may take.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Every key this metasrv reads or writes starts with this prefix (default: none), so several metasrvs can
+    /// share one etcd cluster without seeing each other's tables, topic names or procedures.
+    pub key_prefix: String,
+}
+
+impl Default for MetadataStoreConfig {
+    fn default() -> Self {
+        MetadataStoreConfig {
+            backend: MetadataBackend::Redb,
+            path: PathBuf::from(DEFAULT_REDB_PATH),
+            endpoints: vec!["127.0.0.1:2379".to_string()],
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            key_prefix: String::new(),
+        }
+    }
+}
+
+/// The `[datanodes]` section.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatanodesConfig {
+    /// The datanode ids regions are placed on, round-robin in this order.
+    pub ids: Vec<u64>,
+}
+
+impl Default for DatanodesConfig {
+    fn default() -> Self {
+        DatanodesConfig { ids: vec![1] }
+    }
+}
+
+impl MetasrvConfig {
+    /// The embedded default: redb at [`DEFAULT_REDB_PATH`], raft-engine WAL, datanode 1.
+    pub fn embedded() -> Self {
+        MetasrvConfig::default()
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).context(ReadConfigSnafu {
+            path: path.display().to_string(),
+        })?;
+        Self::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parses and validates a TOML document; `origin` names it in errors (a file path).
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
+        let config: MetasrvConfig = match toml::from_str(text) {
+            Ok(config) => config,
+            Err(source) => {
+                let (location, key) = locate(text, source.span());
+                let message = source.message().trim().to_string();
+                return Err(ParseConfigSnafu {
+                    origin,
+                    location,
+                    key,
+                    message,
+                }
+                .into_error(source));
+            }
+        };
+        config.validate().context(ValidateConfigSnafu { origin })?;
+        Ok(config)
+    }
+
+    /// Checks every value: the WAL section ([`WalConfig::validate`]), the metadata store and the datanodes. The
+    /// error names the key and its value.
+    pub fn validate(&self) -> Result<()> {
+        self.metadata_store.validate()?;
+        self.wal.validate()?;
+        self.datanodes.validate()?;
+        self.procedure.validate()
+    }
+
+    /// The TOML text of this config (what `examples/` hold).
+    pub fn to_toml_string(&self) -> String {
+        // Every field is a plain string, number, list or table: serialising cannot fail.
+        toml::to_string(self).unwrap_or_default()
+    }
+}
+
+impl MetadataStoreConfig {
+    /// Checks the values the chosen backend uses.
+    pub fn validate(&self) -> Result<()> {
+        match self.backend {
+            MetadataBackend::Redb => ensure!(
+                !self.path.as_os_str().is_empty(),
+                InvalidConfigSnafu {
+                    key: "metadata_store.path",
+                    value: "\"\"",
+                    reason: "the redb backend needs a file path",
+                }
+            ),
+            MetadataBackend::Etcd => {
+                ensure!(
+                    !self.endpoints.is_empty(),
+                    InvalidConfigSnafu {
+                        key: "metadata_store.endpoints",
+                        value: "[]",
+                        reason: "the etcd backend needs at least one endpoint",
+                    }
+                );
+                ensure!(
+                    self.endpoints.iter().all(|e| !e.trim().is_empty()),
+                    InvalidConfigSnafu {
+                        key: "metadata_store.endpoints",
+                        value: format!("{:?}", self.endpoints),
+                        reason: "an endpoint is empty",
+                    }
+                );
+                for (key, value) in [
+                    ("metadata_store.connect_timeout", self.connect_timeout),
+                    ("metadata_store.request_timeout", self.request_timeout),
+                ] {
+                    ensure!(
+                        !value.is_zero(),
+                        InvalidConfigSnafu {
+                            key,
+                            value: "0s",
+                            reason: "must be positive",
+                        }
+                    );
+                }
+            }
+            MetadataBackend::Memory => {}
+        }
+        Ok(())
+    }
+}
+
+impl DatanodesConfig {
+    /// Non-empty, no id twice.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            !self.ids.is_empty(),
+            InvalidConfigSnafu {
+                key: "datanodes.ids",
+                value: "[]",
+                reason: "regions need at least one datanode",
+            }
+        );
+        let mut seen = BTreeSet::new();
+        for id in &self.ids {
+            ensure!(
+                seen.insert(*id),
+                InvalidConfigSnafu {
+                    key: "datanodes.ids",
+                    value: format!("{:?}", self.ids),
+                    reason: format!("datanode {id} is listed twice"),
+                }
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Where a TOML error is: `line L, column C` and the dotted key it concerns (`metadata_store.backend`), found
+/// from the error's span and the text around it (the innermost `[table]` header above it and the `key =` on its
+/// line).
+fn locate(text: &str, span: Option<std::ops::Range<usize>>) -> (String, String) {
+    let Some(span) = span else {
+        return (String::new(), String::new());
+    };
+    let start = span.start.min(text.len());
+    let before = text.get(..start).unwrap_or("");
+    let line_no = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    let column = text
+        .get(line_start..start)
+        .map(|s| s.chars().count() + 1)
+        .unwrap_or(1);
+    let location = format!("line {line_no}, column {column}");
+
+    let line_end = text[start..]
+        .find('\n')
+        .map(|i| start + i)
+        .unwrap_or(text.len());
+    let line = text.get(line_start..line_end).unwrap_or("").trim();
+
+    // The table the line belongs to: the last header at or above it.
+    let header_of = |l: &str| -> Option<String> {
+        let l = l.trim();
+        let inner = l.strip_prefix("[[").and_then(|r| r.split("]]").next());
+        let inner = inner.or_else(|| l.strip_prefix('[').and_then(|r| r.split(']').next()))?;
+        Some(inner.trim().to_string())
+    };
+    if let Some(header) = header_of(line) {
+        return (location, header);
+    }
+    let table = text[..line_start]
+        .lines()
+        .rev()
+        .find_map(header_of)
+        .unwrap_or_default();
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        .unwrap_or_default();
+    let path = match (table.is_empty(), key.is_empty()) {
+        (_, true) => table,
+        (true, false) => key,
+        (false, false) => format!("{table}.{key}"),
+    };
+    (location, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wal::KafkaConfig;
+
+    fn parse(text: &str) -> Result<MetasrvConfig> {
+        MetasrvConfig::from_toml_str(text, "test.toml")
+    }
+
+    fn parse_err(text: &str) -> String {
+        let err = parse(text).unwrap_err().to_string();
+        assert!(!err.contains('\n'), "errors are one line: {err:?}");
+        assert!(err.contains("test.toml"), "errors name the file: {err}");
+        err
+    }
+
+    #[test]
+    fn embedded_default_is_redb_raft_engine_datanode_1() {
+        let c = MetasrvConfig::embedded();
+        assert_eq!(c.metadata_store.backend, MetadataBackend::Redb);
+        assert_eq!(c.metadata_store.path, PathBuf::from(DEFAULT_REDB_PATH));
+        assert_eq!(c.wal, WalConfig::RaftEngine);
+        assert_eq!(c.datanodes.ids, vec![1]);
+        c.validate().unwrap();
+        // An empty file is the embedded default too.
+        assert_eq!(parse("").unwrap(), c);
+    }
+
+    #[test]
+    fn the_issue_layout_parses() {
+        let c = parse(
+            r#"
+            [metadata_store]
+            backend = "etcd"
+            path = "./walctl-data/metadata.redb"
+            endpoints = ["127.0.0.1:2379"]
+            [wal]
+            provider = "kafka"
+            broker_endpoints = ["127.0.0.1:9092"]
+            num_topics = 64
+            topic_name_prefix = "greptimedb_wal_topic"
+            replication_factor = 1
+            create_topic_timeout = "30s"
+            [datanodes]
+            ids = [1, 2, 3]
+            "#,
+        )
+        .unwrap();
+        assert_eq!(c.metadata_store.backend, MetadataBackend::Etcd);
+        assert_eq!(c.metadata_store.endpoints, vec!["127.0.0.1:2379"]);
+        let WalConfig::Kafka(k) = &c.wal else {
+            panic!("expected kafka: {:?}", c.wal)
+        };
+        assert_eq!(k.broker_endpoints, vec!["127.0.0.1:9092"]);
+        assert_eq!(k.num_topics, 64);
+        assert_eq!(k.create_topic_timeout, Duration::from_secs(30));
+        assert_eq!(c.datanodes.ids, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn round_trips_through_toml() {
+        let c = MetasrvConfig {
+            metadata_store: MetadataStoreConfig {
+                backend: MetadataBackend::Etcd,
+                endpoints: vec!["a:1".into(), "b:2".into()],
+                request_timeout: Duration::from_millis(1500),
+                ..Default::default()
+            },
+            wal: WalConfig::Kafka(KafkaConfig {
+                num_topics: 7,
+                ..Default::default()
+            }),
+            datanodes: DatanodesConfig { ids: vec![4, 2] },
+            procedure: ProcedureConfig {
+                max_retries: 3,
+                retry_delay: Duration::from_millis(10),
+                max_retry_delay: Duration::from_secs(1),
+            },
+        };
+        assert_eq!(parse(&c.to_toml_string()).unwrap(), c);
+        let e = MetasrvConfig::embedded();
+        assert_eq!(parse(&e.to_toml_string()).unwrap(), e);
+    }
+
+    #[test]
+    fn unknown_top_level_section_names_it() {
+        let err = parse_err("[metadata]\nbackend = \"redb\"\n");
+        assert!(err.contains("metadata"), "{err}");
+        assert!(err.contains("line 1"), "{err}");
+    }
+
+    #[test]
+    fn unknown_key_in_a_section_names_the_key_and_line() {
+        let err = parse_err("[metadata_store]\nbackend = \"redb\"\npaht = \"x.redb\"\n");
+        assert!(err.contains("paht"), "{err}");
+        assert!(err.contains("line 3"), "{err}");
+        assert!(err.contains("metadata_store.paht"), "{err}");
+    }
+
+    #[test]
+    fn unknown_key_in_wal_names_the_key() {
+        let err = parse_err("[wal]\nprovider = \"kafka\"\nnum_topicz = 3\n");
+        assert!(err.contains("num_topicz"), "{err}");
+        assert!(err.contains("wal"), "{err}");
+        let err = parse_err("[wal]\nprovider = \"raft_engine\"\nbroker_endpoints = []\n");
+        assert!(err.contains("broker_endpoints"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let err = parse_err("[metadata_store]\nbackend = \"mysql\"\n");
+        assert!(err.contains("metadata_store.backend"), "{err}");
+        assert!(err.contains("mysql"), "{err}");
+
+        let err = parse_err("[datanodes]\nids = [1, \"two\"]\n");
+        assert!(err.contains("datanodes.ids"), "{err}");
+
+        let err = parse_err("[metadata_store]\nbackend = \"etcd\"\nrequest_timeout = \"soon\"\n");
+        assert!(err.contains("metadata_store.request_timeout"), "{err}");
+
+        let err = parse_err("[wal]\nprovider = \"pulsar\"\n");
+        assert!(err.contains("pulsar"), "{err}");
+        assert!(err.contains("wal"), "{err}");
+
+        let err = parse_err("[wal]\nprovider = \"kafka\"\nnum_topics = \"many\"\n");
+        assert!(err.contains("wal"), "{err}");
+        assert!(err.contains("many") || err.contains("num_topics"), "{err}");
+    }
+
+    #[test]
+    fn invalid_toml_names_the_line() {
+        let err = parse_err("[datanodes]\nids = [1, 2\n");
+        assert!(err.contains("line"), "{err}");
+    }
+
+    #[test]
+    fn validation_names_the_key() {
+        let err = parse_err("[datanodes]\nids = []\n");
+        assert!(err.contains("datanodes.ids"), "{err}");
+        let err = parse_err("[datanodes]\nids = [1, 2, 1]\n");
+        assert!(err.contains("datanodes.ids"), "{err}");
+        assert!(err.contains("datanode 1 is listed twice"), "{err}");
+        let err = parse_err("[metadata_store]\nbackend = \"etcd\"\nendpoints = []\n");
+        assert!(err.contains("metadata_store.endpoints"), "{err}");
+        let err = parse_err("[metadata_store]\nbackend = \"redb\"\npath = \"\"\n");
+        assert!(err.contains("metadata_store.path"), "{err}");
+        let err = parse_err("[wal]\nprovider = \"kafka\"\nnum_topics = 0\n");
+        assert!(err.contains("num_topics"), "{err}");
+        let err = parse_err("[wal]\nprovider = \"kafka\"\ntopic_name_prefix = \"__x\"\n");
+        assert!(err.contains("topic_name_prefix"), "{err}");
+        let err = parse_err("[procedure]\nretry_delay = \"0s\"\n");
+        assert!(err.contains("procedure.retry_delay"), "{err}");
+        let err = parse_err("[procedure]\nretry_delay = \"2s\"\nmax_retry_delay = \"1s\"\n");
+        assert!(err.contains("procedure.max_retry_delay"), "{err}");
+    }
+
+    #[test]
+    fn memory_backend_ignores_path_and_endpoints() {
+        let c =
+            parse("[metadata_store]\nbackend = \"memory\"\npath = \"\"\nendpoints = []\n").unwrap();
+        assert_eq!(c.metadata_store.backend, MetadataBackend::Memory);
+    }
+
+    #[test]
+    fn missing_file_is_an_error_naming_it() {
+        let err = MetasrvConfig::from_file(Path::new("/nonexistent/walctl.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("/nonexistent/walctl.toml"), "{err}");
+    }
+
+    #[test]
+    fn examples_parse_and_validate() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let embedded = MetasrvConfig::from_file(&dir.join("embedded.toml")).unwrap();
+        assert_eq!(embedded, MetasrvConfig::embedded());
+        let kafka = MetasrvConfig::from_file(&dir.join("kafka-etcd.toml")).unwrap();
+        assert_eq!(kafka.metadata_store.backend, MetadataBackend::Etcd);
+        assert!(matches!(kafka.wal, WalConfig::Kafka(_)));
+    }
+}

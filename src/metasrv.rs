@@ -1,0 +1,781 @@
+//! [`Metasrv`]: the façade an embedding metadata server and `walctl` both use.
+//!
+//! Built from a [`MetasrvConfig`], it opens the kv backend, creates the procedure manager on it with every
+//! procedure loader registered (topic bootstrap, create table), the [`WalOptionsAllocator`] and the
+//! [`DdlManager`]. [`Metasrv::start`] claims the procedure store (recovering and resuming every unfinished
+//! procedure an earlier, killed process left behind) and readies the WAL pool; then tables can be created, the
+//! open requests of a datanode built, procedures listed and the topic pool inspected.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use procedures::{LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef};
+use serde::Serialize;
+use snafu::{ResultExt, ensure};
+use tokio::sync::OnceCell;
+
+use crate::config::{MetadataBackend, MetasrvConfig};
+use crate::datanode::{OpenRegions, RegionOpener, WalProviderKind};
+use crate::ddl::{
+    CreateTableTask, DatanodeManagerRef, DatanodeTableValue, DdlContext, DdlManager,
+    MemoryDatanodeManager, RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager,
+    TableMetadataManagerRef, TableName,
+};
+use crate::error::{
+    CreateDataDirSnafu, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu, NoKafkaPoolSnafu,
+    ProcedureNotFoundSnafu, Result,
+};
+use crate::kv::{KvBackendRef, RangeRequest};
+use crate::wal::kafka::KafkaTopicManager;
+use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
+use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
+use crate::wal::kafka::topic_key::list_persisted_topics;
+use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
+
+mod namespace;
+
+pub use namespace::NamespacedKvBackend;
+
+/// The catalog of a table name given without one.
+pub const DEFAULT_CATALOG: &str = "greptime";
+/// The schema of a table name given without one.
+pub const DEFAULT_SCHEMA: &str = "public";
+
+/// How often [`Metasrv::bootstrap`] reports progress.
+const PROGRESS_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Pairs read per kv range request when scanning datanode table values.
+const SCAN_PAGE: usize = 1024;
+
+/// Parses `table`, `schema.table` or `catalog.schema.table` (defaults [`DEFAULT_CATALOG`] and
+/// [`DEFAULT_SCHEMA`]) and validates every part; the error quotes the name as given.
+pub fn parse_table_name(name: &str) -> Result<TableName> {
+    let parts: Vec<&str> = name.split('.').collect();
+    let full = match parts.as_slice() {
+        [table] => TableName::new(DEFAULT_CATALOG, DEFAULT_SCHEMA, *table),
+        [schema, table] => TableName::new(DEFAULT_CATALOG, *schema, *table),
+        [catalog, schema, table] => TableName::new(*catalog, *schema, *table),
+        _ => {
+            return InvalidTableReferenceSnafu {
+                name,
+                reason: format!(
+                    "{} dot-separated parts; expected table, schema.table or catalog.schema.table",
+                    parts.len()
+                ),
+            }
+            .fail();
+        }
+    };
+    if let Err(e) = full.validate() {
+        return InvalidTableReferenceSnafu {
+            name,
+            reason: e.to_string(),
+        }
+        .fail();
+    }
+    Ok(full)
+}
+
+/// One region of a table: where it lives and which WAL it writes to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RegionPlacement {
+    /// The region's number in its table.
+    pub region_number: u32,
+    /// `(table_id << 32) | region_number`.
+    pub region_id: u64,
+    /// The datanode serving it.
+    pub datanode_id: u64,
+    /// The encoded WAL options (`{"wal.provider":...}`), as recorded for the datanode.
+    pub wal_options: String,
+}
+
+/// A table and its regions.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TableRegions {
+    /// `catalog.schema.table`.
+    pub table: String,
+    /// The table id.
+    pub table_id: u32,
+    /// Its regions, by region number.
+    pub regions: Vec<RegionPlacement>,
+}
+
+/// Where a Kafka pool bootstrap stands (reported while it runs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct BootstrapProgress {
+    /// Topics in the pool.
+    pub wanted: usize,
+    /// Wanted topics the brokers already show.
+    pub on_broker: usize,
+    /// Wanted topic names already persisted in the metadata store.
+    pub persisted: usize,
+}
+
+/// The outcome of [`Metasrv::bootstrap`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BootstrapReport {
+    /// `kafka` or `raft_engine`.
+    pub provider: &'static str,
+    /// The pool's topic name prefix (Kafka only).
+    pub topic_name_prefix: Option<String>,
+    /// Topics in the pool (0 for raft-engine).
+    pub num_topics: usize,
+    /// Whether new regions can get WAL options now.
+    pub ready: bool,
+}
+
+/// One topic and how many regions write to it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TopicUsage {
+    /// The topic.
+    pub topic: String,
+    /// Regions whose recorded WAL options name it.
+    pub regions: usize,
+    /// Whether its name is persisted as part of the pool.
+    pub persisted: bool,
+    /// Whether it is one of the configured pool's topics (a topic used by regions but outside the configured
+    /// pool appears with `false`, e.g. after the pool was configured smaller).
+    pub in_pool: bool,
+}
+
+/// The Kafka topic pool as recorded in the metadata store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TopicsReport {
+    /// The pool's topic name prefix.
+    pub topic_name_prefix: String,
+    /// Topics the config asks for.
+    pub num_topics: usize,
+    /// Of those, how many are persisted.
+    pub persisted: usize,
+    /// Every wanted topic, then any other topic regions use, with region counts.
+    pub topics: Vec<TopicUsage>,
+}
+
+/// The façade: kv backend, procedure manager, WAL options allocator, DDL manager.
+pub struct Metasrv {
+    config: MetasrvConfig,
+    kv: KvBackendRef,
+    procedures: ProcedureManagerRef,
+    wal: Arc<WalOptionsAllocator>,
+    topic_admin: Option<TopicAdminRef>,
+    table_metadata: TableMetadataManagerRef,
+    ddl: DdlManager,
+    datanodes: DatanodeManagerRef,
+    started: AtomicBool,
+}
+
+impl std::fmt::Debug for Metasrv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metasrv")
+            .field("kv", &self.kv.name())
+            .field("wal", &self.config.wal)
+            .field("datanodes", &self.config.datanodes.ids)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A topic admin that connects to the brokers on first use, so a metasrv configured for Kafka starts (and lists
+/// procedures, builds open requests) while the brokers are down; only what needs them fails.
+#[derive(Debug)]
+struct LazyTopicAdmin {
+    config: KafkaConfig,
+    admin: OnceCell<RsKafkaTopicAdmin>,
+}
+
+impl LazyTopicAdmin {
+    async fn get(&self) -> Result<&RsKafkaTopicAdmin> {
+        self.admin
+            .get_or_try_init(|| RsKafkaTopicAdmin::connect(&self.config))
+            .await
+    }
+}
+
+#[async_trait]
+impl TopicAdmin for LazyTopicAdmin {
+    fn endpoints(&self) -> Vec<String> {
+        self.config.broker_endpoints.clone()
+    }
+
+    async fn list_topics(&self) -> Result<BTreeMap<String, usize>> {
+        self.get().await?.list_topics().await
+    }
+
+    async fn create_topic(
+        &self,
+        name: &str,
+        num_partitions: i32,
+        replication_factor: i16,
+    ) -> Result<CreateTopicOutcome> {
+        self.get()
+            .await?
+            .create_topic(name, num_partitions, replication_factor)
+            .await
+    }
+}
+
+impl Metasrv {
+    /// Validates `config`, opens its kv backend (creating the redb file and its directory when missing,
+    /// connecting to etcd) and builds everything on it. Kafka brokers are contacted only when first needed.
+    pub async fn new(config: MetasrvConfig) -> Result<Self> {
+        config.validate()?;
+        let kv = open_kv_backend(&config).await?;
+        let datanodes: DatanodeManagerRef = Arc::new(MemoryDatanodeManager::new());
+        Self::with_parts(config, kv, None, datanodes)
+    }
+
+    /// Builds a metasrv on an already open kv backend, with an optional topic admin (by default one over the
+    /// configured brokers) and the datanodes regions are created on. Registers every loader.
+    pub fn with_parts(
+        config: MetasrvConfig,
+        kv: KvBackendRef,
+        topic_admin: Option<TopicAdminRef>,
+        datanodes: DatanodeManagerRef,
+    ) -> Result<Self> {
+        config.validate()?;
+        let state_store = Arc::new(crate::kv::KvStateStore::new(kv.clone()));
+        let procedures: ProcedureManagerRef = Arc::new(LocalManager::new(
+            state_store,
+            config.procedure.manager_config(),
+        ));
+
+        let (wal, topic_admin) = match &config.wal {
+            WalConfig::RaftEngine => (WalOptionsAllocator::RaftEngine, None),
+            WalConfig::Kafka(kafka) => {
+                let admin: TopicAdminRef = match topic_admin {
+                    Some(admin) => admin,
+                    None => Arc::new(LazyTopicAdmin {
+                        config: kafka.clone(),
+                        admin: OnceCell::new(),
+                    }),
+                };
+                let topics = KafkaTopicManager::from_config(kafka, kv.clone(), admin.clone())?;
+                (WalOptionsAllocator::Kafka(topics), Some(admin))
+            }
+        };
+        let wal = Arc::new(wal);
+        wal.register_loaders(procedures.as_ref())?;
+
+        let table_metadata: TableMetadataManagerRef =
+            Arc::new(TableMetadataManager::new(kv.clone()));
+        let allocator = Arc::new(TableMetadataAllocator::new(
+            kv.clone(),
+            Arc::new(RoundRobinPeerSelector::new(config.datanodes.ids.clone())),
+            wal.clone(),
+        ));
+        let ddl = DdlManager::new(
+            procedures.clone(),
+            DdlContext {
+                metadata: table_metadata.clone(),
+                allocator,
+                datanodes: datanodes.clone(),
+            },
+        );
+        ddl.register_loaders()?;
+
+        Ok(Metasrv {
+            config,
+            kv,
+            procedures,
+            wal,
+            topic_admin,
+            table_metadata,
+            ddl,
+            datanodes,
+            started: AtomicBool::new(false),
+        })
+    }
+
+    /// The config it was built from.
+    pub fn config(&self) -> &MetasrvConfig {
+        &self.config
+    }
+
+    /// The kv backend.
+    pub fn kv(&self) -> &KvBackendRef {
+        &self.kv
+    }
+
+    /// The procedure manager.
+    pub fn procedure_manager(&self) -> &ProcedureManagerRef {
+        &self.procedures
+    }
+
+    /// The datanodes regions are created on.
+    pub fn datanodes(&self) -> &DatanodeManagerRef {
+        &self.datanodes
+    }
+
+    /// [`Metasrv::start_procedures`], then readies the WAL pool (for Kafka: runs or resumes the topic bootstrap
+    /// and waits for it). Afterwards tables can be created.
+    pub async fn start(&self) -> Result<()> {
+        self.start_procedures().await?;
+        self.wal.start(&self.procedures).await
+    }
+
+    /// Starts the procedure manager: it claims the store (fencing any older manager) and recovers and resumes
+    /// every unfinished procedure. Enough for listing procedures, building open requests and reading the pool.
+    pub async fn start_procedures(&self) -> Result<()> {
+        if !self.started.swap(true, Ordering::SeqCst)
+            && let Err(e) = self.procedures.start().await
+        {
+            self.started.store(false, Ordering::SeqCst);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Stops the procedure manager; unfinished procedures stay in the store and resume at the next start.
+    pub async fn stop(&self) -> Result<()> {
+        if self.started.swap(false, Ordering::SeqCst) {
+            self.procedures.stop().await?;
+        }
+        Ok(())
+    }
+
+    fn ensure_started(&self, operation: &str) -> Result<()> {
+        ensure!(
+            self.started.load(Ordering::SeqCst),
+            MetasrvNotStartedSnafu { operation }
+        );
+        Ok(())
+    }
+
+    /// Readies the WAL pool like [`Metasrv::start`] does, calling `on_progress` every 200 ms while a Kafka pool's
+    /// topics are being created (how many wanted topics the brokers show and how many names are persisted).
+    /// Nothing to do for raft-engine. Starts the procedure manager first if needed.
+    pub async fn bootstrap(
+        &self,
+        on_progress: impl Fn(BootstrapProgress) + Send + Sync,
+    ) -> Result<BootstrapReport> {
+        self.start_procedures().await?;
+        let WalConfig::Kafka(kafka) = &self.config.wal else {
+            self.wal.start(&self.procedures).await?;
+            return Ok(BootstrapReport {
+                provider: "raft_engine",
+                topic_name_prefix: None,
+                num_topics: 0,
+                ready: self.wal.is_ready(),
+            });
+        };
+        let wanted: BTreeSet<String> = kafka.topic_names().into_iter().collect();
+        let start = self.wal.start(&self.procedures);
+        tokio::pin!(start);
+        let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
+        // The bootstrap's end preempts a progress poll in flight (which may be waiting on an unreachable broker).
+        let result = loop {
+            tokio::select! {
+                result = &mut start => break result,
+                _ = tick.tick() => {}
+            }
+            tokio::select! {
+                result = &mut start => break result,
+                progress = self.bootstrap_progress(kafka, &wanted) => {
+                    // Progress is best effort: a failed poll only skips this report.
+                    if let Ok(progress) = progress {
+                        on_progress(progress);
+                    }
+                }
+            }
+        };
+        result?;
+        on_progress(BootstrapProgress {
+            wanted: wanted.len(),
+            on_broker: wanted.len(),
+            persisted: wanted.len(),
+        });
+        Ok(BootstrapReport {
+            provider: "kafka",
+            topic_name_prefix: Some(kafka.topic_name_prefix.clone()),
+            num_topics: kafka.num_topics,
+            ready: self.wal.is_ready(),
+        })
+    }
+
+    async fn bootstrap_progress(
+        &self,
+        kafka: &KafkaConfig,
+        wanted: &BTreeSet<String>,
+    ) -> Result<BootstrapProgress> {
+        let persisted = self.persisted_topics(kafka).await?;
+        let on_broker = match &self.topic_admin {
+            Some(admin) => admin
+                .list_topics()
+                .await?
+                .keys()
+                .filter(|t| wanted.contains(*t))
+                .count(),
+            None => 0,
+        };
+        Ok(BootstrapProgress {
+            wanted: wanted.len(),
+            on_broker,
+            persisted: persisted.iter().filter(|t| wanted.contains(*t)).count(),
+        })
+    }
+
+    async fn persisted_topics(&self, kafka: &KafkaConfig) -> Result<BTreeSet<String>> {
+        Ok(
+            list_persisted_topics(self.kv.as_ref(), &format!("{}_", kafka.topic_name_prefix))
+                .await?
+                .into_iter()
+                .collect(),
+        )
+    }
+
+    /// Creates a table of `regions` regions (or, with `if_not_exists`, finds the existing one) and returns it
+    /// with each region's datanode and WAL options as recorded. Needs [`Metasrv::start`].
+    pub async fn create_table(
+        &self,
+        name: TableName,
+        regions: u32,
+        if_not_exists: bool,
+    ) -> Result<TableRegions> {
+        self.ensure_started("create table")?;
+        let mut task = CreateTableTask::new(name.clone(), regions);
+        task.if_not_exists = if_not_exists;
+        let table_id = self.ddl.create_table(task).await?;
+        self.table_regions(&name, table_id).await
+    }
+
+    /// A table's regions with their datanodes and WAL options, read from its route and datanode table values.
+    pub async fn table_regions(&self, name: &TableName, table_id: u32) -> Result<TableRegions> {
+        let mut regions = Vec::new();
+        if let Some(route) = self.table_metadata.table_route(table_id).await? {
+            for (datanode_id, numbers) in route.regions_by_datanode() {
+                let value = self
+                    .table_metadata
+                    .datanode_table(datanode_id, table_id)
+                    .await?;
+                for region_number in numbers {
+                    let wal_options = value
+                        .as_ref()
+                        .and_then(|v| v.region_wal_options.get(&region_number).cloned())
+                        .unwrap_or_default();
+                    regions.push(RegionPlacement {
+                        region_number,
+                        region_id: crate::ddl::region::region_id(table_id, region_number),
+                        datanode_id,
+                        wal_options,
+                    });
+                }
+            }
+        }
+        regions.sort_by_key(|r| r.region_number);
+        Ok(TableRegions {
+            table: name.to_string(),
+            table_id,
+            regions,
+        })
+    }
+
+    /// The open requests datanode `datanode_id` would issue, and an error for each region it cannot open.
+    pub async fn open_regions(&self, datanode_id: u64) -> Result<OpenRegions> {
+        let expected = match self.config.wal {
+            WalConfig::RaftEngine => WalProviderKind::RaftEngine,
+            WalConfig::Kafka(_) => WalProviderKind::Kafka,
+        };
+        RegionOpener::new(self.kv.clone(), datanode_id, expected)
+            .open_regions()
+            .await
+    }
+
+    /// Every known procedure (running, and finished ones still retained), sorted by id.
+    pub async fn list_procedures(&self) -> Result<Vec<ProcedureInfo>> {
+        self.ensure_started("list procedures")?;
+        Ok(self.procedures.list_procedures().await?)
+    }
+
+    /// One procedure; an error naming the id when it is unknown.
+    pub async fn procedure(&self, id: &str) -> Result<ProcedureInfo> {
+        self.ensure_started("show procedure")?;
+        self.procedures
+            .procedure_state(&ProcedureId::new(id))
+            .await?
+            .ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
+    }
+
+    /// The Kafka pool as persisted, with the number of regions (of every datanode) writing to each topic. An error
+    /// for a raft-engine metasrv, which has no pool.
+    pub async fn topics(&self) -> Result<TopicsReport> {
+        let WalConfig::Kafka(kafka) = &self.config.wal else {
+            return NoKafkaPoolSnafu {
+                operation: "topics",
+            }
+            .fail();
+        };
+        let persisted = self.persisted_topics(kafka).await?;
+        let mut usage = self.regions_per_topic().await?;
+        let wanted = kafka.topic_names();
+        let wanted_set: BTreeSet<&String> = wanted.iter().collect();
+        let mut topics: Vec<TopicUsage> = wanted
+            .iter()
+            .map(|t| TopicUsage {
+                topic: t.clone(),
+                regions: usage.remove(t).unwrap_or(0),
+                persisted: persisted.contains(t),
+                in_pool: true,
+            })
+            .collect();
+        // Topics regions use that the configured pool does not contain, and persisted ones beyond it.
+        let mut extra: BTreeMap<String, usize> = usage;
+        for t in &persisted {
+            if !wanted_set.contains(t) {
+                extra.entry(t.clone()).or_insert(0);
+            }
+        }
+        topics.extend(extra.into_iter().map(|(topic, regions)| TopicUsage {
+            persisted: persisted.contains(&topic),
+            topic,
+            regions,
+            in_pool: false,
+        }));
+        Ok(TopicsReport {
+            topic_name_prefix: kafka.topic_name_prefix.clone(),
+            num_topics: kafka.num_topics,
+            persisted: wanted.iter().filter(|t| persisted.contains(*t)).count(),
+            topics,
+        })
+    }
+
+    /// Regions per Kafka topic, counted over every datanode table value. Values that do not decode are skipped
+    /// (`open-regions` reports them).
+    async fn regions_per_topic(&self) -> Result<BTreeMap<String, usize>> {
+        let prefix = format!("{}/", crate::ddl::datanode_table::DATANODE_TABLE_KEY_PREFIX);
+        let kvs =
+            crate::kv::range_all(self.kv.as_ref(), RangeRequest::prefix(prefix), SCAN_PAGE).await?;
+        let mut counts = BTreeMap::new();
+        for kv in kvs {
+            let Ok(value) = serde_json::from_slice::<DatanodeTableValue>(&kv.value) else {
+                continue;
+            };
+            for encoded in value.region_wal_options.values() {
+                if let Ok(WalOptions::Kafka(k)) = WalOptions::decode(encoded) {
+                    *counts.entry(k.topic).or_insert(0) += 1;
+                }
+            }
+        }
+        Ok(counts)
+    }
+}
+
+/// Opens the configured kv backend.
+async fn open_kv_backend(config: &MetasrvConfig) -> Result<KvBackendRef> {
+    let store = &config.metadata_store;
+    let kv: KvBackendRef = match store.backend {
+        MetadataBackend::Memory => Arc::new(crate::kv::MemoryKvBackend::new()),
+        MetadataBackend::Redb => {
+            if let Some(dir) = store.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(dir).context(CreateDataDirSnafu {
+                    path: dir.display().to_string(),
+                })?;
+            }
+            Arc::new(crate::kv::RedbKvBackend::open(&store.path)?)
+        }
+        MetadataBackend::Etcd => {
+            let etcd = crate::kv::EtcdConfig {
+                endpoints: store.endpoints.clone(),
+                connect_timeout: store.connect_timeout,
+                request_timeout: store.request_timeout,
+                ..Default::default()
+            };
+            Arc::new(crate::kv::EtcdKvBackend::connect(etcd).await?)
+        }
+    };
+    Ok(NamespacedKvBackend::wrap(kv, &store.key_prefix))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::config::MetadataStoreConfig;
+    use crate::kv::MemoryKvBackend;
+
+    /// A broker in memory: creating a topic takes a few milliseconds, so progress can be observed.
+    #[derive(Debug, Default)]
+    struct FakeBroker {
+        topics: Mutex<BTreeMap<String, usize>>,
+    }
+
+    #[async_trait]
+    impl TopicAdmin for FakeBroker {
+        fn endpoints(&self) -> Vec<String> {
+            vec!["fake:9092".to_string()]
+        }
+
+        async fn list_topics(&self) -> Result<BTreeMap<String, usize>> {
+            Ok(self.topics.lock().unwrap().clone())
+        }
+
+        async fn create_topic(
+            &self,
+            name: &str,
+            num_partitions: i32,
+            _replication_factor: i16,
+        ) -> Result<CreateTopicOutcome> {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            let mut topics = self.topics.lock().unwrap();
+            if topics.contains_key(name) {
+                return Ok(CreateTopicOutcome::AlreadyExisted);
+            }
+            topics.insert(name.to_string(), num_partitions as usize);
+            Ok(CreateTopicOutcome::Created)
+        }
+    }
+
+    fn memory_config(wal: WalConfig, datanodes: Vec<u64>) -> MetasrvConfig {
+        MetasrvConfig {
+            metadata_store: MetadataStoreConfig {
+                backend: MetadataBackend::Memory,
+                ..Default::default()
+            },
+            wal,
+            datanodes: crate::config::DatanodesConfig { ids: datanodes },
+            ..Default::default()
+        }
+    }
+
+    fn kafka_metasrv(num_topics: usize) -> (Metasrv, Arc<FakeBroker>) {
+        let broker = Arc::new(FakeBroker::default());
+        let kafka = KafkaConfig {
+            num_topics,
+            topic_name_prefix: "fake_pool".to_string(),
+            max_concurrent_creates: 1,
+            ..Default::default()
+        };
+        let metasrv = Metasrv::with_parts(
+            memory_config(WalConfig::Kafka(kafka), vec![1, 2]),
+            Arc::new(MemoryKvBackend::new()),
+            Some(broker.clone()),
+            Arc::new(MemoryDatanodeManager::new()),
+        )
+        .unwrap();
+        (metasrv, broker)
+    }
+
+    #[tokio::test]
+    async fn bootstrap_reports_progress_until_every_topic_is_on_the_broker_and_persisted() {
+        let (metasrv, broker) = kafka_metasrv(60);
+        let seen = Mutex::new(Vec::new());
+        let report = metasrv
+            .bootstrap(|p| seen.lock().unwrap().push(p))
+            .await
+            .unwrap();
+        assert_eq!(report.provider, "kafka");
+        assert_eq!(report.num_topics, 60);
+        assert!(report.ready);
+        assert_eq!(broker.topics.lock().unwrap().len(), 60);
+        let seen = seen.into_inner().unwrap();
+        // 60 creations of 5 ms one at a time take longer than one 200 ms progress interval.
+        assert!(seen.len() >= 2, "{seen:?}");
+        assert!(
+            seen.iter()
+                .all(|p| p.wanted == 60 && p.on_broker <= 60 && p.persisted <= 60)
+        );
+        assert!(
+            seen.windows(2).all(|w| w[0].on_broker <= w[1].on_broker),
+            "{seen:?}"
+        );
+        assert_eq!(
+            seen.last().copied(),
+            Some(BootstrapProgress {
+                wanted: 60,
+                on_broker: 60,
+                persisted: 60
+            })
+        );
+        metasrv.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn topics_counts_regions_per_pool_topic() {
+        let (metasrv, _broker) = kafka_metasrv(3);
+        metasrv.start().await.unwrap();
+        let table = metasrv
+            .create_table(TableName::new("greptime", "public", "t"), 7, false)
+            .await
+            .unwrap();
+        assert_eq!(table.regions.len(), 7);
+        let report = metasrv.topics().await.unwrap();
+        assert_eq!(report.persisted, 3);
+        assert_eq!(report.topics.len(), 3);
+        let mut counts: Vec<usize> = report.topics.iter().map(|t| t.regions).collect();
+        counts.sort();
+        assert_eq!(counts, vec![2, 2, 3], "round-robin over 3 topics");
+        assert!(report.topics.iter().all(|t| t.persisted && t.in_pool));
+
+        // What the table reports is what the datanodes open.
+        let mut opened = BTreeMap::new();
+        for dn in [1, 2] {
+            let open = metasrv.open_regions(dn).await.unwrap();
+            assert!(open.errors.is_empty(), "{:?}", open.errors);
+            for r in open.requests {
+                opened.insert(
+                    r.region_id,
+                    (dn, r.options[crate::wal::WAL_OPTIONS_KEY].clone()),
+                );
+            }
+        }
+        let expected: BTreeMap<u64, (u64, String)> = table
+            .regions
+            .iter()
+            .map(|r| (r.region_id, (r.datanode_id, r.wal_options.clone())))
+            .collect();
+        assert_eq!(opened, expected);
+        metasrv.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn raft_engine_has_no_pool_and_needs_start_for_procedures() {
+        let metasrv = Metasrv::new(memory_config(WalConfig::RaftEngine, vec![1]))
+            .await
+            .unwrap();
+        let err = metasrv.list_procedures().await.unwrap_err().to_string();
+        assert!(err.contains("start"), "{err}");
+        let err = metasrv.topics().await.unwrap_err().to_string();
+        assert!(err.contains("no Kafka topic pool"), "{err}");
+        let report = metasrv.bootstrap(|_| {}).await.unwrap();
+        assert_eq!(report.provider, "raft_engine");
+        assert!(report.ready);
+        let table = metasrv
+            .create_table(TableName::new("greptime", "public", "r"), 2, false)
+            .await
+            .unwrap();
+        assert!(
+            table
+                .regions
+                .iter()
+                .all(|r| r.wal_options == WalOptions::RaftEngine.encode())
+        );
+        assert_eq!(metasrv.list_procedures().await.unwrap().len(), 1);
+        metasrv.stop().await.unwrap();
+    }
+
+    #[test]
+    fn table_names_take_defaults() {
+        assert_eq!(
+            parse_table_name("demo").unwrap(),
+            TableName::new("greptime", "public", "demo")
+        );
+        assert_eq!(
+            parse_table_name("s.demo").unwrap(),
+            TableName::new("greptime", "s", "demo")
+        );
+        assert_eq!(
+            parse_table_name("c.s.demo").unwrap(),
+            TableName::new("c", "s", "demo")
+        );
+    }
+
+    #[test]
+    fn bad_table_names_are_errors_quoting_them() {
+        for bad in ["a.b.c.d", "", "a..b", ".t", "t.", "bad name", "x/y"] {
+            let err = parse_table_name(bad).unwrap_err().to_string();
+            assert!(err.contains(&format!("'{bad}'")), "{bad}: {err}");
+        }
+    }
+}

@@ -1,0 +1,121 @@
+//! Shared by the integration tests that need real services: reading the endpoints the test command exported, and
+//! starting/stopping dedicated, named Kafka and etcd instances through `scripts/services.sh` (for tests that take a
+//! service down, so they never disturb the shared ones).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The endpoints in `var`, or a failure that says what is missing (tests that need a service never pass without it).
+pub fn require_endpoints(var: &str, what: &str) -> Vec<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => v.split(',').map(|s| s.trim().to_string()).collect(),
+        _ => panic!(
+            "{var} is not set: this test needs {what}. Run the tests through scripts/test.sh (it starts the \
+             services), or set {var} to host:port[,host:port…] of a running one."
+        ),
+    }
+}
+
+/// A name no other test (or earlier run) uses.
+pub fn unique(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{prefix}_{}_{nanos:x}", std::process::id())
+}
+
+fn script() -> PathBuf {
+    std::env::var_os("REMOTE_WAL_SERVICES_SCRIPT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/services.sh"))
+}
+
+fn run(args: &[&str]) -> String {
+    let out = Command::new("bash")
+        .arg(script())
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {} {args:?}: {e}", script().display()));
+    assert!(
+        out.status.success(),
+        "services.sh {args:?} failed ({}); stderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A service instance of this test's own, stopped (and its state removed) when dropped.
+pub struct Service {
+    kind: &'static str,
+    /// Instance names (one, or the nodes of a cluster).
+    pub names: Vec<String>,
+    /// host:port of each node, in node order.
+    pub endpoints: Vec<String>,
+}
+
+impl Service {
+    /// A single-node Kafka (KRaft) of this test's own.
+    pub fn kafka(tag: &str) -> Service {
+        let name = unique(tag).replace('_', "-");
+        run(&["start", "kafka", &name]);
+        let ep = run(&["endpoint", "kafka", &name]);
+        Service {
+            kind: "kafka",
+            names: vec![name],
+            endpoints: vec![ep],
+        }
+    }
+
+    /// An `n`-node Kafka KRaft cluster (every node broker and controller).
+    pub fn kafka_cluster(tag: &str, n: usize) -> Service {
+        let name = unique(tag).replace('_', "-");
+        let eps = run(&["start-cluster", &name, &n.to_string()]);
+        let names = (1..=n).map(|i| format!("{name}-{i}")).collect();
+        Service {
+            kind: "kafka",
+            names,
+            endpoints: eps.split(',').map(str::to_string).collect(),
+        }
+    }
+
+    /// An etcd of this test's own.
+    pub fn etcd(tag: &str) -> Service {
+        let name = unique(tag).replace('_', "-");
+        run(&["start", "etcd", &name]);
+        let ep = run(&["endpoint", "etcd", &name]);
+        Service {
+            kind: "etcd",
+            names: vec![name],
+            endpoints: vec![ep],
+        }
+    }
+
+    /// Stops node `i` (data kept).
+    pub fn stop(&self, i: usize) {
+        run(&["stop", self.kind, &self.names[i]]);
+    }
+
+    /// Starts node `i` again on the same port with its data, and waits until it is ready.
+    pub fn start(&self, i: usize) {
+        run(&["start", self.kind, &self.names[i]]);
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("bash")
+                .arg(script())
+                .args(["stop", self.kind, name])
+                .output();
+            let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("target/services")
+                .join(name);
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}

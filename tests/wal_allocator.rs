@@ -1,0 +1,181 @@
+//! `WalOptionsAllocator` end to end on a procedure manager: readiness, allocation order, one bootstrap per pool,
+//! growth after a finished bootstrap, and a new attempt after a failed one.
+
+mod wal_support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use procedures::{
+    LocalManager, ManagerConfig, MemoryStateStore, ProcedureManager, ProcedureManagerRef,
+    RetryPolicy,
+};
+use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
+use remote_wal::wal::kafka::bootstrap::bootstrap_procedure_id;
+use remote_wal::wal::kafka::topic_key::list_persisted_topics;
+use remote_wal::wal::kafka::{
+    KafkaTopicManager, ReadyPoll, RoundRobinTopicSelector, TopicPoolSpec,
+};
+use remote_wal::wal::{WalOptions, WalOptionsAllocator};
+use wal_support::FakeAdmin;
+
+fn spec(prefix: &str, n: usize) -> TopicPoolSpec {
+    let mut spec = TopicPoolSpec::new(prefix, n);
+    spec.ready_poll = ReadyPoll {
+        init: Duration::from_millis(1),
+        max: Duration::from_millis(5),
+        factor: 2.0,
+        deadline: Duration::from_secs(5),
+    };
+    spec
+}
+
+fn kafka(spec: TopicPoolSpec, kv: &KvBackendRef, admin: &Arc<FakeAdmin>) -> WalOptionsAllocator {
+    WalOptionsAllocator::Kafka(
+        KafkaTopicManager::new(
+            spec,
+            kv.clone(),
+            admin.clone(),
+            Arc::new(RoundRobinTopicSelector::new()),
+        )
+        .unwrap(),
+    )
+}
+
+async fn manager(allocator: &WalOptionsAllocator) -> ProcedureManagerRef {
+    let config = ManagerConfig {
+        step_retry: RetryPolicy {
+            max_retries: 1,
+            initial_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(2),
+            factor: 2.0,
+        },
+        ..ManagerConfig::default()
+    };
+    let manager = LocalManager::new(Arc::new(MemoryStateStore::new()), config);
+    allocator.register_loaders(&manager).unwrap();
+    manager.start().await.unwrap();
+    Arc::new(manager)
+}
+
+#[tokio::test]
+async fn raft_engine_is_ready_at_once() {
+    let allocator = WalOptionsAllocator::RaftEngine;
+    assert!(allocator.is_ready());
+    assert_eq!(allocator.alloc().unwrap(), WalOptions::RaftEngine);
+    assert_eq!(
+        allocator.alloc_batch(3).unwrap(),
+        vec![WalOptions::RaftEngine; 3]
+    );
+    let manager = manager(&allocator).await;
+    allocator.start(&manager).await.unwrap();
+    assert!(allocator.alloc_batch(0).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn kafka_allocation_before_start_is_an_error_not_a_fallback() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    let allocator = kafka(spec("early", 4), &kv, &admin);
+    assert!(!allocator.is_ready());
+    for err in [
+        allocator.alloc().unwrap_err(),
+        allocator.alloc_batch(2).unwrap_err(),
+    ] {
+        let text = err.to_string();
+        assert!(
+            text.contains("'early'") && text.contains("not ready"),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn start_bootstraps_the_pool_then_allocates_round_robin() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    let allocator = kafka(spec("rr", 3), &kv, &admin);
+    let manager = manager(&allocator).await;
+    allocator.start(&manager).await.unwrap();
+    assert!(allocator.is_ready());
+    assert_eq!(admin.topics().len(), 3);
+    assert_eq!(
+        list_persisted_topics(kv.as_ref(), "").await.unwrap(),
+        ["rr_0", "rr_1", "rr_2"]
+    );
+    let got = allocator.alloc_batch(4).unwrap();
+    assert_eq!(
+        got,
+        ["rr_0", "rr_1", "rr_2", "rr_0"]
+            .map(WalOptions::kafka)
+            .to_vec()
+    );
+    assert_eq!(allocator.alloc().unwrap(), WalOptions::kafka("rr_1"));
+}
+
+#[tokio::test]
+async fn starting_twice_is_one_procedure() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    let allocator = kafka(spec("twice", 5), &kv, &admin);
+    let manager = manager(&allocator).await;
+    let (a, b) = tokio::join!(allocator.start(&manager), allocator.start(&manager));
+    a.unwrap();
+    b.unwrap();
+    allocator.start(&manager).await.unwrap();
+    assert_eq!(admin.total_create_calls(), 5);
+    let ids: Vec<String> = manager
+        .list_procedures()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.id.to_string())
+        .collect();
+    assert_eq!(ids, [bootstrap_procedure_id("twice", 0).to_string()]);
+}
+
+#[tokio::test]
+async fn a_grown_pool_runs_a_new_bootstrap_after_the_finished_one() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    let small = kafka(spec("grow", 4), &kv, &admin);
+    let manager = manager(&small).await;
+    small.start(&manager).await.unwrap();
+
+    let big = kafka(spec("grow", 6), &kv, &admin);
+    big.start(&manager).await.unwrap();
+    assert_eq!(admin.total_create_calls(), 6);
+    assert_eq!(
+        list_persisted_topics(kv.as_ref(), "").await.unwrap().len(),
+        6
+    );
+    assert_eq!(big.alloc_batch(6).unwrap().len(), 6);
+    assert!(manager.watch(&bootstrap_procedure_id("grow", 1)).is_some());
+}
+
+#[tokio::test]
+async fn a_failed_bootstrap_is_reported_and_a_later_start_runs_a_new_one() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    admin.add_out_of_band("bad_1", 3);
+    let allocator = kafka(spec("bad", 3), &kv, &admin);
+    let manager = manager(&allocator).await;
+    let err = allocator.start(&manager).await.unwrap_err().to_string();
+    assert!(err.contains("'bad'") && err.contains("bad_1"), "{err}");
+    assert!(!allocator.is_ready());
+    assert!(
+        list_persisted_topics(kv.as_ref(), "")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // The operator fixes the topic; the next start (same manager, failed record retained) succeeds.
+    admin.delete_out_of_band("bad_1");
+    allocator.start(&manager).await.unwrap();
+    assert!(allocator.is_ready());
+    assert_eq!(
+        list_persisted_topics(kv.as_ref(), "").await.unwrap().len(),
+        3
+    );
+}

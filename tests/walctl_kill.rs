@@ -1,0 +1,140 @@
+//! SIGKILL `walctl bootstrap` while it creates a pool of 200 Kafka topics, rerun it, and check with Kafka's
+//! metadata that every wanted topic exists exactly once (and no other topic of the prefix), and that every name is
+//! persisted. Needs `KAFKA_ENDPOINTS` (the test fails saying so when unset).
+
+mod walctl_common;
+
+use std::collections::BTreeSet;
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use walctl_common::{
+    Env, endpoints, pool_topics_on_broker, toml_list, unique, walctl_path, wanted_topics,
+};
+
+const NUM_TOPICS: usize = 200;
+
+#[test]
+fn killed_bootstrap_resumes_to_exactly_the_wanted_topics_all_persisted() {
+    let brokers = endpoints("KAFKA_ENDPOINTS");
+    let env = Env::new();
+    let prefix = unique("walctl_kill");
+    let wanted = wanted_topics(&prefix, NUM_TOPICS);
+    // Two creations in flight at a time, so the pool takes long enough to be caught half-made.
+    let config = env.write(
+        "kill.toml",
+        &format!(
+            r#"
+[metadata_store]
+backend = "redb"
+path = "walctl-data/kill.redb"
+
+[wal]
+provider = "kafka"
+broker_endpoints = {brokers}
+num_topics = {NUM_TOPICS}
+topic_name_prefix = "{prefix}"
+max_concurrent_creates = 2
+
+[wal.backoff]
+deadline = "60s"
+"#,
+            brokers = toml_list(&brokers),
+        ),
+    );
+
+    let mut child = Command::new(walctl_path())
+        .current_dir(env.dir.path())
+        .arg("--config")
+        .arg(&config)
+        .arg("bootstrap")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn walctl bootstrap");
+
+    // Kill it once the broker shows some, but not all, of the pool.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let seen_at_kill = loop {
+        let seen = pool_topics_on_broker(&brokers, &prefix).len();
+        if seen > 0 && seen < NUM_TOPICS {
+            child.kill().expect("SIGKILL walctl");
+            break seen;
+        }
+        if let Some(status) = child.try_wait().expect("poll child") {
+            panic!(
+                "walctl bootstrap ended ({status}) before it could be killed half-way ({seen} of {NUM_TOPICS} topics \
+                 on the broker)"
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no topic of {prefix} appeared within 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let status = child.wait().expect("wait for the killed walctl");
+    assert_eq!(
+        status.signal(),
+        Some(9),
+        "walctl was killed by SIGKILL: {status}"
+    );
+    let after_kill = pool_topics_on_broker(&brokers, &prefix).len();
+    assert!(
+        after_kill < NUM_TOPICS,
+        "the killed run left the pool incomplete ({after_kill} of {NUM_TOPICS}; {seen_at_kill} at the kill)"
+    );
+
+    // Rerun to completion: it resumes the unfinished procedure.
+    let report = env.json(Some(&config), &["bootstrap"]);
+    assert_eq!(report[0]["ready"], true, "{report:?}");
+
+    // Kafka's metadata: exactly the wanted names (a map, so each once), one partition each, no other topic of the
+    // prefix.
+    let on_broker = pool_topics_on_broker(&brokers, &prefix);
+    let names: BTreeSet<String> = on_broker.keys().cloned().collect();
+    assert_eq!(names, wanted, "the broker holds exactly the wanted topics");
+    assert!(on_broker.values().all(|p| *p == 1), "one partition each");
+
+    // Every name persisted: through walctl ...
+    let topics = env.json(Some(&config), &["topics"]);
+    let persisted: BTreeSet<String> = topics
+        .iter()
+        .filter(|t| t["persisted"] == true)
+        .map(|t| t["topic"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(persisted, wanted);
+    assert_eq!(
+        topics.len(),
+        NUM_TOPICS,
+        "no topic outside the pool: {topics:?}"
+    );
+
+    // ... and straight from the redb file through the library.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let from_file: BTreeSet<String> = runtime.block_on(async {
+        let kv = remote_wal::kv::RedbKvBackend::open(env.dir.path().join("walctl-data/kill.redb"))
+            .unwrap();
+        remote_wal::wal::kafka::topic_key::list_persisted_topics(&kv, &format!("{prefix}_"))
+            .await
+            .unwrap()
+            .into_iter()
+            .collect()
+    });
+    assert_eq!(from_file, wanted);
+
+    // One bootstrap procedure, resumed and done: the rerun finished the killed run's procedure instead of
+    // starting another.
+    let procedures = env.json(Some(&config), &["procedures", "list"]);
+    let bootstraps: Vec<_> = procedures
+        .iter()
+        .filter(|p| {
+            p["type"]
+                .as_str()
+                .is_some_and(|t| t.contains("TopicBootstrap"))
+        })
+        .collect();
+    assert_eq!(bootstraps.len(), 1, "{procedures:?}");
+    assert_eq!(bootstraps[0]["state"], "done");
+}
