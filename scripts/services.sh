@@ -137,7 +137,11 @@ PROPS
     local cluster_id
     cluster_id=$(cat "$STATE/${members%% *}/cluster_id" 2>/dev/null || true)
     if [[ -z $cluster_id ]]; then
-      cluster_id=$(python3 -c 'import uuid,base64;print(base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("="))')
+      # A base64 UUID as Kafka wants it; one starting with '-' would be taken for an option by the format tool.
+      cluster_id=$(python3 -c 'import uuid,base64
+while True:
+    c = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not c.startswith("-"): print(c); break')
       echo "$cluster_id" >"$STATE/${members%% *}/cluster_id"
     fi
     java "${java_opts[@]}" -cp "$cp" kafka.tools.StorageTool format -t "$cluster_id" \

@@ -407,6 +407,7 @@ async fn unknown_procedure_type() {
         error: None,
         created_at_ms: 1,
         updated_at_ms: 2,
+        waiting_for: Vec::new(),
     };
     let (kv, manager) =
         manager_over_record("proc/drop-7", &serde_json::to_vec(&record).unwrap()).await;
