@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use procedures::{LocalManager, ManagerConfig, MemoryStateStore, ProcedureManager, StateStore};
+use procedures::{LocalManager, ManagerConfig, ProcedureManager, StateStore};
 use remote_wal::datanode::{RegionOpener, WalProviderKind};
 use remote_wal::ddl::datanode_table::datanode_table_key;
 use remote_wal::ddl::{
@@ -12,7 +12,9 @@ use remote_wal::ddl::{
     RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager, TableName,
     WalOptionsSource,
 };
+use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::redb::RedbKvBackend;
+use remote_wal::kv::state_store::KvStateStore;
 use remote_wal::kv::{KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
 use tokio::runtime::Runtime;
@@ -52,20 +54,39 @@ fn bench_create_table(c: &mut Criterion) {
     let mut group = c.benchmark_group("create_table_64_regions");
     group.sample_size(10);
 
-    let ddl = ddl_manager(
-        &rt,
-        Arc::new(MemoryKvBackend::new()),
-        Arc::new(MemoryStateStore::new()),
-    );
-    let n = AtomicUsize::new(0);
-    group.bench_function("memory", |b| {
-        b.to_async(&rt).iter(|| async {
-            let i = n.fetch_add(1, Ordering::Relaxed);
-            let task =
-                CreateTableTask::new(TableName::new("greptime", "public", format!("t{i}")), 64);
-            ddl.create_table(task).await.expect("create")
-        })
-    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let redb: KvBackendRef =
+        Arc::new(RedbKvBackend::open(dir.path().join("ddl.redb")).expect("redb"));
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    // Metadata and procedure state on the same backend, as a metasrv runs.
+    let mut backends: Vec<(&str, KvBackendRef)> =
+        vec![("memory", Arc::new(MemoryKvBackend::new())), ("redb", redb)];
+    // etcd only when a cluster is given (a separate run: `source services.env` first); keys are unique per run.
+    if let Ok(endpoints) = std::env::var("ETCD_ENDPOINTS") {
+        let config = EtcdConfig::new(endpoints.split(',').map(str::trim));
+        let etcd = rt.block_on(EtcdKvBackend::connect(config)).expect("etcd");
+        backends.push(("etcd", Arc::new(etcd)));
+    }
+    for (name, kv) in backends {
+        let store = Arc::new(KvStateStore::with_prefix(
+            kv.clone(),
+            format!("__bench_procedures/{run}/"),
+        ));
+        let ddl = ddl_manager(&rt, kv, store);
+        let n = AtomicUsize::new(0);
+        group.bench_function(name, |b| {
+            b.to_async(&rt).iter(|| async {
+                let i = n.fetch_add(1, Ordering::Relaxed);
+                let table = TableName::new("greptime", format!("bench_{run}"), format!("t{i}"));
+                ddl.create_table(CreateTableTask::new(table, 64))
+                    .await
+                    .expect("create")
+            })
+        });
+    }
     group.finish();
 }
 

@@ -21,7 +21,7 @@ use remote_wal::ddl::{
     CREATE_TABLE_TYPE_NAME, CreateTableProcedure, CreateTableTask, DdlContext,
     MemoryDatanodeManager, RaftEngineWalSource, TableName, WalOptionsSourceRef,
 };
-use remote_wal::kv::{KeyValue, KvBackendRef, MemoryKvBackend};
+use remote_wal::kv::{KeyValue, KvBackendRef, KvStateStore, MemoryKvBackend};
 use remote_wal::wal::kafka::TopicPoolSpec;
 use remote_wal::wal::kafka::admin::TopicAdminRef;
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
@@ -46,10 +46,13 @@ enum Provider {
 struct CreateTableScenario {
     provider: Provider,
     num_regions: u32,
+    /// Procedure state in the same kv as the metadata (`KvStateStore`), as a metasrv runs; else a separate
+    /// `MemoryStateStore`.
+    state_in_kv: bool,
 }
 
 struct Env {
-    store: Arc<MemoryStateStore>,
+    store: Arc<dyn StateStore>,
     kv: KvBackendRef,
     datanodes: Arc<MemoryDatanodeManager>,
     wal: WalOptionsSourceRef,
@@ -102,8 +105,13 @@ impl CrashScenario for CreateTableScenario {
                 Arc::new(support::kafka_allocator(spec.clone(), admin.clone(), kv.clone()).await)
             }
         };
+        let store: Arc<dyn StateStore> = if self.state_in_kv {
+            Arc::new(KvStateStore::new(kv.clone()))
+        } else {
+            Arc::new(MemoryStateStore::new())
+        };
         Env {
-            store: Arc::new(MemoryStateStore::new()),
+            store,
             kv,
             datanodes: Arc::new(MemoryDatanodeManager::new()),
             wal,
@@ -229,10 +237,11 @@ fn invariants(
 }
 
 /// Runs the matrix; returns the golden outcome.
-async fn run(provider: Provider) -> Outcome {
+async fn run(provider: Provider, state_in_kv: bool) -> Outcome {
     let scenario = CreateTableScenario {
         provider,
         num_regions: 5,
+        state_in_kv,
     };
 
     // The golden run itself must satisfy the invariants (the matrix then holds every case to it).
@@ -278,7 +287,7 @@ async fn run(provider: Provider) -> Outcome {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_table_survives_every_crash_point_raft_engine() {
-    let golden = run(Provider::RaftEngine).await;
+    let golden = run(Provider::RaftEngine, false).await;
     for (requests, _) in golden.open.values() {
         for r in requests {
             assert_eq!(
@@ -310,7 +319,7 @@ async fn create_table_survives_every_crash_point_kafka_pool_in_memory() {
     let admin: TopicAdminRef = Arc::new(support::MemoryTopicAdmin::default());
     let pool = support::bootstrap_pool(spec.clone(), admin.clone()).await;
     assert_eq!(pool.len(), 4);
-    let golden = run(Provider::Kafka { spec, admin, pool }).await;
+    let golden = run(Provider::Kafka { spec, admin, pool }, false).await;
     // 5 regions over a 4-topic pool, round-robin from the first topic.
     assert_eq!(topics_used(&golden).len(), 4);
 }
@@ -335,11 +344,15 @@ async fn create_table_survives_every_crash_point_kafka_real_broker() {
     let spec = TopicPoolSpec::new(format!("remote_wal_ddl_matrix_{nanos}"), 4);
     let pool = support::bootstrap_pool(spec.clone(), admin.clone()).await;
     assert_eq!(pool.len(), 4);
-    let golden = run(Provider::Kafka {
-        spec,
-        admin: admin.clone(),
-        pool,
-    })
+    // State in the same kv as the metadata, as a metasrv runs.
+    let golden = run(
+        Provider::Kafka {
+            spec,
+            admin: admin.clone(),
+            pool,
+        },
+        true,
+    )
     .await;
     let in_broker = admin.list_topics().await.unwrap();
     let used = topics_used(&golden);
@@ -351,4 +364,10 @@ async fn create_table_survives_every_crash_point_kafka_real_broker() {
             "topic {topic} is not in the broker with 1 partition"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_table_survives_every_crash_point_with_state_in_the_metadata_kv() {
+    let golden = run(Provider::RaftEngine, true).await;
+    assert_eq!(golden.creations.len(), 5);
 }

@@ -182,12 +182,11 @@ impl CreateTableProcedure {
     async fn on_persist_metadata(&mut self, ctx: &Context) -> Result<Status> {
         let allocation = self.allocation()?;
         let metadata = TableMetadata::new(&self.data.task, &allocation);
-        let written = self.context.metadata.create_table_metadata(&metadata).await;
-        if let Err(e) = &written
-            && e.is_retryable()
-        {
-            return written.map(|_| Status::done());
-        }
+        let written = match self.context.metadata.create_table_metadata(&metadata).await {
+            // Tried again later: the reservation must stay until the outcome is final.
+            Err(e) if e.is_retryable() => return Err(e),
+            written => written,
+        };
         self.context
             .allocator
             .release(ctx.procedure_id().as_str())
