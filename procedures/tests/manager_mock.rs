@@ -495,3 +495,126 @@ async fn a_persisted_suspension_writes_the_parent_and_its_children_in_one_write(
         [("proc/p".to_string(), 2, ProcedureState::Done, 0)]
     );
 }
+
+/// A mocked store (epoch 1, no records) whose writes fail with a retryable error while `down` is set.
+fn switchable_store(down: Arc<std::sync::atomic::AtomicBool>) -> (Arc<MockStore>, Writes) {
+    let writes: Writes = Arc::default();
+    let mut mock = MockStore::new();
+    mock.expect_get()
+        .withf(|key| key == EPOCH_KEY)
+        .returning(|_| Ok(Some(b"1".to_vec())));
+    mock.expect_scan()
+        .withf(|prefix| prefix == RECORD_PREFIX)
+        .times(1)
+        .returning(|_| Ok(Vec::new()));
+    let recorded = writes.clone();
+    mock.expect_write().returning(move |conditions, ops| {
+        let key = ops
+            .first()
+            .map(|op| op.key().to_string())
+            .unwrap_or_default();
+        recorded.lock().unwrap().push((conditions, ops));
+        if down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Store {
+                action: "write",
+                key,
+                source: "backend unavailable".into(),
+                retryable: true,
+            });
+        }
+        Ok(WriteOutcome::Applied)
+    });
+    (Arc::new(mock), writes)
+}
+
+/// Waits until procedure `id` shows `state`, and returns what it shows.
+async fn until_state(
+    m: &LocalManager,
+    id: &str,
+    state: ProcedureState,
+) -> procedures::ProcedureInfo {
+    within(async {
+        loop {
+            if let Some(info) = m.procedure_state(&ProcedureId::new(id)).await.unwrap()
+                && info.state == state
+            {
+                return info;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_retried_store_write_shows_the_procedure_retrying_with_the_store_error() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let down = Arc::new(AtomicBool::new(false));
+    let (store, writes) = switchable_store(down.clone());
+    let config = ManagerConfig {
+        store_retry: procedures::RetryPolicy {
+            max_retries: 100_000,
+            ..fast_config().store_retry
+        },
+        ..fast_config()
+    };
+    let m = Arc::new(started(&store, config, &Env::new(true)).await);
+    let env = Env::new(false);
+    // The procedure blocks at its first step until the gate opens.
+    let plan = Plan {
+        block_at: Some(0),
+        ..Plan::steps(1, true)
+    };
+
+    // The epoch claim went through; now the store goes down and the submission write is retried.
+    down.store(true, Ordering::SeqCst);
+    let submit = {
+        let (m, procedure) = (m.clone(), env.with_id("p", plan));
+        tokio::spawn(async move { m.submit(procedure).await })
+    };
+    let retrying = until_state(&m, "p", ProcedureState::Retrying).await;
+    assert_eq!(retrying.step, 0);
+    assert_eq!(
+        retrying.error.as_deref(),
+        Some("state store failed to write 'proc/p': backend unavailable")
+    );
+    let listed = m.list_procedures().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].state, ProcedureState::Retrying);
+    assert!(listed[0].error.is_some());
+
+    down.store(false, Ordering::SeqCst);
+    let mut watcher = within(submit).await.unwrap().unwrap();
+    // Written: running again at step 0, the error gone (the step is blocked at the gate).
+    let info = m
+        .procedure_state(&ProcedureId::new("p"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((info.step, info.state), (0, ProcedureState::Running));
+    assert_eq!(info.error, None);
+
+    // The step's write is retried the same way.
+    let before = writes.lock().unwrap().len();
+    down.store(true, Ordering::SeqCst);
+    env.gate.add_permits(1);
+    let retrying = until_state(&m, "p", ProcedureState::Retrying).await;
+    assert_eq!(retrying.step, 0);
+    assert_eq!(
+        retrying.error.as_deref(),
+        Some("state store failed to write 'proc/p': backend unavailable")
+    );
+    assert!(writes.lock().unwrap().len() > before);
+    down.store(false, Ordering::SeqCst);
+    assert_eq!(
+        within(watcher.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 1 }))
+    );
+    let done = m
+        .procedure_state(&ProcedureId::new("p"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((done.step, done.state), (2, ProcedureState::Done));
+    assert_eq!(done.error, None);
+}

@@ -242,11 +242,36 @@ impl Inner {
     /// One atomic write conditional on this manager's epoch (plus `conditions`), retried with the store retry
     /// policy while the store error is retryable. A refusal because the epoch moved is [`Error::Fenced`]; a
     /// refusal of one of the other `conditions` comes back as [`WriteOutcome::Rejected`].
+    ///
+    /// While the write is retried, the procedures in `shown` (those whose records it writes) show as `retrying`
+    /// with the store's error; once the store answers, they show what they showed before (the caller then
+    /// publishes the outcome). When the retries run out, the error is returned and the caller decides what shows.
     pub(crate) async fn write(
         &self,
         epoch: u64,
         conditions: Vec<Condition>,
         ops: Vec<WriteOp>,
+        shown: &[ProcedureId],
+    ) -> Result<WriteOutcome> {
+        let mut before: Option<Vec<(ProcedureId, ProcedureInfo)>> = None;
+        let outcome = self
+            .write_retried(epoch, conditions, ops, shown, &mut before)
+            .await;
+        if let (Ok(_), Some(before)) = (&outcome, before) {
+            for (id, info) in before {
+                self.with_entry(&id, |entry| entry.publish(info));
+            }
+        }
+        outcome
+    }
+
+    async fn write_retried(
+        &self,
+        epoch: u64,
+        conditions: Vec<Condition>,
+        ops: Vec<WriteOp>,
+        shown: &[ProcedureId],
+        before: &mut Option<Vec<(ProcedureId, ProcedureInfo)>>,
     ) -> Result<WriteOutcome> {
         let mut all = Vec::with_capacity(conditions.len() + 1);
         all.push(Condition::Equals {
@@ -276,13 +301,42 @@ impl Inner {
                 }
                 Err(e) if e.is_retryable() => match backoff.next() {
                     Some(delay) => {
-                        tracing::debug!(error = %e, ?delay, "retrying a state store write");
+                        tracing::warn!(procedures = ?shown, error = %e, ?delay, "retrying a state store write");
+                        self.show_store_retry(shown, &e, before);
                         tokio::time::sleep(delay).await;
                     }
                     None => return Err(e),
                 },
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Shows every procedure of `shown` as `retrying` with the store error `e`; the first time, keeps what they
+    /// showed in `before`.
+    fn show_store_retry(
+        &self,
+        shown: &[ProcedureId],
+        e: &Error,
+        before: &mut Option<Vec<(ProcedureId, ProcedureInfo)>>,
+    ) {
+        let mut state = self.state();
+        let first = before.is_none();
+        let kept = before.get_or_insert_with(Vec::new);
+        let text = e.to_string();
+        let now = now_ms();
+        for id in shown {
+            let Some(entry) = state.procedures.get_mut(id) else {
+                continue;
+            };
+            if first {
+                kept.push((id.clone(), entry.info.clone()));
+            }
+            let mut info = entry.info.clone();
+            info.state = ProcedureState::Retrying;
+            info.error = Some(text.clone());
+            info.updated_at_ms = now;
+            entry.publish(info);
         }
     }
 
@@ -569,6 +623,7 @@ impl Inner {
                     key,
                     value: new.value.clone(),
                 }],
+                std::slice::from_ref(&id),
             )
             .await;
         match outcome {

@@ -64,7 +64,7 @@ pub(crate) async fn sweep(inner: &Arc<Inner>) -> usize {
                 key: record_key(id),
             })
             .collect();
-        match inner.write(epoch, Vec::new(), ops).await {
+        match inner.write(epoch, Vec::new(), ops, &[]).await {
             Ok(WriteOutcome::Applied) => {
                 let mut state = inner.state();
                 for id in &members {

@@ -193,18 +193,21 @@ impl Runner {
         loop {
             let mut conditions = Vec::with_capacity(new.len());
             let mut ops = Vec::with_capacity(new.len() + 1);
+            let mut shown = Vec::with_capacity(new.len() + 1);
             ops.push(WriteOp::Put {
                 key: key.clone(),
                 value: value.clone(),
             });
+            shown.push(self.id().clone());
             for child in &new {
                 conditions.push(Condition::Absent { key: child.key() });
                 ops.push(WriteOp::Put {
                     key: child.key(),
                     value: child.value.clone(),
                 });
+                shown.push(child.record.id.clone());
             }
-            match self.inner.write(self.epoch, conditions, ops).await {
+            match self.inner.write(self.epoch, conditions, ops, &shown).await {
                 Ok(WriteOutcome::Applied) => {
                     self.record = record;
                     let info = ProcedureInfo::from(&self.record);
@@ -533,7 +536,12 @@ impl Runner {
         let key = record_key(&record.id);
         match self
             .inner
-            .write(self.epoch, Vec::new(), vec![WriteOp::Put { key, value }])
+            .write(
+                self.epoch,
+                Vec::new(),
+                vec![WriteOp::Put { key, value }],
+                std::slice::from_ref(&record.id),
+            )
             .await
         {
             Ok(WriteOutcome::Applied) => {
