@@ -160,9 +160,14 @@ impl CreateTableProcedure {
         Ok(Status::executing(true))
     }
 
-    /// CreateRegions: each region on its datanode, one after the other, with a side-effect point after each.
+    /// CreateRegions: each region on its datanode, one after the other, with a side-effect point after each. The
+    /// allocation is in the stored state now, so its kv reservation is no longer needed and is removed first.
     async fn on_create_regions(&mut self, ctx: &Context) -> procedures::Result<Status> {
         let allocation = self.allocation()?;
+        self.context
+            .allocator
+            .release(ctx.procedure_id().as_str())
+            .await?;
         for (datanode_id, request) in region_create_requests(&self.data.task, &allocation) {
             let region_id = request.region_id;
             self.context
@@ -177,21 +182,14 @@ impl CreateTableProcedure {
         Ok(Status::executing(true))
     }
 
-    /// PersistDatanodeTableValue: every metadata key in one transaction; done with the table id. The allocation's
-    /// kv reservation is removed once the metadata holds it, or once the metadata is refused for good.
-    async fn on_persist_metadata(&mut self, ctx: &Context) -> Result<Status> {
+    /// PersistDatanodeTableValue: every metadata key in one transaction; done with the table id.
+    async fn on_persist_metadata(&mut self) -> Result<Status> {
         let allocation = self.allocation()?;
         let metadata = TableMetadata::new(&self.data.task, &allocation);
-        let written = match self.context.metadata.create_table_metadata(&metadata).await {
-            // Tried again later: the reservation must stay until the outcome is final.
-            Err(e) if e.is_retryable() => return Err(e),
-            written => written,
-        };
         self.context
-            .allocator
-            .release(ctx.procedure_id().as_str())
+            .metadata
+            .create_table_metadata(&metadata)
             .await?;
-        written?;
         Ok(Status::done_with_output(table_id_output(
             allocation.table_id,
         )))
@@ -222,9 +220,7 @@ impl Procedure for CreateTableProcedure {
             CreateTableState::Prepare => Ok(self.on_prepare(ctx).await?),
             CreateTableState::Allocate => Ok(self.on_allocate(ctx).await?),
             CreateTableState::CreateRegions => self.on_create_regions(ctx).await,
-            CreateTableState::PersistDatanodeTableValue => {
-                Ok(self.on_persist_metadata(ctx).await?)
-            }
+            CreateTableState::PersistDatanodeTableValue => Ok(self.on_persist_metadata().await?),
         }
     }
 

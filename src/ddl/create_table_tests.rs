@@ -313,7 +313,7 @@ async fn create_regions_tolerates_regions_that_exist_with_the_same_options() {
 async fn create_regions_fails_on_a_region_with_other_options() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let dns = Arc::new(MemoryDatanodeManager::new());
-    let c = context(kv, Arc::new(kafka_source(1)), dns.clone());
+    let c = context(kv.clone(), Arc::new(kafka_source(1)), dns.clone());
     let mut p = at_create_regions(&c, task("cpu", 2)).await;
     let (dn, mut req) =
         region_create_requests(&p.data().task, p.data().allocation.as_ref().unwrap()).remove(1);
@@ -329,6 +329,12 @@ async fn create_regions_fails_on_a_region_with_other_options() {
             .contains(&format!("region {}", req.region_id)),
         "{err}"
     );
+    // The failed procedure leaves no allocation reservation behind.
+    let left = kv
+        .range(crate::kv::RangeRequest::prefix("__table_allocation/"))
+        .await
+        .unwrap();
+    assert!(left.kvs.is_empty(), "{left:?}");
 }
 
 #[tokio::test]
