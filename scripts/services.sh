@@ -18,7 +18,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STATE="$ROOT/target/services"
 KAFKA_LIBS="$ROOT/target/kafka-libs"
-READY_TIMEOUT=${SERVICES_READY_TIMEOUT:-120}
+READY_TIMEOUT=${SERVICES_READY_TIMEOUT:-240}
 
 log() { echo "[services] $*" >&2; }
 die() { echo "[services] error: $*" >&2; exit 1; }
