@@ -25,8 +25,8 @@ use crate::ddl::{
     TableMetadataManagerRef, TableName,
 };
 use crate::error::{
-    CreateDataDirSnafu, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu, NoKafkaPoolSnafu,
-    ProcedureNotFoundSnafu, Result,
+    CreateDataDirSnafu, Error, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu,
+    NoKafkaPoolSnafu, ProcedureNotFoundSnafu, Result,
 };
 use crate::kv::{KvBackendRef, RangeRequest};
 use crate::wal::kafka::KafkaTopicManager;
@@ -70,11 +70,21 @@ pub fn parse_table_name(name: &str) -> Result<TableName> {
         }
     };
     if let Err(e) = full.validate() {
-        return InvalidTableReferenceSnafu {
-            name,
-            reason: e.to_string(),
-        }
-        .fail();
+        // Quote the reference as typed once; name the part only when it is not the whole reference.
+        let reason = match &e {
+            Error::InvalidName {
+                what,
+                name: part,
+                reason,
+            } if part == name => reason.clone(),
+            Error::InvalidName {
+                what,
+                name: part,
+                reason,
+            } => format!("{what} name '{part}': {reason}"),
+            other => other.to_string(),
+        };
+        return InvalidTableReferenceSnafu { name, reason }.fail();
     }
     Ok(full)
 }

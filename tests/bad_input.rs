@@ -615,7 +615,7 @@ async fn table_name_with_illegal_characters() {
     let err = remote_wal::metasrv::parse_table_name("cpu/load").unwrap_err();
     assert_eq!(
         err.to_string(),
-        "invalid table name 'cpu/load': invalid table name 'cpu/load': character '/' is not allowed (only \
+        "invalid table name 'cpu/load': character '/' is not allowed (only \
          [a-zA-Z0-9_-])"
     );
 }
