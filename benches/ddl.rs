@@ -64,7 +64,7 @@ fn bench_create_table(c: &mut Criterion) {
     // Metadata and procedure state on the same backend, as a metasrv runs.
     let mut backends: Vec<(&str, KvBackendRef)> =
         vec![("memory", Arc::new(MemoryKvBackend::new())), ("redb", redb)];
-    // etcd only when a cluster is given (a separate run: `source services.env` first); keys are unique per run.
+    // etcd only when a cluster is given (a separate run: set ETCD_ENDPOINTS first); keys are unique per run.
     if let Ok(endpoints) = std::env::var("ETCD_ENDPOINTS") {
         let config = EtcdConfig::new(endpoints.split(',').map(str::trim));
         let etcd = rt.block_on(EtcdKvBackend::connect(config)).expect("etcd");

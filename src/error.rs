@@ -94,7 +94,10 @@ pub enum Error {
     },
 
     /// No etcd endpoint answered the connection attempt.
-    #[snafu(display("cannot connect to etcd at {endpoints}: {source}"))]
+    #[snafu(display(
+        "cannot connect to etcd at {endpoints}: {}",
+        crate::kv::etcd::describe(source)
+    ))]
     EtcdConnect {
         /// The endpoints tried, comma-separated.
         endpoints: String,
@@ -125,7 +128,10 @@ pub enum Error {
     },
 
     /// An etcd call failed.
-    #[snafu(display("etcd at {endpoints}: {action} on key '{key}' failed: {source}"))]
+    #[snafu(display(
+        "etcd at {endpoints}: {action} on key '{key}' failed: {}",
+        crate::kv::etcd::describe(source)
+    ))]
     EtcdOp {
         /// The endpoints, comma-separated.
         endpoints: String,

@@ -35,7 +35,7 @@ fn endpoints() -> Vec<String> {
     assert!(
         !endpoints.is_empty(),
         "KAFKA_ENDPOINTS is not set: these tests need a running Kafka broker (comma-separated host:port; \
-         `source /work/wt/services.env` or the README's test command sets it)"
+         the README's test command, scripts/test.sh, sets it)"
     );
     endpoints
 }

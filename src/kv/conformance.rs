@@ -40,8 +40,8 @@ pub async fn etcd_from_env() -> crate::kv::EtcdKvBackend {
         .collect();
     assert!(
         !endpoints.is_empty(),
-        "ETCD_ENDPOINTS is not set: this test needs a running etcd (comma-separated host:port, e.g. \
-         `source /work/wt/services.env`)"
+        "ETCD_ENDPOINTS is not set: this test needs a running etcd (comma-separated host:port; \
+         run through scripts/test.sh)"
     );
     crate::kv::EtcdKvBackend::connect(crate::kv::EtcdConfig::new(endpoints.clone()))
         .await

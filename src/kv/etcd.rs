@@ -268,6 +268,44 @@ fn from_op_response(resp: EtcdTxnOpResponse) -> TxnOpResponse {
     }
 }
 
+/// A one-line account of an etcd client error for people: the gRPC status and its message, then the innermost
+/// cause (e.g. `unavailable: tcp connect error (Connection refused (os error 111))`), instead of the client's
+/// nested debug output.
+pub fn describe(e: &etcd_client::Error) -> String {
+    use std::error::Error as _;
+    let head = match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            let code = format!("{:?}", status.code());
+            let mut words = String::new();
+            for (i, c) in code.chars().enumerate() {
+                if c.is_ascii_uppercase() && i > 0 {
+                    words.push(' ');
+                }
+                words.push(c.to_ascii_lowercase());
+            }
+            if status.message().is_empty() {
+                words
+            } else {
+                format!("{words}: {}", status.message())
+            }
+        }
+        other => other.to_string(),
+    };
+    let mut innermost = None;
+    let mut cause = match e {
+        etcd_client::Error::GRpcStatus(status) => status.source(),
+        other => other.source(),
+    };
+    while let Some(c) = cause {
+        innermost = Some(c);
+        cause = c.source();
+    }
+    match innermost {
+        Some(c) if !head.contains(&c.to_string()) => format!("{head} ({c})"),
+        _ => head,
+    }
+}
+
 /// Whether an etcd client error may clear up on retry (the cluster was unreachable, overloaded or timed out).
 pub(crate) fn is_retryable(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;

@@ -145,7 +145,7 @@ pub fn endpoints(var: &str) -> Vec<String> {
     assert!(
         !endpoints.is_empty(),
         "{var} is not set: these tests need a real service. Run scripts/test.sh (it starts Kafka and etcd), \
-         or export {var}=host:port (e.g. `source /work/wt/services.env`)."
+         or export {var}=host:port (scripts/test.sh does)."
     );
     endpoints
 }
