@@ -147,15 +147,28 @@ impl CreateTableProcedure {
     /// Allocate: table id, placement and WAL options, persisted before the next step uses them. An allocation
     /// already in the state is kept; one reserved in the kv by an earlier run of this step (crashed before its
     /// state was stored) is reused.
+    ///
+    /// A table whose metadata transaction the kv backend would refuse (too many datanodes, too large options) fails
+    /// here, its reservation removed, before any region exists: the last step could never record them.
     async fn on_allocate(&mut self, ctx: &Context) -> Result<Status> {
-        if self.data.allocation.is_none() {
-            let allocation = self
-                .context
+        let allocation = match &self.data.allocation {
+            Some(allocation) => allocation.clone(),
+            None => {
+                self.context
+                    .allocator
+                    .allocate_once(ctx.procedure_id().as_str(), &self.data.task)
+                    .await?
+            }
+        };
+        let metadata = TableMetadata::new(&self.data.task, &allocation);
+        if let Err(e) = self.context.metadata.check_metadata_fits(&metadata) {
+            self.context
                 .allocator
-                .allocate_once(ctx.procedure_id().as_str(), &self.data.task)
+                .release(ctx.procedure_id().as_str())
                 .await?;
-            self.data.allocation = Some(allocation);
+            return Err(e);
         }
+        self.data.allocation = Some(allocation);
         self.data.state = CreateTableState::CreateRegions;
         Ok(Status::executing(true))
     }

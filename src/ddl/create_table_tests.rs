@@ -520,3 +520,138 @@ async fn a_metadata_txn_over_the_backend_limit_is_refused_before_writing() {
     );
     assert!(kv.0.dump().is_empty());
 }
+
+#[tokio::test]
+async fn a_table_whose_metadata_cannot_fit_one_txn_fails_before_any_region_is_created() {
+    // 2 regions on 2 datanodes: name + info + route + 2 datanode keys = 5 keys → 10 ops, over a limit of 9. The
+    // metadata step could never succeed, so the procedure must stop before it creates regions it cannot record.
+    let kv = Arc::new(SmallTxnKv(MemoryKvBackend::new(), 9));
+    let dns = Arc::new(MemoryDatanodeManager::new());
+    let c = context(kv.clone(), Arc::new(RaftEngineWalSource), dns.clone());
+    let err = run_to_end(CreateTableProcedure::new(task("cpu", 2), c.clone()), &c)
+        .await
+        .unwrap_err();
+    assert!(!err.is_retryable());
+    let msg = err.to_string();
+    assert!(
+        msg.contains("greptime.public.cpu") && msg.contains("10"),
+        "{msg}"
+    );
+    assert_eq!(dns.calls(), 0, "regions were created: {:?}", dns.regions());
+    // Nothing reserved stays behind (the id sequence may have moved: ids are never reused).
+    let left: Vec<_> =
+        kv.0.dump()
+            .into_iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).to_string())
+            .filter(|k| k != TABLE_ID_SEQ_KEY)
+            .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test]
+async fn a_table_whose_metadata_is_over_the_byte_limit_fails_before_any_region_is_created() {
+    let kv = Arc::new(SmallBytesKv(MemoryKvBackend::new(), 4096));
+    let dns = Arc::new(MemoryDatanodeManager::new());
+    let c = context(kv.clone(), Arc::new(RaftEngineWalSource), dns.clone());
+    // The options go into the info and into each datanode's value: 3 copies of 2,000 bytes.
+    let mut t = task("cpu", 2);
+    t.options.insert("comment".into(), "x".repeat(2000));
+    let err = run_to_end(CreateTableProcedure::new(t, c.clone()), &c)
+        .await
+        .unwrap_err();
+    assert!(!err.is_retryable());
+    let msg = err.to_string();
+    assert!(
+        msg.contains("greptime.public.cpu") && msg.contains("4096"),
+        "{msg}"
+    );
+    assert_eq!(dns.calls(), 0, "regions were created: {:?}", dns.regions());
+    let left: Vec<_> =
+        kv.0.dump()
+            .into_iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).to_string())
+            .filter(|k| k != TABLE_ID_SEQ_KEY)
+            .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A memory backend that accepts only small requests, refusing bigger transactions as a real limit would.
+#[derive(Debug)]
+struct SmallBytesKv(MemoryKvBackend, usize);
+
+#[async_trait::async_trait]
+impl KvBackend for SmallBytesKv {
+    fn name(&self) -> String {
+        "small-bytes".into()
+    }
+    fn max_txn_ops(&self) -> usize {
+        usize::MAX
+    }
+    fn max_request_bytes(&self) -> usize {
+        self.1
+    }
+    async fn get(&self, key: &[u8]) -> crate::Result<Option<crate::kv::KeyValue>> {
+        self.0.get(key).await
+    }
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> crate::Result<Vec<crate::kv::KeyValue>> {
+        self.0.batch_get(keys).await
+    }
+    async fn range(&self, req: crate::kv::RangeRequest) -> crate::Result<crate::kv::RangeResponse> {
+        self.0.range(req).await
+    }
+    async fn put(&self, req: crate::kv::PutRequest) -> crate::Result<Option<crate::kv::KeyValue>> {
+        self.0.put(req).await
+    }
+    async fn batch_put(
+        &self,
+        kvs: Vec<crate::kv::KeyValue>,
+        prev_kv: bool,
+    ) -> crate::Result<Vec<crate::kv::KeyValue>> {
+        self.0.batch_put(kvs, prev_kv).await
+    }
+    async fn compare_and_put(
+        &self,
+        req: crate::kv::CompareAndPutRequest,
+    ) -> crate::Result<crate::kv::CompareAndPutResponse> {
+        self.0.compare_and_put(req).await
+    }
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> crate::Result<(u64, Vec<crate::kv::KeyValue>)> {
+        self.0.delete_range(key, range_end, prev_kv).await
+    }
+    async fn batch_delete(
+        &self,
+        keys: &[Vec<u8>],
+        prev_kv: bool,
+    ) -> crate::Result<Vec<crate::kv::KeyValue>> {
+        self.0.batch_delete(keys, prev_kv).await
+    }
+    async fn txn(&self, txn: crate::kv::Txn) -> crate::Result<crate::kv::TxnResponse> {
+        let op_bytes = |op: &crate::kv::TxnOp| match op {
+            crate::kv::TxnOp::Put(k, v) => k.len() + v.len(),
+            crate::kv::TxnOp::Get(k) | crate::kv::TxnOp::Delete(k) => k.len(),
+        };
+        let bytes: usize = txn
+            .compare
+            .iter()
+            .map(|c| match c {
+                crate::kv::Compare::ValueEquals(k, v) => k.len() + v.len(),
+                c => c.key().len(),
+            })
+            .chain(txn.success.iter().chain(&txn.failure).map(op_bytes))
+            .sum();
+        snafu::ensure!(
+            bytes <= self.1,
+            crate::error::KvLimitSnafu {
+                backend: self.name(),
+                key: "",
+                reason: format!("{bytes} bytes, at most {}", self.1),
+            }
+        );
+        self.0.txn(txn).await
+    }
+}

@@ -15,8 +15,8 @@ use crate::ddl::table_name::{TableName, TableNameValue};
 use crate::ddl::table_route::{TableRouteValue, table_route_key};
 use crate::ddl::task::CreateTableTask;
 use crate::error::{
-    DecodeMetadataSnafu, EncodeMetadataSnafu, MetadataTxnTooLargeSnafu, Result,
-    TableAlreadyExistsSnafu, TableMetadataConflictSnafu,
+    DecodeMetadataSnafu, EncodeMetadataSnafu, InvalidCreateTableSnafu, MetadataTxnTooLargeSnafu,
+    Result, TableAlreadyExistsSnafu, TableMetadataConflictSnafu,
 };
 use crate::kv::{Compare, KvBackendRef, Txn, TxnOp, TxnOpResponse};
 
@@ -191,18 +191,7 @@ impl TableMetadataManager {
     pub async fn create_table_metadata(&self, metadata: &TableMetadata) -> Result<()> {
         let table = metadata.name.to_string();
         let kvs = metadata.encode()?;
-        // Compares and the failure branch's reads both hold one entry per key.
-        let ops = kvs.len() * 2;
-        let max = self.kv.max_txn_ops();
-        ensure!(
-            ops <= max,
-            MetadataTxnTooLargeSnafu {
-                table: table.clone(),
-                ops,
-                max,
-                backend: self.kv.name(),
-            }
-        );
+        self.check_fits(&table, &kvs)?;
         let txn = Txn {
             compare: kvs
                 .iter()
@@ -242,6 +231,43 @@ impl TableMetadataManager {
                 .collect()
         };
         self.check_replay(metadata, &table, &kvs, &current)
+    }
+
+    /// Refuses, before anything is written anywhere, a table whose metadata transaction the backend would refuse
+    /// (over `max_txn_ops` or `max_request_bytes`): the create-table procedure checks this before it creates any
+    /// region, so such a table fails without leaving regions nobody records.
+    pub fn check_metadata_fits(&self, metadata: &TableMetadata) -> Result<()> {
+        self.check_fits(&metadata.name.to_string(), &metadata.encode()?)
+    }
+
+    fn check_fits(&self, table: &str, kvs: &[(String, Vec<u8>)]) -> Result<()> {
+        // Compares and the failure branch's reads both hold one entry per key.
+        let ops = kvs.len() * 2;
+        let max = self.kv.max_txn_ops();
+        ensure!(
+            ops <= max,
+            MetadataTxnTooLargeSnafu {
+                table,
+                ops,
+                max,
+                backend: self.kv.name(),
+            }
+        );
+        // Each key is compared, put with its value and read back in the failure branch.
+        let bytes: usize = kvs.iter().map(|(k, v)| 3 * k.len() + v.len()).sum();
+        let max_bytes = self.kv.max_request_bytes();
+        ensure!(
+            bytes <= max_bytes,
+            InvalidCreateTableSnafu {
+                table,
+                reason: format!(
+                    "writing its metadata needs a transaction of {bytes} bytes of keys and values, backend {} \
+                     allows {max_bytes}",
+                    self.kv.name()
+                ),
+            }
+        );
+        Ok(())
     }
 
     /// After a refused transaction: success when every key holds what would have been written.
