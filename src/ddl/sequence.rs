@@ -66,18 +66,19 @@ impl Sequence {
                 Some(bytes) => self.decode(bytes)?,
                 None => self.start,
             };
+            // `end` is exclusive; it may be `max + 1`, which is what the key then holds. At `u64::MAX` no end past
+            // the id can be stored, so that id is never handed out.
+            let end = first
+                .saturating_add(self.step)
+                .min(self.max.saturating_add(1));
             ensure!(
-                first <= self.max,
+                first <= self.max && first < end,
                 SequenceExhaustedSnafu {
                     key: self.key.clone(),
                     next: first,
                     max: self.max,
                 }
             );
-            // `end` is exclusive; it may be `max + 1`, which is what the key then holds.
-            let end = first
-                .saturating_add(self.step)
-                .min(self.max.saturating_add(1));
             let resp = self
                 .kv
                 .compare_and_put(CompareAndPutRequest {
@@ -160,6 +161,20 @@ mod tests {
             assert!(ids.insert(h.await.unwrap()), "an id was handed out twice");
         }
         assert_eq!(ids.len(), 100);
+    }
+
+    #[tokio::test]
+    async fn a_sequence_up_to_u64_max_ends_with_an_error_not_a_repeated_id() {
+        let kv = kv();
+        let s = Sequence::new(kv.clone(), "seq", u64::MAX - 1, 10, u64::MAX);
+        assert_eq!(s.next().await.unwrap(), u64::MAX - 1);
+        // The exclusive end of a batch holding u64::MAX cannot be stored: the sequence is exhausted there, and every
+        // instance says so instead of handing out (or wrapping past) an id it cannot record as taken.
+        let err = s.next().await.unwrap_err().to_string();
+        assert!(err.contains("'seq'") && err.contains("exhausted"), "{err}");
+        let other = Sequence::new(kv, "seq", 0, 10, u64::MAX);
+        let err = other.next().await.unwrap_err().to_string();
+        assert!(err.contains("'seq'") && err.contains("exhausted"), "{err}");
     }
 
     #[tokio::test]
