@@ -825,3 +825,89 @@ async fn a_persisted_suspension_awaits_a_child_already_in_the_store_instead_of_w
         .unwrap();
     assert_eq!(info.output, Some(serde_json::json!("earlier")));
 }
+
+/// A child record found in the store during a suspension (not loaded at start), as a loader would see it.
+fn unloaded_child(state: ProcedureState, plan: Plan) -> ProcedureRecord {
+    ProcedureRecord {
+        format_version: 1,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("p/c"),
+        parent_id: Some(ProcedureId::new("p")),
+        step: if state == ProcedureState::Running {
+            0
+        } else {
+            2
+        },
+        state,
+        data: serde_json::to_value(plan).unwrap(),
+        output: (state == ProcedureState::Done).then(|| serde_json::json!("earlier")),
+        error: None,
+        waiting_for: Vec::new(),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adopted_unfinished_child_takes_the_key_its_parent_holds() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let child = Plan {
+        exclusive: vec!["k".into()],
+        ..Plan::steps(1, true)
+    };
+    // Written behind the manager's back: the suspension's write finds it and the manager adopts it. It belongs to
+    // the parent's tree, so the parent's exclusive key must not block it (else each waits for the other).
+    let record = unloaded_child(ProcedureState::Running, child.clone());
+    store
+        .put("proc/p/c", serde_json::to_vec(&record).unwrap())
+        .await
+        .unwrap();
+    let parent = Plan {
+        exclusive: vec!["k".into()],
+        children: vec![("c".into(), child)],
+        ..Plan::steps(1, true)
+    };
+    let mut w = m.submit(env.with_id("p", parent)).await.unwrap();
+    assert_eq!(
+        within(w.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 1 }))
+    );
+    assert_eq!(stored(&store, "p/c").state, ProcedureState::Done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adopted_finished_child_is_not_deleted_while_its_parent_runs() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(false);
+    let config = ManagerConfig {
+        retention: Duration::ZERO,
+        retention_check_interval: Duration::from_millis(10),
+        ..fast_config()
+    };
+    let m = manager(&store, config, &env).await;
+    let record = unloaded_child(ProcedureState::Done, Plan::steps(1, true));
+    store
+        .put("proc/p/c", serde_json::to_vec(&record).unwrap())
+        .await
+        .unwrap();
+    // The parent adopts its finished child, takes one step, then blocks while running.
+    let parent = Plan {
+        children: vec![("c".into(), Plan::steps(1, true))],
+        block_at: Some(1),
+        ..Plan::steps(2, true)
+    };
+    let _w = m.submit(env.with_id("p", parent)).await.unwrap();
+    until_step(&m, "p", 2).await;
+    // Many retention checks while the parent runs: its tree (the child included) must stay.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(stored(&store, "p").state, ProcedureState::Running);
+    assert_eq!(stored(&store, "p/c"), record);
+    assert!(
+        m.procedure_state(&ProcedureId::new("p/c"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}

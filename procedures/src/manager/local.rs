@@ -711,13 +711,13 @@ impl Inner {
         }
         match recovered {
             Recovered::Finished(record) => {
-                let root = root_of(&state.procedures, &record.id);
+                let root = adopted_root(&state.procedures, &record);
                 state
                     .procedures
                     .insert(id.clone(), Entry::new(ProcedureInfo::from(&record), root));
             }
             Recovered::Unfinished(record, procedure) => {
-                let root = root_of(&state.procedures, &record.id);
+                let root = adopted_root(&state.procedures, &record);
                 state
                     .procedures
                     .insert(id.clone(), Entry::new(ProcedureInfo::from(&record), root));
@@ -821,6 +821,22 @@ enum Recovered {
         parent_id: Option<ProcedureId>,
         error: Error,
     },
+}
+
+/// The root of the tree of `record`, a record being adopted (not in `procedures` yet): its parent's root, or the
+/// parent's id when the parent is unknown, or its own id for a root. (`root_of` on its id would stop at once, since
+/// the id is not known yet, and make it a tree of its own: locked out of its parent's keys, deleted apart from it.)
+fn adopted_root(
+    procedures: &BTreeMap<ProcedureId, Entry>,
+    record: &ProcedureRecord,
+) -> ProcedureId {
+    match &record.parent_id {
+        Some(parent) => procedures
+            .get(parent)
+            .map(|p| p.root.clone())
+            .unwrap_or_else(|| parent.clone()),
+        None => record.id.clone(),
+    }
 }
 
 /// The root of `id`'s tree among `procedures` (a procedure whose parent is unknown is its own root).
