@@ -911,3 +911,69 @@ async fn an_adopted_finished_child_is_not_deleted_while_its_parent_runs() {
             .is_some()
     );
 }
+
+/// A procedure whose step panics (a bug in the procedure, not in the engine).
+struct Panics;
+
+#[async_trait::async_trait]
+impl procedures::Procedure for Panics {
+    fn type_name(&self) -> &str {
+        "panics"
+    }
+
+    async fn execute(
+        &mut self,
+        _ctx: &procedures::Context,
+    ) -> procedures::Result<procedures::Status> {
+        panic!("step bug")
+    }
+
+    fn dump(&self) -> procedures::Result<serde_json::Value> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn lock_key(&self) -> procedures::LockKey {
+        procedures::LockKey::exclusive("k")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_step_stops_its_procedure_and_resolves_its_watcher() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let mut w = m
+        .submit(procedures::ProcedureWithId::new(
+            ProcedureId::new("bad"),
+            Box::new(Panics),
+        ))
+        .await
+        .unwrap();
+    let err = within(w.wait()).await.unwrap_err();
+    assert!(matches!(err, Error::ManagerNotRunning { .. }), "{err}");
+    let info = m
+        .procedure_state(&ProcedureId::new("bad"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.state, ProcedureState::Running);
+    let error = info.error.unwrap_or_default();
+    assert!(
+        error.contains("panicked") && error.contains("step bug"),
+        "{error}"
+    );
+    // Nothing written beyond the submission: a later manager resumes it.
+    assert_eq!(stored(&store, "bad").step, 0);
+    // Its key is free again and the manager goes on.
+    let mut other = m
+        .submit(env.with_id(
+            "q",
+            Plan {
+                exclusive: vec!["k".into()],
+                ..Plan::steps(1, true)
+            },
+        ))
+        .await
+        .unwrap();
+    within(other.wait()).await.unwrap();
+}
