@@ -977,3 +977,52 @@ async fn a_panicking_step_stops_its_procedure_and_resolves_its_watcher() {
         .unwrap();
     within(other.wait()).await.unwrap();
 }
+
+/// A store that yields to the runtime before every call, as a networked store would.
+struct Yielding(MemoryStateStore);
+
+#[async_trait::async_trait]
+impl StateStore for Yielding {
+    async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
+        tokio::task::yield_now().await;
+        self.0.get(key).await
+    }
+    async fn scan(&self, prefix: &str) -> procedures::Result<Vec<(String, Vec<u8>)>> {
+        tokio::task::yield_now().await;
+        self.0.scan(prefix).await
+    }
+    async fn put(&self, key: &str, value: Vec<u8>) -> procedures::Result<()> {
+        tokio::task::yield_now().await;
+        self.0.put(key, value).await
+    }
+    async fn delete(&self, keys: &[String]) -> procedures::Result<()> {
+        tokio::task::yield_now().await;
+        self.0.delete(keys).await
+    }
+    async fn write(
+        &self,
+        conditions: Vec<procedures::Condition>,
+        ops: Vec<procedures::WriteOp>,
+    ) -> procedures::Result<procedures::WriteOutcome> {
+        tokio::task::yield_now().await;
+        self.0.write(conditions, ops).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_concurrent_starts_of_one_manager_do_not_fence_it() {
+    let store = Arc::new(Yielding(MemoryStateStore::new()));
+    let env = Env::new(true);
+    let m = LocalManager::new(store.clone(), fast_config());
+    m.register_loader(TYPE, env.loader()).unwrap();
+    let (a, b) = tokio::join!(m.start(), m.start());
+    assert!(a.is_ok() != b.is_ok(), "{a:?} {b:?}");
+    // The manager that started holds the store's current epoch: it can work.
+    let epoch = store.0.snapshot()[EPOCH_KEY].clone();
+    assert_eq!(m.epoch().map(|e| e.to_string().into_bytes()), Some(epoch));
+    let mut w = m
+        .submit(env.with_id("p", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    within(w.wait()).await.unwrap();
+}

@@ -31,8 +31,11 @@ const EPOCH_CLAIM_ATTEMPTS: usize = 5;
 /// Where the manager is in its life.
 #[derive(Clone, Debug)]
 pub(crate) enum Phase {
-    /// `start` not called (or not finished).
+    /// `start` not called (or it failed: it may be called again).
     New,
+    /// `start` is claiming the epoch and loading the records; a second `start` is refused at once (were it to claim
+    /// an epoch too, it would fence the first).
+    Starting,
     /// Running procedures.
     Running,
     /// Stopped for good: by `stop`, by a newer manager's epoch, or by a fatal error. No more writes.
@@ -426,21 +429,39 @@ impl Inner {
 
     /// Claims the epoch, loads every record, and starts a runner for every unfinished recoverable one.
     pub(crate) async fn start(self: &Arc<Self>) -> Result<()> {
-        if !matches!(self.state().phase, Phase::New) {
-            return Err(Error::ManagerNotRunning {
-                reason: "start was already called on this manager; start a new one".to_string(),
-            });
-        }
-        let epoch = self.claim_epoch().await?;
-        let records = self.read(|| self.store.scan(RECORD_PREFIX)).await?;
-
-        let mut runners = Vec::new();
         {
             let mut state = self.state();
             if !matches!(state.phase, Phase::New) {
                 return Err(Error::ManagerNotRunning {
                     reason: "start was already called on this manager; start a new one".to_string(),
                 });
+            }
+            state.phase = Phase::Starting;
+        }
+        let loaded = async {
+            let epoch = self.claim_epoch().await?;
+            let records = self.read(|| self.store.scan(RECORD_PREFIX)).await?;
+            Ok::<_, Error>((epoch, records))
+        }
+        .await;
+        let (epoch, records) = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                let mut state = self.state();
+                // Not started: `start` may be tried again (unless the manager was stopped meanwhile).
+                if matches!(state.phase, Phase::Starting) {
+                    state.phase = Phase::New;
+                }
+                return Err(e);
+            }
+        };
+
+        let mut runners = Vec::new();
+        {
+            let mut state = self.state();
+            if let Phase::Halted(reason) = &state.phase {
+                // Stopped while starting.
+                return Err(reason.error());
             }
             state.epoch = Some(epoch);
             state.phase = Phase::Running;
