@@ -1026,3 +1026,68 @@ async fn two_concurrent_starts_of_one_manager_do_not_fence_it() {
         .unwrap();
     within(w.wait()).await.unwrap();
 }
+
+/// A store that applies the first write of `proc/p` but answers it with a retryable error, as a backend does when
+/// the connection drops after the commit (the caller cannot tell that the write landed).
+struct LostAck {
+    inner: MemoryStateStore,
+    lost: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl StateStore for LostAck {
+    async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
+        self.inner.get(key).await
+    }
+    async fn scan(&self, prefix: &str) -> procedures::Result<Vec<(String, Vec<u8>)>> {
+        self.inner.scan(prefix).await
+    }
+    async fn put(&self, key: &str, value: Vec<u8>) -> procedures::Result<()> {
+        self.inner.put(key, value).await
+    }
+    async fn delete(&self, keys: &[String]) -> procedures::Result<()> {
+        self.inner.delete(keys).await
+    }
+    async fn write(
+        &self,
+        conditions: Vec<procedures::Condition>,
+        ops: Vec<procedures::WriteOp>,
+    ) -> procedures::Result<procedures::WriteOutcome> {
+        let first =
+            ops.iter().any(|op| op.key() == "proc/p") && !self.lost.swap(true, Ordering::SeqCst);
+        let outcome = self.inner.write(conditions, ops).await?;
+        if first {
+            return Err(Error::Store {
+                action: "write",
+                key: "proc/p".into(),
+                source: "connection reset after commit".into(),
+                retryable: true,
+            });
+        }
+        Ok(outcome)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_submission_whose_write_landed_but_whose_answer_was_lost_runs() {
+    let store = Arc::new(LostAck {
+        inner: MemoryStateStore::new(),
+        lost: std::sync::atomic::AtomicBool::new(false),
+    });
+    let env = Env::new(true);
+    let m = LocalManager::new(store.clone(), fast_config());
+    m.register_loader(TYPE, env.loader()).unwrap();
+    m.start().await.unwrap();
+    // The retried write finds the key taken by its own first attempt: that is not somebody else's procedure.
+    let mut w = m
+        .submit(env.with_id("p", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(w.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 1 }))
+    );
+    let record: ProcedureRecord =
+        serde_json::from_slice(&store.inner.snapshot()["proc/p"]).unwrap();
+    assert_eq!(record.state, ProcedureState::Done);
+}

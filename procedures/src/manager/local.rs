@@ -649,6 +649,15 @@ impl Inner {
             .await;
         match outcome {
             Ok(WriteOutcome::Applied) => self.launch(epoch, new),
+            // A retried write that finds exactly its own record: an earlier attempt landed but its answer was lost
+            // (only this manager writes under its epoch, and it reserved the id). The procedure is submitted.
+            Ok(WriteOutcome::Rejected { current })
+                if current
+                    .iter()
+                    .any(|(k, v)| *k == new.key() && v.as_ref() == Some(&new.value)) =>
+            {
+                self.launch(epoch, new)
+            }
             Ok(WriteOutcome::Rejected { .. }) => {
                 self.unreserve(&id);
                 Err(Error::DuplicateProcedure { id })
