@@ -1091,3 +1091,58 @@ async fn a_submission_whose_write_landed_but_whose_answer_was_lost_runs() {
         serde_json::from_slice(&store.inner.snapshot()["proc/p"]).unwrap();
     assert_eq!(record.state, ProcedureState::Done);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_record_naming_another_id_than_its_key_is_corrupt_and_writes_nothing() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let done = ProcedureRecord {
+        format_version: 1,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("y"),
+        parent_id: None,
+        step: 2,
+        state: ProcedureState::Done,
+        data: serde_json::to_value(Plan::steps(1, true)).unwrap(),
+        output: Some(serde_json::json!("y's output")),
+        error: None,
+        waiting_for: Vec::new(),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    // Damaged: stored under proc/x but naming y. Resumed as y, it would overwrite y's record.
+    let misplaced = ProcedureRecord {
+        step: 0,
+        state: ProcedureState::Running,
+        output: None,
+        ..done.clone()
+    };
+    let x = serde_json::to_vec(&misplaced).unwrap();
+    store.put("proc/x", x.clone()).await.unwrap();
+    store
+        .put("proc/y", serde_json::to_vec(&done).unwrap())
+        .await
+        .unwrap();
+    let m = manager(&store, fast_config(), &env).await;
+    // Let anything that would run, run.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(stored(&store, "y"), done);
+    assert_eq!(store.snapshot()["proc/x"], x);
+    let info = m
+        .procedure_state(&ProcedureId::new("x"))
+        .await
+        .unwrap()
+        .expect("the damaged record is listed under its key");
+    assert_eq!(info.state, ProcedureState::Failed);
+    let error = info.error.unwrap_or_default();
+    assert!(
+        error.contains("proc/x") && error.contains("names procedure y"),
+        "{error}"
+    );
+    let y = m
+        .procedure_state(&ProcedureId::new("y"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(y.output, Some(serde_json::json!("y's output")));
+}

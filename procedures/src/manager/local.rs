@@ -567,6 +567,23 @@ impl Inner {
                 };
             }
         };
+        if record.id != key_id {
+            // Resumed (or deleted by retention) as the id it names, it would write over that procedure's record.
+            return Recovered::Unrecoverable {
+                error: Error::CorruptRecord {
+                    id: key_id.clone(),
+                    type_name: record.type_name.clone(),
+                    key: key.to_string(),
+                    reason: format!(
+                        "the record names procedure {}, not the one of its key",
+                        record.id
+                    ),
+                },
+                id: key_id,
+                type_name: record.type_name,
+                parent_id: record.parent_id,
+            };
+        }
         let unrecoverable = |error: Error| Recovered::Unrecoverable {
             id: record.id.clone(),
             type_name: record.type_name.clone(),
