@@ -825,3 +825,324 @@ async fn a_persisted_suspension_awaits_a_child_already_in_the_store_instead_of_w
         .unwrap();
     assert_eq!(info.output, Some(serde_json::json!("earlier")));
 }
+
+/// A child record found in the store during a suspension (not loaded at start), as a loader would see it.
+fn unloaded_child(state: ProcedureState, plan: Plan) -> ProcedureRecord {
+    ProcedureRecord {
+        format_version: 1,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("p/c"),
+        parent_id: Some(ProcedureId::new("p")),
+        step: if state == ProcedureState::Running {
+            0
+        } else {
+            2
+        },
+        state,
+        data: serde_json::to_value(plan).unwrap(),
+        output: (state == ProcedureState::Done).then(|| serde_json::json!("earlier")),
+        error: None,
+        waiting_for: Vec::new(),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adopted_unfinished_child_takes_the_key_its_parent_holds() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let child = Plan {
+        exclusive: vec!["k".into()],
+        ..Plan::steps(1, true)
+    };
+    // Written behind the manager's back: the suspension's write finds it and the manager adopts it. It belongs to
+    // the parent's tree, so the parent's exclusive key must not block it (else each waits for the other).
+    let record = unloaded_child(ProcedureState::Running, child.clone());
+    store
+        .put("proc/p/c", serde_json::to_vec(&record).unwrap())
+        .await
+        .unwrap();
+    let parent = Plan {
+        exclusive: vec!["k".into()],
+        children: vec![("c".into(), child)],
+        ..Plan::steps(1, true)
+    };
+    let mut w = m.submit(env.with_id("p", parent)).await.unwrap();
+    assert_eq!(
+        within(w.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 1 }))
+    );
+    assert_eq!(stored(&store, "p/c").state, ProcedureState::Done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adopted_finished_child_is_not_deleted_while_its_parent_runs() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(false);
+    let config = ManagerConfig {
+        retention: Duration::ZERO,
+        retention_check_interval: Duration::from_millis(10),
+        ..fast_config()
+    };
+    let m = manager(&store, config, &env).await;
+    let record = unloaded_child(ProcedureState::Done, Plan::steps(1, true));
+    store
+        .put("proc/p/c", serde_json::to_vec(&record).unwrap())
+        .await
+        .unwrap();
+    // The parent adopts its finished child, takes one step, then blocks while running.
+    let parent = Plan {
+        children: vec![("c".into(), Plan::steps(1, true))],
+        block_at: Some(1),
+        ..Plan::steps(2, true)
+    };
+    let _w = m.submit(env.with_id("p", parent)).await.unwrap();
+    until_step(&m, "p", 2).await;
+    // Many retention checks while the parent runs: its tree (the child included) must stay.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(stored(&store, "p").state, ProcedureState::Running);
+    assert_eq!(stored(&store, "p/c"), record);
+    assert!(
+        m.procedure_state(&ProcedureId::new("p/c"))
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// A procedure whose step panics (a bug in the procedure, not in the engine).
+struct Panics;
+
+#[async_trait::async_trait]
+impl procedures::Procedure for Panics {
+    fn type_name(&self) -> &str {
+        "panics"
+    }
+
+    async fn execute(
+        &mut self,
+        _ctx: &procedures::Context,
+    ) -> procedures::Result<procedures::Status> {
+        panic!("step bug")
+    }
+
+    fn dump(&self) -> procedures::Result<serde_json::Value> {
+        Ok(serde_json::Value::Null)
+    }
+
+    fn lock_key(&self) -> procedures::LockKey {
+        procedures::LockKey::exclusive("k")
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_step_stops_its_procedure_and_resolves_its_watcher() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(&store, fast_config(), &env).await;
+    let mut w = m
+        .submit(procedures::ProcedureWithId::new(
+            ProcedureId::new("bad"),
+            Box::new(Panics),
+        ))
+        .await
+        .unwrap();
+    let err = within(w.wait()).await.unwrap_err();
+    assert!(matches!(err, Error::ManagerNotRunning { .. }), "{err}");
+    let info = m
+        .procedure_state(&ProcedureId::new("bad"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.state, ProcedureState::Running);
+    let error = info.error.unwrap_or_default();
+    assert!(
+        error.contains("panicked") && error.contains("step bug"),
+        "{error}"
+    );
+    // Nothing written beyond the submission: a later manager resumes it.
+    assert_eq!(stored(&store, "bad").step, 0);
+    // Its key is free again and the manager goes on.
+    let mut other = m
+        .submit(env.with_id(
+            "q",
+            Plan {
+                exclusive: vec!["k".into()],
+                ..Plan::steps(1, true)
+            },
+        ))
+        .await
+        .unwrap();
+    within(other.wait()).await.unwrap();
+}
+
+/// A store that yields to the runtime before every call, as a networked store would.
+struct Yielding(MemoryStateStore);
+
+#[async_trait::async_trait]
+impl StateStore for Yielding {
+    async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
+        tokio::task::yield_now().await;
+        self.0.get(key).await
+    }
+    async fn scan(&self, prefix: &str) -> procedures::Result<Vec<(String, Vec<u8>)>> {
+        tokio::task::yield_now().await;
+        self.0.scan(prefix).await
+    }
+    async fn put(&self, key: &str, value: Vec<u8>) -> procedures::Result<()> {
+        tokio::task::yield_now().await;
+        self.0.put(key, value).await
+    }
+    async fn delete(&self, keys: &[String]) -> procedures::Result<()> {
+        tokio::task::yield_now().await;
+        self.0.delete(keys).await
+    }
+    async fn write(
+        &self,
+        conditions: Vec<procedures::Condition>,
+        ops: Vec<procedures::WriteOp>,
+    ) -> procedures::Result<procedures::WriteOutcome> {
+        tokio::task::yield_now().await;
+        self.0.write(conditions, ops).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_concurrent_starts_of_one_manager_do_not_fence_it() {
+    let store = Arc::new(Yielding(MemoryStateStore::new()));
+    let env = Env::new(true);
+    let m = LocalManager::new(store.clone(), fast_config());
+    m.register_loader(TYPE, env.loader()).unwrap();
+    let (a, b) = tokio::join!(m.start(), m.start());
+    assert!(a.is_ok() != b.is_ok(), "{a:?} {b:?}");
+    // The manager that started holds the store's current epoch: it can work.
+    let epoch = store.0.snapshot()[EPOCH_KEY].clone();
+    assert_eq!(m.epoch().map(|e| e.to_string().into_bytes()), Some(epoch));
+    let mut w = m
+        .submit(env.with_id("p", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    within(w.wait()).await.unwrap();
+}
+
+/// A store that applies the first write of `proc/p` but answers it with a retryable error, as a backend does when
+/// the connection drops after the commit (the caller cannot tell that the write landed).
+struct LostAck {
+    inner: MemoryStateStore,
+    lost: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl StateStore for LostAck {
+    async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
+        self.inner.get(key).await
+    }
+    async fn scan(&self, prefix: &str) -> procedures::Result<Vec<(String, Vec<u8>)>> {
+        self.inner.scan(prefix).await
+    }
+    async fn put(&self, key: &str, value: Vec<u8>) -> procedures::Result<()> {
+        self.inner.put(key, value).await
+    }
+    async fn delete(&self, keys: &[String]) -> procedures::Result<()> {
+        self.inner.delete(keys).await
+    }
+    async fn write(
+        &self,
+        conditions: Vec<procedures::Condition>,
+        ops: Vec<procedures::WriteOp>,
+    ) -> procedures::Result<procedures::WriteOutcome> {
+        let first =
+            ops.iter().any(|op| op.key() == "proc/p") && !self.lost.swap(true, Ordering::SeqCst);
+        let outcome = self.inner.write(conditions, ops).await?;
+        if first {
+            return Err(Error::Store {
+                action: "write",
+                key: "proc/p".into(),
+                source: "connection reset after commit".into(),
+                retryable: true,
+            });
+        }
+        Ok(outcome)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_submission_whose_write_landed_but_whose_answer_was_lost_runs() {
+    let store = Arc::new(LostAck {
+        inner: MemoryStateStore::new(),
+        lost: std::sync::atomic::AtomicBool::new(false),
+    });
+    let env = Env::new(true);
+    let m = LocalManager::new(store.clone(), fast_config());
+    m.register_loader(TYPE, env.loader()).unwrap();
+    m.start().await.unwrap();
+    // The retried write finds the key taken by its own first attempt: that is not somebody else's procedure.
+    let mut w = m
+        .submit(env.with_id("p", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(w.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 1 }))
+    );
+    let record: ProcedureRecord =
+        serde_json::from_slice(&store.inner.snapshot()["proc/p"]).unwrap();
+    assert_eq!(record.state, ProcedureState::Done);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_record_naming_another_id_than_its_key_is_corrupt_and_writes_nothing() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let done = ProcedureRecord {
+        format_version: 1,
+        type_name: TYPE.into(),
+        id: ProcedureId::new("y"),
+        parent_id: None,
+        step: 2,
+        state: ProcedureState::Done,
+        data: serde_json::to_value(Plan::steps(1, true)).unwrap(),
+        output: Some(serde_json::json!("y's output")),
+        error: None,
+        waiting_for: Vec::new(),
+        created_at_ms: 1,
+        updated_at_ms: 1,
+    };
+    // Damaged: stored under proc/x but naming y. Resumed as y, it would overwrite y's record.
+    let misplaced = ProcedureRecord {
+        step: 0,
+        state: ProcedureState::Running,
+        output: None,
+        ..done.clone()
+    };
+    let x = serde_json::to_vec(&misplaced).unwrap();
+    store.put("proc/x", x.clone()).await.unwrap();
+    store
+        .put("proc/y", serde_json::to_vec(&done).unwrap())
+        .await
+        .unwrap();
+    let m = manager(&store, fast_config(), &env).await;
+    // Let anything that would run, run.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(stored(&store, "y"), done);
+    assert_eq!(store.snapshot()["proc/x"], x);
+    let info = m
+        .procedure_state(&ProcedureId::new("x"))
+        .await
+        .unwrap()
+        .expect("the damaged record is listed under its key");
+    assert_eq!(info.state, ProcedureState::Failed);
+    let error = info.error.unwrap_or_default();
+    assert!(
+        error.contains("proc/x") && error.contains("names procedure y"),
+        "{error}"
+    );
+    let y = m
+        .procedure_state(&ProcedureId::new("y"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(y.output, Some(serde_json::json!("y's output")));
+}

@@ -31,8 +31,11 @@ const EPOCH_CLAIM_ATTEMPTS: usize = 5;
 /// Where the manager is in its life.
 #[derive(Clone, Debug)]
 pub(crate) enum Phase {
-    /// `start` not called (or not finished).
+    /// `start` not called (or it failed: it may be called again).
     New,
+    /// `start` is claiming the epoch and loading the records; a second `start` is refused at once (were it to claim
+    /// an epoch too, it would fence the first).
+    Starting,
     /// Running procedures.
     Running,
     /// Stopped for good: by `stop`, by a newer manager's epoch, or by a fatal error. No more writes.
@@ -426,21 +429,39 @@ impl Inner {
 
     /// Claims the epoch, loads every record, and starts a runner for every unfinished recoverable one.
     pub(crate) async fn start(self: &Arc<Self>) -> Result<()> {
-        if !matches!(self.state().phase, Phase::New) {
-            return Err(Error::ManagerNotRunning {
-                reason: "start was already called on this manager; start a new one".to_string(),
-            });
-        }
-        let epoch = self.claim_epoch().await?;
-        let records = self.read(|| self.store.scan(RECORD_PREFIX)).await?;
-
-        let mut runners = Vec::new();
         {
             let mut state = self.state();
             if !matches!(state.phase, Phase::New) {
                 return Err(Error::ManagerNotRunning {
                     reason: "start was already called on this manager; start a new one".to_string(),
                 });
+            }
+            state.phase = Phase::Starting;
+        }
+        let loaded = async {
+            let epoch = self.claim_epoch().await?;
+            let records = self.read(|| self.store.scan(RECORD_PREFIX)).await?;
+            Ok::<_, Error>((epoch, records))
+        }
+        .await;
+        let (epoch, records) = match loaded {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                let mut state = self.state();
+                // Not started: `start` may be tried again (unless the manager was stopped meanwhile).
+                if matches!(state.phase, Phase::Starting) {
+                    state.phase = Phase::New;
+                }
+                return Err(e);
+            }
+        };
+
+        let mut runners = Vec::new();
+        {
+            let mut state = self.state();
+            if let Phase::Halted(reason) = &state.phase {
+                // Stopped while starting.
+                return Err(reason.error());
             }
             state.epoch = Some(epoch);
             state.phase = Phase::Running;
@@ -546,6 +567,23 @@ impl Inner {
                 };
             }
         };
+        if record.id != key_id {
+            // Resumed (or deleted by retention) as the id it names, it would write over that procedure's record.
+            return Recovered::Unrecoverable {
+                error: Error::CorruptRecord {
+                    id: key_id.clone(),
+                    type_name: record.type_name.clone(),
+                    key: key.to_string(),
+                    reason: format!(
+                        "the record names procedure {}, not the one of its key",
+                        record.id
+                    ),
+                },
+                id: key_id,
+                type_name: record.type_name,
+                parent_id: record.parent_id,
+            };
+        }
         let unrecoverable = |error: Error| Recovered::Unrecoverable {
             id: record.id.clone(),
             type_name: record.type_name.clone(),
@@ -628,6 +666,15 @@ impl Inner {
             .await;
         match outcome {
             Ok(WriteOutcome::Applied) => self.launch(epoch, new),
+            // A retried write that finds exactly its own record: an earlier attempt landed but its answer was lost
+            // (only this manager writes under its epoch, and it reserved the id). The procedure is submitted.
+            Ok(WriteOutcome::Rejected { current })
+                if current
+                    .iter()
+                    .any(|(k, v)| *k == new.key() && v.as_ref() == Some(&new.value)) =>
+            {
+                self.launch(epoch, new)
+            }
             Ok(WriteOutcome::Rejected { .. }) => {
                 self.unreserve(&id);
                 Err(Error::DuplicateProcedure { id })
@@ -711,13 +758,13 @@ impl Inner {
         }
         match recovered {
             Recovered::Finished(record) => {
-                let root = root_of(&state.procedures, &record.id);
+                let root = adopted_root(&state.procedures, &record);
                 state
                     .procedures
                     .insert(id.clone(), Entry::new(ProcedureInfo::from(&record), root));
             }
             Recovered::Unfinished(record, procedure) => {
-                let root = root_of(&state.procedures, &record.id);
+                let root = adopted_root(&state.procedures, &record);
                 state
                     .procedures
                     .insert(id.clone(), Entry::new(ProcedureInfo::from(&record), root));
@@ -821,6 +868,22 @@ enum Recovered {
         parent_id: Option<ProcedureId>,
         error: Error,
     },
+}
+
+/// The root of the tree of `record`, a record being adopted (not in `procedures` yet): its parent's root, or the
+/// parent's id when the parent is unknown, or its own id for a root. (`root_of` on its id would stop at once, since
+/// the id is not known yet, and make it a tree of its own: locked out of its parent's keys, deleted apart from it.)
+fn adopted_root(
+    procedures: &BTreeMap<ProcedureId, Entry>,
+    record: &ProcedureRecord,
+) -> ProcedureId {
+    match &record.parent_id {
+        Some(parent) => procedures
+            .get(parent)
+            .map(|p| p.root.clone())
+            .unwrap_or_else(|| parent.clone()),
+        None => record.id.clone(),
+    }
 }
 
 /// The root of `id`'s tree among `procedures` (a procedure whose parent is unknown is its own root).

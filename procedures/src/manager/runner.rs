@@ -1,6 +1,9 @@
 //! The run loop of one procedure: locks, admission, steps, persistence, children, retry, rollback.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+
+use futures::FutureExt;
 
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
@@ -56,8 +59,39 @@ impl Runner {
         &self.record.id
     }
 
-    /// Runs the procedure until it is done, failed, or stopped.
-    pub(crate) async fn run(mut self, resume: Resume) {
+    /// Runs the procedure until it is done, failed, or stopped. A panic in the procedure stops it like a write that
+    /// fails for good (no further write, its watchers resolve, its locks and slot are released): without this the
+    /// task would end silently and leave its watchers and its parent waiting forever.
+    pub(crate) async fn run(self, resume: Resume) {
+        let inner = Arc::clone(&self.inner);
+        let id = self.record.id.clone();
+        let Err(panic) = AssertUnwindSafe(self.run_to_end(resume))
+            .catch_unwind()
+            .await
+        else {
+            return;
+        };
+        let message = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a non-text panic payload".to_string());
+        tracing::error!(%id, panic = %message, "procedure stops: it panicked");
+        inner.with_entry(&id, |entry| {
+            if entry.info.state.is_finished() {
+                return;
+            }
+            let mut info = entry.info.clone();
+            // `retrying` is never persisted: the last persisted state of a retrying procedure is `running`.
+            if info.state == ProcedureState::Retrying {
+                info.state = ProcedureState::Running;
+            }
+            info.error = Some(format!("the procedure panicked: {message}"));
+            entry.close(info);
+        });
+    }
+
+    async fn run_to_end(mut self, resume: Resume) {
         let keys = self.procedure.lock_key();
         // Locks before the admission slot: a procedure holding a slot never waits for a lock, so waiting for locks
         // cannot starve the procedures (children included) that would release them.

@@ -11,6 +11,10 @@ use crate::store::StateStore;
 /// One procedure record without what legitimately differs between runs (its timestamps).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RecordDigest {
+    /// The envelope's format version.
+    pub format_version: u32,
+    /// The id the record names (its key names it too; a record under another procedure's key differs here).
+    pub id: ProcedureId,
     /// The procedure's type name.
     pub type_name: String,
     /// Its parent, for a subprocedure.
@@ -25,6 +29,8 @@ pub struct RecordDigest {
     pub output: Option<Output>,
     /// Its error text.
     pub error: Option<String>,
+    /// The children it waits for (a persisted suspension not followed by another write yet).
+    pub waiting_for: Vec<ProcedureId>,
 }
 
 /// A value of the store as the digest sees it.
@@ -67,6 +73,8 @@ pub async fn store_digest(store: &dyn StateStore) -> Result<StoreDigest> {
         let entry = if key.starts_with(RECORD_PREFIX) {
             match serde_json::from_slice::<ProcedureRecord>(&value) {
                 Ok(r) => DigestEntry::Record(RecordDigest {
+                    format_version: r.format_version,
+                    id: r.id,
                     type_name: r.type_name,
                     parent_id: r.parent_id,
                     step: r.step,
@@ -74,6 +82,7 @@ pub async fn store_digest(store: &dyn StateStore) -> Result<StoreDigest> {
                     data: r.data,
                     output: r.output,
                     error: r.error,
+                    waiting_for: r.waiting_for,
                 }),
                 Err(_) => DigestEntry::Undecodable(String::from_utf8_lossy(&value).into_owned()),
             }
@@ -141,5 +150,25 @@ mod tests {
             db.entries.get("proc/p"),
             Some(DigestEntry::Undecodable(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn sees_a_record_that_differs_only_in_what_it_waits_for() {
+        let key = record_key(&ProcedureId::new("p"));
+        let plain = MemoryStateStore::new();
+        plain.put(&key, record("p", 100)).await.unwrap();
+        // The same record, but still naming a child it waits for (format 2): a parent that would wait on recovery.
+        let mut waiting: ProcedureRecord = serde_json::from_slice(&record("p", 100)).unwrap();
+        waiting.waiting_for = vec![ProcedureId::new("p/c")];
+        waiting.format_version = waiting.required_format_version();
+        let other = MemoryStateStore::new();
+        other
+            .put(&key, serde_json::to_vec(&waiting).unwrap())
+            .await
+            .unwrap();
+        assert_ne!(
+            store_digest(&plain).await.unwrap(),
+            store_digest(&other).await.unwrap()
+        );
     }
 }
