@@ -24,6 +24,11 @@ use crate::error::{InvalidTopicNameSnafu, InvalidWalConfigSnafu, ParseWalConfigS
 /// The longest topic name Kafka accepts.
 pub const MAX_TOPIC_NAME_LEN: usize = 249;
 
+/// The most topics a pool may have. Every topic is at least one Kafka partition, and Kafka clusters are sized for
+/// partitions in the hundreds of thousands in total; the pool's names are also listed in memory by the bootstrap,
+/// the allocator and `walctl topics`. A larger value is a typo, rejected instead of exhausting memory.
+pub const MAX_NUM_TOPICS: usize = 100_000;
+
 /// Which WAL new regions write to.
 ///
 /// In TOML, a table with `provider = "raft_engine"` or `provider = "kafka"` and, for Kafka, the keys of
@@ -290,6 +295,14 @@ impl KafkaConfig {
                 field: "num_topics",
                 value: "0",
                 reason: "the pool needs at least one topic",
+            }
+        );
+        ensure!(
+            self.num_topics <= MAX_NUM_TOPICS,
+            InvalidWalConfigSnafu {
+                field: "num_topics",
+                value: self.num_topics.to_string(),
+                reason: format!("a pool has at most {MAX_NUM_TOPICS} topics"),
             }
         );
         self.validate_prefix()?;
@@ -602,6 +615,17 @@ mod tests {
             ..kafka()
         };
         assert_rejected(&c, "num_topics", "0");
+    }
+
+    #[test]
+    fn rejects_a_pool_too_large_to_hold_in_memory() {
+        // Every layer lists the pool's names in memory: a typo such as 10^12 topics must be a config error, not an
+        // allocation failure that aborts the process.
+        let c = KafkaConfig {
+            num_topics: 1_000_000_000_000,
+            ..kafka()
+        };
+        assert_rejected(&c, "num_topics", "1000000000000");
     }
 
     #[test]
