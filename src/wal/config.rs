@@ -288,6 +288,18 @@ impl KafkaConfig {
                     reason: "an endpoint is empty",
                 }
             );
+            // What the brokers are dialled with (`host:port`, `[v6]:port`); anything else fails on every retry.
+            let well_formed = endpoint
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            ensure!(
+                well_formed,
+                InvalidWalConfigSnafu {
+                    field: "broker_endpoints",
+                    value: format!("{:?}", self.broker_endpoints),
+                    reason: format!("endpoint '{endpoint}' is not host:port"),
+                }
+            );
         }
         ensure!(
             self.num_topics > 0,
@@ -718,6 +730,29 @@ mod tests {
             ..kafka()
         };
         assert_rejected(&c, "broker_endpoints", "k:9092");
+    }
+
+    #[test]
+    fn rejects_endpoints_that_are_not_host_colon_port() {
+        // Without a port, connecting fails the same way on every retry: it must be a config error now, not an error
+        // after every backoff deadline and step retry have run out.
+        for bad in ["localhost", "localhost:", "localhost:x", ":9092", "k:99999"] {
+            let c = KafkaConfig {
+                broker_endpoints: vec!["k:9092".to_string(), bad.to_string()],
+                ..kafka()
+            };
+            let err = assert_rejected(&c, "broker_endpoints", bad);
+            assert!(err.contains("host:port"), "{err}");
+        }
+        let c = KafkaConfig {
+            broker_endpoints: vec![
+                "127.0.0.1:9092".to_string(),
+                "[::1]:9092".to_string(),
+                "kafka-0.kafka.svc:19092".to_string(),
+            ],
+            ..kafka()
+        };
+        c.validate().unwrap();
     }
 
     #[test]
