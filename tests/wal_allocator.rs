@@ -180,6 +180,43 @@ async fn a_failed_bootstrap_is_reported_and_a_later_start_runs_a_new_one() {
     );
 }
 
+#[tokio::test]
+async fn a_changed_partition_count_fails_the_start_whether_or_not_the_finished_bootstrap_is_retained()
+ {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    let one = kafka(spec("parts", 3), &kv, &admin);
+    let first_manager = manager(&one).await;
+    one.start(&first_manager).await.unwrap();
+
+    // The config now asks for 2 partitions per topic; the topics have 1. A manager without the finished record
+    // (its retention ran out, or another state store) runs the bootstrap, which refuses the pool...
+    let mut two_partitions = spec("parts", 3);
+    two_partitions.num_partitions = 2;
+    let fresh = kafka(two_partitions.clone(), &kv, &admin);
+    let fresh_manager = manager(&fresh).await;
+    let err = fresh.start(&fresh_manager).await.unwrap_err().to_string();
+    assert!(
+        err.contains("parts_0") && err.contains("partition"),
+        "{err}"
+    );
+    assert!(!fresh.is_ready());
+
+    // ...and so must a manager that still retains the bootstrap that made the 1-partition pool.
+    let retained = kafka(two_partitions, &kv, &admin);
+    let err = retained
+        .start(&first_manager)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("parts_0") && err.contains("partition"),
+        "{err}"
+    );
+    assert!(!retained.is_ready());
+    assert_eq!(admin.topics()["parts_0"], 1, "the topics are left alone");
+}
+
 /// A cluster whose brokers stopped after the admin connected: every call times out (a retryable error).
 #[derive(Debug)]
 struct StoppedBrokers;

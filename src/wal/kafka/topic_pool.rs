@@ -208,8 +208,9 @@ impl KafkaTopicManager {
     ///
     /// The procedure id is fixed per pool (`topic_bootstrap/{prefix}`), so concurrent or repeated starts are one
     /// procedure. When the manager still retains a finished bootstrap under that id (a failed one, or one that
-    /// made a smaller pool), the next id `topic_bootstrap/{prefix}/attempt-{k}` is used; the pool's exclusive lock
-    /// key serialises them and each one is idempotent.
+    /// made a smaller pool or topics of another partition count), the next id
+    /// `topic_bootstrap/{prefix}/attempt-{k}` is used; the pool's exclusive lock key serialises them and each one is
+    /// idempotent.
     pub async fn start(&self, manager: &ProcedureManagerRef) -> Result<()> {
         let prefix = &self.spec.topic_name_prefix;
         for attempt in 0..MAX_BOOTSTRAP_ATTEMPTS {
@@ -235,11 +236,17 @@ impl KafkaTopicManager {
                         continue;
                     };
                     match watcher.wait().await {
-                        Ok(_) => {
-                            if self.load().await?.is_ok() {
+                        Ok(output) => {
+                            // It checked the topics' partition count: only its own (in its output) is vouched for.
+                            let same_partitions = output
+                                .as_ref()
+                                .and_then(|o| o.get("num_partitions"))
+                                .and_then(|p| p.as_i64())
+                                == Some(i64::from(self.spec.num_partitions));
+                            if same_partitions && self.load().await?.is_ok() {
                                 return Ok(());
                             }
-                            info!(%id, "an earlier bootstrap of the pool finished but the pool is incomplete; running the next one");
+                            info!(%id, "an earlier bootstrap of the pool finished but the pool is incomplete or has another partition count; running the next one");
                         }
                         Err(procedures::Error::ProcedureFailed { message, .. }) => {
                             warn!(%id, %message, "an earlier bootstrap of the pool failed; running the next one");
