@@ -217,6 +217,68 @@ async fn a_changed_partition_count_fails_the_start_whether_or_not_the_finished_b
     assert_eq!(admin.topics()["parts_0"], 1, "the topics are left alone");
 }
 
+/// Log lines written while the returned guard lives on this thread.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let logs = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || logs.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn a_shrunk_pool_warns_about_the_topics_beyond_it_even_when_no_bootstrap_runs() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    let big = kafka(spec("shrink", 6), &kv, &admin);
+    let manager = manager(&big).await;
+    big.start(&manager).await.unwrap();
+
+    // The finished bootstrap of 6 topics is retained: starting the 4-topic pool runs no new bootstrap.
+    let small = kafka(spec("shrink", 4), &kv, &admin);
+    let logs = Logs::default();
+    {
+        let _guard = logs.capture();
+        small.start(&manager).await.unwrap();
+    }
+    assert_eq!(manager.list_procedures().await.unwrap().len(), 1);
+    let text = logs.text();
+    assert!(
+        text.contains("shrink_4") && text.contains("shrink_5") && text.contains("WARN"),
+        "a warning names the persisted topics beyond the pool: {text:?}"
+    );
+    assert_eq!(small.alloc_batch(8).unwrap().len(), 8);
+    assert!(
+        small
+            .alloc_batch(8)
+            .unwrap()
+            .iter()
+            .all(|o| *o != WalOptions::kafka("shrink_4") && *o != WalOptions::kafka("shrink_5"))
+    );
+}
+
 /// A cluster whose brokers stopped after the admin connected: every call times out (a retryable error).
 #[derive(Debug)]
 struct StoppedBrokers;

@@ -302,6 +302,24 @@ impl KafkaTopicManager {
         if !missing.is_empty() {
             return Ok(Err(missing));
         }
+        // Also when no bootstrap runs (a retained one made a larger pool), shrinking is said out loud.
+        let beyond: Vec<&String> = persisted
+            .iter()
+            .filter(|t| {
+                self.spec
+                    .pool_index(t)
+                    .is_some_and(|i| i >= self.spec.num_topics)
+            })
+            .collect();
+        if !beyond.is_empty() {
+            warn!(
+                pool = %self.spec.topic_name_prefix,
+                num_topics = self.spec.num_topics,
+                topics = ?beyond,
+                "the pool shrank: these persisted topics are beyond num_topics; they are kept (never deleted) and \
+                 regions already on them keep using them, but no new region gets them"
+            );
+        }
         *self.ready.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(wanted));
         Ok(Ok(()))
     }
