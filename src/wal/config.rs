@@ -239,7 +239,7 @@ pub struct BackoffConfig {
     /// The longest wait.
     #[serde(with = "humantime_serde")]
     pub max: Duration,
-    /// Each wait is about this many times the previous one (≥ 1).
+    /// Each wait is about this many times the previous one (> 1).
     #[serde(alias = "multiplier")]
     pub base: f64,
     /// Give up once retries have taken this long.
@@ -421,6 +421,15 @@ impl BackoffConfig {
                     reason: "must be positive",
                 }
             );
+            // rskafka keeps these as f64 seconds and converts back, which panics beyond Duration's range.
+            ensure!(
+                Duration::try_from_secs_f64(value.as_secs_f64()).is_ok(),
+                InvalidWalConfigSnafu {
+                    field,
+                    value: humantime_serde::re::humantime::format_duration(value).to_string(),
+                    reason: "too large",
+                }
+            );
         }
         ensure!(
             self.max >= self.init,
@@ -433,12 +442,14 @@ impl BackoffConfig {
                 ),
             }
         );
+        // rskafka draws each wait from `init..previous * base` (in f64 seconds), a range that must not be empty.
+        let init = self.init.as_secs_f64();
         ensure!(
-            self.base.is_finite() && self.base >= 1.0,
+            self.base.is_finite() && init * self.base > init,
             InvalidWalConfigSnafu {
                 field: "backoff.base",
                 value: self.base.to_string(),
-                reason: "must be a finite number of at least 1",
+                reason: "must be a finite number above 1",
             }
         );
         Ok(())
@@ -792,6 +803,36 @@ mod tests {
         assert_rejected(&c, "backoff.base", "0.5");
         c.backoff.base = f64::NAN;
         assert_rejected(&c, "backoff.base", "NaN");
+    }
+
+    #[test]
+    fn rejects_a_base_that_leaves_rskafka_no_backoff_range() {
+        // rskafka draws each wait from `init..previous * base`: with base 1 that range is empty and it panics on
+        // the first retry.
+        let mut c = kafka();
+        c.backoff.base = 1.0;
+        assert_rejected(&c, "backoff.base", "1");
+        c.backoff.base = 1.0 + f64::EPSILON / 4.0;
+        assert_rejected(&c, "backoff.base", "backoff.base");
+        c.backoff.base = 1.5;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_backoff_durations_rskafka_cannot_hold() {
+        // rskafka keeps them as f64 seconds and turns them back into a Duration, which panics near Duration::MAX;
+        // the admin also adds a margin to the deadline.
+        let huge = Duration::new(u64::MAX, 0);
+        let mut c = kafka();
+        c.backoff.deadline = huge;
+        assert_rejected(&c, "backoff.deadline", "backoff.deadline");
+        let mut c = kafka();
+        c.backoff.max = huge;
+        assert_rejected(&c, "backoff.max", "backoff.max");
+        let mut c = kafka();
+        c.backoff.max = Duration::from_secs(3600);
+        c.backoff.deadline = Duration::from_secs(365 * 24 * 3600);
+        c.validate().unwrap();
     }
 
     #[test]
