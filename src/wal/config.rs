@@ -442,14 +442,17 @@ impl BackoffConfig {
                 ),
             }
         );
-        // rskafka draws each wait from `init..previous * base` (in f64 seconds), a range that must not be empty.
+        // rskafka draws each wait from `init..previous * base` (in f64 seconds, `previous` at most `max`), a range
+        // that must be neither empty nor unbounded.
         let init = self.init.as_secs_f64();
         ensure!(
-            self.base.is_finite() && init * self.base > init,
+            self.base.is_finite()
+                && init * self.base > init
+                && (self.max.as_secs_f64() * self.base).is_finite(),
             InvalidWalConfigSnafu {
                 field: "backoff.base",
                 value: self.base.to_string(),
-                reason: "must be a finite number above 1",
+                reason: "must be a finite number above 1 (and backoff.max × base finite)",
             }
         );
         Ok(())
@@ -814,6 +817,10 @@ mod tests {
         assert_rejected(&c, "backoff.base", "1");
         c.backoff.base = 1.0 + f64::EPSILON / 4.0;
         assert_rejected(&c, "backoff.base", "backoff.base");
+        // ...and panics too when the upper end overflows to infinity (max × base, in f64 seconds).
+        c.backoff.base = 1e308;
+        c.backoff.max = Duration::from_secs(100);
+        assert_rejected(&c, "backoff.base", "1000");
         c.backoff.base = 1.5;
         c.validate().unwrap();
     }
