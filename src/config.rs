@@ -354,9 +354,14 @@ fn locate(text: &str, span: Option<std::ops::Range<usize>>) -> (String, String) 
         .rev()
         .find_map(header_of)
         .unwrap_or_default();
-    let key = line
-        .split_once('=')
-        .map(|(k, _)| k.trim().trim_matches('"').to_string())
+    // Inside an inline table (`wal = { num_topics = "x" }`) the key is the path of keys opened before the error.
+    let key = text
+        .get(line_start..start)
+        .and_then(inline_key_path)
+        .or_else(|| {
+            line.split_once('=')
+                .map(|(k, _)| k.trim().trim_matches('"').to_string())
+        })
         .unwrap_or_default();
     let path = match (table.is_empty(), key.is_empty()) {
         (_, true) => table,
@@ -364,6 +369,48 @@ fn locate(text: &str, span: Option<std::ops::Range<usize>>) -> (String, String) 
         (false, false) => format!("{table}.{key}"),
     };
     (location, path)
+}
+
+/// The dotted key whose value starts where `before` (the start of a line up to an error) ends: `a = { b = ` gives
+/// `a.b`. `None` when `before` does not end right after a `key =` (e.g. the error points at the key itself).
+fn inline_key_path(before: &str) -> Option<String> {
+    let mut open: Vec<String> = Vec::new();
+    let mut token = String::new();
+    let mut pending: Option<String> = None;
+    let mut quote: Option<char> = None;
+    for c in before.chars() {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), c) => token.push(c),
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '=') => pending = Some(std::mem::take(&mut token).trim().to_string()),
+            (None, '{') => {
+                open.extend(pending.take());
+                token.clear();
+            }
+            (None, '}') => {
+                open.pop();
+                token.clear();
+            }
+            (None, ',') => {
+                pending = None;
+                token.clear();
+            }
+            (None, c) => {
+                if pending.is_some() && !c.is_whitespace() {
+                    // A value has started after `key =`: the error is not at the start of this key's value.
+                    pending = None;
+                }
+                token.push(c);
+            }
+        }
+    }
+    if !token.trim().is_empty() && pending.is_none() {
+        return None;
+    }
+    let key = pending.filter(|k| !k.is_empty())?;
+    open.push(key);
+    Some(open.join("."))
 }
 
 #[cfg(test)]
@@ -493,6 +540,20 @@ mod tests {
         let err = parse_err("[wal]\nprovider = \"kafka\"\nnum_topics = \"many\"\n");
         assert!(err.contains("wal"), "{err}");
         assert!(err.contains("many") || err.contains("num_topics"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_in_inline_tables_name_the_inner_key() {
+        let err = parse_err("wal = { provider = \"kafka\", num_topics = \"many\" }\n");
+        assert!(err.contains("key `wal.num_topics`"), "{err}");
+
+        let err = parse_err(
+            "[wal]\nprovider = \"kafka\"\nbackoff = { init = \"1s\", deadline = \"soon\" }\n",
+        );
+        assert!(err.contains("key `wal.backoff.deadline`"), "{err}");
+
+        let err = parse_err("[metadata_store]\nbackend = \"redb\"\npath = 3\n");
+        assert!(err.contains("key `metadata_store.path`"), "{err}");
     }
 
     #[test]

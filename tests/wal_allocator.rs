@@ -180,6 +180,105 @@ async fn a_failed_bootstrap_is_reported_and_a_later_start_runs_a_new_one() {
     );
 }
 
+#[tokio::test]
+async fn a_changed_partition_count_fails_the_start_whether_or_not_the_finished_bootstrap_is_retained()
+ {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    let one = kafka(spec("parts", 3), &kv, &admin);
+    let first_manager = manager(&one).await;
+    one.start(&first_manager).await.unwrap();
+
+    // The config now asks for 2 partitions per topic; the topics have 1. A manager without the finished record
+    // (its retention ran out, or another state store) runs the bootstrap, which refuses the pool...
+    let mut two_partitions = spec("parts", 3);
+    two_partitions.num_partitions = 2;
+    let fresh = kafka(two_partitions.clone(), &kv, &admin);
+    let fresh_manager = manager(&fresh).await;
+    let err = fresh.start(&fresh_manager).await.unwrap_err().to_string();
+    assert!(
+        err.contains("parts_0") && err.contains("partition"),
+        "{err}"
+    );
+    assert!(!fresh.is_ready());
+
+    // ...and so must a manager that still retains the bootstrap that made the 1-partition pool.
+    let retained = kafka(two_partitions, &kv, &admin);
+    let err = retained
+        .start(&first_manager)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("parts_0") && err.contains("partition"),
+        "{err}"
+    );
+    assert!(!retained.is_ready());
+    assert_eq!(admin.topics()["parts_0"], 1, "the topics are left alone");
+}
+
+/// Log lines written while the returned guard lives on this thread.
+#[derive(Clone, Default)]
+struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn capture(&self) -> tracing::subscriber::DefaultGuard {
+        let logs = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(move || logs.clone())
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn a_shrunk_pool_warns_about_the_topics_beyond_it_even_when_no_bootstrap_runs() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    let big = kafka(spec("shrink", 6), &kv, &admin);
+    let manager = manager(&big).await;
+    big.start(&manager).await.unwrap();
+
+    // The finished bootstrap of 6 topics is retained: starting the 4-topic pool runs no new bootstrap.
+    let small = kafka(spec("shrink", 4), &kv, &admin);
+    let logs = Logs::default();
+    {
+        let _guard = logs.capture();
+        small.start(&manager).await.unwrap();
+    }
+    assert_eq!(manager.list_procedures().await.unwrap().len(), 1);
+    let text = logs.text();
+    assert!(
+        text.contains("shrink_4") && text.contains("shrink_5") && text.contains("WARN"),
+        "a warning names the persisted topics beyond the pool: {text:?}"
+    );
+    assert_eq!(small.alloc_batch(8).unwrap().len(), 8);
+    assert!(
+        small
+            .alloc_batch(8)
+            .unwrap()
+            .iter()
+            .all(|o| *o != WalOptions::kafka("shrink_4") && *o != WalOptions::kafka("shrink_5"))
+    );
+}
+
 /// A cluster whose brokers stopped after the admin connected: every call times out (a retryable error).
 #[derive(Debug)]
 struct StoppedBrokers;

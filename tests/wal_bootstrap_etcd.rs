@@ -48,7 +48,10 @@ async fn ninety_six_names_persist_on_etcd_and_a_rerun_writes_nothing() {
             other => panic!("unexpected status {other:?}"),
         }
     };
-    assert_eq!(output, Some(serde_json::json!({"topics": 96})));
+    assert_eq!(
+        output,
+        Some(serde_json::json!({"topics": 96, "num_partitions": 1}))
+    );
     let mut wanted = spec.topic_names();
     wanted.sort();
     let pool = format!("{prefix}_");

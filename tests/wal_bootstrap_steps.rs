@@ -378,7 +378,10 @@ async fn persist_names_writes_every_missing_name_once_in_one_atomic_txn() {
     );
     let status = p.execute(&ctx()).await.unwrap();
     match status {
-        Status::Done { output } => assert_eq!(output, Some(serde_json::json!({"topics": 3}))),
+        Status::Done { output } => assert_eq!(
+            output,
+            Some(serde_json::json!({"topics": 3, "num_partitions": 1}))
+        ),
         other => panic!("expected done, got {other:?}"),
     }
 }

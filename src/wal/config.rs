@@ -24,6 +24,11 @@ use crate::error::{InvalidTopicNameSnafu, InvalidWalConfigSnafu, ParseWalConfigS
 /// The longest topic name Kafka accepts.
 pub const MAX_TOPIC_NAME_LEN: usize = 249;
 
+/// The most topics a pool may have. Every topic is at least one Kafka partition, and Kafka clusters are sized for
+/// partitions in the hundreds of thousands in total; the pool's names are also listed in memory by the bootstrap,
+/// the allocator and `walctl topics`. A larger value is a typo, rejected instead of exhausting memory.
+pub const MAX_NUM_TOPICS: usize = 100_000;
+
 /// Which WAL new regions write to.
 ///
 /// In TOML, a table with `provider = "raft_engine"` or `provider = "kafka"` and, for Kafka, the keys of
@@ -234,7 +239,7 @@ pub struct BackoffConfig {
     /// The longest wait.
     #[serde(with = "humantime_serde")]
     pub max: Duration,
-    /// Each wait is about this many times the previous one (≥ 1).
+    /// Each wait is about this many times the previous one (> 1).
     #[serde(alias = "multiplier")]
     pub base: f64,
     /// Give up once retries have taken this long.
@@ -283,6 +288,18 @@ impl KafkaConfig {
                     reason: "an endpoint is empty",
                 }
             );
+            // What the brokers are dialled with (`host:port`, `[v6]:port`); anything else fails on every retry.
+            let well_formed = endpoint
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            ensure!(
+                well_formed,
+                InvalidWalConfigSnafu {
+                    field: "broker_endpoints",
+                    value: format!("{:?}", self.broker_endpoints),
+                    reason: format!("endpoint '{endpoint}' is not host:port"),
+                }
+            );
         }
         ensure!(
             self.num_topics > 0,
@@ -290,6 +307,14 @@ impl KafkaConfig {
                 field: "num_topics",
                 value: "0",
                 reason: "the pool needs at least one topic",
+            }
+        );
+        ensure!(
+            self.num_topics <= MAX_NUM_TOPICS,
+            InvalidWalConfigSnafu {
+                field: "num_topics",
+                value: self.num_topics.to_string(),
+                reason: format!("a pool has at most {MAX_NUM_TOPICS} topics"),
             }
         );
         self.validate_prefix()?;
@@ -396,6 +421,15 @@ impl BackoffConfig {
                     reason: "must be positive",
                 }
             );
+            // rskafka keeps these as f64 seconds and converts back, which panics beyond Duration's range.
+            ensure!(
+                Duration::try_from_secs_f64(value.as_secs_f64()).is_ok(),
+                InvalidWalConfigSnafu {
+                    field,
+                    value: humantime_serde::re::humantime::format_duration(value).to_string(),
+                    reason: "too large",
+                }
+            );
         }
         ensure!(
             self.max >= self.init,
@@ -408,12 +442,17 @@ impl BackoffConfig {
                 ),
             }
         );
+        // rskafka draws each wait from `init..previous * base` (in f64 seconds, `previous` at most `max`), a range
+        // that must be neither empty nor unbounded.
+        let init = self.init.as_secs_f64();
         ensure!(
-            self.base.is_finite() && self.base >= 1.0,
+            self.base.is_finite()
+                && init * self.base > init
+                && (self.max.as_secs_f64() * self.base).is_finite(),
             InvalidWalConfigSnafu {
                 field: "backoff.base",
                 value: self.base.to_string(),
-                reason: "must be a finite number of at least 1",
+                reason: "must be a finite number above 1 (and backoff.max × base finite)",
             }
         );
         Ok(())
@@ -605,6 +644,17 @@ mod tests {
     }
 
     #[test]
+    fn rejects_a_pool_too_large_to_hold_in_memory() {
+        // Every layer lists the pool's names in memory: a typo such as 10^12 topics must be a config error, not an
+        // allocation failure that aborts the process.
+        let c = KafkaConfig {
+            num_topics: 1_000_000_000_000,
+            ..kafka()
+        };
+        assert_rejected(&c, "num_topics", "1000000000000");
+    }
+
+    #[test]
     fn rejects_empty_prefix() {
         let c = KafkaConfig {
             topic_name_prefix: String::new(),
@@ -697,6 +747,29 @@ mod tests {
     }
 
     #[test]
+    fn rejects_endpoints_that_are_not_host_colon_port() {
+        // Without a port, connecting fails the same way on every retry: it must be a config error now, not an error
+        // after every backoff deadline and step retry have run out.
+        for bad in ["localhost", "localhost:", "localhost:x", ":9092", "k:99999"] {
+            let c = KafkaConfig {
+                broker_endpoints: vec!["k:9092".to_string(), bad.to_string()],
+                ..kafka()
+            };
+            let err = assert_rejected(&c, "broker_endpoints", bad);
+            assert!(err.contains("host:port"), "{err}");
+        }
+        let c = KafkaConfig {
+            broker_endpoints: vec![
+                "127.0.0.1:9092".to_string(),
+                "[::1]:9092".to_string(),
+                "kafka-0.kafka.svc:19092".to_string(),
+            ],
+            ..kafka()
+        };
+        c.validate().unwrap();
+    }
+
+    #[test]
     fn rejects_zero_durations() {
         let c = KafkaConfig {
             create_topic_timeout: Duration::ZERO,
@@ -733,6 +806,40 @@ mod tests {
         assert_rejected(&c, "backoff.base", "0.5");
         c.backoff.base = f64::NAN;
         assert_rejected(&c, "backoff.base", "NaN");
+    }
+
+    #[test]
+    fn rejects_a_base_that_leaves_rskafka_no_backoff_range() {
+        // rskafka draws each wait from `init..previous * base`: with base 1 that range is empty and it panics on
+        // the first retry.
+        let mut c = kafka();
+        c.backoff.base = 1.0;
+        assert_rejected(&c, "backoff.base", "1");
+        c.backoff.base = 1.0 + f64::EPSILON / 4.0;
+        assert_rejected(&c, "backoff.base", "backoff.base");
+        // ...and panics too when the upper end overflows to infinity (max × base, in f64 seconds).
+        c.backoff.base = 1e308;
+        c.backoff.max = Duration::from_secs(100);
+        assert_rejected(&c, "backoff.base", "1000");
+        c.backoff.base = 1.5;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn rejects_backoff_durations_rskafka_cannot_hold() {
+        // rskafka keeps them as f64 seconds and turns them back into a Duration, which panics near Duration::MAX;
+        // the admin also adds a margin to the deadline.
+        let huge = Duration::new(u64::MAX, 0);
+        let mut c = kafka();
+        c.backoff.deadline = huge;
+        assert_rejected(&c, "backoff.deadline", "backoff.deadline");
+        let mut c = kafka();
+        c.backoff.max = huge;
+        assert_rejected(&c, "backoff.max", "backoff.max");
+        let mut c = kafka();
+        c.backoff.max = Duration::from_secs(3600);
+        c.backoff.deadline = Duration::from_secs(365 * 24 * 3600);
+        c.validate().unwrap();
     }
 
     #[test]

@@ -272,6 +272,7 @@ impl TopicBootstrapProcedure {
         ctx.side_effect_point("persisted names")?;
         Ok(Status::done_with_output(serde_json::json!({
             "topics": self.data.spec.num_topics,
+            "num_partitions": self.data.spec.num_partitions,
         })))
     }
 

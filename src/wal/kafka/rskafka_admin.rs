@@ -72,7 +72,7 @@ impl RsKafkaTopicAdmin {
             .build();
         // rskafka stops retrying at the deadline with an error saying why; the outer timeout only catches a hang,
         // so it must not race that error.
-        let connect_timeout = config.backoff.deadline + CALL_MARGIN;
+        let connect_timeout = config.backoff.deadline.saturating_add(CALL_MARGIN);
         let client = timeout(connect_timeout, build)
             .await
             .map_err(|_| {

@@ -208,8 +208,9 @@ impl KafkaTopicManager {
     ///
     /// The procedure id is fixed per pool (`topic_bootstrap/{prefix}`), so concurrent or repeated starts are one
     /// procedure. When the manager still retains a finished bootstrap under that id (a failed one, or one that
-    /// made a smaller pool), the next id `topic_bootstrap/{prefix}/attempt-{k}` is used; the pool's exclusive lock
-    /// key serialises them and each one is idempotent.
+    /// made a smaller pool or topics of another partition count), the next id
+    /// `topic_bootstrap/{prefix}/attempt-{k}` is used; the pool's exclusive lock key serialises them and each one is
+    /// idempotent.
     pub async fn start(&self, manager: &ProcedureManagerRef) -> Result<()> {
         let prefix = &self.spec.topic_name_prefix;
         for attempt in 0..MAX_BOOTSTRAP_ATTEMPTS {
@@ -235,11 +236,17 @@ impl KafkaTopicManager {
                         continue;
                     };
                     match watcher.wait().await {
-                        Ok(_) => {
-                            if self.load().await?.is_ok() {
+                        Ok(output) => {
+                            // It checked the topics' partition count: only its own (in its output) is vouched for.
+                            let same_partitions = output
+                                .as_ref()
+                                .and_then(|o| o.get("num_partitions"))
+                                .and_then(|p| p.as_i64())
+                                == Some(i64::from(self.spec.num_partitions));
+                            if same_partitions && self.load().await?.is_ok() {
                                 return Ok(());
                             }
-                            info!(%id, "an earlier bootstrap of the pool finished but the pool is incomplete; running the next one");
+                            info!(%id, "an earlier bootstrap of the pool finished but the pool is incomplete or has another partition count; running the next one");
                         }
                         Err(procedures::Error::ProcedureFailed { message, .. }) => {
                             warn!(%id, %message, "an earlier bootstrap of the pool failed; running the next one");
@@ -294,6 +301,24 @@ impl KafkaTopicManager {
             .collect();
         if !missing.is_empty() {
             return Ok(Err(missing));
+        }
+        // Also when no bootstrap runs (a retained one made a larger pool), shrinking is said out loud.
+        let beyond: Vec<&String> = persisted
+            .iter()
+            .filter(|t| {
+                self.spec
+                    .pool_index(t)
+                    .is_some_and(|i| i >= self.spec.num_topics)
+            })
+            .collect();
+        if !beyond.is_empty() {
+            warn!(
+                pool = %self.spec.topic_name_prefix,
+                num_topics = self.spec.num_topics,
+                topics = ?beyond,
+                "the pool shrank: these persisted topics are beyond num_topics; they are kept (never deleted) and \
+                 regions already on them keep using them, but no new region gets them"
+            );
         }
         *self.ready.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(wanted));
         Ok(Ok(()))
