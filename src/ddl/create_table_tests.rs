@@ -438,45 +438,78 @@ async fn metadata_replay_compares_values_not_bytes() {
     manager.create_table_metadata(&metadata).await.unwrap();
 }
 
-/// A memory backend that accepts only small transactions.
+/// A memory backend with small limits: at most `max_txn_ops` ops per transaction and `max_request_bytes` key and
+/// value bytes per transaction (a bigger one is refused, as a real backend's limit would).
 #[derive(Debug)]
-struct SmallTxnKv(MemoryKvBackend, usize);
+struct LimitedKv {
+    inner: MemoryKvBackend,
+    max_txn_ops: usize,
+    max_request_bytes: usize,
+}
+
+impl LimitedKv {
+    fn txn_ops(max_txn_ops: usize) -> Self {
+        LimitedKv {
+            inner: MemoryKvBackend::new(),
+            max_txn_ops,
+            max_request_bytes: usize::MAX,
+        }
+    }
+
+    fn request_bytes(max_request_bytes: usize) -> Self {
+        LimitedKv {
+            inner: MemoryKvBackend::new(),
+            max_txn_ops: usize::MAX,
+            max_request_bytes,
+        }
+    }
+
+    /// Keys left in the store, except the table-id sequence (ids are never reused, so it may have moved).
+    fn keys_left(&self) -> Vec<String> {
+        self.inner
+            .dump()
+            .into_iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).to_string())
+            .filter(|k| k != TABLE_ID_SEQ_KEY)
+            .collect()
+    }
+}
 
 #[async_trait::async_trait]
-impl KvBackend for SmallTxnKv {
+impl KvBackend for LimitedKv {
     fn name(&self) -> String {
-        "small".into()
+        "limited".into()
     }
     fn max_txn_ops(&self) -> usize {
-        self.1
+        self.max_txn_ops
     }
     fn max_request_bytes(&self) -> usize {
-        usize::MAX
+        self.max_request_bytes
     }
     async fn get(&self, key: &[u8]) -> crate::Result<Option<crate::kv::KeyValue>> {
-        self.0.get(key).await
+        self.inner.get(key).await
     }
     async fn batch_get(&self, keys: &[Vec<u8>]) -> crate::Result<Vec<crate::kv::KeyValue>> {
-        self.0.batch_get(keys).await
+        self.inner.batch_get(keys).await
     }
     async fn range(&self, req: crate::kv::RangeRequest) -> crate::Result<crate::kv::RangeResponse> {
-        self.0.range(req).await
+        self.inner.range(req).await
     }
     async fn put(&self, req: crate::kv::PutRequest) -> crate::Result<Option<crate::kv::KeyValue>> {
-        self.0.put(req).await
+        self.inner.put(req).await
     }
     async fn batch_put(
         &self,
         kvs: Vec<crate::kv::KeyValue>,
         prev_kv: bool,
     ) -> crate::Result<Vec<crate::kv::KeyValue>> {
-        self.0.batch_put(kvs, prev_kv).await
+        self.inner.batch_put(kvs, prev_kv).await
     }
     async fn compare_and_put(
         &self,
         req: crate::kv::CompareAndPutRequest,
     ) -> crate::Result<crate::kv::CompareAndPutResponse> {
-        self.0.compare_and_put(req).await
+        self.inner.compare_and_put(req).await
     }
     async fn delete_range(
         &self,
@@ -484,151 +517,14 @@ impl KvBackend for SmallTxnKv {
         range_end: &[u8],
         prev_kv: bool,
     ) -> crate::Result<(u64, Vec<crate::kv::KeyValue>)> {
-        self.0.delete_range(key, range_end, prev_kv).await
+        self.inner.delete_range(key, range_end, prev_kv).await
     }
     async fn batch_delete(
         &self,
         keys: &[Vec<u8>],
         prev_kv: bool,
     ) -> crate::Result<Vec<crate::kv::KeyValue>> {
-        self.0.batch_delete(keys, prev_kv).await
-    }
-    async fn txn(&self, txn: crate::kv::Txn) -> crate::Result<crate::kv::TxnResponse> {
-        self.0.txn(txn).await
-    }
-}
-
-#[tokio::test]
-async fn a_metadata_txn_over_the_backend_limit_is_refused_before_writing() {
-    // name + info + route + 2 datanodes = 5 keys → 10 ops.
-    let kv = Arc::new(SmallTxnKv(MemoryKvBackend::new(), 9));
-    let manager = TableMetadataManager::new(kv.clone());
-    let t = task("cpu", 2);
-    let allocation = crate::ddl::TableAllocation {
-        table_id: 1024,
-        region_routes: BTreeMap::from([(0, 1), (1, 2)]),
-        region_wal_options: BTreeMap::new(),
-    };
-    let err = manager
-        .create_table_metadata(&TableMetadata::new(&t, &allocation))
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("greptime.public.cpu") && err.contains("10") && err.contains("9"),
-        "{err}"
-    );
-    assert!(kv.0.dump().is_empty());
-}
-
-#[tokio::test]
-async fn a_table_whose_metadata_cannot_fit_one_txn_fails_before_any_region_is_created() {
-    // 2 regions on 2 datanodes: name + info + route + 2 datanode keys = 5 keys → 10 ops, over a limit of 9. The
-    // metadata step could never succeed, so the procedure must stop before it creates regions it cannot record.
-    let kv = Arc::new(SmallTxnKv(MemoryKvBackend::new(), 9));
-    let dns = Arc::new(MemoryDatanodeManager::new());
-    let c = context(kv.clone(), Arc::new(RaftEngineWalSource), dns.clone());
-    let err = run_to_end(CreateTableProcedure::new(task("cpu", 2), c.clone()), &c)
-        .await
-        .unwrap_err();
-    assert!(!err.is_retryable());
-    let msg = err.to_string();
-    assert!(
-        msg.contains("greptime.public.cpu") && msg.contains("10"),
-        "{msg}"
-    );
-    assert_eq!(dns.calls(), 0, "regions were created: {:?}", dns.regions());
-    // Nothing reserved stays behind (the id sequence may have moved: ids are never reused).
-    let left: Vec<_> =
-        kv.0.dump()
-            .into_iter()
-            .map(|kv| String::from_utf8_lossy(&kv.key).to_string())
-            .filter(|k| k != TABLE_ID_SEQ_KEY)
-            .collect();
-    assert!(left.is_empty(), "{left:?}");
-}
-
-#[tokio::test]
-async fn a_table_whose_metadata_is_over_the_byte_limit_fails_before_any_region_is_created() {
-    let kv = Arc::new(SmallBytesKv(MemoryKvBackend::new(), 4096));
-    let dns = Arc::new(MemoryDatanodeManager::new());
-    let c = context(kv.clone(), Arc::new(RaftEngineWalSource), dns.clone());
-    // The options go into the info and into each datanode's value: 3 copies of 2,000 bytes.
-    let mut t = task("cpu", 2);
-    t.options.insert("comment".into(), "x".repeat(2000));
-    let err = run_to_end(CreateTableProcedure::new(t, c.clone()), &c)
-        .await
-        .unwrap_err();
-    assert!(!err.is_retryable());
-    let msg = err.to_string();
-    assert!(
-        msg.contains("greptime.public.cpu") && msg.contains("4096"),
-        "{msg}"
-    );
-    assert_eq!(dns.calls(), 0, "regions were created: {:?}", dns.regions());
-    let left: Vec<_> =
-        kv.0.dump()
-            .into_iter()
-            .map(|kv| String::from_utf8_lossy(&kv.key).to_string())
-            .filter(|k| k != TABLE_ID_SEQ_KEY)
-            .collect();
-    assert!(left.is_empty(), "{left:?}");
-}
-
-/// A memory backend that accepts only small requests, refusing bigger transactions as a real limit would.
-#[derive(Debug)]
-struct SmallBytesKv(MemoryKvBackend, usize);
-
-#[async_trait::async_trait]
-impl KvBackend for SmallBytesKv {
-    fn name(&self) -> String {
-        "small-bytes".into()
-    }
-    fn max_txn_ops(&self) -> usize {
-        usize::MAX
-    }
-    fn max_request_bytes(&self) -> usize {
-        self.1
-    }
-    async fn get(&self, key: &[u8]) -> crate::Result<Option<crate::kv::KeyValue>> {
-        self.0.get(key).await
-    }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> crate::Result<Vec<crate::kv::KeyValue>> {
-        self.0.batch_get(keys).await
-    }
-    async fn range(&self, req: crate::kv::RangeRequest) -> crate::Result<crate::kv::RangeResponse> {
-        self.0.range(req).await
-    }
-    async fn put(&self, req: crate::kv::PutRequest) -> crate::Result<Option<crate::kv::KeyValue>> {
-        self.0.put(req).await
-    }
-    async fn batch_put(
-        &self,
-        kvs: Vec<crate::kv::KeyValue>,
-        prev_kv: bool,
-    ) -> crate::Result<Vec<crate::kv::KeyValue>> {
-        self.0.batch_put(kvs, prev_kv).await
-    }
-    async fn compare_and_put(
-        &self,
-        req: crate::kv::CompareAndPutRequest,
-    ) -> crate::Result<crate::kv::CompareAndPutResponse> {
-        self.0.compare_and_put(req).await
-    }
-    async fn delete_range(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        prev_kv: bool,
-    ) -> crate::Result<(u64, Vec<crate::kv::KeyValue>)> {
-        self.0.delete_range(key, range_end, prev_kv).await
-    }
-    async fn batch_delete(
-        &self,
-        keys: &[Vec<u8>],
-        prev_kv: bool,
-    ) -> crate::Result<Vec<crate::kv::KeyValue>> {
-        self.0.batch_delete(keys, prev_kv).await
+        self.inner.batch_delete(keys, prev_kv).await
     }
     async fn txn(&self, txn: crate::kv::Txn) -> crate::Result<crate::kv::TxnResponse> {
         let op_bytes = |op: &crate::kv::TxnOp| match op {
@@ -645,13 +541,80 @@ impl KvBackend for SmallBytesKv {
             .chain(txn.success.iter().chain(&txn.failure).map(op_bytes))
             .sum();
         snafu::ensure!(
-            bytes <= self.1,
+            bytes <= self.max_request_bytes,
             crate::error::KvLimitSnafu {
                 backend: self.name(),
                 key: "",
-                reason: format!("{bytes} bytes, at most {}", self.1),
+                reason: format!("{bytes} bytes, at most {}", self.max_request_bytes),
             }
         );
-        self.0.txn(txn).await
+        self.inner.txn(txn).await
     }
+}
+
+#[tokio::test]
+async fn a_metadata_txn_over_the_backend_limit_is_refused_before_writing() {
+    // name + info + route + 2 datanodes = 5 keys → 10 ops.
+    let kv = Arc::new(LimitedKv::txn_ops(9));
+    let manager = TableMetadataManager::new(kv.clone());
+    let t = task("cpu", 2);
+    let allocation = crate::ddl::TableAllocation {
+        table_id: 1024,
+        region_routes: BTreeMap::from([(0, 1), (1, 2)]),
+        region_wal_options: BTreeMap::new(),
+    };
+    let err = manager
+        .create_table_metadata(&TableMetadata::new(&t, &allocation))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("greptime.public.cpu") && err.contains("10") && err.contains("9"),
+        "{err}"
+    );
+    assert!(kv.inner.dump().is_empty());
+}
+
+#[tokio::test]
+async fn a_table_whose_metadata_cannot_fit_one_txn_fails_before_any_region_is_created() {
+    // 2 regions on 2 datanodes: name + info + route + 2 datanode keys = 5 keys → 10 ops, over a limit of 9. The
+    // metadata step could never succeed, so the procedure must stop before it creates regions it cannot record.
+    let kv = Arc::new(LimitedKv::txn_ops(9));
+    let dns = Arc::new(MemoryDatanodeManager::new());
+    let c = context(kv.clone(), Arc::new(RaftEngineWalSource), dns.clone());
+    let err = run_to_end(CreateTableProcedure::new(task("cpu", 2), c.clone()), &c)
+        .await
+        .unwrap_err();
+    assert!(!err.is_retryable());
+    let msg = err.to_string();
+    assert!(
+        msg.contains("greptime.public.cpu") && msg.contains("10"),
+        "{msg}"
+    );
+    assert_eq!(dns.calls(), 0, "regions were created: {:?}", dns.regions());
+    // Nothing reserved stays behind.
+    let left = kv.keys_left();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test]
+async fn a_table_whose_metadata_is_over_the_byte_limit_fails_before_any_region_is_created() {
+    let kv = Arc::new(LimitedKv::request_bytes(4096));
+    let dns = Arc::new(MemoryDatanodeManager::new());
+    let c = context(kv.clone(), Arc::new(RaftEngineWalSource), dns.clone());
+    // The options go into the info and into each datanode's value: 3 copies of 2,000 bytes.
+    let mut t = task("cpu", 2);
+    t.options.insert("comment".into(), "x".repeat(2000));
+    let err = run_to_end(CreateTableProcedure::new(t, c.clone()), &c)
+        .await
+        .unwrap_err();
+    assert!(!err.is_retryable());
+    let msg = err.to_string();
+    assert!(
+        msg.contains("greptime.public.cpu") && msg.contains("4096"),
+        "{msg}"
+    );
+    assert_eq!(dns.calls(), 0, "regions were created: {:?}", dns.regions());
+    let left = kv.keys_left();
+    assert!(left.is_empty(), "{left:?}");
 }
