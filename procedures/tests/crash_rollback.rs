@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use crash_common::{Thing, World, WorldScenario, loader, run_matrix};
-use procedures::testing::CrashScenario;
 use procedures::{
     Context, Error, LockKey, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Result,
     Status,
@@ -99,24 +98,10 @@ async fn rollback_survives_every_single_and_double_crash() {
 /// The golden end the matrix compares against is a failure with every effect rolled back.
 #[tokio::test]
 async fn golden_run_fails_and_rolls_back_every_effect() {
-    let scenario = WorldScenario { register, roots };
-    let env = scenario.new_env().await;
-    let manager = procedures::LocalManager::new(
-        env.store.clone(),
-        procedures::testing::MatrixConfig::default().manager,
-    );
-    register(&env.world, &manager).unwrap();
-    manager.start().await.unwrap();
-    let err = manager
-        .submit(roots(&env.world).remove(0))
-        .await
-        .unwrap()
-        .wait()
-        .await
-        .unwrap_err();
+    let (env, result) = WorldScenario { register, roots }.golden_run().await;
+    let err = result.unwrap_err();
     assert!(err.to_string().contains("refused step 3"), "{err}");
     let world = env.world.snapshot();
     assert_eq!(world.len(), 3, "{world:?}");
     assert!(world.values().all(|t| *t == Thing::Removed), "{world:?}");
-    manager.stop().await.unwrap();
 }

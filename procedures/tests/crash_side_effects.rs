@@ -87,25 +87,10 @@ async fn step_with_several_effects_survives_a_crash_between_any_two() {
 /// The golden end is what the procedure means to do: every thing and the registry present.
 #[tokio::test]
 async fn golden_world_has_every_thing() {
-    use procedures::testing::CrashScenario;
-    let scenario = WorldScenario { register, roots };
-    let env = scenario.new_env().await;
-    let manager = procedures::LocalManager::new(
-        env.store.clone(),
-        procedures::testing::MatrixConfig::default().manager,
-    );
-    register(&env.world, &manager).unwrap();
-    manager.start().await.unwrap();
-    let output = manager
-        .submit(roots(&env.world).remove(0))
-        .await
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
+    let (env, result) = WorldScenario { register, roots }.golden_run().await;
+    let output = result.unwrap();
     assert_eq!(output, Some(serde_json::json!(THINGS)));
     let world = env.world.snapshot();
     assert_eq!(world.len(), THINGS + 1);
     assert!(world.values().all(|t| *t == Thing::Present));
-    manager.stop().await.unwrap();
 }

@@ -120,6 +120,22 @@ impl CrashScenario for WorldScenario {
     }
 }
 
+impl WorldScenario {
+    /// Runs the first root once without any crash on a fresh environment and returns the environment (its world and
+    /// store as the run left them) and the root's result.
+    pub async fn golden_run(&self) -> (Env, Result<Option<procedures::Output>>) {
+        let env = self.new_env().await;
+        let manager =
+            procedures::LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+        (self.register)(&env.world, &manager).unwrap();
+        manager.start().await.unwrap();
+        let root = (self.roots)(&env.world).remove(0);
+        let result = manager.submit(root).await.unwrap().wait().await;
+        manager.stop().await.unwrap();
+        (env, result)
+    }
+}
+
 /// A loader that decodes the procedure's state and rebuilds it over `world`.
 pub fn loader<S, F>(world: &Arc<World>, build: F) -> BoxedProcedureLoader
 where
