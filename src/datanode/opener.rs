@@ -38,11 +38,13 @@ impl WalProviderKind {
         }
     }
 
-    /// The provider of `options`.
-    pub fn of(options: &WalOptions) -> Self {
+    /// The provider a datanode must be configured for to open a region with `options`; `None` for
+    /// [`WalOptions::Noop`]: such a region writes no WAL, so any datanode opens it whatever its own provider.
+    pub fn of(options: &WalOptions) -> Option<Self> {
         match options {
-            WalOptions::RaftEngine => WalProviderKind::RaftEngine,
-            WalOptions::Kafka(_) => WalProviderKind::Kafka,
+            WalOptions::RaftEngine => Some(WalProviderKind::RaftEngine),
+            WalOptions::Kafka(_) => Some(WalProviderKind::Kafka),
+            WalOptions::Noop => None,
         }
     }
 }
@@ -189,17 +191,20 @@ impl RegionOpener {
                         region_id: id,
                         source: Box::new(source),
                     })?;
-                let found = WalProviderKind::of(&wal);
-                snafu::ensure!(
-                    found == self.expected,
-                    WalProviderMismatchSnafu {
-                        key,
-                        region_number: number,
-                        region_id: id,
-                        expected: self.expected.as_str(),
-                        found: found.as_str(),
-                    }
-                );
+                // A noop region needs no WAL of the datanode's: it opens on any datanode, its options passed on
+                // as recorded so the engine knows to write no WAL.
+                if let Some(found) = WalProviderKind::of(&wal) {
+                    snafu::ensure!(
+                        found == self.expected,
+                        WalProviderMismatchSnafu {
+                            key,
+                            region_number: number,
+                            region_id: id,
+                            expected: self.expected.as_str(),
+                            found: found.as_str(),
+                        }
+                    );
+                }
                 options.insert(WAL_OPTIONS_KEY.to_string(), encoded.clone());
             }
             // No recorded options: the region uses the datanode's own WAL, which only raft-engine can be.
