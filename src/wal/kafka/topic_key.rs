@@ -47,12 +47,14 @@ pub struct TopicNameValue {
 }
 
 impl TopicNameValue {
-    /// The encoded value: `{"pruned_entry_id":N}`.
+    /// The encoded value, as `serde_json` writes the derived [`Serialize`]: `{"pruned_entry_id":N}`.
     pub fn encode(&self) -> Vec<u8> {
-        format!(r#"{{"pruned_entry_id":{}}}"#, self.pruned_entry_id).into_bytes()
+        // A struct of one integer: serialising it cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
     }
 
-    /// Decodes a stored value; `key` names it in the error.
+    /// Decodes a stored value; `key` names it in the error. Fields GreptimeDB may add later are ignored; a value
+    /// that is not a JSON object with an unsigned `pruned_entry_id` is an error.
     pub fn decode(key: &[u8], value: &[u8]) -> Result<Self> {
         serde_json::from_slice(value)
             .map_err(|e| e.to_string())
@@ -70,7 +72,8 @@ impl TopicNameValue {
 }
 
 /// Every persisted topic whose name starts with `topic_prefix` (all of them for `""`), in key order, read page by
-/// page.
+/// page. Each value is decoded too: a damaged key or value is an error naming the key, never a name taken on
+/// trust.
 pub async fn list_persisted_topics(kv: &dyn KvBackend, topic_prefix: &str) -> Result<Vec<String>> {
     let prefix = topic_name_key(topic_prefix);
     let end = crate::kv::prefix_end(&prefix);
@@ -78,14 +81,12 @@ pub async fn list_persisted_topics(kv: &dyn KvBackend, topic_prefix: &str) -> Re
     let mut topics = Vec::new();
     loop {
         let resp = kv
-            .range(
-                RangeRequest::range(start.clone(), end.clone())
-                    .with_limit(LIST_PAGE_SIZE)
-                    .with_keys_only(),
-            )
+            .range(RangeRequest::range(start.clone(), end.clone()).with_limit(LIST_PAGE_SIZE))
             .await?;
         for kv in &resp.kvs {
-            topics.push(decode_topic_name_key(&kv.key)?);
+            let topic = decode_topic_name_key(&kv.key)?;
+            TopicNameValue::decode(&kv.key, &kv.value)?;
+            topics.push(topic);
         }
         match (resp.more, resp.kvs.last()) {
             (true, Some(last)) => {
@@ -127,6 +128,67 @@ pub async fn get_topic_value(kv: &dyn KvBackend, topic: &str) -> Result<Option<T
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::{MemoryKvBackend, PutRequest};
+
+    async fn put(kv: &MemoryKvBackend, key: &[u8], value: &[u8]) {
+        kv.put(PutRequest {
+            key: key.to_vec(),
+            value: value.to_vec(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+    }
+
+    #[tokio::test]
+    async fn listing_refuses_a_garbage_value_naming_its_key() {
+        let kv = MemoryKvBackend::new();
+        put(&kv, b"__topic_name/kafka/p_0", br#"{"pruned_entry_id":0}"#).await;
+        put(&kv, b"__topic_name/kafka/p_1", br#"{"pruned_entry_id":12}"#).await;
+        assert_eq!(
+            list_persisted_topics(&kv, "p_").await.unwrap(),
+            vec!["p_0", "p_1"]
+        );
+        for garbage in [
+            &b"garbage"[..],
+            b"",
+            b"{}",
+            br#"{"pruned_entry_id":-1}"#,
+            br#"{"pruned_entry_id":"0"}"#,
+        ] {
+            put(&kv, b"__topic_name/kafka/p_1", garbage).await;
+            let err = list_persisted_topics(&kv, "p_").await.unwrap_err();
+            assert!(
+                matches!(err, crate::Error::InvalidTopicNameKey { .. }),
+                "{err}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.starts_with(
+                    "invalid persisted topic name key '__topic_name/kafka/p_1': value '"
+                ),
+                "{text}"
+            );
+            assert!(text.contains(&*String::from_utf8_lossy(garbage)), "{text}");
+            // Another prefix does not read the damaged key.
+            put(&kv, b"__topic_name/kafka/q_0", br#"{"pruned_entry_id":0}"#).await;
+            assert_eq!(list_persisted_topics(&kv, "q_").await.unwrap(), vec!["q_0"]);
+        }
+    }
+
+    #[test]
+    fn values_greptimedb_may_extend_still_decode() {
+        let v = TopicNameValue::decode(
+            b"__topic_name/kafka/t_0",
+            br#"{"pruned_entry_id":5,"added_later":[1]}"#,
+        )
+        .unwrap();
+        assert_eq!(v.pruned_entry_id, 5);
+        assert_eq!(
+            TopicNameValue { pruned_entry_id: 5 }.encode(),
+            br#"{"pruned_entry_id":5}"#
+        );
+    }
 
     #[test]
     fn key_and_value_are_byte_for_byte() {
