@@ -206,21 +206,21 @@ impl MetasrvConfig {
     }
 
     /// Parses and validates a TOML document; `origin` names it in errors (a file path).
+    ///
+    /// A parse error names the position (from the TOML error's span) and the dotted key (from
+    /// `serde_path_to_error`'s path, e.g. `wal.backoff.deadline`, inside inline tables too).
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
-        let config: MetasrvConfig = match toml::from_str(text) {
-            Ok(config) => config,
-            Err(source) => {
-                let (location, key) = locate(text, source.span());
-                let message = source.message().trim().to_string();
-                return Err(ParseConfigSnafu {
-                    origin,
-                    location,
-                    key,
-                    message,
-                }
-                .into_error(source));
-            }
-        };
+        let document = toml::Deserializer::parse(text)
+            .map_err(|source| parse_error(text, origin, String::new(), source))?;
+        let config: MetasrvConfig = serde_path_to_error::deserialize(document).map_err(|err| {
+            let path = err.path();
+            let key = if path.iter().next().is_some() {
+                path.to_string()
+            } else {
+                String::new()
+            };
+            parse_error(text, origin, key, err.into_inner())
+        })?;
         config.validate().context(ValidateConfigSnafu { origin })?;
         Ok(config)
     }
@@ -316,101 +316,33 @@ impl DatanodesConfig {
     }
 }
 
-/// Where a TOML error is: `line L, column C` and the dotted key it concerns (`metadata_store.backend`), found
-/// from the error's span and the text around it (the innermost `[table]` header above it and the `key =` on its
-/// line).
-fn locate(text: &str, span: Option<std::ops::Range<usize>>) -> (String, String) {
-    let Some(span) = span else {
-        return (String::new(), String::new());
-    };
-    let start = span.start.min(text.len());
-    let before = text.get(..start).unwrap_or("");
-    let line_no = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
-    let column = text
-        .get(line_start..start)
-        .map(|s| s.chars().count() + 1)
-        .unwrap_or(1);
-    let location = format!("line {line_no}, column {column}");
-
-    let line_end = text[start..]
-        .find('\n')
-        .map(|i| start + i)
-        .unwrap_or(text.len());
-    let line = text.get(line_start..line_end).unwrap_or("").trim();
-
-    // The table the line belongs to: the last header at or above it.
-    let header_of = |l: &str| -> Option<String> {
-        let l = l.trim();
-        let inner = l.strip_prefix("[[").and_then(|r| r.split("]]").next());
-        let inner = inner.or_else(|| l.strip_prefix('[').and_then(|r| r.split(']').next()))?;
-        Some(inner.trim().to_string())
-    };
-    if let Some(header) = header_of(line) {
-        return (location, header);
+/// The error of a document that does not parse into a [`MetasrvConfig`]: the position of the TOML error's span
+/// in `text`, the dotted `key` concerned (empty when none) and TOML's own message.
+fn parse_error(text: &str, origin: &str, key: String, source: toml::de::Error) -> crate::Error {
+    let location = source
+        .span()
+        .map(|span| line_and_column(text, span.start))
+        .unwrap_or_default();
+    let message = source.message().trim().to_string();
+    ParseConfigSnafu {
+        origin,
+        location,
+        key,
+        message,
     }
-    let table = text[..line_start]
-        .lines()
-        .rev()
-        .find_map(header_of)
-        .unwrap_or_default();
-    // Inside an inline table (`wal = { num_topics = "x" }`) the key is the path of keys opened before the error.
-    let key = text
-        .get(line_start..start)
-        .and_then(inline_key_path)
-        .or_else(|| {
-            line.split_once('=')
-                .map(|(k, _)| k.trim().trim_matches('"').to_string())
-        })
-        .unwrap_or_default();
-    let path = match (table.is_empty(), key.is_empty()) {
-        (_, true) => table,
-        (true, false) => key,
-        (false, false) => format!("{table}.{key}"),
-    };
-    (location, path)
+    .into_error(source)
 }
 
-/// The dotted key whose value starts where `before` (the start of a line up to an error) ends: `a = { b = ` gives
-/// `a.b`. `None` when `before` does not end right after a `key =` (e.g. the error points at the key itself).
-fn inline_key_path(before: &str) -> Option<String> {
-    let mut open: Vec<String> = Vec::new();
-    let mut token = String::new();
-    let mut pending: Option<String> = None;
-    let mut quote: Option<char> = None;
-    for c in before.chars() {
-        match (quote, c) {
-            (Some(q), c) if c == q => quote = None,
-            (Some(_), c) => token.push(c),
-            (None, '"' | '\'') => quote = Some(c),
-            (None, '=') => pending = Some(std::mem::take(&mut token).trim().to_string()),
-            (None, '{') => {
-                open.extend(pending.take());
-                token.clear();
-            }
-            (None, '}') => {
-                open.pop();
-                token.clear();
-            }
-            (None, ',') => {
-                pending = None;
-                token.clear();
-            }
-            (None, c) => {
-                if pending.is_some() && !c.is_whitespace() {
-                    // A value has started after `key =`: the error is not at the start of this key's value.
-                    pending = None;
-                }
-                token.push(c);
-            }
-        }
-    }
-    if !token.trim().is_empty() && pending.is_none() {
-        return None;
-    }
-    let key = pending.filter(|k| !k.is_empty())?;
-    open.push(key);
-    Some(open.join("."))
+/// `line L, column C` (both from 1, the column in characters) of byte `offset` of `text`.
+fn line_and_column(text: &str, offset: usize) -> String {
+    let before = text.get(..offset.min(text.len())).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before
+        .rsplit('\n')
+        .next()
+        .map_or(0, |last| last.chars().count())
+        + 1;
+    format!("line {line}, column {column}")
 }
 
 #[cfg(test)]

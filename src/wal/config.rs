@@ -14,9 +14,13 @@
 //! deadline = "5m"
 //! ```
 
+use std::fmt;
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::de::value::MapAccessDeserializer;
+use serde::de::{self, DeserializeOwned, DeserializeSeed, IntoDeserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
 use snafu::{ResultExt, ensure};
 
 use crate::error::{InvalidTopicNameSnafu, InvalidWalConfigSnafu, ParseWalConfigSnafu, Result};
@@ -33,8 +37,11 @@ pub const MAX_NUM_TOPICS: usize = 100_000;
 ///
 /// In TOML, a table with `provider = "raft_engine"` or `provider = "kafka"` and, for Kafka, the keys of
 /// [`KafkaConfig`] next to it. Unknown keys, and Kafka keys under `raft_engine`, are errors naming the key.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "RawWalConfig", into = "RawWalConfig")]
+///
+/// Deserialized straight into [`KafkaConfig`]'s derived impl, with only the `provider` key taken out on the way:
+/// a key added to [`KafkaConfig`] needs no edit here, and the TOML parser's errors keep pointing at the key and
+/// line (a serde-tagged enum would buffer the table and lose both).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub enum WalConfig {
     /// Each datanode's local raft-engine WAL.
     #[default]
@@ -66,114 +73,171 @@ enum Provider {
     Kafka,
 }
 
-/// The TOML shape of [`WalConfig`]: a plain struct (not a serde-tagged enum) so the TOML parser's errors keep
-/// pointing at the offending key and line.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawWalConfig {
-    provider: Provider,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    broker_endpoints: Option<Vec<String>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    num_topics: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    topic_name_prefix: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    num_partitions: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    replication_factor: Option<i16>,
-    #[serde(
-        default,
-        with = "humantime_serde::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    create_topic_timeout: Option<Duration>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    selector_type: Option<SelectorType>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_concurrent_creates: Option<usize>,
-    // Tables last: TOML writes plain keys before sub-tables.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    backoff: Option<BackoffConfig>,
+/// The key naming the provider in the WAL table.
+const PROVIDER_KEY: &str = "provider";
+
+/// Every key the WAL table accepts: `provider`, then [`KafkaConfig`]'s fields in declaration order.
+fn wal_keys() -> &'static [&'static str] {
+    static KEYS: OnceLock<Vec<&'static str>> = OnceLock::new();
+    KEYS.get_or_init(|| {
+        let mut keys = vec![PROVIDER_KEY];
+        keys.extend_from_slice(field_names::<KafkaConfig>());
+        keys
+    })
 }
 
-impl TryFrom<RawWalConfig> for WalConfig {
-    type Error = String;
+/// The field names the derived `Deserialize` of `T` asks its deserializer for (what serde's `unknown field` error
+/// lists), read by handing it a deserializer that records them and fails.
+fn field_names<T: DeserializeOwned>() -> &'static [&'static str] {
+    struct Recorder<'a>(&'a mut &'static [&'static str]);
 
-    fn try_from(raw: RawWalConfig) -> Result<Self, String> {
-        match raw.provider {
-            Provider::RaftEngine => {
-                let given = [
-                    ("broker_endpoints", raw.broker_endpoints.is_some()),
-                    ("num_topics", raw.num_topics.is_some()),
-                    ("topic_name_prefix", raw.topic_name_prefix.is_some()),
-                    ("num_partitions", raw.num_partitions.is_some()),
-                    ("replication_factor", raw.replication_factor.is_some()),
-                    ("create_topic_timeout", raw.create_topic_timeout.is_some()),
-                    ("selector_type", raw.selector_type.is_some()),
-                    (
-                        "max_concurrent_creates",
-                        raw.max_concurrent_creates.is_some(),
-                    ),
-                    ("backoff", raw.backoff.is_some()),
-                ];
-                match given.iter().find(|(_, is_given)| *is_given) {
-                    Some((key, _)) => Err(format!(
-                        "key `{key}` applies only to provider = \"kafka\", not \"raft_engine\""
-                    )),
-                    None => Ok(WalConfig::RaftEngine),
-                }
-            }
-            Provider::Kafka => {
-                let d = KafkaConfig::default();
-                Ok(WalConfig::Kafka(KafkaConfig {
-                    broker_endpoints: raw.broker_endpoints.unwrap_or(d.broker_endpoints),
-                    num_topics: raw.num_topics.unwrap_or(d.num_topics),
-                    topic_name_prefix: raw.topic_name_prefix.unwrap_or(d.topic_name_prefix),
-                    num_partitions: raw.num_partitions.unwrap_or(d.num_partitions),
-                    replication_factor: raw.replication_factor.unwrap_or(d.replication_factor),
-                    create_topic_timeout: raw
-                        .create_topic_timeout
-                        .unwrap_or(d.create_topic_timeout),
-                    selector_type: raw.selector_type.unwrap_or(d.selector_type),
-                    backoff: raw.backoff.unwrap_or(d.backoff),
-                    max_concurrent_creates: raw
-                        .max_concurrent_creates
-                        .unwrap_or(d.max_concurrent_creates),
-                }))
-            }
+    impl<'de> de::Deserializer<'de> for Recorder<'_> {
+        type Error = de::value::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(
+            self,
+            _: V,
+        ) -> std::result::Result<V::Value, Self::Error> {
+            Err(de::Error::custom("only a struct's field names are read"))
+        }
+
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> std::result::Result<V::Value, Self::Error> {
+            *self.0 = fields;
+            Err(de::Error::custom("field names recorded"))
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+
+    let mut fields: &'static [&'static str] = &[];
+    // The recorder always fails, by design: only what it recorded is of use.
+    let _ = T::deserialize(Recorder(&mut fields));
+    fields
+}
+
+impl<'de> Deserialize<'de> for WalConfig {
+    fn deserialize<D: de::Deserializer<'de>>(
+        deserializer: D,
+    ) -> std::result::Result<Self, D::Error> {
+        deserializer.deserialize_struct("WalConfig", wal_keys(), WalVisitor)
+    }
+}
+
+/// Reads the WAL table: the derived [`KafkaConfig`] impl reads every key but `provider`, which
+/// [`WithoutProvider`] takes out.
+struct WalVisitor;
+
+impl<'de> Visitor<'de> for WalVisitor {
+    type Value = WalConfig;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a WAL table with provider = \"raft_engine\" or provider = \"kafka\"")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<WalConfig, A::Error> {
+        let mut table = WithoutProvider {
+            map,
+            provider: None,
+            first_kafka_key: None,
+        };
+        let kafka = KafkaConfig::deserialize(MapAccessDeserializer::new(&mut table))?;
+        match table.provider {
+            None => Err(de::Error::missing_field(PROVIDER_KEY)),
+            Some(Provider::Kafka) => Ok(WalConfig::Kafka(kafka)),
+            Some(Provider::RaftEngine) => match table.first_kafka_key {
+                None => Ok(WalConfig::RaftEngine),
+                Some(key) => Err(de::Error::custom(format!(
+                    "key `{key}` applies only to provider = \"kafka\", not \"raft_engine\""
+                ))),
+            },
         }
     }
 }
 
-impl From<WalConfig> for RawWalConfig {
-    fn from(config: WalConfig) -> Self {
-        match config {
-            WalConfig::RaftEngine => RawWalConfig {
-                provider: Provider::RaftEngine,
-                broker_endpoints: None,
-                num_topics: None,
-                topic_name_prefix: None,
-                num_partitions: None,
-                replication_factor: None,
-                create_topic_timeout: None,
-                selector_type: None,
-                max_concurrent_creates: None,
-                backoff: None,
-            },
-            WalConfig::Kafka(k) => RawWalConfig {
-                provider: Provider::Kafka,
-                broker_endpoints: Some(k.broker_endpoints),
-                num_topics: Some(k.num_topics),
-                topic_name_prefix: Some(k.topic_name_prefix),
-                num_partitions: Some(k.num_partitions),
-                replication_factor: Some(k.replication_factor),
-                create_topic_timeout: Some(k.create_topic_timeout),
-                selector_type: Some(k.selector_type),
-                max_concurrent_creates: Some(k.max_concurrent_creates),
-                backoff: Some(k.backoff),
-            },
+/// The WAL table's entries without `provider`, whose value it keeps. Keys are checked against [`wal_keys`] as
+/// they are read, so an unknown key fails at the key (its position and path) listing every accepted key.
+struct WithoutProvider<A> {
+    map: A,
+    provider: Option<Provider>,
+    first_kafka_key: Option<String>,
+}
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for WithoutProvider<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> std::result::Result<Option<K::Value>, A::Error> {
+        loop {
+            let Some(key) = self.map.next_key_seed(KnownWalKey)? else {
+                return Ok(None);
+            };
+            if key == PROVIDER_KEY {
+                self.provider = Some(self.map.next_value()?);
+                continue;
+            }
+            self.first_kafka_key.get_or_insert_with(|| key.clone());
+            let key: de::value::StringDeserializer<A::Error> = key.into_deserializer();
+            return seed.deserialize(key).map(Some);
         }
+    }
+
+    fn next_value_seed<V: DeserializeSeed<'de>>(
+        &mut self,
+        seed: V,
+    ) -> std::result::Result<V::Value, A::Error> {
+        self.map.next_value_seed(seed)
+    }
+}
+
+/// A WAL table key, refused unless it is one of [`wal_keys`].
+struct KnownWalKey;
+
+impl<'de> DeserializeSeed<'de> for KnownWalKey {
+    type Value = String;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> std::result::Result<String, D::Error> {
+        let key = String::deserialize(deserializer)?;
+        if wal_keys().contains(&key.as_str()) {
+            Ok(key)
+        } else {
+            Err(de::Error::unknown_field(&key, wal_keys()))
+        }
+    }
+}
+
+impl Serialize for WalConfig {
+    fn serialize<S: Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        /// `provider` and, for Kafka, the Kafka keys next to it.
+        #[derive(Serialize)]
+        struct Table<'a> {
+            provider: Provider,
+            #[serde(flatten)]
+            kafka: Option<&'a KafkaConfig>,
+        }
+        let table = match self {
+            WalConfig::RaftEngine => Table {
+                provider: Provider::RaftEngine,
+                kafka: None,
+            },
+            WalConfig::Kafka(kafka) => Table {
+                provider: Provider::Kafka,
+                kafka: Some(kafka),
+            },
+        };
+        table.serialize(serializer)
     }
 }
 
@@ -205,10 +269,11 @@ pub struct KafkaConfig {
     pub create_topic_timeout: Duration,
     /// How topics are handed to regions.
     pub selector_type: SelectorType,
-    /// Retries of connection and controller errors.
-    pub backoff: BackoffConfig,
     /// At most this many topic creations in flight at once.
     pub max_concurrent_creates: usize,
+    /// Retries of connection and controller errors. Last: TOML writes plain keys before sub-tables, and the
+    /// order of the fields is the order an unknown-key error lists them in.
+    pub backoff: BackoffConfig,
 }
 
 impl Default for KafkaConfig {
