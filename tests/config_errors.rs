@@ -106,7 +106,10 @@ fn an_unknown_wal_key_lists_every_key_of_the_kafka_config() {
     let defaults = toml::Table::try_from(KafkaConfig::default()).unwrap();
     assert_eq!(defaults.len(), 9);
     for key in defaults.keys() {
-        assert!(err.contains(&format!("`{key}`")), "{key} missing from: {err}");
+        assert!(
+            err.contains(&format!("`{key}`")),
+            "{key} missing from: {err}"
+        );
     }
 }
 

@@ -274,3 +274,53 @@ async fn pagination_returns_every_region_whatever_the_page_size() {
         assert_eq!(paged.requests, all.requests, "page size {page}");
     }
 }
+
+#[tokio::test]
+async fn a_noop_region_opens_on_any_datanode_with_its_options_as_recorded() {
+    // As GreptimeDB 1.2 writes it: region 0 on Kafka (with the pruned-entry hint), region 1 without a WAL.
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let hinted = r#"{"wal.provider":"kafka","wal.kafka.topic":"greptimedb_wal_topic_0","wal.kafka.initial_pruned_entry_id":9}"#;
+    let noop = r#"{"wal.provider":"noop"}"#;
+    let greptime_value = concat!(
+        r#"{"table_id":1024,"regions":[0,1],"follower_regions":[],"engine":"mito","#,
+        r#""region_storage_path":"greptime/public","region_options":{},"region_wal_options":{"#,
+        r#""0":"{\"wal.provider\":\"kafka\",\"wal.kafka.topic\":\"greptimedb_wal_topic_0\","#,
+        r#"\"wal.kafka.initial_pruned_entry_id\":9}","1":"{\"wal.provider\":\"noop\"}"},"version":0}"#
+    );
+    put(
+        &kv,
+        datanode_table_key(1, 1024),
+        greptime_value.as_bytes().to_vec(),
+    )
+    .await;
+
+    let on_kafka = RegionOpener::new(kv.clone(), 1, WalProviderKind::Kafka)
+        .open_regions()
+        .await
+        .unwrap();
+    assert!(on_kafka.errors.is_empty(), "{:?}", on_kafka.errors);
+    let options: Vec<(u64, &str)> = on_kafka
+        .requests
+        .iter()
+        .map(|r| (r.region_id, r.options["wal_options"].as_str()))
+        .collect();
+    assert_eq!(
+        options,
+        vec![(region_id(1024, 0), hinted), (region_id(1024, 1), noop)]
+    );
+
+    // On a raft-engine datanode the Kafka region is a mismatch; the noop one still opens.
+    let on_raft = RegionOpener::new(kv, 1, WalProviderKind::RaftEngine)
+        .open_regions()
+        .await
+        .unwrap();
+    let opened: Vec<u64> = on_raft.requests.iter().map(|r| r.region_id).collect();
+    assert_eq!(opened, vec![region_id(1024, 1)]);
+    assert_eq!(on_raft.requests[0].options["wal_options"], noop);
+    assert_eq!(on_raft.errors.len(), 1);
+    assert_eq!(
+        on_raft.errors[0].error.to_string(),
+        "datanode table key '__dn_table/1/1024', region 0 (region id 4398046511104): WAL provider is 'kafka' \
+         but this datanode is configured for 'raft_engine'"
+    );
+}

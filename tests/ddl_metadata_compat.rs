@@ -1,16 +1,22 @@
-//! Byte-compatibility of table metadata values with GreptimeDB's metasrv: values written by either side read on the
-//! other.
+//! Byte-compatibility of table metadata values with GreptimeDB 1.2's metasrv: values written by either side read on
+//! the other. The GreptimeDB values here are written by hand from its struct definitions and serde attributes,
+//! as its `serde_json` writes them (fields in declaration order, flattened structs in place, no spaces).
 
 use std::collections::BTreeMap;
 
 use remote_wal::ddl::DatanodeTableValue;
 use remote_wal::ddl::table_name::TableNameValue;
-use remote_wal::wal::WalOptions;
+use remote_wal::wal::kafka::topic_key::TopicNameValue;
+use remote_wal::wal::{KafkaWalOptions, WalOptions};
 
-/// A value laid out as GreptimeDB writes it (fields in its order, region numbers as string keys, the WAL options
-/// as an encoded string inside the JSON), written by hand.
+/// GreptimeDB 1.2's bytes for `DatanodeTableValue { table_id: 1024, regions: vec![1, 2, 10], follower_regions:
+/// vec![], region_info: RegionInfo { engine: "mito", region_storage_path: "greptime/public", region_options: {ttl,
+/// compaction.type}, region_wal_options: {1, 2, 10 → Kafka topics} }, version: 3 }`: `follower_regions` after
+/// `regions`, `RegionInfo` flattened, region numbers as string keys, each WAL option an encoded string. (Its maps
+/// are hash maps, in any order; this is the order ours writes, which GreptimeDB may write too.)
 const GREPTIME_VALUE: &str = concat!(
-    r#"{"table_id":1024,"regions":[1,2,10],"engine":"mito","region_storage_path":"greptime/public","#,
+    r#"{"table_id":1024,"regions":[1,2,10],"follower_regions":[],"engine":"mito","#,
+    r#""region_storage_path":"greptime/public","#,
     r#""region_options":{"compaction.type":"twcs","ttl":"7d"},"region_wal_options":{"#,
     r#""1":"{\"wal.provider\":\"kafka\",\"wal.kafka.topic\":\"greptimedb_wal_topic_0\"}","#,
     r#""2":"{\"wal.provider\":\"kafka\",\"wal.kafka.topic\":\"greptimedb_wal_topic_1\"}","#,
@@ -46,7 +52,7 @@ fn our_values_are_what_greptime_writes() {
     };
     assert_eq!(
         serde_json::to_string(&value).unwrap(),
-        r#"{"table_id":42,"regions":[1,2,3],"engine":"","region_storage_path":"","region_options":{},"region_wal_options":{},"version":1}"#
+        r#"{"table_id":42,"regions":[1,2,3],"follower_regions":[],"engine":"","region_storage_path":"","region_options":{},"region_wal_options":{},"version":1}"#
     );
     let raft = DatanodeTableValue {
         region_wal_options: BTreeMap::from([(1, WalOptions::RaftEngine.encode())]),
@@ -57,6 +63,67 @@ fn our_values_are_what_greptime_writes() {
             .unwrap()
             .contains(r#""region_wal_options":{"1":"{\"wal.provider\":\"raft_engine\"}"}"#)
     );
+}
+
+#[test]
+fn values_written_before_follower_regions_existed_still_decode() {
+    // The same value as GreptimeDB wrote it before it added `follower_regions`.
+    let older = GREPTIME_VALUE.replace(r#""follower_regions":[],"#, "");
+    assert!(!older.contains("follower_regions"));
+    let old: DatanodeTableValue = serde_json::from_str(&older).unwrap();
+    let new: DatanodeTableValue = serde_json::from_str(GREPTIME_VALUE).unwrap();
+    assert_eq!(old, new);
+    // Re-encoding writes the current layout.
+    assert_eq!(serde_json::to_string(&old).unwrap(), GREPTIME_VALUE);
+}
+
+#[test]
+fn greptime_wal_options_of_every_provider_decode() {
+    // A table whose regions GreptimeDB gave one of each: raft-engine, Kafka with the pruned-entry hint, noop.
+    let value = concat!(
+        r#"{"table_id":1030,"regions":[0,1,2],"follower_regions":[],"engine":"mito","#,
+        r#""region_storage_path":"greptime/public","region_options":{},"region_wal_options":{"#,
+        r#""0":"{\"wal.provider\":\"raft_engine\"}","#,
+        r#""1":"{\"wal.provider\":\"kafka\",\"wal.kafka.topic\":\"greptimedb_wal_topic_5\",\"wal.kafka.initial_pruned_entry_id\":311}","#,
+        r#""2":"{\"wal.provider\":\"noop\"}"},"version":0}"#
+    );
+    let value: DatanodeTableValue = serde_json::from_str(value).unwrap();
+    let decoded: Vec<WalOptions> = value
+        .region_wal_options
+        .values()
+        .map(|encoded| WalOptions::decode(encoded).unwrap())
+        .collect();
+    assert_eq!(
+        decoded,
+        vec![
+            WalOptions::RaftEngine,
+            WalOptions::Kafka(KafkaWalOptions {
+                topic: "greptimedb_wal_topic_5".to_string(),
+                initial_pruned_entry_id: Some(311),
+            }),
+            WalOptions::Noop,
+        ]
+    );
+    // Each re-encodes to GreptimeDB's bytes.
+    for (number, options) in [0u32, 1, 2].into_iter().zip(&decoded) {
+        assert_eq!(options.encode(), value.region_wal_options[&number]);
+    }
+}
+
+#[test]
+fn topic_name_values_are_greptime_bytes() {
+    // GreptimeDB 1.2's `TopicNameValue { pruned_entry_id: 0 }`, and one a prune has advanced.
+    assert_eq!(
+        TopicNameValue::default().encode(),
+        br#"{"pruned_entry_id":0}"#
+    );
+    let pruned = TopicNameValue::decode(
+        b"__topic_name/kafka/greptimedb_wal_topic_0",
+        br#"{"pruned_entry_id":4096}"#,
+    )
+    .unwrap();
+    assert_eq!(pruned.pruned_entry_id, 4096);
+    assert_eq!(pruned.encode(), br#"{"pruned_entry_id":4096}"#);
 }
 
 #[test]
