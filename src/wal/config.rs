@@ -684,6 +684,24 @@ mod tests {
     }
 
     #[test]
+    fn wal_keys_are_provider_then_every_kafka_field_in_order() {
+        // Read from KafkaConfig's derived impl: a field added there is accepted with no other edit.
+        let written: Vec<String> = toml::Table::try_from(KafkaConfig::default())
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        let mut expected = vec!["provider".to_string()];
+        expected.extend(written.iter().cloned());
+        let mut keys: Vec<String> = wal_keys().iter().map(|k| k.to_string()).collect();
+        assert_eq!(keys.len(), expected.len());
+        keys[1..].sort();
+        expected[1..].sort();
+        assert_eq!(keys, expected);
+        assert_eq!(wal_keys().last(), Some(&"backoff"));
+    }
+
+    #[test]
     fn unknown_provider_is_an_error_naming_it() {
         let err = WalConfig::from_toml_str(r#"provider = "noop""#)
             .unwrap_err()
