@@ -12,7 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use procedures::{LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef};
+use procedures::record::{EPOCH_KEY, RECORD_PREFIX};
+use procedures::{
+    Condition, LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef, StateStore, WriteOp,
+    WriteOutcome,
+};
 use serde::Serialize;
 use snafu::{ResultExt, ensure};
 use tokio::sync::OnceCell;
@@ -26,7 +30,7 @@ use crate::ddl::{
 };
 use crate::error::{
     CreateDataDirSnafu, Error, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu,
-    NoKafkaPoolSnafu, ProcedureNotFoundSnafu, Result,
+    NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu, Result,
 };
 use crate::kv::{KvBackendRef, RangeRequest};
 use crate::wal::kafka::KafkaTopicManager;
@@ -168,6 +172,7 @@ pub struct TopicsReport {
 pub struct Metasrv {
     config: MetasrvConfig,
     kv: KvBackendRef,
+    state_store: Arc<crate::kv::KvStateStore>,
     procedures: ProcedureManagerRef,
     wal: Arc<WalOptionsAllocator>,
     topic_admin: Option<TopicAdminRef>,
@@ -250,7 +255,7 @@ impl Metasrv {
         config.validate()?;
         let state_store = Arc::new(crate::kv::KvStateStore::new(kv.clone()));
         let procedures: ProcedureManagerRef = Arc::new(LocalManager::new(
-            state_store,
+            state_store.clone(),
             config.procedure.manager_config(),
         ));
 
@@ -291,6 +296,7 @@ impl Metasrv {
         Ok(Metasrv {
             config,
             kv,
+            state_store,
             procedures,
             wal,
             topic_admin,
@@ -544,6 +550,76 @@ impl Metasrv {
             .ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
     }
 
+    /// Deletes procedure `id`'s record from the state store: for a record that cannot be recovered (damaged), or a
+    /// finished or failed procedure one does not want to wait out the retention period for. Starts the procedure
+    /// manager first if needed, so the store is claimed by this process. Refuses a procedure that is still running
+    /// here (unfinished records are resumed by the start), and deletes only if neither the record nor the store's
+    /// epoch changed since they were read. An error naming the id when no record has that id.
+    pub async fn purge_procedure(&self, id: &str) -> Result<()> {
+        self.start_procedures().await?;
+        let wanted = ProcedureId::new(id);
+        if let Some(info) = self.procedures.procedure_state(&wanted).await?
+            && !info.state.is_finished()
+        {
+            return ProcedurePurgeSnafu {
+                id,
+                reason: format!(
+                    "it is {} (step {}) in this process; purge only finished, failed or damaged procedures",
+                    info.state, info.step
+                ),
+            }
+            .fail();
+        }
+        // The record's key names the id; a damaged record may name another id inside its envelope.
+        let records = self.state_store.scan(RECORD_PREFIX).await?;
+        let doomed: Vec<(String, Vec<u8>)> = records
+            .into_iter()
+            .filter(|(key, value)| {
+                key.strip_prefix(RECORD_PREFIX) == Some(id)
+                    || serde_json::from_slice::<serde_json::Value>(value)
+                        .ok()
+                        .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(|i| i == id))
+                        .unwrap_or(false)
+            })
+            .collect();
+        ensure!(!doomed.is_empty(), ProcedureNotFoundSnafu { id });
+        let epoch = self.state_store.get(EPOCH_KEY).await?;
+        let mut conditions: Vec<Condition> = doomed
+            .iter()
+            .map(|(key, value)| Condition::Equals {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        conditions.push(match epoch {
+            Some(value) => Condition::Equals {
+                key: EPOCH_KEY.to_string(),
+                value,
+            },
+            None => Condition::Absent {
+                key: EPOCH_KEY.to_string(),
+            },
+        });
+        let ops = doomed
+            .into_iter()
+            .map(|(key, _)| WriteOp::Delete { key })
+            .collect();
+        match self.state_store.write(conditions, ops).await? {
+            WriteOutcome::Applied => Ok(()),
+            WriteOutcome::Rejected { current } => {
+                let changed: Vec<&str> = current.iter().map(|(k, _)| k.as_str()).collect();
+                ProcedurePurgeSnafu {
+                    id,
+                    reason: format!(
+                        "the state store changed while purging (keys {}); run the command again",
+                        changed.join(", ")
+                    ),
+                }
+                .fail()
+            }
+        }
+    }
+
     /// The Kafka pool as persisted, with the number of regions (of every datanode) writing to each topic. An error
     /// for a raft-engine metasrv, which has no pool.
     pub async fn topics(&self) -> Result<TopicsReport> {
@@ -579,6 +655,29 @@ impl Metasrv {
             regions,
             in_pool: false,
         }));
+        // Pool topics by index (`p_4` before `p_10`), then topics outside the configured pool: those of the pool's
+        // shape by index, any other name after them by name.
+        let spec_index = |topic: &str| -> Option<usize> {
+            topic
+                .strip_prefix(kafka.topic_name_prefix.as_str())?
+                .strip_prefix('_')
+                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|d| d.parse().ok())
+        };
+        topics.sort_by(|a, b| {
+            (
+                !a.in_pool,
+                spec_index(&a.topic).is_none(),
+                spec_index(&a.topic),
+                &a.topic,
+            )
+                .cmp(&(
+                    !b.in_pool,
+                    spec_index(&b.topic).is_none(),
+                    spec_index(&b.topic),
+                    &b.topic,
+                ))
+        });
         Ok(TopicsReport {
             topic_name_prefix: kafka.topic_name_prefix.clone(),
             num_topics: kafka.num_topics,
