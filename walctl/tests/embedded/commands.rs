@@ -1,10 +1,8 @@
 //! `walctl` on the embedded default (redb in `./walctl-data`, raft-engine WAL, datanode 1) and on small TOML
 //! configs: every command, text and `--json` output, and one-line errors naming the culprit.
 
-mod walctl_common;
-
+use crate::support::Env;
 use serde_json::Value;
-use walctl_common::Env;
 
 const RAFT_ENGINE: &str = r#"{"wal.provider":"raft_engine"}"#;
 
@@ -324,7 +322,8 @@ fn bootstrap_on_raft_engine_has_nothing_to_do() {
 #[test]
 fn example_configs_are_accepted() {
     let env = Env::new();
-    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    // The workspace root's examples/ (this package lives in walctl/).
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let created = env.json(
         Some(&examples.join("embedded.toml")),
         &["create-table", "from_example", "--regions", "1"],
