@@ -901,6 +901,118 @@ mod tests {
         metasrv.stop().await.unwrap();
     }
 
+    #[tokio::test]
+    async fn topics_sorts_by_pool_index_also_beyond_the_configured_pool() {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        let broker = Arc::new(FakeBroker::default());
+        let metasrv_with = |num_topics: usize| {
+            let kafka = KafkaConfig {
+                num_topics,
+                topic_name_prefix: "p".to_string(),
+                ..Default::default()
+            };
+            Metasrv::with_parts(
+                memory_config(WalConfig::Kafka(kafka), vec![1]),
+                kv.clone(),
+                Some(broker.clone()),
+                Arc::new(MemoryDatanodeManager::new()),
+            )
+            .unwrap()
+        };
+        let big = metasrv_with(12);
+        big.bootstrap(|_| {}).await.unwrap();
+        let report = big.topics().await.unwrap();
+        let names: Vec<&str> = report.topics.iter().map(|t| t.topic.as_str()).collect();
+        let expected: Vec<String> = (0..12).map(|i| format!("p_{i}")).collect();
+        assert_eq!(names, expected);
+        big.stop().await.unwrap();
+
+        // A pool configured smaller: p_0..p_2 in it, then the persisted p_3..p_11 outside it, by index (a sort by
+        // name would put p_10 and p_11 before p_3).
+        let small = metasrv_with(3);
+        let report = small.topics().await.unwrap();
+        let listed: Vec<(&str, bool)> = report
+            .topics
+            .iter()
+            .map(|t| (t.topic.as_str(), t.in_pool))
+            .collect();
+        let expected: Vec<(String, bool)> = (0..12).map(|i| (format!("p_{i}"), i < 3)).collect();
+        let expected: Vec<(&str, bool)> = expected.iter().map(|(t, p)| (t.as_str(), *p)).collect();
+        assert_eq!(listed, expected);
+    }
+
+    /// Datanodes that never answer: a create-table stays running in CreateRegions.
+    #[derive(Debug)]
+    struct Unresponsive;
+
+    #[async_trait]
+    impl crate::ddl::DatanodeManager for Unresponsive {
+        async fn create_region(
+            &self,
+            _datanode_id: u64,
+            _request: crate::ddl::RegionCreateRequest,
+        ) -> Result<()> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn purge_deletes_a_finished_record_and_refuses_a_running_one() {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        let record_key = |id: &str| format!("__procedure__/{RECORD_PREFIX}{id}").into_bytes();
+        let done = Metasrv::with_parts(
+            memory_config(WalConfig::RaftEngine, vec![1]),
+            kv.clone(),
+            None,
+            Arc::new(MemoryDatanodeManager::new()),
+        )
+        .unwrap();
+        done.start().await.unwrap();
+        done.create_table(TableName::new("greptime", "public", "done"), 1, false)
+            .await
+            .unwrap();
+        let finished = done.list_procedures().await.unwrap()[0].id.to_string();
+        assert!(kv.get(&record_key(&finished)).await.unwrap().is_some());
+        let err = done.purge_procedure("unknown").await.unwrap_err().to_string();
+        assert!(err.contains("'unknown'"), "{err}");
+        done.purge_procedure(&finished).await.unwrap();
+        assert!(kv.get(&record_key(&finished)).await.unwrap().is_none());
+        done.stop().await.unwrap();
+
+        let hung = Arc::new(
+            Metasrv::with_parts(
+                memory_config(WalConfig::RaftEngine, vec![1]),
+                kv.clone(),
+                None,
+                Arc::new(Unresponsive),
+            )
+            .unwrap(),
+        );
+        hung.start().await.unwrap();
+        let creating = {
+            let hung = hung.clone();
+            tokio::spawn(async move {
+                hung.create_table(TableName::new("greptime", "public", "hung"), 1, false)
+                    .await
+            })
+        };
+        let running = loop {
+            let list = hung.list_procedures().await.unwrap();
+            if let Some(p) = list.iter().find(|p| !p.state.is_finished()) {
+                break p.id.to_string();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let err = hung.purge_procedure(&running).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::ProcedurePurge { id, .. } if *id == running),
+            "{err}"
+        );
+        assert!(kv.get(&record_key(&running)).await.unwrap().is_some());
+        creating.abort();
+        hung.stop().await.unwrap();
+    }
+
     #[test]
     fn table_names_take_defaults() {
         assert_eq!(
