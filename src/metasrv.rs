@@ -973,7 +973,11 @@ mod tests {
             .unwrap();
         let finished = done.list_procedures().await.unwrap()[0].id.to_string();
         assert!(kv.get(&record_key(&finished)).await.unwrap().is_some());
-        let err = done.purge_procedure("unknown").await.unwrap_err().to_string();
+        let err = done
+            .purge_procedure("unknown")
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("'unknown'"), "{err}");
         done.purge_procedure(&finished).await.unwrap();
         assert!(kv.get(&record_key(&finished)).await.unwrap().is_none());

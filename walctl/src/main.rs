@@ -52,8 +52,8 @@ fn main() -> ExitCode {
 /// Why a command failed: the library said so, or walctl itself refused.
 #[derive(Debug)]
 enum Failure {
-    /// An error of the metasrv (config, store, Kafka, procedures).
-    Wal(remote_wal::Error),
+    /// An error of the metasrv (config, store, Kafka, procedures); boxed, it is large.
+    Wal(Box<remote_wal::Error>),
     /// walctl refused to go on (e.g. a purge without confirmation).
     Refused(String),
 }
@@ -69,7 +69,7 @@ impl std::fmt::Display for Failure {
 
 impl From<remote_wal::Error> for Failure {
     fn from(e: remote_wal::Error) -> Self {
-        Failure::Wal(e)
+        Failure::Wal(Box::new(e))
     }
 }
 
