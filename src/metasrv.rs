@@ -164,7 +164,8 @@ pub struct TopicsReport {
     pub num_topics: usize,
     /// Of those, how many are persisted.
     pub persisted: usize,
-    /// Every wanted topic, then any other topic regions use, with region counts.
+    /// Every wanted topic, then any other topic regions use or persisted beyond the pool, with region counts;
+    /// each group sorted by pool index (`p_4` before `p_10`), names not of the form `{prefix}_{i}` last.
     pub topics: Vec<TopicUsage>,
 }
 
