@@ -11,4 +11,4 @@ if ! command -v protoc >/dev/null 2>&1; then
   "${SUDO[@]}" apt-get update -qq >/dev/null
   "${SUDO[@]}" apt-get install -y -qq protobuf-compiler >/dev/null
 fi
-exec cargo run -q --manifest-path "$ROOT/Cargo.toml" --bin walctl -- "$@"
+exec cargo run -q --manifest-path "$ROOT/Cargo.toml" -p walctl -- "$@"

@@ -674,6 +674,15 @@ pub enum Error {
         /// The id asked for.
         id: String,
     },
+    /// A procedure record cannot be purged from the state store: it is still running here, or it changed (or
+    /// another process claimed the store) between reading and deleting it.
+    #[snafu(display("cannot purge procedure '{id}': {reason}"))]
+    ProcedurePurge {
+        /// The procedure id.
+        id: String,
+        /// Why not.
+        reason: String,
+    },
     /// An operation that needs the Kafka topic pool, on a metasrv configured for raft-engine.
     #[snafu(display(
         "{operation}: the WAL provider is raft_engine, so there is no Kafka topic pool (set [wal] provider = \"kafka\")"

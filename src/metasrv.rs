@@ -12,7 +12,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use procedures::{LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef};
+use procedures::record::{EPOCH_KEY, RECORD_PREFIX};
+use procedures::{
+    Condition, LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef, StateStore, WriteOp,
+    WriteOutcome,
+};
 use serde::Serialize;
 use snafu::{ResultExt, ensure};
 use tokio::sync::OnceCell;
@@ -26,7 +30,7 @@ use crate::ddl::{
 };
 use crate::error::{
     CreateDataDirSnafu, Error, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu,
-    NoKafkaPoolSnafu, ProcedureNotFoundSnafu, Result,
+    NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu, Result,
 };
 use crate::kv::{KvBackendRef, RangeRequest};
 use crate::wal::kafka::KafkaTopicManager;
@@ -160,7 +164,8 @@ pub struct TopicsReport {
     pub num_topics: usize,
     /// Of those, how many are persisted.
     pub persisted: usize,
-    /// Every wanted topic, then any other topic regions use, with region counts.
+    /// Every wanted topic, then any other topic regions use or persisted beyond the pool, with region counts;
+    /// each group sorted by pool index (`p_4` before `p_10`), names not of the form `{prefix}_{i}` last.
     pub topics: Vec<TopicUsage>,
 }
 
@@ -168,6 +173,7 @@ pub struct TopicsReport {
 pub struct Metasrv {
     config: MetasrvConfig,
     kv: KvBackendRef,
+    state_store: Arc<crate::kv::KvStateStore>,
     procedures: ProcedureManagerRef,
     wal: Arc<WalOptionsAllocator>,
     topic_admin: Option<TopicAdminRef>,
@@ -250,7 +256,7 @@ impl Metasrv {
         config.validate()?;
         let state_store = Arc::new(crate::kv::KvStateStore::new(kv.clone()));
         let procedures: ProcedureManagerRef = Arc::new(LocalManager::new(
-            state_store,
+            state_store.clone(),
             config.procedure.manager_config(),
         ));
 
@@ -291,6 +297,7 @@ impl Metasrv {
         Ok(Metasrv {
             config,
             kv,
+            state_store,
             procedures,
             wal,
             topic_admin,
@@ -544,6 +551,76 @@ impl Metasrv {
             .ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
     }
 
+    /// Deletes procedure `id`'s record from the state store: for a record that cannot be recovered (damaged), or a
+    /// finished or failed procedure one does not want to wait out the retention period for. Starts the procedure
+    /// manager first if needed, so the store is claimed by this process. Refuses a procedure that is still running
+    /// here (unfinished records are resumed by the start), and deletes only if neither the record nor the store's
+    /// epoch changed since they were read. An error naming the id when no record has that id.
+    pub async fn purge_procedure(&self, id: &str) -> Result<()> {
+        self.start_procedures().await?;
+        let wanted = ProcedureId::new(id);
+        if let Some(info) = self.procedures.procedure_state(&wanted).await?
+            && !info.state.is_finished()
+        {
+            return ProcedurePurgeSnafu {
+                id,
+                reason: format!(
+                    "it is {} (step {}) in this process; purge only finished, failed or damaged procedures",
+                    info.state, info.step
+                ),
+            }
+            .fail();
+        }
+        // The record's key names the id; a damaged record may name another id inside its envelope.
+        let records = self.state_store.scan(RECORD_PREFIX).await?;
+        let doomed: Vec<(String, Vec<u8>)> = records
+            .into_iter()
+            .filter(|(key, value)| {
+                key.strip_prefix(RECORD_PREFIX) == Some(id)
+                    || serde_json::from_slice::<serde_json::Value>(value)
+                        .ok()
+                        .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(|i| i == id))
+                        .unwrap_or(false)
+            })
+            .collect();
+        ensure!(!doomed.is_empty(), ProcedureNotFoundSnafu { id });
+        let epoch = self.state_store.get(EPOCH_KEY).await?;
+        let mut conditions: Vec<Condition> = doomed
+            .iter()
+            .map(|(key, value)| Condition::Equals {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        conditions.push(match epoch {
+            Some(value) => Condition::Equals {
+                key: EPOCH_KEY.to_string(),
+                value,
+            },
+            None => Condition::Absent {
+                key: EPOCH_KEY.to_string(),
+            },
+        });
+        let ops = doomed
+            .into_iter()
+            .map(|(key, _)| WriteOp::Delete { key })
+            .collect();
+        match self.state_store.write(conditions, ops).await? {
+            WriteOutcome::Applied => Ok(()),
+            WriteOutcome::Rejected { current } => {
+                let changed: Vec<&str> = current.iter().map(|(k, _)| k.as_str()).collect();
+                ProcedurePurgeSnafu {
+                    id,
+                    reason: format!(
+                        "the state store changed while purging (keys {}); run the command again",
+                        changed.join(", ")
+                    ),
+                }
+                .fail()
+            }
+        }
+    }
+
     /// The Kafka pool as persisted, with the number of regions (of every datanode) writing to each topic. An error
     /// for a raft-engine metasrv, which has no pool.
     pub async fn topics(&self) -> Result<TopicsReport> {
@@ -579,6 +656,29 @@ impl Metasrv {
             regions,
             in_pool: false,
         }));
+        // Pool topics by index (`p_4` before `p_10`), then topics outside the configured pool: those of the pool's
+        // shape by index, any other name after them by name.
+        let spec_index = |topic: &str| -> Option<usize> {
+            topic
+                .strip_prefix(kafka.topic_name_prefix.as_str())?
+                .strip_prefix('_')
+                .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|d| d.parse().ok())
+        };
+        topics.sort_by(|a, b| {
+            (
+                !a.in_pool,
+                spec_index(&a.topic).is_none(),
+                spec_index(&a.topic),
+                &a.topic,
+            )
+                .cmp(&(
+                    !b.in_pool,
+                    spec_index(&b.topic).is_none(),
+                    spec_index(&b.topic),
+                    &b.topic,
+                ))
+        });
         Ok(TopicsReport {
             topic_name_prefix: kafka.topic_name_prefix.clone(),
             num_topics: kafka.num_topics,
@@ -800,6 +900,122 @@ mod tests {
         );
         assert_eq!(metasrv.list_procedures().await.unwrap().len(), 1);
         metasrv.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn topics_sorts_by_pool_index_also_beyond_the_configured_pool() {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        let broker = Arc::new(FakeBroker::default());
+        let metasrv_with = |num_topics: usize| {
+            let kafka = KafkaConfig {
+                num_topics,
+                topic_name_prefix: "p".to_string(),
+                ..Default::default()
+            };
+            Metasrv::with_parts(
+                memory_config(WalConfig::Kafka(kafka), vec![1]),
+                kv.clone(),
+                Some(broker.clone()),
+                Arc::new(MemoryDatanodeManager::new()),
+            )
+            .unwrap()
+        };
+        let big = metasrv_with(12);
+        big.bootstrap(|_| {}).await.unwrap();
+        let report = big.topics().await.unwrap();
+        let names: Vec<&str> = report.topics.iter().map(|t| t.topic.as_str()).collect();
+        let expected: Vec<String> = (0..12).map(|i| format!("p_{i}")).collect();
+        assert_eq!(names, expected);
+        big.stop().await.unwrap();
+
+        // A pool configured smaller: p_0..p_2 in it, then the persisted p_3..p_11 outside it, by index (a sort by
+        // name would put p_10 and p_11 before p_3).
+        let small = metasrv_with(3);
+        let report = small.topics().await.unwrap();
+        let listed: Vec<(&str, bool)> = report
+            .topics
+            .iter()
+            .map(|t| (t.topic.as_str(), t.in_pool))
+            .collect();
+        let expected: Vec<(String, bool)> = (0..12).map(|i| (format!("p_{i}"), i < 3)).collect();
+        let expected: Vec<(&str, bool)> = expected.iter().map(|(t, p)| (t.as_str(), *p)).collect();
+        assert_eq!(listed, expected);
+    }
+
+    /// Datanodes that never answer: a create-table stays running in CreateRegions.
+    #[derive(Debug)]
+    struct Unresponsive;
+
+    #[async_trait]
+    impl crate::ddl::DatanodeManager for Unresponsive {
+        async fn create_region(
+            &self,
+            _datanode_id: u64,
+            _request: crate::ddl::RegionCreateRequest,
+        ) -> Result<()> {
+            std::future::pending().await
+        }
+    }
+
+    #[tokio::test]
+    async fn purge_deletes_a_finished_record_and_refuses_a_running_one() {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        let record_key = |id: &str| format!("__procedure__/{RECORD_PREFIX}{id}").into_bytes();
+        let done = Metasrv::with_parts(
+            memory_config(WalConfig::RaftEngine, vec![1]),
+            kv.clone(),
+            None,
+            Arc::new(MemoryDatanodeManager::new()),
+        )
+        .unwrap();
+        done.start().await.unwrap();
+        done.create_table(TableName::new("greptime", "public", "done"), 1, false)
+            .await
+            .unwrap();
+        let finished = done.list_procedures().await.unwrap()[0].id.to_string();
+        assert!(kv.get(&record_key(&finished)).await.unwrap().is_some());
+        let err = done
+            .purge_procedure("unknown")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'unknown'"), "{err}");
+        done.purge_procedure(&finished).await.unwrap();
+        assert!(kv.get(&record_key(&finished)).await.unwrap().is_none());
+        done.stop().await.unwrap();
+
+        let hung = Arc::new(
+            Metasrv::with_parts(
+                memory_config(WalConfig::RaftEngine, vec![1]),
+                kv.clone(),
+                None,
+                Arc::new(Unresponsive),
+            )
+            .unwrap(),
+        );
+        hung.start().await.unwrap();
+        let creating = {
+            let hung = hung.clone();
+            tokio::spawn(async move {
+                hung.create_table(TableName::new("greptime", "public", "hung"), 1, false)
+                    .await
+            })
+        };
+        let running = loop {
+            let list = hung.list_procedures().await.unwrap();
+            if let Some(p) = list.iter().find(|p| !p.state.is_finished()) {
+                break p.id.to_string();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        let err = hung.purge_procedure(&running).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::ProcedurePurge { id, .. } if *id == running),
+            "{err}"
+        );
+        assert!(kv.get(&record_key(&running)).await.unwrap().is_some());
+        creating.abort();
+        hung.stop().await.unwrap();
     }
 
     #[test]

@@ -1,10 +1,8 @@
 //! `walctl` on the embedded default (redb in `./walctl-data`, raft-engine WAL, datanode 1) and on small TOML
 //! configs: every command, text and `--json` output, and one-line errors naming the culprit.
 
-mod walctl_common;
-
+use crate::support::Env;
 use serde_json::Value;
-use walctl_common::Env;
 
 const RAFT_ENGINE: &str = r#"{"wal.provider":"raft_engine"}"#;
 
@@ -324,7 +322,8 @@ fn bootstrap_on_raft_engine_has_nothing_to_do() {
 #[test]
 fn example_configs_are_accepted() {
     let env = Env::new();
-    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    // The workspace root's examples/ (this package lives in walctl/).
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
     let created = env.json(
         Some(&examples.join("embedded.toml")),
         &["create-table", "from_example", "--regions", "1"],
@@ -352,4 +351,61 @@ fn unreachable_etcd_is_an_error_naming_the_endpoint() {
     );
     let err = env.err(Some(&config), &["procedures", "list"]);
     assert!(err.contains("127.0.0.1:1"), "{err}");
+}
+
+#[test]
+fn json_lines_keep_their_exact_bytes() {
+    let env = Env::new();
+    // The keys come out sorted, as walctl has always printed them.
+    assert_eq!(
+        env.ok(None, &["--json", "bootstrap"]),
+        "{\"num_topics\":0,\"provider\":\"raft_engine\",\"ready\":true,\"topic_name_prefix\":null}\n"
+    );
+    let out = env.ok(None, &["--json", "create-table", "exact", "--regions", "1"]);
+    let line: Value = serde_json::from_str(out.trim_end()).unwrap();
+    let table_id = line["table_id"].as_u64().unwrap();
+    assert_eq!(
+        out,
+        format!(
+            "{{\"datanode_id\":1,\"region_id\":{},\"region_number\":0,\"table\":\"greptime.public.exact\",\
+             \"table_id\":{table_id},\"wal_options\":\"{{\\\"wal.provider\\\":\\\"raft_engine\\\"}}\"}}\n",
+            table_id << 32
+        )
+    );
+    let out = env.ok(None, &["--json", "open-regions", "--datanode", "1"]);
+    assert_eq!(
+        out,
+        format!(
+            "{{\"datanode_id\":1,\"engine\":\"mito\",\"kind\":\"request\",\"options\":{{\"wal_options\":\
+             \"{{\\\"wal.provider\\\":\\\"raft_engine\\\"}}\"}},\"region_dir\":\"data/greptime/public/{table_id}/\
+             {table_id}_0000000000/\",\"region_id\":{},\"wal_options\":\"{{\\\"wal.provider\\\":\\\"raft_engine\\\"}}\"}}\n",
+            table_id << 32
+        )
+    );
+}
+
+#[test]
+fn usage_errors_read_from_the_error_kind() {
+    let env = Env::new();
+    for (args, expected) in [
+        (
+            &["create-table", "t", "--regionz", "2"][..],
+            "error: unexpected argument '--regionz' found (see walctl --help)",
+        ),
+        (
+            &["frob"][..],
+            "error: unrecognized subcommand 'frob' (see walctl --help)",
+        ),
+        (
+            &["open-regions", "--datanode", "x"][..],
+            "error: invalid value 'x' for '--datanode <ID>': invalid digit found in string (see walctl --help)",
+        ),
+    ] {
+        let out = env.walctl().args(args).output().expect("run walctl");
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr),
+            format!("{expected}\n")
+        );
+    }
 }

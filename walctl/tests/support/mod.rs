@@ -1,4 +1,4 @@
-//! Helpers shared by the `walctl` CLI tests: a temp working directory per test, the binary, JSON-lines parsing,
+//! Helpers shared by the `walctl` CLI test targets: a temp working directory per test, the binary, JSON-lines parsing,
 //! and the Kafka / etcd endpoints from the environment.
 #![allow(dead_code)]
 
@@ -90,10 +90,23 @@ impl Env {
     }
 }
 
-/// The error output is exactly one line, with no panic message and no backtrace.
+/// How walctl starts the line it prints on stderr (no terminal) while a command keeps waiting.
+pub const WAITING: &str = "walctl: waiting for ";
+
+/// The stderr lines that are not "still waiting" lines.
+pub fn without_waiting_lines(stderr: &str) -> Vec<&str> {
+    stderr
+        .trim_end()
+        .lines()
+        .filter(|l| !l.starts_with(WAITING))
+        .collect()
+}
+
+/// The error output is exactly one line (besides any "still waiting" lines of a long wait), with no panic message
+/// and no backtrace.
 pub fn assert_one_line_error(stderr: &str) {
     assert_eq!(
-        stderr.trim_end().lines().count(),
+        without_waiting_lines(stderr).len(),
         1,
         "the error is one line: {stderr:?}"
     );

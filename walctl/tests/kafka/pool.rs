@@ -2,13 +2,11 @@
 //! `ETCD_ENDPOINTS`; the tests fail saying so when they are unset). Each test uses its own random topic prefix and
 //! its own etcd key prefix, so runs never see each other.
 
-mod walctl_common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use crate::support::{Env, endpoints, pool_topics_on_broker, toml_list, unique, wanted_topics};
 use remote_wal::wal::WalOptions;
-use walctl_common::{Env, endpoints, pool_topics_on_broker, toml_list, unique, wanted_topics};
 
 /// A Kafka + etcd config in `env` with `num_topics` topics named `{prefix}_i` and datanodes 1 and 2.
 fn kafka_etcd_config(env: &Env, prefix: &str, num_topics: usize) -> PathBuf {

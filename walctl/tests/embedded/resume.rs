@@ -5,17 +5,15 @@
 //! hangs in CreateRegions; the manager is stopped and everything dropped, as a kill would leave it. Then `walctl`
 //! runs on the same file.
 
-mod walctl_common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::Env;
 use async_trait::async_trait;
 use remote_wal::config::MetasrvConfig;
 use remote_wal::ddl::{DatanodeManager, RegionCreateRequest, TableMetadataManager, TableName};
 use remote_wal::kv::{KvBackendRef, RedbKvBackend};
 use remote_wal::metasrv::Metasrv;
-use walctl_common::Env;
 
 /// Datanodes that never answer a create-region request.
 #[derive(Debug)]

@@ -1,0 +1,160 @@
+//! The command line: arguments (clap derive) and how usage errors are reported.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Parser, Subcommand};
+
+/// Hands out write-ahead-log options per region (raft-engine or a pooled Kafka topic) through persisted,
+/// resumable procedures. Every command first resumes procedures an earlier, killed run left unfinished.
+#[derive(Debug, Parser)]
+#[command(name = "walctl", version)]
+pub struct Cli {
+    /// TOML config file (default: the embedded default — redb at ./walctl-data/metadata.redb, raft-engine WAL,
+    /// datanode 1).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Print one JSON object per line instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create (or finish creating) the Kafka topic pool and persist its names; exits 0 when the pool is ready.
+    Bootstrap,
+    /// Create a table and print its id and, per region, its datanode and WAL options.
+    CreateTable {
+        /// `table`, `schema.table` or `catalog.schema.table` (defaults: catalog greptime, schema public).
+        name: String,
+        /// Number of regions.
+        #[arg(long, value_name = "N")]
+        regions: u32,
+        /// Succeed with the existing table's id if it exists.
+        #[arg(long)]
+        if_not_exists: bool,
+    },
+    /// Print the region open requests a datanode would issue, and per-region errors.
+    OpenRegions {
+        /// The datanode id.
+        #[arg(long, value_name = "ID")]
+        datanode: u64,
+    },
+    /// List, show or purge procedures.
+    #[command(subcommand)]
+    Procedures(ProceduresCommand),
+    /// The Kafka topic pool, with the number of regions assigned to each topic.
+    Topics,
+}
+
+/// `walctl procedures ...`.
+#[derive(Debug, Subcommand)]
+pub enum ProceduresCommand {
+    /// Every procedure known (running, and finished ones still retained).
+    List,
+    /// One procedure.
+    Show {
+        /// The procedure id.
+        id: String,
+    },
+    /// Remove a finished, failed or damaged procedure's record from the state store (asks first).
+    Purge {
+        /// The procedure id.
+        id: String,
+        /// Do not ask; required when stdin is not a terminal.
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
+/// Clap's help and version go out as clap prints them; a usage error becomes one line naming the culprit, built
+/// from the error's kind and context (never from its rendered text). Exit 2 for usage errors.
+pub fn usage_error(e: clap::Error) -> ExitCode {
+    match e.kind() {
+        ErrorKind::DisplayHelp
+        | ErrorKind::DisplayVersion
+        | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            if e.use_stderr() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        _ => {
+            eprintln!("error: {} (see walctl --help)", usage_message(&e));
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// One context value as text (a list joined by commas).
+fn context(e: &clap::Error, kind: ContextKind) -> Option<String> {
+    match e.get(kind)? {
+        ContextValue::String(s) => Some(s.clone()),
+        ContextValue::Strings(v) => Some(v.join(", ")),
+        ContextValue::StyledStr(s) => Some(s.to_string()),
+        ContextValue::StyledStrs(v) => Some(
+            v.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        ContextValue::Number(n) => Some(n.to_string()),
+        ContextValue::Bool(b) => Some(b.to_string()),
+        ContextValue::None => None,
+        _ => None,
+    }
+}
+
+/// The one-line message of a usage error.
+fn usage_message(e: &clap::Error) -> String {
+    let arg = context(e, ContextKind::InvalidArg);
+    let value = context(e, ContextKind::InvalidValue);
+    let cause = std::error::Error::source(e).map(|s| s.to_string());
+    let message = match (e.kind(), arg, value) {
+        (ErrorKind::MissingRequiredArgument, Some(arg), _) => {
+            format!("the following required arguments were not provided: {arg}")
+        }
+        (ErrorKind::InvalidSubcommand, _, _) => format!(
+            "unrecognized subcommand '{}'",
+            context(e, ContextKind::InvalidSubcommand).unwrap_or_default()
+        ),
+        (ErrorKind::UnknownArgument, Some(arg), _) => format!("unexpected argument '{arg}' found"),
+        (ErrorKind::InvalidValue | ErrorKind::ValueValidation, Some(arg), Some(value)) => {
+            match &cause {
+                Some(cause) => format!("invalid value '{value}' for '{arg}': {cause}"),
+                None => format!("invalid value '{value}' for '{arg}'"),
+            }
+        }
+        (ErrorKind::ArgumentConflict, Some(arg), _) => {
+            format!("the argument '{arg}' cannot be used here")
+        }
+        (ErrorKind::NoEquals, Some(arg), _) => format!("'{arg}' needs a value after '='"),
+        (ErrorKind::TooManyValues | ErrorKind::WrongNumberOfValues, Some(arg), _) => {
+            format!("wrong number of values for '{arg}'")
+        }
+        (ErrorKind::MissingSubcommand, _, _) => "a subcommand is required".to_string(),
+        (kind, arg, value) => {
+            let mut message = kind.as_str().unwrap_or("invalid arguments").to_string();
+            if let Some(arg) = arg {
+                message.push_str(&format!(": '{arg}'"));
+            }
+            if let Some(value) = value {
+                message.push_str(&format!(" value '{value}'"));
+            }
+            if let Some(cause) = &cause {
+                message.push_str(&format!(": {cause}"));
+            }
+            message
+        }
+    };
+    message.replace('\n', " ")
+}

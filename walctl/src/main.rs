@@ -1,0 +1,239 @@
+//! `walctl`: drive and inspect remote-wal's metadata machinery from the command line.
+//!
+//! A thin shell over [`remote_wal::metasrv::Metasrv`]: every command builds the metasrv from the config (or the
+//! embedded default), starts it — which resumes any procedure an earlier, killed run left unfinished — does its
+//! work, prints the result (text, or one JSON object per line with `--json`) and stops it. See `docs/walctl.md`.
+
+mod cli;
+mod output;
+mod progress;
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+
+use clap::Parser;
+use remote_wal::config::MetasrvConfig;
+use remote_wal::metasrv::{Metasrv, parse_table_name};
+use remote_wal::wal::WalConfig;
+
+use crate::cli::{Cli, Command, ProceduresCommand};
+use crate::output::{Output, one_line};
+use crate::progress::Waiting;
+
+fn main() -> ExitCode {
+    std::panic::set_hook(Box::new(|info| {
+        let message = info.to_string().replace('\n', " ");
+        eprintln!("walctl: internal error: {message}");
+    }));
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return cli::usage_error(e),
+    };
+    progress::init_tracing();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e.to_string()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Why a command failed: the library said so, or walctl itself refused.
+#[derive(Debug)]
+enum Failure {
+    /// An error of the metasrv (config, store, Kafka, procedures); boxed, it is large.
+    Wal(Box<remote_wal::Error>),
+    /// walctl refused to go on (e.g. a purge without confirmation).
+    Refused(String),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Wal(e) => write!(f, "{e}"),
+            Failure::Refused(reason) => f.write_str(reason),
+        }
+    }
+}
+
+impl From<remote_wal::Error> for Failure {
+    fn from(e: remote_wal::Error) -> Self {
+        Failure::Wal(Box::new(e))
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let config = match &cli.config {
+        Some(path) => MetasrvConfig::from_file(path)?,
+        None => MetasrvConfig::embedded(),
+    };
+    let metasrv = Metasrv::new(config).await?;
+    let mut out = Output::new(cli.json);
+    let result = execute(&metasrv, &cli.command, &mut out).await;
+    let stopped = metasrv.stop().await;
+    result?;
+    Ok(stopped?)
+}
+
+/// What a command that needs the Kafka pool waits for, or `None` for raft-engine.
+fn kafka_wait(metasrv: &Metasrv) -> Option<String> {
+    match &metasrv.config().wal {
+        WalConfig::Kafka(kafka) => Some(format!(
+            "Kafka at {} (topic pool '{}' of {} topics)",
+            kafka.broker_endpoints.join(","),
+            kafka.topic_name_prefix,
+            kafka.num_topics
+        )),
+        WalConfig::RaftEngine => None,
+    }
+}
+
+/// What finishing the procedures of an earlier run waits for.
+fn recovered_wait(metasrv: &Metasrv) -> String {
+    match kafka_wait(metasrv) {
+        Some(kafka) => {
+            format!("procedures left unfinished by an earlier run to finish, using {kafka}")
+        }
+        None => "procedures left unfinished by an earlier run to finish".to_string(),
+    }
+}
+
+async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Result<(), Failure> {
+    match command {
+        Command::Bootstrap => bootstrap(metasrv, out).await,
+        Command::CreateTable {
+            name,
+            regions,
+            if_not_exists,
+        } => {
+            let name = parse_table_name(name)?;
+            match kafka_wait(metasrv) {
+                Some(what) => Waiting::new(what).run(metasrv.start()).await?,
+                None => metasrv.start().await?,
+            }
+            finish_recovered(metasrv).await?;
+            let table = metasrv.create_table(name, *regions, *if_not_exists).await?;
+            output::print_table(out, &table);
+            Ok(())
+        }
+        Command::OpenRegions { datanode } => {
+            metasrv.start_procedures().await?;
+            finish_recovered(metasrv).await?;
+            let open = metasrv.open_regions(*datanode).await?;
+            output::print_open_regions(out, *datanode, &open);
+            Ok(())
+        }
+        Command::Procedures(ProceduresCommand::List) => {
+            metasrv.start_procedures().await?;
+            let list = metasrv.list_procedures().await?;
+            output::print_procedures(out, &list);
+            Ok(())
+        }
+        Command::Procedures(ProceduresCommand::Show { id }) => {
+            metasrv.start_procedures().await?;
+            let info = metasrv.procedure(id).await?;
+            output::print_procedure(out, &info);
+            Ok(())
+        }
+        Command::Procedures(ProceduresCommand::Purge { id, yes }) => {
+            metasrv.start_procedures().await?;
+            let info = metasrv.procedure(id).await?;
+            if !*yes {
+                let what = format!(
+                    "procedure {} ({}, {}{})",
+                    info.id,
+                    info.type_name,
+                    info.state,
+                    info.error
+                        .as_deref()
+                        .map(|e| format!(": {}", one_line(e)))
+                        .unwrap_or_default()
+                );
+                confirm_purge(id, &what)?;
+            }
+            metasrv.purge_procedure(id).await?;
+            output::print_purged(out, id);
+            Ok(())
+        }
+        Command::Topics => {
+            metasrv.start_procedures().await?;
+            finish_recovered(metasrv).await?;
+            let topics = metasrv.topics().await?;
+            output::print_topics(out, &topics);
+            Ok(())
+        }
+    }
+}
+
+/// Asks on the terminal before a purge; without a terminal on stdin it refuses (pass `--yes`).
+fn confirm_purge(id: &str, what: &str) -> Result<(), Failure> {
+    if !std::io::stdin().is_terminal() {
+        return Err(Failure::Refused(format!(
+            "refusing to purge procedure '{id}' without confirmation: stdin is not a terminal (pass --yes)"
+        )));
+    }
+    eprint!("purge {what} from the state store? [y/N] ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    if let Err(e) = std::io::stdin().lock().read_line(&mut answer) {
+        return Err(Failure::Refused(format!(
+            "cannot read the confirmation to purge procedure '{id}': {e}"
+        )));
+    }
+    match answer.trim() {
+        "y" | "Y" | "yes" | "YES" | "Yes" => Ok(()),
+        _ => Err(Failure::Refused(format!(
+            "procedure '{id}' not purged: not confirmed"
+        ))),
+    }
+}
+
+/// Lets the procedures an earlier, killed run left unfinished complete before a command whose output depends on
+/// them; one that fails is reported as a warning (it stays visible in `walctl procedures list`).
+async fn finish_recovered(metasrv: &Metasrv) -> Result<(), Failure> {
+    let finished = Waiting::new(recovered_wait(metasrv))
+        .run(metasrv.finish_recovered())
+        .await?;
+    for info in finished {
+        match &info.error {
+            Some(error) if info.state == procedures::ProcedureState::Failed => tracing::warn!(
+                "procedure {} ({}) left unfinished by an earlier run failed: {}",
+                info.id,
+                info.type_name,
+                one_line(error)
+            ),
+            _ => tracing::info!(
+                "procedure {} ({}) left unfinished by an earlier run: {}",
+                info.id,
+                info.type_name,
+                info.state
+            ),
+        }
+    }
+    Ok(())
+}
+
+async fn bootstrap(metasrv: &Metasrv, out: &mut Output) -> Result<(), Failure> {
+    let report = match kafka_wait(metasrv) {
+        Some(what) => {
+            let waiting = Waiting::new(what);
+            waiting
+                .run(metasrv.bootstrap(|p| waiting.bootstrap_progress(p)))
+                .await
+        }
+        None => metasrv.bootstrap(|_| {}).await,
+    }?;
+    output::print_bootstrap(out, &report);
+    Ok(())
+}

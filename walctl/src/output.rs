@@ -1,0 +1,377 @@
+//! What walctl prints on stdout: text (tables by `comfy-table`) or, with `--json`, one JSON object per line
+//! serialized from the library's report types.
+
+use std::io::Write;
+use std::time::Duration;
+
+use comfy_table::{CellAlignment, ColumnConstraint, Table};
+use procedures::ProcedureInfo;
+use remote_wal::datanode::OpenRegions;
+use remote_wal::metasrv::{BootstrapReport, RegionPlacement, TableRegions, TopicsReport};
+use remote_wal::wal::WAL_OPTIONS_KEY;
+use serde::Serialize;
+
+/// Writes results to stdout; a closed pipe (`walctl ... | head`) ends output quietly.
+pub struct Output {
+    json: bool,
+    closed: bool,
+}
+
+impl Output {
+    /// Text output, or JSON lines when `json`.
+    pub fn new(json: bool) -> Self {
+        Output {
+            json,
+            closed: false,
+        }
+    }
+
+    /// One line of text.
+    pub fn line(&mut self, s: &str) {
+        if self.closed {
+            return;
+        }
+        let mut stdout = std::io::stdout().lock();
+        if writeln!(stdout, "{s}").is_err() {
+            self.closed = true;
+        }
+    }
+
+    /// One JSON object on its own line. Keys come out in sorted order (serde_json's map), which is the order
+    /// walctl has always printed.
+    fn json_line(&mut self, value: &impl Serialize) {
+        match serde_json::to_value(value) {
+            Ok(value) => self.line(&value.to_string()),
+            // The report types hold strings, numbers and maps with string keys: they always serialize.
+            Err(e) => eprintln!("walctl: cannot serialize a result line: {e}"),
+        }
+    }
+
+    /// Left-aligned columns two spaces apart, no borders; trailing blanks are trimmed.
+    fn table(&mut self, header: &[&str], rows: Vec<Vec<String>>) {
+        let table = plain_table(Some(header), rows);
+        for line in table.lines() {
+            self.line(line.trim_end());
+        }
+    }
+}
+
+/// A borderless table whose columns are separated by two spaces.
+fn plain_table(header: Option<&[&str]>, rows: Vec<Vec<String>>) -> Table {
+    let mut table = Table::new();
+    table.load_preset(comfy_table::presets::NOTHING);
+    if let Some(header) = header {
+        table.set_header(header.to_vec());
+    }
+    for row in rows {
+        table.add_row(row);
+    }
+    let last = table.column_count().saturating_sub(1);
+    for (i, column) in table.column_iter_mut().enumerate() {
+        column.set_padding((0, if i == last { 0 } else { 2 }));
+        column.set_cell_alignment(CellAlignment::Left);
+        column.set_constraint(ColumnConstraint::ContentWidth);
+    }
+    table
+}
+
+/// Collapses a multi-line message to one line.
+pub fn one_line(s: &str) -> String {
+    s.split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `walctl bootstrap`'s result.
+pub fn print_bootstrap(out: &mut Output, report: &BootstrapReport) {
+    if out.json {
+        out.json_line(report);
+    } else if let Some(prefix) = &report.topic_name_prefix {
+        out.line(&format!(
+            "Kafka topic pool '{prefix}' ready: {} topics, all on the brokers and persisted",
+            report.num_topics
+        ));
+    } else {
+        out.line(
+            "WAL provider is raft_engine: no topics to create, regions use their datanode's local WAL",
+        );
+    }
+}
+
+/// One region of a created table, as a JSON line.
+#[derive(Serialize)]
+struct RegionLine<'a> {
+    table: &'a str,
+    table_id: u32,
+    #[serde(flatten)]
+    region: &'a RegionPlacement,
+}
+
+/// `walctl create-table`'s result.
+pub fn print_table(out: &mut Output, table: &TableRegions) {
+    if out.json {
+        for region in &table.regions {
+            out.json_line(&RegionLine {
+                table: &table.table,
+                table_id: table.table_id,
+                region,
+            });
+        }
+        return;
+    }
+    out.line(&format!(
+        "table {} id {} with {} regions",
+        table.table,
+        table.table_id,
+        table.regions.len()
+    ));
+    let rows = table
+        .regions
+        .iter()
+        .map(|r| {
+            vec![
+                r.region_number.to_string(),
+                r.region_id.to_string(),
+                r.datanode_id.to_string(),
+                r.wal_options.clone(),
+            ]
+        })
+        .collect();
+    out.table(&["REGION", "REGION_ID", "DATANODE", "WAL_OPTIONS"], rows);
+}
+
+/// One open request or one per-region error of `walctl open-regions`, as a JSON line.
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+enum OpenLine<'a> {
+    Request {
+        datanode_id: u64,
+        region_id: u64,
+        engine: &'a str,
+        region_dir: &'a str,
+        wal_options: Option<&'a String>,
+        options: &'a std::collections::BTreeMap<String, String>,
+    },
+    Error {
+        datanode_id: u64,
+        key: &'a str,
+        region_id: Option<u64>,
+        error: String,
+    },
+}
+
+/// `walctl open-regions`'s result.
+pub fn print_open_regions(out: &mut Output, datanode_id: u64, open: &OpenRegions) {
+    if out.json {
+        for r in &open.requests {
+            out.json_line(&OpenLine::Request {
+                datanode_id,
+                region_id: r.region_id,
+                engine: &r.engine,
+                region_dir: &r.region_dir,
+                wal_options: r.options.get(WAL_OPTIONS_KEY),
+                options: &r.options,
+            });
+        }
+        for e in &open.errors {
+            out.json_line(&OpenLine::Error {
+                datanode_id,
+                key: &e.key,
+                region_id: e.region_id,
+                error: one_line(&e.error.to_string()),
+            });
+        }
+        return;
+    }
+    out.line(&format!(
+        "datanode {datanode_id}: {} regions to open, {} errors",
+        open.requests.len(),
+        open.errors.len()
+    ));
+    let rows: Vec<Vec<String>> = open
+        .requests
+        .iter()
+        .map(|r| {
+            vec![
+                r.region_id.to_string(),
+                r.engine.clone(),
+                r.region_dir.clone(),
+                r.options.get(WAL_OPTIONS_KEY).cloned().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    if !rows.is_empty() {
+        out.table(&["REGION_ID", "ENGINE", "REGION_DIR", "WAL_OPTIONS"], rows);
+    }
+    for e in &open.errors {
+        let region = e
+            .region_id
+            .map(|r| format!(" region {r}"))
+            .unwrap_or_default();
+        out.line(&format!(
+            "error: {}{region}: {}",
+            e.key,
+            one_line(&e.error.to_string())
+        ));
+    }
+}
+
+fn age_ms(info: &ProcedureInfo) -> u64 {
+    procedures::record::now_ms().saturating_sub(info.created_at_ms)
+}
+
+fn format_age(ms: u64) -> String {
+    humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
+}
+
+/// A procedure as a JSON line: its info, with the type under `type`, the state as its name and the age added.
+#[derive(Serialize)]
+struct ProcedureLine<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    type_name: &'a str,
+    parent_id: Option<&'a str>,
+    state: &'a str,
+    step: u64,
+    created_at_ms: u64,
+    updated_at_ms: u64,
+    age_ms: u64,
+    error: Option<&'a str>,
+    output: Option<&'a serde_json::Value>,
+}
+
+impl<'a> From<&'a ProcedureInfo> for ProcedureLine<'a> {
+    fn from(info: &'a ProcedureInfo) -> Self {
+        ProcedureLine {
+            id: info.id.as_str(),
+            type_name: &info.type_name,
+            parent_id: info.parent_id.as_ref().map(|p| p.as_str()),
+            state: info.state.as_str(),
+            step: info.step,
+            created_at_ms: info.created_at_ms,
+            updated_at_ms: info.updated_at_ms,
+            age_ms: age_ms(info),
+            error: info.error.as_deref(),
+            output: info.output.as_ref(),
+        }
+    }
+}
+
+/// `walctl procedures list`'s result.
+pub fn print_procedures(out: &mut Output, list: &[ProcedureInfo]) {
+    if out.json {
+        for info in list {
+            out.json_line(&ProcedureLine::from(info));
+        }
+        return;
+    }
+    if list.is_empty() {
+        out.line("no procedures");
+        return;
+    }
+    let rows = list
+        .iter()
+        .map(|p| {
+            vec![
+                p.id.to_string(),
+                p.type_name.clone(),
+                p.state.to_string(),
+                p.step.to_string(),
+                format_age(age_ms(p)),
+                p.error.as_deref().map(one_line).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    out.table(&["ID", "TYPE", "STATE", "STEP", "AGE", "ERROR"], rows);
+}
+
+/// `walctl procedures show`'s result.
+pub fn print_procedure(out: &mut Output, info: &ProcedureInfo) {
+    if out.json {
+        out.json_line(&ProcedureLine::from(info));
+        return;
+    }
+    let dash = || "-".to_string();
+    let fields = vec![
+        vec!["id".to_string(), info.id.to_string()],
+        vec!["type".to_string(), info.type_name.clone()],
+        vec![
+            "parent".to_string(),
+            info.parent_id
+                .as_ref()
+                .map(|p| p.to_string())
+                .unwrap_or_else(dash),
+        ],
+        vec!["state".to_string(), info.state.to_string()],
+        vec!["step".to_string(), info.step.to_string()],
+        vec!["age".to_string(), format_age(age_ms(info))],
+        vec![
+            "output".to_string(),
+            info.output
+                .as_ref()
+                .map(|o| o.to_string())
+                .unwrap_or_else(dash),
+        ],
+        vec![
+            "error".to_string(),
+            info.error.as_deref().map(one_line).unwrap_or_else(dash),
+        ],
+    ];
+    let table = plain_table(None, fields);
+    for line in table.lines() {
+        out.line(line.trim_end());
+    }
+}
+
+/// `walctl procedures purge`'s result.
+pub fn print_purged(out: &mut Output, id: &str) {
+    #[derive(Serialize)]
+    struct Purged<'a> {
+        purged: &'a str,
+    }
+    if out.json {
+        out.json_line(&Purged { purged: id });
+    } else {
+        out.line(&format!("procedure {id} purged from the state store"));
+    }
+}
+
+/// `walctl topics`'s result.
+pub fn print_topics(out: &mut Output, report: &TopicsReport) {
+    if out.json {
+        for t in &report.topics {
+            out.json_line(t);
+        }
+        return;
+    }
+    let regions: usize = report.topics.iter().map(|t| t.regions).sum();
+    let ready = if report.persisted == report.num_topics {
+        "ready".to_string()
+    } else {
+        format!(
+            "NOT ready ({} of {} persisted; run walctl bootstrap)",
+            report.persisted, report.num_topics
+        )
+    };
+    out.line(&format!(
+        "Kafka topic pool '{}': {} topics, {ready}; {regions} regions assigned",
+        report.topic_name_prefix, report.num_topics
+    ));
+    let rows = report
+        .topics
+        .iter()
+        .map(|t| {
+            let mut note = Vec::new();
+            if !t.persisted {
+                note.push("not persisted");
+            }
+            if !t.in_pool {
+                note.push("outside the configured pool");
+            }
+            vec![t.topic.clone(), t.regions.to_string(), note.join(", ")]
+        })
+        .collect();
+    out.table(&["TOPIC", "REGIONS", "NOTE"], rows);
+}

@@ -1,0 +1,10 @@
+//! `walctl` without external services: the embedded default (redb in `./walctl-data`, raft-engine WAL) and small
+//! TOML configs — every command's text and JSON output, usage and config errors, a create-table left by a killed
+//! run, and purging a damaged procedure record.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod commands;
+mod purge;
+mod resume;
