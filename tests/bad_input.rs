@@ -488,17 +488,17 @@ async fn corrupt_datanode_table_value() {
 
 #[tokio::test]
 async fn unknown_wal_provider_in_encoded_options() {
-    let noop = r#"{"wal.provider":"noop"}"#;
-    let decoded = WalOptions::decode(noop).unwrap_err();
-    let decode_text = "invalid encoded WAL options '{\"wal.provider\":\"noop\"}': unknown variant `noop`, expected \
-                       `raft_engine` or `kafka` at line 1 column 22";
+    let pulsar = r#"{"wal.provider":"pulsar"}"#;
+    let decoded = WalOptions::decode(pulsar).unwrap_err();
+    let decode_text = "invalid encoded WAL options '{\"wal.provider\":\"pulsar\"}': unknown variant `pulsar`, \
+                       expected one of `raft_engine`, `kafka`, `noop` at line 1 column 24";
     assert_eq!(decoded.to_string(), decode_text);
 
     let kv = Arc::new(MemoryKvBackend::new());
     put(
         kv.as_ref(),
         "__dn_table/1/1024",
-        dn_value(1024, &[(0, RAFT), (1, noop)]),
+        dn_value(1024, &[(0, RAFT), (1, pulsar)]),
     )
     .await;
     let before = kv_snapshot(kv.as_ref()).await;
