@@ -102,9 +102,11 @@ impl TableMetadataAllocator {
         })
     }
 
-    /// Everything a new table needs: id, one datanode per region, one WAL option per region.
+    /// Everything a new table needs: id, one datanode per region, one WAL option per region. A WAL source that is
+    /// not ready yet is first given the chance to load what is persisted (a pool bootstrapped meanwhile).
     pub async fn allocate(&self, task: &CreateTableTask) -> Result<TableAllocation> {
         let n = task.num_regions as usize;
+        self.wal.load_if_needed().await?;
         let peers = self.peers.select(n)?;
         ensure!(
             peers.len() == n,

@@ -222,6 +222,20 @@ impl CreateTableProcedure {
     }
 }
 
+/// Hands an Allocate error to the engine. A Kafka pool that is not ready yet is a start-up order (the pool's
+/// bootstrap, or the load of its persisted names, has not happened yet in this process), never a reason to fail a
+/// table for good: inside the step it is retryable, so the engine retries it with backoff (the procedure shows
+/// `retrying` with the error) and each attempt loads the pool again. Outside a procedure it stays an ordinary error.
+fn allocate_error(e: crate::error::Error) -> procedures::Error {
+    match e {
+        e @ crate::error::Error::TopicPoolNotReady { .. } => procedures::Error::External {
+            source: Box::new(e),
+            retryable: true,
+        },
+        e => e.into(),
+    }
+}
+
 #[async_trait]
 impl Procedure for CreateTableProcedure {
     fn type_name(&self) -> &str {
@@ -231,7 +245,7 @@ impl Procedure for CreateTableProcedure {
     async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
         match self.data.state {
             CreateTableState::Prepare => Ok(self.on_prepare(ctx).await?),
-            CreateTableState::Allocate => Ok(self.on_allocate(ctx).await?),
+            CreateTableState::Allocate => self.on_allocate(ctx).await.map_err(allocate_error),
             CreateTableState::CreateRegions => self.on_create_regions(ctx).await,
             CreateTableState::PersistDatanodeTableValue => Ok(self.on_persist_metadata().await?),
         }
