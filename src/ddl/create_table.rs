@@ -148,8 +148,9 @@ impl CreateTableProcedure {
     /// already in the state is kept; one reserved in the kv by an earlier run of this step (crashed before its
     /// state was stored) is reused.
     ///
-    /// A table whose metadata transaction the kv backend would refuse (too many datanodes, too large options) fails
-    /// here, its reservation removed, before any region exists: the last step could never record them.
+    /// A table whose metadata transaction the kv backend would refuse (too many datanodes, too large options), or
+    /// whose id another table's metadata already holds (`__table_info/{id}`, after the id sequence was set back),
+    /// fails here, its reservation removed, before any region exists: the last step could never record them.
     async fn on_allocate(&mut self, ctx: &Context) -> Result<Status> {
         let allocation = match &self.data.allocation {
             Some(allocation) => allocation.clone(),
@@ -161,7 +162,15 @@ impl CreateTableProcedure {
             }
         };
         let metadata = TableMetadata::new(&self.data.task, &allocation);
-        if let Err(e) = self.context.metadata.check_metadata_fits(&metadata) {
+        let checked = match self.context.metadata.check_metadata_fits(&metadata) {
+            Ok(()) => self.context.metadata.check_table_id_free(&metadata).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = checked {
+            if e.is_retryable() {
+                // The check could not read the kv: keep the reservation, the step runs again.
+                return Err(e);
+            }
             self.context
                 .allocator
                 .release(ctx.procedure_id().as_str())
