@@ -273,11 +273,19 @@ impl Metasrv {
 
         let table_metadata: TableMetadataManagerRef =
             Arc::new(TableMetadataManager::new(kv.clone()));
-        let allocator = Arc::new(TableMetadataAllocator::new(
-            kv.clone(),
-            Arc::new(RoundRobinPeerSelector::new(config.datanodes.ids.clone())),
-            wal.clone(),
-        ));
+        // The procedure store is in the same kv: reservations are fenced by the manager's epoch.
+        let allocator = Arc::new(
+            TableMetadataAllocator::new(
+                kv.clone(),
+                Arc::new(RoundRobinPeerSelector::new(config.datanodes.ids.clone())),
+                wal.clone(),
+            )
+            .with_epoch_fence(format!(
+                "{}{}",
+                crate::kv::state_store::PROCEDURE_PREFIX,
+                procedures::record::EPOCH_KEY
+            )),
+        );
         let ddl = DdlManager::new(
             procedures.clone(),
             DdlContext {

@@ -157,7 +157,7 @@ impl CreateTableProcedure {
             None => {
                 self.context
                     .allocator
-                    .allocate_once(ctx.procedure_id().as_str(), &self.data.task)
+                    .allocate_once_fenced(ctx.procedure_id().as_str(), &self.data.task, ctx.epoch())
                     .await?
             }
         };
@@ -231,7 +231,8 @@ impl CreateTableProcedure {
     }
 }
 
-/// Hands an Allocate error to the engine. A Kafka pool that is not ready yet is a start-up order (the pool's
+/// Hands an Allocate error to the engine. A reservation refused because another manager took the procedure over
+/// halts this manager (fenced). A Kafka pool that is not ready yet is a start-up order (the pool's
 /// bootstrap, or the load of its persisted names, has not happened yet in this process), never a reason to fail a
 /// table for good: inside the step it is retryable, so the engine retries it with backoff (the procedure shows
 /// `retrying` with the error) and each attempt loads the pool again. Outside a procedure it stays an ordinary error.
@@ -240,6 +241,11 @@ fn allocate_error(e: crate::error::Error) -> procedures::Error {
         e @ crate::error::Error::TopicPoolNotReady { .. } => procedures::Error::External {
             source: Box::new(e),
             retryable: true,
+        },
+        // A stale run: another manager runs the procedure now. Fatal for this manager, which halts.
+        crate::error::Error::ProcedureFenced { own, current, .. } => procedures::Error::Fenced {
+            epoch: current.parse().unwrap_or(0),
+            own,
         },
         e => e.into(),
     }
