@@ -153,11 +153,27 @@ async fn release(stale: &mut Stale) {
     let outcome = tokio::time::timeout(WAIT, stale.watcher.wait())
         .await
         .expect("the stale manager stops");
-    let err = match outcome {
-        Ok(output) => panic!("the stale manager finished the procedure: {output:?}"),
-        Err(e) => e.to_string(),
-    };
-    assert!(err.contains("fenced"), "{err}");
+    if let Ok(output) = outcome {
+        panic!("the stale manager finished the procedure: {output:?}");
+    }
+    // It halted because it was fenced: it refuses new work naming the newer epoch.
+    let task = CreateTableTask::new(TableName::new("greptime", "public", "other"), 1);
+    let scratch: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let ctx = context(
+        &scratch,
+        Arc::new(RaftEngineWalSource),
+        Arc::new(MemoryDatanodeManager::new()),
+    );
+    let err = stale
+        .manager
+        .submit(ProcedureWithId::with_random_id(Box::new(
+            CreateTableProcedure::new(task, ctx),
+        )))
+        .await
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fenced by epoch"), "{err}");
 }
 
 /// The end every interleaving must reach: done once, one table, no reservation, no region by the stale manager.
@@ -191,7 +207,7 @@ async fn check_end(kv: &KvBackendRef, id: &ProcedureId, stale: &Stale, label: &s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_allocate_after_another_manager_finished_the_table_writes_nothing() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let id = ProcedureId::new("fenced-create");
+    let id = ProcedureId::new("create-t");
     let mut stale = stale_manager_in_allocate(&kv, &id).await;
 
     // A second manager claims the epoch, recovers the procedure and finishes it.
@@ -225,7 +241,7 @@ async fn a_stale_allocate_leaves_no_reservation_whatever_point_the_newer_manager
     for plan in plans {
         let label = format!("{plan:?}");
         let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-        let id = ProcedureId::new("fenced-create");
+        let id = ProcedureId::new("create-t");
         let mut stale = stale_manager_in_allocate(&kv, &id).await;
 
         // The second manager claims the epoch and runs the procedure until it is killed at `plan`.

@@ -312,3 +312,38 @@ impl fmt::Debug for ProcedureWithId {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_step_of_a_halted_manager_stops_at_its_next_side_effect_point() {
+        let halted = Arc::new(AtomicBool::new(false));
+        let flag = halted.clone();
+        let ctx = Context::new(ProcedureId::new("p"))
+            .run_by(7, Arc::new(move || flag.load(Ordering::SeqCst)));
+        assert_eq!(ctx.epoch(), Some(7));
+        assert!(!ctx.is_halted());
+        ctx.side_effect_point("created region 1").unwrap();
+
+        // Fenced by a newer manager while the step runs: the next point stops the step.
+        halted.store(true, Ordering::SeqCst);
+        assert!(ctx.is_halted());
+        let err = ctx.side_effect_point("created region 2").unwrap_err();
+        assert!(!err.is_retryable(), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("procedure p stops after 'created region 2'") && text.contains("halted"),
+            "{text}"
+        );
+
+        // Outside a manager (unit tests of single steps) there is no epoch and nothing halts.
+        let plain = Context::new(ProcedureId::new("q"));
+        assert_eq!(plain.epoch(), None);
+        assert!(!plain.is_halted());
+        plain.side_effect_point("x").unwrap();
+    }
+}
