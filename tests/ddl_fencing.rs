@@ -255,12 +255,12 @@ async fn a_stale_allocate_leaves_no_reservation_whatever_point_the_newer_manager
             Arc::new(MemoryDatanodeManager::new()),
         );
         let b = manager(crashing.clone(), Some(&crashing), &ctx);
-        if b.start().await.is_ok() {
-            if let Some(mut w) = b.watch(&id) {
-                let _ = tokio::time::timeout(WAIT, w.wait())
-                    .await
-                    .expect("the second manager stops");
-            }
+        if b.start().await.is_ok()
+            && let Some(mut w) = b.watch(&id)
+        {
+            let _ = tokio::time::timeout(WAIT, w.wait())
+                .await
+                .expect("the second manager stops");
         }
         // Dead or done: it writes no more.
         let _ = b.stop().await;

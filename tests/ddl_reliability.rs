@@ -6,7 +6,7 @@ use std::sync::Arc;
 use remote_wal::config::{DatanodesConfig, MetadataBackend, MetadataStoreConfig, MetasrvConfig};
 use remote_wal::ddl::allocator::MIN_USER_TABLE_ID;
 use remote_wal::ddl::{MemoryDatanodeManager, TableName};
-use remote_wal::kv::{KvBackend, KvBackendRef, MemoryKvBackend, PutRequest, RangeRequest};
+use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest, RangeRequest};
 use remote_wal::metasrv::Metasrv;
 use remote_wal::wal::WalConfig;
 

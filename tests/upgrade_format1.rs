@@ -15,7 +15,7 @@ use std::sync::Arc;
 use procedures::ProcedureState;
 use remote_wal::config::{DatanodesConfig, MetadataBackend, MetadataStoreConfig, MetasrvConfig};
 use remote_wal::ddl::{MemoryDatanodeManager, TableMetadataManager, TableName};
-use remote_wal::kv::{KvBackend, KvBackendRef, MemoryKvBackend, PutRequest, RangeRequest};
+use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest, RangeRequest};
 use remote_wal::metasrv::{Metasrv, parse_table_name};
 use remote_wal::wal::{KafkaConfig, WalConfig, WalOptions};
 use serde_json::Value;
