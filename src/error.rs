@@ -470,6 +470,23 @@ pub enum Error {
         attempts: usize,
     },
 
+    /// A step's outside effect was refused because another manager took over the procedure (the store's epoch is
+    /// no longer the one of the manager running the step). Not retryable: the step is stale, its manager stops.
+    #[snafu(display(
+        "procedure {procedure_id}: '{key}' refused: the procedure store's epoch is {current}, this manager's is \
+         {own}; a newer manager runs the procedure now"
+    ))]
+    ProcedureFenced {
+        /// The procedure whose step was refused.
+        procedure_id: String,
+        /// The key the refused write was for.
+        key: String,
+        /// The epoch the manager running the step holds.
+        own: u64,
+        /// The epoch the store holds now (as read; `absent` or the raw text when it is not a number).
+        current: String,
+    },
+
     /// No datanode is configured to place regions on.
     #[snafu(display("cannot place {num_regions} regions: no datanode is configured"))]
     NoDatanodes {

@@ -279,11 +279,19 @@ impl Metasrv {
 
         let table_metadata: TableMetadataManagerRef =
             Arc::new(TableMetadataManager::new(kv.clone()));
-        let allocator = Arc::new(TableMetadataAllocator::new(
-            kv.clone(),
-            Arc::new(RoundRobinPeerSelector::new(config.datanodes.ids.clone())),
-            wal.clone(),
-        ));
+        // The procedure store is in the same kv: reservations are fenced by the manager's epoch.
+        let allocator = Arc::new(
+            TableMetadataAllocator::new(
+                kv.clone(),
+                Arc::new(RoundRobinPeerSelector::new(config.datanodes.ids.clone())),
+                wal.clone(),
+            )
+            .with_epoch_fence(format!(
+                "{}{}",
+                crate::kv::state_store::PROCEDURE_PREFIX,
+                procedures::record::EPOCH_KEY
+            )),
+        );
         let ddl = DdlManager::new(
             procedures.clone(),
             DdlContext {
@@ -338,10 +346,15 @@ impl Metasrv {
 
     /// Starts the procedure manager: it claims the store (fencing any older manager) and recovers and resumes
     /// every unfinished procedure. Enough for listing procedures, building open requests and reading the pool.
+    ///
+    /// What the recovered procedures need is loaded first: a Kafka pool whose names are all persisted is ready
+    /// before any recovered create-table runs its Allocate step. A pool not bootstrapped yet is no error here (the
+    /// step waits, retrying, and loads the pool again on each attempt).
     pub async fn start_procedures(&self) -> Result<()> {
         if self.started.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
+        self.load_persisted_pool().await;
         if let Err(e) = self.procedures.start().await {
             self.started.store(false, Ordering::SeqCst);
             return Err(e.into());
@@ -356,6 +369,27 @@ impl Metasrv {
             .collect();
         *self.recovered.lock().unwrap_or_else(|e| e.into_inner()) = recovered;
         Ok(())
+    }
+
+    /// Loads the persisted Kafka pool, if it is complete, into the allocator. Best effort: a pool not bootstrapped
+    /// yet is logged at debug, any other error (the metadata store unreachable) as a warning, and the start goes on
+    /// (the procedure manager's start reports an unreachable store itself; a create-table step retries the load).
+    async fn load_persisted_pool(&self) {
+        let WalOptionsAllocator::Kafka(topics) = self.wal.as_ref() else {
+            return;
+        };
+        if topics.is_ready() {
+            return;
+        }
+        match topics.load_ready().await {
+            Ok(()) => {}
+            Err(e @ Error::TopicPoolNotReady { .. }) => {
+                tracing::debug!(error = %e, "the Kafka topic pool is not bootstrapped yet");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not load the persisted Kafka topic pool before recovering procedures");
+            }
+        }
     }
 
     /// Waits until every procedure that was unfinished when the manager started — what an earlier, killed run

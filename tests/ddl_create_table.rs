@@ -187,7 +187,7 @@ async fn bad_input_fails_naming_the_culprit_and_writes_nothing() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("greptime.public.ok") && err.contains("0 regions"),
+        err.contains("greptime.public.ok") && err.contains("num_regions = 0"),
         "{err}"
     );
     assert!(support::metadata_snapshot(&s.kv).await.is_empty());

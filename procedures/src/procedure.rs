@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// The value a finished procedure hands back to its submitter.
 pub type Output = serde_json::Value;
@@ -157,7 +157,12 @@ pub trait SideEffectHook: Send + Sync {
 pub struct Context {
     procedure_id: ProcedureId,
     hook: Option<Arc<dyn SideEffectHook>>,
+    /// The epoch of the manager running the step and whether that manager has halted, when a manager runs it.
+    manager: Option<(u64, HaltedFn)>,
 }
+
+/// Whether the manager running a step has halted.
+type HaltedFn = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -173,12 +178,37 @@ impl Context {
         Context {
             procedure_id,
             hook: None,
+            manager: None,
         }
     }
 
     /// A context whose side-effect points go to `hook`.
     pub fn with_hook(procedure_id: ProcedureId, hook: Option<Arc<dyn SideEffectHook>>) -> Self {
-        Context { procedure_id, hook }
+        Context {
+            procedure_id,
+            hook,
+            manager: None,
+        }
+    }
+
+    /// The same context, for a step run by the manager `inner` under `epoch`.
+    pub(crate) fn run_by(mut self, epoch: u64, halted: HaltedFn) -> Self {
+        self.manager = Some((epoch, halted));
+        self
+    }
+
+    /// The epoch of the manager running the step (`None` outside a manager, e.g. in unit tests of single steps).
+    /// A step whose outside effect must not happen once another manager took over (fencing) makes that effect
+    /// conditional on the store's epoch still being this one, and reports a refusal as [`Error::Fenced`], which
+    /// halts the manager.
+    pub fn epoch(&self) -> Option<u64> {
+        self.manager.as_ref().map(|(epoch, _)| *epoch)
+    }
+
+    /// Whether the manager running the step has halted: fenced by a newer manager, stopped, or failed fatally. A
+    /// halted manager's steps must stop their outside effects at once.
+    pub fn is_halted(&self) -> bool {
+        self.manager.as_ref().is_some_and(|(_, halted)| halted())
     }
 
     /// The running procedure's id.
@@ -188,8 +218,17 @@ impl Context {
 
     /// Declares that one outside effect of the current step has just completed (e.g. "created topic t_3"). A step
     /// with several effects calls this after each, so crash tests can stop the manager between them. Returns an
-    /// error when a crash is injected here; the step must return it at once.
+    /// error when a crash is injected here, or when the manager running the step has halted (e.g. fenced by a newer
+    /// manager, which now runs the procedure): the step must return it at once and do no further outside effect.
     pub fn side_effect_point(&self, label: &str) -> Result<()> {
+        if self.is_halted() {
+            return Err(Error::ManagerNotRunning {
+                reason: format!(
+                    "procedure {} stops after '{label}': its manager halted (fenced by a newer manager, or stopped)",
+                    self.procedure_id
+                ),
+            });
+        }
         match &self.hook {
             Some(hook) => hook.on_side_effect(&self.procedure_id, label),
             None => Ok(()),
@@ -271,5 +310,40 @@ impl fmt::Debug for ProcedureWithId {
             .field("id", &self.id)
             .field("type_name", &self.procedure.type_name())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    #[test]
+    fn a_step_of_a_halted_manager_stops_at_its_next_side_effect_point() {
+        let halted = Arc::new(AtomicBool::new(false));
+        let flag = halted.clone();
+        let ctx = Context::new(ProcedureId::new("p"))
+            .run_by(7, Arc::new(move || flag.load(Ordering::SeqCst)));
+        assert_eq!(ctx.epoch(), Some(7));
+        assert!(!ctx.is_halted());
+        ctx.side_effect_point("created region 1").unwrap();
+
+        // Fenced by a newer manager while the step runs: the next point stops the step.
+        halted.store(true, Ordering::SeqCst);
+        assert!(ctx.is_halted());
+        let err = ctx.side_effect_point("created region 2").unwrap_err();
+        assert!(!err.is_retryable(), "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("procedure p stops after 'created region 2'") && text.contains("halted"),
+            "{text}"
+        );
+
+        // Outside a manager (unit tests of single steps) there is no epoch and nothing halts.
+        let plain = Context::new(ProcedureId::new("q"));
+        assert_eq!(plain.epoch(), None);
+        assert!(!plain.is_halted());
+        plain.side_effect_point("x").unwrap();
     }
 }

@@ -11,9 +11,10 @@ use crate::ddl::sequence::Sequence;
 use crate::ddl::task::CreateTableTask;
 use crate::ddl::wal_source::WalOptionsSourceRef;
 use crate::error::{
-    DecodeMetadataSnafu, EncodeMetadataSnafu, InvalidCreateTableSnafu, Result, WalOptionsCountSnafu,
+    DecodeMetadataSnafu, EncodeMetadataSnafu, InvalidCreateTableSnafu, ProcedureFencedSnafu,
+    Result, WalOptionsCountSnafu,
 };
-use crate::kv::{CompareAndPutRequest, KvBackendRef};
+use crate::kv::{Compare, CompareAndPutRequest, KvBackendRef, Txn, TxnOp, TxnOpResponse};
 
 /// Key of the table id sequence.
 pub const TABLE_ID_SEQ_KEY: &str = "__table_id_seq";
@@ -51,6 +52,9 @@ pub struct TableMetadataAllocator {
     table_ids: Sequence,
     peers: PeerSelectorRef,
     wal: WalOptionsSourceRef,
+    /// The kv key of the procedure manager's epoch, when the procedure store lives in the same kv: reservations
+    /// are then written only while it holds the running manager's epoch.
+    epoch_key: Option<String>,
 }
 
 /// A shared [`TableMetadataAllocator`].
@@ -85,7 +89,18 @@ impl TableMetadataAllocator {
             table_ids,
             peers,
             wal,
+            epoch_key: None,
         }
+    }
+
+    /// Fences reservations by the procedure manager's epoch, stored in the same kv at `epoch_key` (for a metasrv:
+    /// `__procedure__/epoch`). A reservation is then written only while that key holds the epoch of the manager
+    /// running the step ([`procedures::Context::epoch`]): a stale run of Allocate by a manager another one has
+    /// fenced cannot leave a reservation behind (a reservation written before the newer manager claimed the epoch
+    /// is found and reused by its replay of Allocate).
+    pub fn with_epoch_fence(mut self, epoch_key: impl Into<String>) -> Self {
+        self.epoch_key = Some(epoch_key.into());
+        self
     }
 
     /// A fresh table id (never handed out before, by any allocator on the same kv).
@@ -102,9 +117,11 @@ impl TableMetadataAllocator {
         })
     }
 
-    /// Everything a new table needs: id, one datanode per region, one WAL option per region.
+    /// Everything a new table needs: id, one datanode per region, one WAL option per region. A WAL source that is
+    /// not ready yet is first given the chance to load what is persisted (a pool bootstrapped meanwhile).
     pub async fn allocate(&self, task: &CreateTableTask) -> Result<TableAllocation> {
         let n = task.num_regions as usize;
+        self.wal.load_if_needed().await?;
         let peers = self.peers.select(n)?;
         ensure!(
             peers.len() == n,
@@ -141,6 +158,18 @@ impl TableMetadataAllocator {
         procedure_id: &str,
         task: &CreateTableTask,
     ) -> Result<TableAllocation> {
+        self.allocate_once_fenced(procedure_id, task, None).await
+    }
+
+    /// [`TableMetadataAllocator::allocate_once`] for a step run by the manager of epoch `epoch`: with an epoch
+    /// fence ([`TableMetadataAllocator::with_epoch_fence`]) the reservation is written only while the store's
+    /// epoch is `epoch`, else the error is [`crate::Error::ProcedureFenced`] and nothing is written.
+    pub async fn allocate_once_fenced(
+        &self,
+        procedure_id: &str,
+        task: &CreateTableTask,
+        epoch: Option<u64>,
+    ) -> Result<TableAllocation> {
         let key = allocation_key(procedure_id);
         if let Some(kv) = self.kv.get(key.as_bytes()).await? {
             return self.reserved(&key, &kv.value, task);
@@ -148,6 +177,19 @@ impl TableMetadataAllocator {
         let allocation = self.allocate(task).await?;
         let value =
             serde_json::to_vec(&allocation).context(EncodeMetadataSnafu { key: key.clone() })?;
+        if let (Some(epoch_key), Some(epoch)) = (&self.epoch_key, epoch) {
+            return self
+                .reserve_fenced(
+                    procedure_id,
+                    &key,
+                    value,
+                    allocation,
+                    task,
+                    epoch_key,
+                    epoch,
+                )
+                .await;
+        }
         let resp = self
             .kv
             .compare_and_put(CompareAndPutRequest {
@@ -159,6 +201,67 @@ impl TableMetadataAllocator {
         match resp.prev_kv {
             Some(prev) if !resp.success => self.reserved(&key, &prev.value, task),
             _ => Ok(allocation),
+        }
+    }
+
+    /// Writes the reservation if it is absent and `epoch_key` holds `epoch`, in one transaction.
+    #[allow(clippy::too_many_arguments)]
+    async fn reserve_fenced(
+        &self,
+        procedure_id: &str,
+        key: &str,
+        value: Vec<u8>,
+        allocation: TableAllocation,
+        task: &CreateTableTask,
+        epoch_key: &str,
+        epoch: u64,
+    ) -> Result<TableAllocation> {
+        let resp = self
+            .kv
+            .txn(Txn {
+                compare: vec![
+                    Compare::ValueEquals(
+                        epoch_key.as_bytes().to_vec(),
+                        epoch.to_string().into_bytes(),
+                    ),
+                    Compare::Absent(key.as_bytes().to_vec()),
+                ],
+                success: vec![TxnOp::Put(key.as_bytes().to_vec(), value)],
+                failure: vec![
+                    TxnOp::Get(epoch_key.as_bytes().to_vec()),
+                    TxnOp::Get(key.as_bytes().to_vec()),
+                ],
+            })
+            .await?;
+        if resp.succeeded {
+            return Ok(allocation);
+        }
+        let read = |i: usize| match resp.responses.get(i) {
+            Some(TxnOpResponse::Get(kv)) => kv.as_ref().map(|kv| kv.value.clone()),
+            _ => None,
+        };
+        let current = read(0);
+        if current.as_deref() != Some(epoch.to_string().as_bytes()) {
+            return ProcedureFencedSnafu {
+                procedure_id,
+                key,
+                own: epoch,
+                current: current
+                    .map(|v| String::from_utf8_lossy(&v).to_string())
+                    .unwrap_or_else(|| "absent".to_string()),
+            }
+            .fail();
+        }
+        match read(1) {
+            // Reserved meanwhile by a run of the same procedure under this epoch: use that one.
+            Some(existing) => self.reserved(key, &existing, task),
+            None => InvalidCreateTableSnafu {
+                table: task.name.to_string(),
+                reason: format!(
+                    "the reservation transaction on '{key}' was refused, yet the epoch and the key look unchanged"
+                ),
+            }
+            .fail(),
         }
     }
 

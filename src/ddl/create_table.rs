@@ -148,20 +148,29 @@ impl CreateTableProcedure {
     /// already in the state is kept; one reserved in the kv by an earlier run of this step (crashed before its
     /// state was stored) is reused.
     ///
-    /// A table whose metadata transaction the kv backend would refuse (too many datanodes, too large options) fails
-    /// here, its reservation removed, before any region exists: the last step could never record them.
+    /// A table whose metadata transaction the kv backend would refuse (too many datanodes, too large options), or
+    /// whose id another table's metadata already holds (`__table_info/{id}`, after the id sequence was set back),
+    /// fails here, its reservation removed, before any region exists: the last step could never record them.
     async fn on_allocate(&mut self, ctx: &Context) -> Result<Status> {
         let allocation = match &self.data.allocation {
             Some(allocation) => allocation.clone(),
             None => {
                 self.context
                     .allocator
-                    .allocate_once(ctx.procedure_id().as_str(), &self.data.task)
+                    .allocate_once_fenced(ctx.procedure_id().as_str(), &self.data.task, ctx.epoch())
                     .await?
             }
         };
         let metadata = TableMetadata::new(&self.data.task, &allocation);
-        if let Err(e) = self.context.metadata.check_metadata_fits(&metadata) {
+        let checked = match self.context.metadata.check_metadata_fits(&metadata) {
+            Ok(()) => self.context.metadata.check_table_id_free(&metadata).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = checked {
+            if e.is_retryable() {
+                // The check could not read the kv: keep the reservation, the step runs again.
+                return Err(e);
+            }
             self.context
                 .allocator
                 .release(ctx.procedure_id().as_str())
@@ -222,6 +231,26 @@ impl CreateTableProcedure {
     }
 }
 
+/// Hands an Allocate error to the engine. A reservation refused because another manager took the procedure over
+/// halts this manager (fenced). A Kafka pool that is not ready yet is a start-up order (the pool's
+/// bootstrap, or the load of its persisted names, has not happened yet in this process), never a reason to fail a
+/// table for good: inside the step it is retryable, so the engine retries it with backoff (the procedure shows
+/// `retrying` with the error) and each attempt loads the pool again. Outside a procedure it stays an ordinary error.
+fn allocate_error(e: crate::error::Error) -> procedures::Error {
+    match e {
+        e @ crate::error::Error::TopicPoolNotReady { .. } => procedures::Error::External {
+            source: Box::new(e),
+            retryable: true,
+        },
+        // A stale run: another manager runs the procedure now. Fatal for this manager, which halts.
+        crate::error::Error::ProcedureFenced { own, current, .. } => procedures::Error::Fenced {
+            epoch: current.parse().unwrap_or(0),
+            own,
+        },
+        e => e.into(),
+    }
+}
+
 #[async_trait]
 impl Procedure for CreateTableProcedure {
     fn type_name(&self) -> &str {
@@ -231,7 +260,7 @@ impl Procedure for CreateTableProcedure {
     async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
         match self.data.state {
             CreateTableState::Prepare => Ok(self.on_prepare(ctx).await?),
-            CreateTableState::Allocate => Ok(self.on_allocate(ctx).await?),
+            CreateTableState::Allocate => self.on_allocate(ctx).await.map_err(allocate_error),
             CreateTableState::CreateRegions => self.on_create_regions(ctx).await,
             CreateTableState::PersistDatanodeTableValue => Ok(self.on_persist_metadata().await?),
         }

@@ -40,6 +40,7 @@ fn context(
 
 fn kafka_source(times: usize) -> MockWalOptionsSource {
     let mut wal = MockWalOptionsSource::new();
+    wal.expect_load_if_needed().returning(|| Ok(()));
     wal.expect_alloc_batch().times(times).returning(|n| {
         Ok((0..n)
             .map(|i| WalOptions::kafka(format!("topic_{i}")))
@@ -221,16 +222,31 @@ async fn allocate_uses_the_selector_and_the_wal_source() {
     );
 }
 
+fn pool_not_ready() -> Error {
+    Error::TopicPoolNotReady {
+        prefix: "pool".into(),
+        reason: "the topic bootstrap has not completed (call start first)".into(),
+    }
+}
+
 #[tokio::test]
-async fn allocate_fails_retryably_when_the_wal_source_is_not_ready() {
+async fn allocate_waits_retryably_while_the_topic_pool_is_not_ready_then_allocates() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let mut wal = MockWalOptionsSource::new();
-    wal.expect_alloc_batch().returning(|_| {
-        Err(Error::DatanodeUnavailable {
-            datanode_id: 0,
-            action: "test".into(),
-            reason: "pool not ready".into(),
-        })
+    let mut seq = mockall::Sequence::new();
+    // Not ready (neither loaded nor complete in the kv) on the first attempt, loaded on the second.
+    wal.expect_load_if_needed()
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|| Err(pool_not_ready()));
+    wal.expect_load_if_needed()
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|| Ok(()));
+    wal.expect_alloc_batch().times(1).returning(|n| {
+        Ok((0..n)
+            .map(|i| WalOptions::kafka(format!("topic_{i}")))
+            .collect())
     });
     let c = context(
         kv.clone(),
@@ -243,10 +259,42 @@ async fn allocate_fails_retryably_when_the_wal_source_is_not_ready() {
     )
     .unwrap();
     let err = p.execute(&ctx()).await.unwrap_err();
+    // The real error, kept as it is, but retryable inside the step: a start-up order never fails a table for good.
     assert!(err.is_retryable(), "{err}");
+    assert!(err.to_string().contains("is not ready"), "{err}");
     assert!(p.data().allocation.is_none());
     // No table id was consumed for nothing.
     assert_eq!(kv.get(TABLE_ID_SEQ_KEY.as_bytes()).await.unwrap(), None);
+    // The engine's retry runs the step again; the pool is loaded now.
+    assert!(matches!(
+        p.execute(&ctx()).await.unwrap(),
+        Status::Executing { persist: true }
+    ));
+    assert_eq!(
+        p.data()
+            .allocation
+            .as_ref()
+            .unwrap()
+            .region_wal_options
+            .len(),
+        3
+    );
+}
+
+#[tokio::test]
+async fn a_pool_that_is_not_ready_outside_a_procedure_is_still_an_error() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let mut wal = MockWalOptionsSource::new();
+    wal.expect_load_if_needed()
+        .returning(|| Err(pool_not_ready()));
+    let allocator = TableMetadataAllocator::new(
+        kv,
+        Arc::new(RoundRobinPeerSelector::new(vec![1])),
+        Arc::new(wal),
+    );
+    let err = allocator.allocate(&task("cpu", 1)).await.unwrap_err();
+    assert!(matches!(err, Error::TopicPoolNotReady { .. }), "{err}");
+    assert!(!err.is_retryable(), "{err}");
 }
 
 #[derive(Default)]

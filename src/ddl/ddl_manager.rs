@@ -49,7 +49,11 @@ impl DdlManager {
 
     /// Creates a table and returns its id. Concurrent calls for one name are serialised by the procedure's lock:
     /// one creates the table, the others fail with "table already exists" (or get its id with `if_not_exists`).
+    ///
+    /// A region count outside 1..=1024 is refused before the procedure is submitted, with an error naming
+    /// `num_regions` and its value: nothing is written (the procedure's Prepare step validates the rest).
     pub async fn create_table(&self, task: CreateTableTask) -> Result<u32> {
+        task.validate_num_regions()?;
         let table = task.name.to_string();
         let procedure = CreateTableProcedure::new(task, self.context.clone());
         let procedure = ProcedureWithId::with_random_id(Box::new(procedure));

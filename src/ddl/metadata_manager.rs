@@ -233,6 +233,30 @@ impl TableMetadataManager {
         self.check_replay(metadata, &table, &kvs, &current)
     }
 
+    /// Refuses a table id already used by another table's metadata: an error naming the key that holds it
+    /// (`__table_info/{id}` or `__table_route/{id}`). The create-table procedure checks this at Allocate, before
+    /// any region exists (the id sequence may have been set back to ids in use).
+    ///
+    /// Keys that already hold exactly this table's values (its own metadata, written by an earlier run of the same
+    /// procedure) are not a clash.
+    pub async fn check_table_id_free(&self, metadata: &TableMetadata) -> Result<()> {
+        let table = metadata.name.to_string();
+        let id = metadata.table_id();
+        let mine = [
+            encode_kv(table_info_key(id), &metadata.info)?,
+            encode_kv(table_route_key(id), &metadata.route)?,
+        ];
+        for (key, want) in mine {
+            if let Some(have) = self.kv.get(key.as_bytes()).await? {
+                ensure!(
+                    same_json(&have.value, &want),
+                    TableMetadataConflictSnafu { table: &table, key }
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Refuses, before anything is written anywhere, a table whose metadata transaction the backend would refuse
     /// (over `max_txn_ops` or `max_request_bytes`): the create-table procedure checks this before it creates any
     /// region, so such a table fails without leaving regions nobody records.
@@ -289,9 +313,14 @@ impl TableMetadataManager {
                 }
             );
         }
-        for ((key, want), have) in kvs.iter().zip(current) {
-            let same = have.as_deref().is_some_and(|have| same_json(have, want));
-            ensure!(same, TableMetadataConflictSnafu { table, key });
+        // Name the key that clashed: one holding another value (e.g. `__table_info/{id}` of another table when the
+        // id sequence was set back), before any key merely absent.
+        let pairs = || kvs.iter().zip(current);
+        let clash = pairs()
+            .find(|((_, want), have)| have.as_deref().is_some_and(|have| !same_json(have, want)))
+            .or_else(|| pairs().find(|(_, have)| have.is_none()));
+        if let Some(((key, _), _)) = clash {
+            return TableMetadataConflictSnafu { table, key }.fail();
         }
         Ok(())
     }

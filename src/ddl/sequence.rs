@@ -3,7 +3,7 @@
 //! The key holds, as decimal text, the first id not yet reserved by anyone. To hand out ids, a sequence reserves
 //! `[current, current + step)` with one compare-and-put and then serves that range from memory. Ids of a reserved
 //! range that were never handed out (the process stopped) are skipped, never reused: a new sequence on the same kv
-//! continues after the last reserved range.
+//! continues after the last reserved range. A key holding less than the sequence's start is read as the start.
 
 use std::ops::Range;
 
@@ -62,8 +62,10 @@ impl Sequence {
     async fn reserve(&self) -> Result<Range<u64>> {
         let mut current = self.kv.get(self.key.as_bytes()).await?.map(|kv| kv.value);
         for _ in 0..MAX_RESERVE_ATTEMPTS {
+            // A key below the start (written by hand or by another tool) never makes ids below the start: they are
+            // reserved for others (system tables for table ids).
             let first = match &current {
-                Some(bytes) => self.decode(bytes)?,
+                Some(bytes) => self.decode(bytes)?.max(self.start),
                 None => self.start,
             };
             // `end` is exclusive; it may be `max + 1`, which is what the key then holds. At `u64::MAX` no end past

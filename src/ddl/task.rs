@@ -45,22 +45,28 @@ impl CreateTableTask {
     pub fn validate(&self) -> Result<()> {
         self.name.validate()?;
         validate_name("engine", &self.engine)?;
-        ensure!(
-            (1..=MAX_REGIONS_PER_TABLE).contains(&self.num_regions),
-            InvalidCreateTableSnafu {
-                table: self.name.to_string(),
-                reason: format!(
-                    "{} regions asked, a table has 1 to {MAX_REGIONS_PER_TABLE}",
-                    self.num_regions
-                ),
-            }
-        );
+        self.validate_num_regions()?;
         ensure!(
             !self.options.contains_key(WAL_OPTIONS_KEY),
             InvalidCreateTableSnafu {
                 table: self.name.to_string(),
                 reason: format!(
                     "option '{WAL_OPTIONS_KEY}' is reserved: WAL options are allocated per region"
+                ),
+            }
+        );
+        Ok(())
+    }
+
+    /// Checks that `num_regions` is within 1..=[`MAX_REGIONS_PER_TABLE`]; the error names the field and value.
+    pub fn validate_num_regions(&self) -> Result<()> {
+        ensure!(
+            (1..=MAX_REGIONS_PER_TABLE).contains(&self.num_regions),
+            InvalidCreateTableSnafu {
+                table: self.name.to_string(),
+                reason: format!(
+                    "num_regions = {}: a table has 1 to {MAX_REGIONS_PER_TABLE} regions",
+                    self.num_regions
                 ),
             }
         );
@@ -83,7 +89,7 @@ mod tests {
         for n in [0, MAX_REGIONS_PER_TABLE + 1] {
             let err = task(n).validate().unwrap_err().to_string();
             assert!(
-                err.contains("greptime.public.cpu") && err.contains(&n.to_string()),
+                err.contains("greptime.public.cpu") && err.contains(&format!("num_regions = {n}")),
                 "{err}"
             );
         }

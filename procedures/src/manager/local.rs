@@ -400,7 +400,15 @@ impl Inner {
                     0,
                 ),
             };
-            let epoch = previous + 1;
+            // An epoch never wraps: a manager claiming 0 after u64::MAX would be fenced by every older one.
+            let Some(epoch) = previous.checked_add(1) else {
+                return Err(Error::ManagerNotRunning {
+                    reason: format!(
+                        "could not claim an epoch: '{EPOCH_KEY}' holds {previous}, the largest epoch; no newer one \
+                         exists (repair by hand: stop every manager, then reset '{EPOCH_KEY}' to 0)"
+                    ),
+                });
+            };
             let outcome = self
                 .read(|| {
                     self.store.write(

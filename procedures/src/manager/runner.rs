@@ -113,7 +113,9 @@ impl Runner {
     }
 
     async fn execute_loop(&mut self, mut permit: OwnedSemaphorePermit) -> Result<(), Stopped> {
-        let ctx = Context::with_hook(self.id().clone(), self.inner.hook.clone());
+        let inner = Arc::clone(&self.inner);
+        let ctx = Context::with_hook(self.id().clone(), self.inner.hook.clone())
+            .run_by(self.epoch, Arc::new(move || inner.is_halted()));
         let deadline = self.procedure.timeout().map(|t| (Instant::now() + t, t));
         if !self.record.waiting_for.is_empty() {
             // Recovered after persisting a suspension: the children its record names finish before its next step.
@@ -147,6 +149,11 @@ impl Runner {
                     }
                 }
             };
+            // A manager halted during the step (fenced: another manager runs the procedure now) acts on nothing
+            // the step returned: no write, no retry, no child, no rollback.
+            if self.inner.is_halted() {
+                return Err(Stopped);
+            }
             match result {
                 Ok(Status::Executing { persist }) => {
                     retry = backoff(&self.inner.config.step_retry);
@@ -468,7 +475,9 @@ impl Runner {
 
     /// Runs the rollback (retrying retryable errors), then persists the failed state.
     async fn roll_back_and_fail(&mut self, cause: String) -> Result<(), Stopped> {
-        let ctx = Context::with_hook(self.id().clone(), self.inner.hook.clone());
+        let inner = Arc::clone(&self.inner);
+        let ctx = Context::with_hook(self.id().clone(), self.inner.hook.clone())
+            .run_by(self.epoch, Arc::new(move || inner.is_halted()));
         let mut retry = backoff(&self.inner.config.step_retry);
         let text = loop {
             if self.inner.is_halted() {
