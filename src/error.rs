@@ -402,6 +402,18 @@ pub enum Error {
         source: procedures::Error,
     },
 
+    /// A bootstrap recovered after a crash belongs to a pool (prefix) that is no longer the configured one.
+    #[snafu(display(
+        "a recovered bootstrap of Kafka topic pool '{recovered}' is abandoned: the configured pool is now \
+         '{configured}'; nothing more is created for '{recovered}'"
+    ))]
+    BootstrapPoolChanged {
+        /// The recovered bootstrap's prefix.
+        recovered: String,
+        /// The configured pool's prefix.
+        configured: String,
+    },
+
     /// WAL options were asked of a Kafka topic pool that is not ready (not bootstrapped, or incomplete).
     #[snafu(display("Kafka topic pool '{prefix}' is not ready: {reason}"))]
     TopicPoolNotReady {

@@ -136,6 +136,8 @@ pub struct BootstrapReport {
     pub num_topics: usize,
     /// Whether new regions can get WAL options now.
     pub ready: bool,
+    /// Persisted pool topics this run found missing on the brokers (deleted out of band) and recreated.
+    pub recreated_topics: usize,
 }
 
 /// One topic and how many regions write to it.
@@ -414,6 +416,7 @@ impl Metasrv {
                 topic_name_prefix: None,
                 num_topics: 0,
                 ready: self.wal.is_ready(),
+                recreated_topics: 0,
             });
         };
         let wanted: BTreeSet<String> = kafka.topic_names().into_iter().collect();
@@ -447,6 +450,10 @@ impl Metasrv {
             topic_name_prefix: Some(kafka.topic_name_prefix.clone()),
             num_topics: kafka.num_topics,
             ready: self.wal.is_ready(),
+            recreated_topics: match self.wal.as_ref() {
+                WalOptionsAllocator::Kafka(topics) => topics.recreated_topics().len(),
+                WalOptionsAllocator::RaftEngine => 0,
+            },
         })
     }
 
