@@ -122,17 +122,15 @@ pub enum Error {
     /// redb panicked inside a call (it does on some damaged bytes): the file is damaged. The handle refuses every
     /// later call, since redb's state in memory can no longer be trusted.
     #[snafu(display(
-        "redb metadata store '{}' is damaged: {action} on key '{key}' hit an internal error in redb ({message}); \
-         restore the file from a backup or move it away",
+        "redb metadata store '{}' is damaged: {operation} hit an internal error in redb ({message}); restore the \
+         file from a backup or move it away",
         path.display()
     ))]
     RedbDamaged {
         /// The database file.
         path: std::path::PathBuf,
-        /// The kv call (`open`, `get`, `put`, ...).
-        action: &'static str,
-        /// The (first) key touched, escaped; empty for `open`.
-        key: String,
+        /// The kv call and its (first) key, e.g. `open` or `get on key '__table_name/…'`.
+        operation: String,
         /// redb's panic message and where it was raised.
         message: String,
     },

@@ -144,6 +144,83 @@ fn flipped_bytes_give_a_working_store_or_an_error_naming_the_path_never_a_panic(
     assert!(tally.opened > 0, "no flip left a usable store: {tally:?}");
 }
 
+/// Damage that appears under an open handle (the integrity check on open cannot see it): redb panics on some of
+/// these bytes (`entered unreachable code` in its btree); the panic must come back as an error naming the path, and
+/// the handle must refuse every later call.
+#[test]
+fn bytes_damaged_under_an_open_handle_give_errors_naming_the_path_never_a_panic() {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let original = small_store(dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut damaged = 0;
+    let mut errors = 0;
+    // The pages after the 4 KiB header, every 193rd non-zero byte.
+    for pos in (4096..original.len()).step_by(193) {
+        if original[pos] == 0 {
+            continue;
+        }
+        let path = write_copy(dir.path(), &format!("live-{pos}.redb"), &original);
+        let shown = path.display().to_string();
+        let kv = RedbKvBackend::open(&path).unwrap();
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap();
+        let mut byte = [0u8];
+        file.seek(SeekFrom::Start(pos as u64)).unwrap();
+        file.read_exact(&mut byte).unwrap();
+        file.seek(SeekFrom::Start(pos as u64)).unwrap();
+        file.write_all(&[byte[0] ^ 0xff]).unwrap();
+        file.sync_all().unwrap();
+        let outcomes = catch_unwind(AssertUnwindSafe(|| {
+            rt.block_on(async {
+                vec![
+                    kv.get(b"__table_name/greptime/public/t7").await.err(),
+                    kv.range(RangeRequest::prefix("__table_name/")).await.err(),
+                    kv.put(PutRequest {
+                        key: b"after_damage".to_vec(),
+                        value: b"v".to_vec(),
+                        prev_kv: false,
+                    })
+                    .await
+                    .err(),
+                    kv.get(b"k").await.err(),
+                ]
+            })
+        }))
+        .unwrap_or_else(|_| panic!("byte {pos} damaged under the handle: a kv call panicked"));
+        let mut seen_damaged = false;
+        for err in outcomes.into_iter().flatten() {
+            errors += 1;
+            let text = err.to_string();
+            assert!(
+                text.contains(&shown) && !text.contains('\n') && !text.contains("panicked"),
+                "byte {pos}: {text}"
+            );
+            assert!(!matches!(err, Error::RedbTask { .. }), "byte {pos}: {text}");
+            if seen_damaged {
+                assert!(
+                    matches!(err, Error::RedbDamaged { .. }) && text.contains("refused"),
+                    "byte {pos}: a call after redb panicked must be refused: {text}"
+                );
+            }
+            if matches!(err, Error::RedbDamaged { .. }) {
+                seen_damaged = true;
+                damaged += 1;
+            }
+        }
+        catch_unwind(AssertUnwindSafe(move || drop(kv)))
+            .unwrap_or_else(|_| panic!("byte {pos}: closing panicked"));
+    }
+    assert!(errors > 0, "no damage was noticed");
+    assert!(
+        damaged > 0,
+        "no damaged byte made redb panic, so the guard was not exercised ({errors} errors)"
+    );
+}
+
 #[test]
 fn truncated_files_give_an_error_naming_the_path_never_a_panic() {
     let dir = tempfile::tempdir().unwrap();

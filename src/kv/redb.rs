@@ -261,8 +261,11 @@ fn run_guarded<T>(
     let damaged = |message: String| {
         RedbDamagedSnafu {
             path: inner.path.clone(),
-            action,
-            key,
+            operation: if key.is_empty() {
+                action.to_string()
+            } else {
+                format!("{action} on key '{key}'")
+            },
             message,
         }
         .fail()
@@ -304,8 +307,7 @@ fn open_existing(path: &Path) -> Result<Database> {
         Ok(Err(source)) => Err(source).context(RedbOpenSnafu { path }),
         Err(message) => RedbDamagedSnafu {
             path,
-            action: "open",
-            key: "",
+            operation: "open",
             message,
         }
         .fail(),
@@ -345,8 +347,7 @@ fn create_new(path: &Path) -> Result<()> {
         }),
         Err(message) => RedbDamagedSnafu {
             path,
-            action: "create",
-            key: "",
+            operation: "create",
             message,
         }
         .fail(),
