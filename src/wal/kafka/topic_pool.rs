@@ -145,6 +145,17 @@ impl TopicPoolSpec {
     }
 }
 
+/// What the last load of the pool found.
+#[derive(Debug)]
+enum PoolState {
+    /// Not loaded yet.
+    NotLoaded,
+    /// Every wanted topic persisted and seen on the brokers: these topics, in index order.
+    Ready(Arc<Vec<String>>),
+    /// Why the last load did not make the pool ready (repeated by allocation errors).
+    NotReady(Arc<str>),
+}
+
 /// How many bootstrap procedure ids [`KafkaTopicManager::start`] tries after finding earlier bootstraps finished
 /// (a failed one, or a smaller pool's) under the same pool.
 const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1000;
@@ -161,9 +172,7 @@ pub struct KafkaTopicManager {
     kv: KvBackendRef,
     admin: TopicAdminRef,
     selector: TopicSelectorRef,
-    ready: RwLock<Option<Arc<Vec<String>>>>,
-    /// Why the last load did not make the pool ready (for allocation errors).
-    not_ready: RwLock<Option<String>>,
+    state: RwLock<PoolState>,
     /// Topics bootstraps run by this manager's process recreated.
     recreated: RecreatedTopics,
 }
@@ -182,8 +191,7 @@ impl KafkaTopicManager {
             kv,
             admin,
             selector,
-            ready: RwLock::new(None),
-            not_ready: RwLock::new(None),
+            state: RwLock::new(PoolState::NotLoaded),
             recreated: Arc::new(Mutex::new(BTreeSet::new())),
         })
     }
@@ -313,19 +321,11 @@ impl KafkaTopicManager {
     /// Ok(()) and the pool made ready when complete and on the brokers, else why not (and the pool made not ready).
     async fn load(&self) -> Result<std::result::Result<(), String>> {
         let result = self.check().await;
-        let mut not_ready = self.not_ready.write().unwrap_or_else(|p| p.into_inner());
-        match &result {
-            Ok(Ok(topics)) => {
-                *not_ready = None;
-                *self.ready.write().unwrap_or_else(|p| p.into_inner()) = Some(topics.clone());
-            }
-            Ok(Err(reason)) => *not_ready = Some(reason.clone()),
-            Err(e) => *not_ready = Some(format!("the last check of the pool failed: {e}")),
-        }
-        if !matches!(result, Ok(Ok(_))) {
-            *self.ready.write().unwrap_or_else(|p| p.into_inner()) = None;
-        }
-        drop(not_ready);
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = match &result {
+            Ok(Ok(topics)) => PoolState::Ready(topics.clone()),
+            Ok(Err(reason)) => PoolState::NotReady(reason.as_str().into()),
+            Err(e) => PoolState::NotReady(format!("the last check of the pool failed: {e}").into()),
+        };
         Ok(result?.map(|_| ()))
     }
 
@@ -393,21 +393,18 @@ impl KafkaTopicManager {
 
     /// The ready pool's topics, in index order; an error before the pool is ready.
     pub fn topics(&self) -> Result<Arc<Vec<String>>> {
-        match &*self.ready.read().unwrap_or_else(|p| p.into_inner()) {
-            Some(topics) => Ok(topics.clone()),
-            None => TopicPoolNotReadySnafu {
-                prefix: self.spec.topic_name_prefix.clone(),
-                reason: self
-                    .not_ready
-                    .read()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone()
-                    .unwrap_or_else(|| {
-                        "the topic bootstrap has not completed (call start first)".to_string()
-                    }),
+        let reason = match &*self.state.read().unwrap_or_else(|p| p.into_inner()) {
+            PoolState::Ready(topics) => return Ok(topics.clone()),
+            PoolState::NotReady(reason) => reason.to_string(),
+            PoolState::NotLoaded => {
+                "the topic bootstrap has not completed (call start first)".to_string()
             }
-            .fail(),
+        };
+        TopicPoolNotReadySnafu {
+            prefix: self.spec.topic_name_prefix.clone(),
+            reason,
         }
+        .fail()
     }
 
     /// Whether the pool is ready to allocate.
@@ -482,9 +479,11 @@ mod tests {
 
     #[test]
     fn spec_follows_the_kafka_config() {
-        let mut config = KafkaConfig::default();
-        config.num_topics = 96;
-        config.max_concurrent_creates = 5;
+        let config = KafkaConfig {
+            num_topics: 96,
+            max_concurrent_creates: 5,
+            ..Default::default()
+        };
         let spec = TopicPoolSpec::from_config(&config);
         assert_eq!(spec.topic_names(), config.topic_names());
         assert_eq!(spec.num_partitions, config.num_partitions);
