@@ -322,7 +322,12 @@ fn create_new(path: &Path) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "metadata.redb".to_string());
-    let tmp = path.with_file_name(format!(".{file_name}.creating-{}", std::process::id()));
+    static CREATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nth = CREATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_file_name(format!(
+        ".{file_name}.creating-{}-{nth}",
+        std::process::id()
+    ));
     // A leftover of an earlier process with the same id that died while creating.
     let _ = std::fs::remove_file(&tmp);
     let made = guarded(|| -> Result<Result<(), redb::Error>, redb::DatabaseError> {
