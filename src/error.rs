@@ -86,6 +86,55 @@ pub enum Error {
         source: tokio::task::JoinError,
     },
 
+    /// A must-exist open found no redb file: nothing creates metadata on a read-only path.
+    #[snafu(display(
+        "redb metadata store '{}' does not exist; only a command that writes metadata creates it (is the path right?)",
+        path.display()
+    ))]
+    RedbMissing {
+        /// The database file.
+        path: std::path::PathBuf,
+    },
+
+    /// The redb file exists but is empty (truncated to 0 bytes): it is never re-initialised, since that would
+    /// silently lose every table.
+    #[snafu(display(
+        "redb metadata store '{}' is an empty file (0 bytes): it was truncated or damaged; it is not re-initialised \
+         (that would lose every table): restore it from a backup, or move it away to start with an empty store",
+        path.display()
+    ))]
+    RedbEmptyFile {
+        /// The database file.
+        path: std::path::PathBuf,
+    },
+
+    /// The redb file (or its directory) could not be read, or a new file could not be created in place.
+    #[snafu(display("redb metadata store '{}': cannot {action}: {source}", path.display()))]
+    RedbFile {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// What was being done (`read the file's metadata`, `create the file`, ...).
+        action: &'static str,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+
+    /// redb panicked inside a call (it does on some damaged bytes): the file is damaged. The handle refuses every
+    /// later call, since redb's state in memory can no longer be trusted.
+    #[snafu(display(
+        "redb metadata store '{}' is damaged: {operation} hit an internal error in redb ({message}); restore the \
+         file from a backup or move it away",
+        path.display()
+    ))]
+    RedbDamaged {
+        /// The database file.
+        path: std::path::PathBuf,
+        /// The kv call and its (first) key, e.g. `open` or `get on key '__table_name/…'`.
+        operation: String,
+        /// redb's panic message and where it was raised.
+        message: String,
+    },
+
     /// The etcd configuration is unusable (no endpoints).
     #[snafu(display("invalid etcd configuration: {reason}"))]
     EtcdConfig {
@@ -349,6 +398,18 @@ pub enum Error {
         prefix: String,
         /// The engine's error (the procedure's own error is inside).
         source: procedures::Error,
+    },
+
+    /// A bootstrap recovered after a crash belongs to a pool (prefix) that is no longer the configured one.
+    #[snafu(display(
+        "a recovered bootstrap of Kafka topic pool '{recovered}' is abandoned: the configured pool is now \
+         '{configured}'; nothing more is created for '{recovered}'"
+    ))]
+    BootstrapPoolChanged {
+        /// The recovered bootstrap's prefix.
+        recovered: String,
+        /// The configured pool's prefix.
+        configured: String,
     },
 
     /// WAL options were asked of a Kafka topic pool that is not ready (not bootstrapped, or incomplete).

@@ -30,8 +30,9 @@ use crate::ddl::{
 };
 use crate::error::{
     CreateDataDirSnafu, Error, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu,
-    NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu, Result,
+    NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu, RedbTaskSnafu, Result,
 };
+use crate::kv::redb::RedbOpenMode;
 use crate::kv::{KvBackendRef, RangeRequest};
 use crate::wal::kafka::KafkaTopicManager;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
@@ -139,6 +140,8 @@ pub struct BootstrapReport {
     pub num_topics: usize,
     /// Whether new regions can get WAL options now.
     pub ready: bool,
+    /// Persisted pool topics this run found missing on the brokers (deleted out of band) and recreated.
+    pub recreated_topics: usize,
 }
 
 /// One topic and how many regions write to it.
@@ -238,8 +241,16 @@ impl Metasrv {
     /// Validates `config`, opens its kv backend (creating the redb file and its directory when missing,
     /// connecting to etcd) and builds everything on it. Kafka brokers are contacted only when first needed.
     pub async fn new(config: MetasrvConfig) -> Result<Self> {
+        Self::open(config, RedbOpenMode::CreateIfMissing).await
+    }
+
+    /// Like [`Metasrv::new`], choosing whether a missing redb file may be created: a caller that only reads
+    /// metadata passes [`RedbOpenMode::MustExist`] and gets [`Error::RedbMissing`] naming the path (and no file, no
+    /// directory) when nothing was ever stored there. An empty or damaged redb file is an error in both modes. The
+    /// mode matters only for the redb backend.
+    pub async fn open(config: MetasrvConfig, mode: RedbOpenMode) -> Result<Self> {
         config.validate()?;
-        let kv = open_kv_backend(&config).await?;
+        let kv = open_kv_backend(&config, mode).await?;
         let datanodes: DatanodeManagerRef = Arc::new(MemoryDatanodeManager::new());
         Self::with_parts(config, kv, None, datanodes)
     }
@@ -446,6 +457,7 @@ impl Metasrv {
                 topic_name_prefix: None,
                 num_topics: 0,
                 ready: self.wal.is_ready(),
+                recreated_topics: 0,
             });
         };
         let wanted: BTreeSet<String> = kafka.topic_names().into_iter().collect();
@@ -479,6 +491,10 @@ impl Metasrv {
             topic_name_prefix: Some(kafka.topic_name_prefix.clone()),
             num_topics: kafka.num_topics,
             ready: self.wal.is_ready(),
+            recreated_topics: match self.wal.as_ref() {
+                WalOptionsAllocator::Kafka(topics) => topics.recreated_topics().len(),
+                WalOptionsAllocator::RaftEngine => 0,
+            },
         })
     }
 
@@ -742,18 +758,32 @@ impl Metasrv {
     }
 }
 
-/// Opens the configured kv backend.
-async fn open_kv_backend(config: &MetasrvConfig) -> Result<KvBackendRef> {
+/// Opens the configured kv backend; a redb file is opened in `mode` (its directory is created only when the file
+/// may be).
+async fn open_kv_backend(config: &MetasrvConfig, mode: RedbOpenMode) -> Result<KvBackendRef> {
     let store = &config.metadata_store;
     let kv: KvBackendRef = match store.backend {
         MetadataBackend::Memory => Arc::new(crate::kv::MemoryKvBackend::new()),
         MetadataBackend::Redb => {
-            if let Some(dir) = store.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if mode == RedbOpenMode::CreateIfMissing
+                && let Some(dir) = store.path.parent().filter(|d| !d.as_os_str().is_empty())
+            {
                 std::fs::create_dir_all(dir).context(CreateDataDirSnafu {
                     path: dir.display().to_string(),
                 })?;
             }
-            Arc::new(crate::kv::RedbKvBackend::open(&store.path)?)
+            let path = store.path.clone();
+            // redb blocks on file I/O (and checks the file's integrity on open).
+            let redb = tokio::task::spawn_blocking(move || {
+                crate::kv::RedbKvBackend::open_with(&path, mode)
+            })
+            .await
+            .context(RedbTaskSnafu {
+                path: store.path.clone(),
+                action: "open",
+                key: "",
+            })??;
+            Arc::new(redb)
         }
         MetadataBackend::Etcd => {
             let etcd = crate::kv::EtcdConfig {

@@ -4,7 +4,9 @@
 //! 1. **LoadTopics** — read the pool's persisted names (`__topic_name/kafka/{prefix}_{i}`) into the state.
 //! 2. **CreateMissing** — create every wanted topic that is not persisted, at most `max_concurrent_creates` at a
 //!    time; Kafka's TOPIC_ALREADY_EXISTS counts as created (the admin checks the partition count). Then poll the
-//!    broker's metadata until every wanted topic shows the pool's partition count, up to the poll deadline.
+//!    broker's metadata (one topic list per poll) until every wanted topic shows the pool's partition count, up to
+//!    the poll deadline. A persisted topic the list lacks (deleted out of band) is recreated — it is in the pool's
+//!    spec — and reported (the `recreated` count of the output), then waited for like a created one.
 //! 3. **PersistNames** — persist the names that are not persisted yet, in one atomic transaction (chunked only when
 //!    the backend's transaction limits require it).
 //!
@@ -14,8 +16,14 @@
 //! key only if it is absent: re-running it after its transaction committed writes nothing and never resets a
 //! key's `pruned_entry_id`. Growing `num_topics` creates only the new topics; shrinking deletes nothing and only
 //! logs a warning naming the persisted topics beyond the pool.
+//!
+//! A bootstrap recovered after a crash carries the spec it was started with; the loader of
+//! [`TopicBootstrapProcedure::loader_for`] compares it with the configured pool: another topic count, partition
+//! count or replication factor **supersedes** it (it restarts at LoadTopics with the configured spec, so the old
+//! count is never created), and another prefix (another pool) fails it with an error naming both prefixes.
 
 use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
@@ -26,7 +34,7 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use crate::error::{
-    PersistTopicNamesConflictSnafu, PersistedTopicsMissingSnafu, PoolTopicPartitionsSnafu,
+    BootstrapPoolChangedSnafu, PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu,
     PoolTopicsNotVisibleSnafu, Result,
 };
 use crate::kv::KvBackendRef;
@@ -77,11 +85,20 @@ pub struct TopicBootstrapData {
     pub created: BTreeSet<String>,
 }
 
+/// Where a bootstrap reports the topics it recreated (shared with the pool's manager, which reports them).
+pub type RecreatedTopics = Arc<Mutex<BTreeSet<String>>>;
+
 /// Creates the pool's missing topics and persists their names; see the module documentation.
 pub struct TopicBootstrapProcedure {
     data: TopicBootstrapData,
     kv: KvBackendRef,
     admin: TopicAdminRef,
+    /// Persisted topics this instance found missing on the brokers and recreated (reported in the output).
+    recreated: BTreeSet<String>,
+    /// Recreated topics are also added here.
+    recreated_sink: Option<RecreatedTopics>,
+    /// Set when recovered for a pool other than the configured one (that pool's prefix): execution fails.
+    abandoned_for: Option<String>,
 }
 
 impl std::fmt::Debug for TopicBootstrapProcedure {
@@ -113,7 +130,20 @@ impl TopicBootstrapProcedure {
 
     /// A bootstrap resuming from `data`.
     pub fn from_data(data: TopicBootstrapData, kv: KvBackendRef, admin: TopicAdminRef) -> Self {
-        TopicBootstrapProcedure { data, kv, admin }
+        TopicBootstrapProcedure {
+            data,
+            kv,
+            admin,
+            recreated: BTreeSet::new(),
+            recreated_sink: None,
+            abandoned_for: None,
+        }
+    }
+
+    /// Also adds every topic this bootstrap recreates to `sink`.
+    pub fn with_recreated_sink(mut self, sink: RecreatedTopics) -> Self {
+        self.recreated_sink = Some(sink);
+        self
     }
 
     /// The current state.
@@ -132,6 +162,65 @@ impl TopicBootstrapProcedure {
                 admin.clone(),
             )))
         })
+    }
+
+    /// The loader the pool's manager registers: like [`Self::loader`], but a recovered bootstrap is checked against
+    /// the configured pool `current` — another `num_topics`, `num_partitions` or `replication_factor` is superseded
+    /// by `current` (restarting at LoadTopics; every step is idempotent and topic names are deterministic), another
+    /// prefix fails when executed, naming both prefixes. Recreated topics are added to `sink`.
+    pub fn loader_for(
+        current: TopicPoolSpec,
+        kv: KvBackendRef,
+        admin: TopicAdminRef,
+        sink: RecreatedTopics,
+    ) -> BoxedProcedureLoader {
+        Box::new(move |value| {
+            let data: TopicBootstrapData =
+                serde_json::from_value(value).map_err(procedures::Error::external)?;
+            let mut procedure = TopicBootstrapProcedure::from_data(data, kv.clone(), admin.clone())
+                .with_recreated_sink(sink.clone());
+            procedure.reconcile(&current);
+            Ok(Box::new(procedure))
+        })
+    }
+
+    /// Applies the configured pool `current` to a recovered bootstrap; see [`Self::loader_for`].
+    fn reconcile(&mut self, current: &TopicPoolSpec) {
+        let old = &self.data.spec;
+        if old.topic_name_prefix != current.topic_name_prefix {
+            warn!(
+                recovered = %old.topic_name_prefix,
+                configured = %current.topic_name_prefix,
+                "a recovered bootstrap belongs to a pool that is no longer configured; it is abandoned"
+            );
+            self.abandoned_for = Some(current.topic_name_prefix.clone());
+            return;
+        }
+        let same_pool = old.num_topics == current.num_topics
+            && old.num_partitions == current.num_partitions
+            && old.replication_factor == current.replication_factor;
+        if same_pool {
+            // Tuning (concurrency, polling) follows the config; progress is kept.
+            self.data.spec = current.clone();
+            return;
+        }
+        warn!(
+            pool = %current.topic_name_prefix,
+            recovered_num_topics = old.num_topics,
+            num_topics = current.num_topics,
+            recovered_num_partitions = old.num_partitions,
+            num_partitions = current.num_partitions,
+            recovered_replication_factor = old.replication_factor,
+            replication_factor = current.replication_factor,
+            "a recovered bootstrap was started with another pool spec; the configured spec supersedes it and it \
+             restarts from its first step"
+        );
+        self.data = TopicBootstrapData {
+            step: BootstrapStep::LoadTopics,
+            spec: current.clone(),
+            persisted: BTreeSet::new(),
+            created: BTreeSet::new(),
+        };
     }
 
     /// Step 1: read the pool's persisted names.
@@ -200,10 +289,11 @@ impl TopicBootstrapProcedure {
     }
 
     /// Polls the broker's metadata until every topic of `wanted` shows the pool's partition count; a wrong count is
-    /// an error at once, and so is a persisted topic that is missing (it existed once: it was deleted, not slow to
-    /// appear); a created topic still missing at the deadline is an error naming it.
-    async fn wait_until_visible(&self, wanted: &[String]) -> Result<()> {
-        let poll = &self.data.spec.ready_poll;
+    /// an error at once. A persisted topic that is missing (it existed once: it was deleted out of band) is
+    /// recreated once, then waited for like a created one; a topic still missing at the deadline is an error
+    /// naming it.
+    async fn wait_until_visible(&mut self, wanted: &[String]) -> Result<()> {
+        let poll = self.data.spec.ready_poll.clone();
         let expected = self.data.spec.num_partitions;
         let started = Instant::now();
         let mut delays = ExponentialBuilder::default()
@@ -234,15 +324,12 @@ impl TopicBootstrapProcedure {
             }
             let lost: Vec<String> = missing
                 .iter()
-                .filter(|t| self.data.persisted.contains(*t))
+                .filter(|t| self.data.persisted.contains(*t) && !self.recreated.contains(*t))
                 .cloned()
                 .collect();
             if !lost.is_empty() {
-                return PersistedTopicsMissingSnafu {
-                    topics: lost,
-                    endpoints: self.admin.endpoints(),
-                }
-                .fail();
+                self.recreate(lost).await?;
+                continue;
             }
             let waited = started.elapsed();
             if waited >= poll.deadline {
@@ -266,14 +353,54 @@ impl TopicBootstrapProcedure {
         }
     }
 
+    /// Recreates persisted topics that are missing on the brokers (deleted out of band; they are in the pool's spec),
+    /// at most `max_concurrent_creates` at a time, and records them as recreated.
+    async fn recreate(&mut self, lost: Vec<String>) -> Result<()> {
+        let spec = self.data.spec.clone();
+        warn!(
+            pool = %spec.topic_name_prefix,
+            topics = ?lost,
+            endpoints = ?self.admin.endpoints(),
+            "persisted pool topics are missing on the brokers (deleted out of band); recreating them (regions on \
+             them lost what their WAL held)"
+        );
+        let admin = self.admin.clone();
+        let mut creations = futures::stream::iter(lost)
+            .map(|topic| {
+                let admin = admin.clone();
+                async move {
+                    let outcome = admin
+                        .create_topic(&topic, spec.num_partitions, spec.replication_factor)
+                        .await;
+                    (topic, outcome)
+                }
+            })
+            .buffer_unordered(spec.max_concurrent_creates);
+        while let Some((topic, outcome)) = creations.next().await {
+            outcome?;
+            info!(%topic, "recreated a pool topic missing on the brokers");
+            if let Some(sink) = &self.recreated_sink {
+                sink.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(topic.clone());
+            }
+            self.recreated.insert(topic);
+        }
+        Ok(())
+    }
+
     /// Step 3: persist the names not persisted yet, atomically, then finish.
     async fn persist_names(&mut self, ctx: &Context) -> procedures::Result<Status> {
         self.persist_missing_names().await?;
         ctx.side_effect_point("persisted names")?;
-        Ok(Status::done_with_output(serde_json::json!({
+        let mut output = serde_json::json!({
             "topics": self.data.spec.num_topics,
             "num_partitions": self.data.spec.num_partitions,
-        })))
+        });
+        if !self.recreated.is_empty() {
+            output["recreated"] = serde_json::json!(self.recreated.len());
+        }
+        Ok(Status::done_with_output(output))
     }
 
     /// Writes every wanted name missing from `persisted` with one transaction of "absent? then put" per key. When
@@ -342,6 +469,14 @@ impl Procedure for TopicBootstrapProcedure {
     }
 
     async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
+        if let Some(configured) = &self.abandoned_for {
+            return Err(BootstrapPoolChangedSnafu {
+                recovered: self.data.spec.topic_name_prefix.clone(),
+                configured: configured.clone(),
+            }
+            .build()
+            .into());
+        }
         match self.data.step {
             BootstrapStep::LoadTopics => Ok(self.load_topics().await?),
             BootstrapStep::CreateMissing => self.create_missing(ctx).await,

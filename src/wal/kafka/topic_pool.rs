@@ -3,7 +3,7 @@
 //! [`TopicSelector`](crate::wal::kafka::TopicSelector).
 
 use std::collections::BTreeSet;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use procedures::{ProcedureManager, ProcedureManagerRef, ProcedureWithId};
@@ -15,7 +15,9 @@ use crate::error::{InvalidTopicPoolSnafu, Result, TopicBootstrapSnafu, TopicPool
 use crate::kv::KvBackendRef;
 use crate::wal::config::{KafkaConfig, SelectorType};
 use crate::wal::kafka::admin::TopicAdminRef;
-use crate::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
+use crate::wal::kafka::bootstrap::{
+    RecreatedTopics, TopicBootstrapProcedure, bootstrap_procedure_id,
+};
 use crate::wal::kafka::selector::{RoundRobinTopicSelector, TopicSelectorRef};
 use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::options::WalOptions;
@@ -143,19 +145,36 @@ impl TopicPoolSpec {
     }
 }
 
+/// What the last load of the pool found.
+#[derive(Debug)]
+enum PoolState {
+    /// Not loaded yet.
+    NotLoaded,
+    /// Every wanted topic persisted and seen on the brokers: these topics, in index order.
+    Ready(Arc<Vec<String>>),
+    /// Why the last load did not make the pool ready (repeated by allocation errors).
+    NotReady(Arc<str>),
+}
+
 /// How many bootstrap procedure ids [`KafkaTopicManager::start`] tries after finding earlier bootstraps finished
 /// (a failed one, or a smaller pool's) under the same pool.
 const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1000;
 
 /// The Kafka topic pool of one metasrv: runs the bootstrap procedure, then keeps the ready pool in memory and hands
 /// out its topics. Before the pool is ready every allocation is an error.
+///
+/// The pool becomes ready only when every wanted topic is persisted **and** was seen on the brokers (with the
+/// pool's partition count) by the same load, so it never hands out a topic it has not seen on the brokers since
+/// it loaded the pool.
 #[derive(Debug)]
 pub struct KafkaTopicManager {
     spec: TopicPoolSpec,
     kv: KvBackendRef,
     admin: TopicAdminRef,
     selector: TopicSelectorRef,
-    ready: RwLock<Option<Arc<Vec<String>>>>,
+    state: RwLock<PoolState>,
+    /// Topics bootstraps run by this manager's process recreated.
+    recreated: RecreatedTopics,
 }
 
 impl KafkaTopicManager {
@@ -172,7 +191,8 @@ impl KafkaTopicManager {
             kv,
             admin,
             selector,
-            ready: RwLock::new(None),
+            state: RwLock::new(PoolState::NotLoaded),
+            recreated: Arc::new(Mutex::new(BTreeSet::new())),
         })
     }
 
@@ -195,13 +215,30 @@ impl KafkaTopicManager {
         &self.spec
     }
 
-    /// Registers the bootstrap procedure's loader; call before the procedure manager starts.
+    /// Registers the bootstrap procedure's loader; call before the procedure manager starts. A bootstrap
+    /// recovered with another spec than this pool's is superseded by this pool's spec (or, for another prefix,
+    /// fails); see [`TopicBootstrapProcedure::loader_for`].
     pub fn register_loader(&self, manager: &dyn ProcedureManager) -> Result<()> {
         manager.register_loader(
             TopicBootstrapProcedure::TYPE_NAME,
-            TopicBootstrapProcedure::loader(self.kv.clone(), self.admin.clone()),
+            TopicBootstrapProcedure::loader_for(
+                self.spec.clone(),
+                self.kv.clone(),
+                self.admin.clone(),
+                self.recreated.clone(),
+            ),
         )?;
         Ok(())
+    }
+
+    /// Persisted topics that bootstraps run in this process found missing on the brokers and recreated.
+    pub fn recreated_topics(&self) -> Vec<String> {
+        self.recreated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Runs (or joins, or resumes) the bootstrap procedure of this pool and waits for it, then loads the ready pool.
@@ -219,7 +256,8 @@ impl KafkaTopicManager {
                 self.spec.clone(),
                 self.kv.clone(),
                 self.admin.clone(),
-            )?;
+            )?
+            .with_recreated_sink(self.recreated.clone());
             match manager
                 .submit(ProcedureWithId::new(id.clone(), Box::new(procedure)))
                 .await
@@ -246,7 +284,7 @@ impl KafkaTopicManager {
                             if same_partitions && self.load().await?.is_ok() {
                                 return Ok(());
                             }
-                            info!(%id, "an earlier bootstrap of the pool finished but the pool is incomplete or has another partition count; running the next one");
+                            info!(%id, "an earlier bootstrap of the pool finished but the pool is incomplete, has another partition count or lost topics on the brokers; running the next one");
                         }
                         Err(procedures::Error::ProcedureFailed { message, .. }) => {
                             warn!(%id, %message, "an earlier bootstrap of the pool failed; running the next one");
@@ -266,26 +304,34 @@ impl KafkaTopicManager {
         .fail()
     }
 
-    /// Loads the persisted names and makes the pool ready when every wanted topic is persisted; otherwise an error
-    /// naming the missing topics (the pool stays as it was).
+    /// Loads the persisted names, reads the brokers' topic list once, and makes the pool ready when every wanted
+    /// topic is persisted and on the brokers with the pool's partition count; otherwise an error naming the
+    /// topics that are not (the pool is then not ready: nothing is handed out). An unreachable broker is an error.
     pub async fn load_ready(&self) -> Result<()> {
         match self.load().await? {
             Ok(()) => Ok(()),
-            Err(missing) => TopicPoolNotReadySnafu {
+            Err(reason) => TopicPoolNotReadySnafu {
                 prefix: self.spec.topic_name_prefix.clone(),
-                reason: format!(
-                    "{} of {} topics are not persisted (first: {:?})",
-                    missing.len(),
-                    self.spec.num_topics,
-                    missing.iter().take(5).collect::<Vec<_>>()
-                ),
+                reason,
             }
             .fail(),
         }
     }
 
-    /// Ok(()) and the pool made ready when complete, else the missing names.
-    async fn load(&self) -> Result<std::result::Result<(), Vec<String>>> {
+    /// Ok(()) and the pool made ready when complete and on the brokers, else why not (and the pool made not ready).
+    async fn load(&self) -> Result<std::result::Result<(), String>> {
+        let result = self.check().await;
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = match &result {
+            Ok(Ok(topics)) => PoolState::Ready(topics.clone()),
+            Ok(Err(reason)) => PoolState::NotReady(reason.as_str().into()),
+            Err(e) => PoolState::NotReady(format!("the last check of the pool failed: {e}").into()),
+        };
+        Ok(result?.map(|_| ()))
+    }
+
+    /// The wanted topics when every one is persisted and listed by the brokers with the pool's partition count,
+    /// else why not.
+    async fn check(&self) -> Result<std::result::Result<Arc<Vec<String>>, String>> {
         let persisted: BTreeSet<String> = list_persisted_topics(
             self.kv.as_ref(),
             &format!("{}_", self.spec.topic_name_prefix),
@@ -300,7 +346,29 @@ impl KafkaTopicManager {
             .cloned()
             .collect();
         if !missing.is_empty() {
-            return Ok(Err(missing));
+            return Ok(Err(format!(
+                "{} of {} topics are not persisted (first: {:?})",
+                missing.len(),
+                self.spec.num_topics,
+                missing.iter().take(5).collect::<Vec<_>>()
+            )));
+        }
+        let listed = self.admin.list_topics().await?;
+        let expected = usize::try_from(self.spec.num_partitions).unwrap_or(0);
+        let absent: Vec<&String> = wanted
+            .iter()
+            .filter(|t| listed.get(*t) != Some(&expected))
+            .collect();
+        if !absent.is_empty() {
+            return Ok(Err(format!(
+                "{} of {} persisted topics are not on the brokers {:?} with {} partition(s) (first: {:?}); run the \
+                 bootstrap again to recreate them",
+                absent.len(),
+                self.spec.num_topics,
+                self.admin.endpoints(),
+                self.spec.num_partitions,
+                absent.iter().take(5).collect::<Vec<_>>()
+            )));
         }
         // Also when no bootstrap runs (a retained one made a larger pool), shrinking is said out loud.
         let beyond: Vec<&String> = persisted
@@ -320,20 +388,23 @@ impl KafkaTopicManager {
                  regions already on them keep using them, but no new region gets them"
             );
         }
-        *self.ready.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(wanted));
-        Ok(Ok(()))
+        Ok(Ok(Arc::new(wanted)))
     }
 
     /// The ready pool's topics, in index order; an error before the pool is ready.
     pub fn topics(&self) -> Result<Arc<Vec<String>>> {
-        match &*self.ready.read().unwrap_or_else(|p| p.into_inner()) {
-            Some(topics) => Ok(topics.clone()),
-            None => TopicPoolNotReadySnafu {
-                prefix: self.spec.topic_name_prefix.clone(),
-                reason: "the topic bootstrap has not completed (call start first)",
+        let reason = match &*self.state.read().unwrap_or_else(|p| p.into_inner()) {
+            PoolState::Ready(topics) => return Ok(topics.clone()),
+            PoolState::NotReady(reason) => reason.to_string(),
+            PoolState::NotLoaded => {
+                "the topic bootstrap has not completed (call start first)".to_string()
             }
-            .fail(),
+        };
+        TopicPoolNotReadySnafu {
+            prefix: self.spec.topic_name_prefix.clone(),
+            reason,
         }
+        .fail()
     }
 
     /// Whether the pool is ready to allocate.
@@ -408,9 +479,11 @@ mod tests {
 
     #[test]
     fn spec_follows_the_kafka_config() {
-        let mut config = KafkaConfig::default();
-        config.num_topics = 96;
-        config.max_concurrent_creates = 5;
+        let config = KafkaConfig {
+            num_topics: 96,
+            max_concurrent_creates: 5,
+            ..Default::default()
+        };
         let spec = TopicPoolSpec::from_config(&config);
         assert_eq!(spec.topic_names(), config.topic_names());
         assert_eq!(spec.num_partitions, config.num_partitions);
