@@ -54,6 +54,13 @@ pub enum Command {
     Topics,
 }
 
+impl Command {
+    /// Whether the command may write the first metadata there is, and so create a missing metadata file.
+    pub fn creates_metadata(&self) -> bool {
+        matches!(self, Command::Bootstrap | Command::CreateTable { .. })
+    }
+}
+
 /// `walctl procedures ...`.
 #[derive(Debug, Subcommand)]
 pub enum ProceduresCommand {

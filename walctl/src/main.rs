@@ -13,6 +13,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use remote_wal::config::MetasrvConfig;
+use remote_wal::kv::redb::RedbOpenMode;
 use remote_wal::metasrv::{Metasrv, parse_table_name};
 use remote_wal::wal::WalConfig;
 
@@ -78,7 +79,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Some(path) => MetasrvConfig::from_file(path)?,
         None => MetasrvConfig::embedded(),
     };
-    let metasrv = Metasrv::new(config).await?;
+    // Only a command that creates metadata may create a missing redb file; the others need it to exist.
+    let mode = if cli.command.creates_metadata() {
+        RedbOpenMode::CreateIfMissing
+    } else {
+        RedbOpenMode::MustExist
+    };
+    let metasrv = Metasrv::open(config, mode).await?;
     let mut out = Output::new(cli.json);
     let result = execute(&metasrv, &cli.command, &mut out).await;
     let stopped = metasrv.stop().await;

@@ -89,8 +89,12 @@ pub fn print_bootstrap(out: &mut Output, report: &BootstrapReport) {
     if out.json {
         out.json_line(report);
     } else if let Some(prefix) = &report.topic_name_prefix {
+        let recreated = match report.recreated_topics {
+            0 => String::new(),
+            n => format!(" ({n} missing on the brokers were recreated)"),
+        };
         out.line(&format!(
-            "Kafka topic pool '{prefix}' ready: {} topics, all on the brokers and persisted",
+            "Kafka topic pool '{prefix}' ready: {} topics, all on the brokers and persisted{recreated}",
             report.num_topics
         ));
     } else {
