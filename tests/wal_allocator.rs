@@ -294,6 +294,7 @@ impl remote_wal::wal::kafka::admin::TopicAdmin for StoppedBrokers {
             endpoints: self.endpoints(),
             operation: "list topics".to_string(),
             timeout: Duration::from_millis(1),
+            retryable: true,
         })
     }
 
@@ -307,6 +308,7 @@ impl remote_wal::wal::kafka::admin::TopicAdmin for StoppedBrokers {
             endpoints: self.endpoints(),
             operation: format!("create topic '{name}'"),
             timeout: Duration::from_millis(1),
+            retryable: true,
         })
     }
 }
