@@ -330,7 +330,7 @@ async fn a_persisted_topic_missing_from_the_cluster_fails_at_once_naming_it() {
     assert!(!err.is_retryable());
     let text = err.to_string();
     assert!(
-        text.contains("\"lost_1\"") && text.contains("fake:9092"),
+        text.contains("\"lost_1\"") && text.contains(remote_wal::wal::kafka::testing::FAKE_ENDPOINT),
         "{text}"
     );
     assert!(!admin.topics().contains_key("lost_1"), "not recreated");
@@ -443,7 +443,7 @@ async fn a_whole_run_creates_and_persists_the_pool_byte_for_byte() {
     let admin = Arc::new(FakeAdmin::new());
     let mut p = TopicBootstrapProcedure::new(spec("wal", 8), kv.clone(), admin.clone()).unwrap();
     run_to_done(&mut p).await.unwrap();
-    assert_eq!(admin.topics(), listed(&names("wal", 0..8), 1));
+    assert_eq!(admin.partitions(), listed(&names("wal", 0..8), 1));
     let stored: Vec<(String, String)> = kv
         .dump()
         .into_iter()
@@ -479,7 +479,7 @@ async fn growing_64_to_96_creates_only_the_32_new_topics() {
     let calls = admin.create_calls();
     assert_eq!(admin.total_create_calls(), 96);
     assert!(calls.values().all(|&c| c == 1), "{calls:?}");
-    assert_eq!(admin.topics(), listed(&names("g", 0..96), 1));
+    assert_eq!(admin.partitions(), listed(&names("g", 0..96), 1));
     let persisted: BTreeSet<String> = list_persisted_topics(kv.as_ref(), "")
         .await
         .unwrap()
@@ -498,7 +498,7 @@ async fn shrinking_creates_nothing_and_deletes_nothing() {
     let mut p = TopicBootstrapProcedure::new(spec("s", 4), kv.clone(), admin.clone()).unwrap();
     run_to_done(&mut p).await.unwrap();
     assert_eq!(admin.total_create_calls(), 16);
-    assert_eq!(admin.topics(), listed(&names("s", 0..16), 1));
+    assert_eq!(admin.partitions(), listed(&names("s", 0..16), 1));
     let persisted: BTreeSet<String> = list_persisted_topics(kv.as_ref(), "")
         .await
         .unwrap()
@@ -511,7 +511,7 @@ async fn shrinking_creates_nothing_and_deletes_nothing() {
 async fn a_topic_made_out_of_band_with_other_partitions_fails_the_run_naming_it() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let admin = Arc::new(FakeAdmin::new());
-    admin.add_out_of_band("o_2", 3);
+    admin.create_out_of_band("o_2", 3);
     let mut p = TopicBootstrapProcedure::new(spec("o", 4), kv.clone(), admin.clone()).unwrap();
     let err = run_to_done(&mut p).await.unwrap_err().to_string();
     assert!(err.contains("o_2") && err.contains('3'), "{err}");

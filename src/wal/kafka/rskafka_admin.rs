@@ -173,61 +173,6 @@ impl RsKafkaTopicAdmin {
         Ok(outcome)
     }
 
-    /// Maps rskafka's create error to ours by its variant and Kafka error code; TOPIC_ALREADY_EXISTS is handled by
-    /// the caller.
-    fn create_error(&self, name: &str, replication_factor: i16, e: RsKafkaError) -> crate::Error {
-        let message = match &e {
-            RsKafkaError::ServerError { error_message, .. } => {
-                error_message.clone().unwrap_or_else(|| "n/a".to_string())
-            }
-            _ => String::new(),
-        };
-        let code = match &e {
-            RsKafkaError::ServerError { protocol_error, .. } => Some(*protocol_error),
-            _ => None,
-        };
-        match code {
-            // BROKER_NOT_AVAILABLE, or INVALID_REPLICATION_FACTOR for a factor this cluster has already placed:
-            // the controller fences brokers that shut down or restart and then refuses every replica placement
-            // with code 38. Transient, unlike a factor above the broker count.
-            Some(ProtocolError::BrokerNotAvailable) => KafkaBrokersFencedSnafu {
-                topic: name,
-                endpoints: self.endpoints.clone(),
-                message,
-            }
-            .into_error(e),
-            Some(ProtocolError::InvalidReplicationFactor)
-                if replication_factor <= self.proven_replication.load(Ordering::Relaxed) =>
-            {
-                KafkaBrokersFencedSnafu {
-                    topic: name,
-                    endpoints: self.endpoints.clone(),
-                    message,
-                }
-                .into_error(e)
-            }
-            Some(ProtocolError::InvalidReplicationFactor) => InvalidReplicationFactorSnafu {
-                topic: name,
-                replication_factor,
-                message,
-            }
-            .into_error(e),
-            Some(ProtocolError::InvalidTopicException) => KafkaRejectedTopicNameSnafu {
-                topic: name,
-                message,
-            }
-            .into_error(e),
-            _ => {
-                let retryable = is_retryable_rskafka_error(&e);
-                CreateTopicSnafu {
-                    topic: name,
-                    endpoints: self.endpoints.clone(),
-                    retryable,
-                }
-                .into_error(e)
-            }
-        }
-    }
 }
 
 #[async_trait]
@@ -315,7 +260,74 @@ impl TopicAdmin for RsKafkaTopicAdmin {
                 self.await_listed(name, num_partitions, CreateTopicOutcome::AlreadyExisted)
                     .await
             }
-            Err(e) => Err(self.create_error(name, replication_factor, e)),
+            Err(e) => Err(create_topic_error(
+                &self.endpoints,
+                name,
+                replication_factor,
+                self.proven_replication.load(Ordering::Relaxed),
+                e,
+            )),
+        }
+    }
+}
+
+/// Maps rskafka's error for a CreateTopics request to ours, by its variant and Kafka error code (never the broker's
+/// message text); TOPIC_ALREADY_EXISTS is success and handled by the caller.
+///
+/// `proven_replication` is the largest replication factor the cluster has already placed for this admin: an
+/// INVALID_REPLICATION_FACTOR (38) for at most that many replicas means the controller has fenced the brokers while
+/// they shut down or restart (transient, retryable), above it the factor exceeds the brokers (final).
+pub fn create_topic_error(
+    endpoints: &[String],
+    name: &str,
+    replication_factor: i16,
+    proven_replication: i16,
+    e: RsKafkaError,
+) -> crate::Error {
+    let message = match &e {
+        RsKafkaError::ServerError { error_message, .. } => {
+            error_message.clone().unwrap_or_else(|| "n/a".to_string())
+        }
+        _ => String::new(),
+    };
+    let code = match &e {
+        RsKafkaError::ServerError { protocol_error, .. } => Some(*protocol_error),
+        _ => None,
+    };
+    match code {
+        Some(ProtocolError::BrokerNotAvailable) => KafkaBrokersFencedSnafu {
+            topic: name,
+            endpoints: endpoints.to_vec(),
+            message,
+        }
+        .into_error(e),
+        Some(ProtocolError::InvalidReplicationFactor) if replication_factor <= proven_replication => {
+            KafkaBrokersFencedSnafu {
+                topic: name,
+                endpoints: endpoints.to_vec(),
+                message,
+            }
+            .into_error(e)
+        }
+        Some(ProtocolError::InvalidReplicationFactor) => InvalidReplicationFactorSnafu {
+            topic: name,
+            replication_factor,
+            message,
+        }
+        .into_error(e),
+        Some(ProtocolError::InvalidTopicException) => KafkaRejectedTopicNameSnafu {
+            topic: name,
+            message,
+        }
+        .into_error(e),
+        _ => {
+            let retryable = is_retryable_rskafka_error(&e);
+            CreateTopicSnafu {
+                topic: name,
+                endpoints: endpoints.to_vec(),
+                retryable,
+            }
+            .into_error(e)
         }
     }
 }
