@@ -22,9 +22,9 @@ use remote_wal::ddl::{
 use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::state_store::KvStateStore;
 use remote_wal::kv::{KvBackend, KvBackendRef, MemoryKvBackend};
+use remote_wal::wal::kafka::KafkaTopicManager;
 use remote_wal::wal::kafka::admin::TopicAdmin;
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
-use remote_wal::wal::kafka::KafkaTopicManager;
 use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::{BackoffConfig, KafkaConfig, WalOptionsAllocator};
 use support::{Service, unique};

@@ -125,7 +125,9 @@ async fn existing_topic_with_other_partition_count_is_an_error_naming_it() {
     // The topic name is full of digits: the counts are checked in their place in the message.
     assert_eq!(
         err.to_string(),
-        format!("topic '{topic}' already exists with 3 partition(s), but 1 partition(s) are wanted")
+        format!(
+            "topic '{topic}' already exists with 3 partition(s), but 1 partition(s) are wanted"
+        )
     );
     assert!(!err.is_retryable());
 }

@@ -12,12 +12,12 @@ use procedures::{
 };
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::bootstrap::bootstrap_procedure_id;
+use remote_wal::wal::kafka::testing::FAKE_ENDPOINT;
 use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::kafka::{
     KafkaTopicManager, ReadyPoll, RoundRobinTopicSelector, TopicPoolSpec,
 };
 use remote_wal::wal::{WalOptions, WalOptionsAllocator};
-use remote_wal::wal::kafka::testing::FAKE_ENDPOINT;
 use wal_support::{FakeAdmin, FakeFault};
 
 fn spec(prefix: &str, n: usize) -> TopicPoolSpec {
@@ -215,7 +215,11 @@ async fn a_changed_partition_count_fails_the_start_whether_or_not_the_finished_b
         "{err}"
     );
     assert!(!retained.is_ready());
-    assert_eq!(admin.partitions()["parts_0"], 1, "the topics are left alone");
+    assert_eq!(
+        admin.partitions()["parts_0"],
+        1,
+        "the topics are left alone"
+    );
 }
 
 /// Log lines written while the returned guard lives on this thread.

@@ -330,7 +330,8 @@ async fn a_persisted_topic_missing_from_the_cluster_fails_at_once_naming_it() {
     assert!(!err.is_retryable());
     let text = err.to_string();
     assert!(
-        text.contains("\"lost_1\"") && text.contains(remote_wal::wal::kafka::testing::FAKE_ENDPOINT),
+        text.contains("\"lost_1\"")
+            && text.contains(remote_wal::wal::kafka::testing::FAKE_ENDPOINT),
         "{text}"
     );
     assert!(!admin.topics().contains_key("lost_1"), "not recreated");

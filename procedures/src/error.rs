@@ -188,7 +188,11 @@ impl Error {
 
     /// Wraps `source` in a store error that makes the manager halt at once (see [`Halt`]): for a state store or a
     /// [`crate::SideEffectHook`] whose process is going away. Never retryable.
-    pub fn halt(action: &'static str, key: impl Into<String>, source: impl Into<BoxedError>) -> Self {
+    pub fn halt(
+        action: &'static str,
+        key: impl Into<String>,
+        source: impl Into<BoxedError>,
+    ) -> Self {
         Error::Store {
             action,
             key: key.into(),

@@ -24,8 +24,8 @@ mod store_suite;
 mod tracked;
 
 pub use crash::{
-    CrashController, CrashPlan, CrashPoint, CrashRecord, CrashingStore, InjectedCrash, injected_crash,
-    injected_crash_of, is_injected_crash,
+    CrashController, CrashPlan, CrashPoint, CrashRecord, CrashingStore, InjectedCrash,
+    injected_crash, injected_crash_of, is_injected_crash,
 };
 pub use digest::{DigestEntry, RecordDigest, StoreDigest, store_digest};
 pub use matrix::{MatrixConfig, MatrixReport, Mismatch, RootResult, run_crash_matrix};

@@ -172,7 +172,6 @@ impl RsKafkaTopicAdmin {
         );
         Ok(outcome)
     }
-
 }
 
 #[async_trait]
@@ -301,7 +300,9 @@ pub fn create_topic_error(
             message,
         }
         .into_error(e),
-        Some(ProtocolError::InvalidReplicationFactor) if replication_factor <= proven_replication => {
+        Some(ProtocolError::InvalidReplicationFactor)
+            if replication_factor <= proven_replication =>
+        {
             KafkaBrokersFencedSnafu {
                 topic: name,
                 endpoints: endpoints.to_vec(),

@@ -359,12 +359,24 @@ mod tests {
         let admin = FakeTopicAdmin::new();
         admin.fail_nth_create(2, FakeFault::DeadlineExhausted);
         admin.fail_nth_create(3, FakeFault::ConnectionBroken);
-        admin.fail_nth_create(4, FakeFault::Server(ProtocolError::InvalidReplicationFactor));
-        admin.fail_nth_create(5, FakeFault::Server(ProtocolError::InvalidReplicationFactor));
+        admin.fail_nth_create(
+            4,
+            FakeFault::Server(ProtocolError::InvalidReplicationFactor),
+        );
+        admin.fail_nth_create(
+            5,
+            FakeFault::Server(ProtocolError::InvalidReplicationFactor),
+        );
         admin.create_topic("f_0", 1, 1).await.unwrap();
         let exhausted = admin.create_topic("f_1", 1, 1).await.unwrap_err();
         assert!(
-            matches!(exhausted, crate::Error::CreateTopic { retryable: false, .. }),
+            matches!(
+                exhausted,
+                crate::Error::CreateTopic {
+                    retryable: false,
+                    ..
+                }
+            ),
             "{exhausted:?}"
         );
         assert!(exhausted.to_string().contains(FAKE_ENDPOINT), "{exhausted}");
@@ -391,7 +403,13 @@ mod tests {
         admin.fail_all(Some(FakeFault::CallTimeout));
         let gone = admin.list_topics().await.unwrap_err();
         assert!(
-            matches!(gone, crate::Error::KafkaTimeout { retryable: false, .. }),
+            matches!(
+                gone,
+                crate::Error::KafkaTimeout {
+                    retryable: false,
+                    ..
+                }
+            ),
             "{gone:?}"
         );
     }
