@@ -179,8 +179,9 @@ pub enum Error {
     KafkaConnect {
         /// The bootstrap endpoints.
         endpoints: Vec<String>,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
         /// Whether connecting again may succeed; decided by the Kafka layer (an exhausted backoff deadline is
         /// final).
         retryable: bool,
@@ -203,8 +204,9 @@ pub enum Error {
     ListTopics {
         /// The bootstrap endpoints.
         endpoints: Vec<String>,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
         /// Whether the same call may succeed if tried again; decided by the Kafka layer from rskafka's error.
         retryable: bool,
     },
@@ -215,8 +217,9 @@ pub enum Error {
         topic: String,
         /// The bootstrap endpoints.
         endpoints: Vec<String>,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
         /// Whether the same call may succeed if tried again; decided by the Kafka layer from rskafka's error.
         retryable: bool,
     },
@@ -256,8 +259,9 @@ pub enum Error {
         replication_factor: i16,
         /// The broker's message.
         message: String,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
     },
     /// Kafka answered that no broker can take replicas now (BROKER_NOT_AVAILABLE, or a replica placement refused
     /// while every broker is fenced: shutting down, restarting, or not yet registered with the controller): a
@@ -272,8 +276,9 @@ pub enum Error {
         endpoints: Vec<String>,
         /// The broker's message.
         message: String,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
     },
     /// Kafka rejected the topic name (error 17).
     #[snafu(display("Kafka rejected topic name '{topic}' (INVALID_TOPIC_EXCEPTION): {message}"))]
@@ -282,8 +287,9 @@ pub enum Error {
         topic: String,
         /// The broker's message.
         message: String,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
     },
     /// Encoded WAL options did not decode.
     #[snafu(display("invalid encoded WAL options '{encoded}': {source}"))]
