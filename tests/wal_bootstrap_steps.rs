@@ -558,3 +558,61 @@ fn one_pool_one_lock_and_one_procedure_id() {
         procedures::LockKey::exclusive("wal/kafka/topic_pool/x")
     );
 }
+
+/// Log lines at INFO and above written on this thread while the capture's guard lives.
+#[derive(Clone, Default)]
+struct InfoLogs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for InfoLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn topics_that_already_exist_are_success_and_logged_at_debug_only() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    for t in names("again", 0..8) {
+        admin.create_out_of_band(&t, 1);
+    }
+    let logs = InfoLogs::default();
+    let subscriber = {
+        let logs = logs.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || logs.clone())
+            .finish()
+    };
+    let mut p = TopicBootstrapProcedure::new(spec("again", 8), kv.clone(), admin.clone()).unwrap();
+    {
+        let _guard = tracing::subscriber::set_default(subscriber);
+        run_to_done(&mut p).await.unwrap();
+    }
+    // Every create was answered "already exists" and counted as created: the pool is persisted whole.
+    assert_eq!(admin.total_create_calls(), 8);
+    assert!(admin.created_counts().is_empty());
+    assert_eq!(
+        list_persisted_topics(kv.as_ref(), "again_")
+            .await
+            .unwrap()
+            .into_iter()
+            .collect::<BTreeSet<_>>(),
+        names("again", 0..8)
+    );
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(
+        !text.contains("WARN") && !text.contains("ERROR"),
+        "no warning or error for success: {text}"
+    );
+    assert!(
+        !text.to_lowercase().contains("already"),
+        "'already exists' is not logged above debug: {text}"
+    );
+}
