@@ -1,6 +1,9 @@
 //! The one error type of the `remote-wal` crate.
 //!
 //! Variants are grouped by the module that raises them. Each names what it touched (key, topic, endpoint, table).
+//! This module depends on no other module of the crate: a variant whose retryability depends on its source carries
+//! a `retryable` field that the layer building it sets (the kv layer for etcd, the Kafka layer for rskafka), and
+//! [`Error::is_retryable`] only reads fields.
 
 use snafu::Snafu;
 
@@ -143,15 +146,16 @@ pub enum Error {
     },
 
     /// No etcd endpoint answered the connection attempt.
-    #[snafu(display(
-        "cannot connect to etcd at {endpoints}: {}",
-        crate::kv::etcd::describe(source)
-    ))]
+    #[snafu(display("cannot connect to etcd at {endpoints}: {detail}"))]
     EtcdConnect {
         /// The endpoints tried, comma-separated.
         endpoints: String,
+        /// A one-line account of the client's error, written where the error is built.
+        detail: String,
         /// The client's error.
         source: etcd_client::Error,
+        /// Whether connecting again may succeed; decided by the kv layer from the client's error.
+        retryable: bool,
     },
 
     /// The etcd connection attempt did not finish within the connect timeout.
@@ -177,10 +181,7 @@ pub enum Error {
     },
 
     /// An etcd call failed.
-    #[snafu(display(
-        "etcd at {endpoints}: {action} on key '{key}' failed: {}",
-        crate::kv::etcd::describe(source)
-    ))]
+    #[snafu(display("etcd at {endpoints}: {action} on key '{key}' failed: {detail}"))]
     EtcdOp {
         /// The endpoints, comma-separated.
         endpoints: String,
@@ -188,8 +189,12 @@ pub enum Error {
         action: &'static str,
         /// The (first) key touched, escaped.
         key: String,
+        /// A one-line account of the client's error, written where the error is built.
+        detail: String,
         /// The client's error.
         source: etcd_client::Error,
+        /// Whether the same call may succeed if tried again; decided by the kv layer from the client's error.
+        retryable: bool,
     },
     // ---- end kv ----
 
@@ -223,8 +228,12 @@ pub enum Error {
     KafkaConnect {
         /// The bootstrap endpoints.
         endpoints: Vec<String>,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
+        /// Whether connecting again may succeed; decided by the Kafka layer (an exhausted backoff deadline is
+        /// final).
+        retryable: bool,
     },
     /// A Kafka call did not finish in time.
     #[snafu(display("Kafka brokers {endpoints:?}: {operation} did not finish within {timeout:?}"))]
@@ -235,14 +244,20 @@ pub enum Error {
         operation: String,
         /// How long was waited.
         timeout: std::time::Duration,
+        /// Whether the call may be tried again: a timed-out request may, a connect that used up the backoff
+        /// deadline may not.
+        retryable: bool,
     },
     /// Listing the cluster's topics failed.
     #[snafu(display("cannot list topics on Kafka brokers {endpoints:?}: {source}"))]
     ListTopics {
         /// The bootstrap endpoints.
         endpoints: Vec<String>,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
+        /// Whether the same call may succeed if tried again; decided by the Kafka layer from rskafka's error.
+        retryable: bool,
     },
     /// Creating a topic failed for a reason not covered by a more specific variant.
     #[snafu(display("cannot create topic '{topic}' on Kafka brokers {endpoints:?}: {source}"))]
@@ -251,8 +266,11 @@ pub enum Error {
         topic: String,
         /// The bootstrap endpoints.
         endpoints: Vec<String>,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
+        /// Whether the same call may succeed if tried again; decided by the Kafka layer from rskafka's error.
+        retryable: bool,
     },
     /// The topic exists with a different partition count than wanted.
     #[snafu(display(
@@ -290,11 +308,13 @@ pub enum Error {
         replication_factor: i16,
         /// The broker's message.
         message: String,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
     },
-    /// Kafka answered INVALID_REPLICATION_FACTOR because every broker is fenced (shutting down, restarting, or not
-    /// yet registered with the controller): a transient state, retried until the backoff deadline.
+    /// Kafka answered that no broker can take replicas now (BROKER_NOT_AVAILABLE, or a replica placement refused
+    /// while every broker is fenced: shutting down, restarting, or not yet registered with the controller): a
+    /// transient state the engine retries.
     #[snafu(display(
         "Kafka brokers {endpoints:?} cannot take topic '{topic}' now: every broker is fenced (shutting down or restarting): {message}"
     ))]
@@ -305,8 +325,9 @@ pub enum Error {
         endpoints: Vec<String>,
         /// The broker's message.
         message: String,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
     },
     /// Kafka rejected the topic name (error 17).
     #[snafu(display("Kafka rejected topic name '{topic}' (INVALID_TOPIC_EXCEPTION): {message}"))]
@@ -315,8 +336,9 @@ pub enum Error {
         topic: String,
         /// The broker's message.
         message: String,
-        /// rskafka's error.
-        source: rskafka::client::error::Error,
+        /// rskafka's error (boxed: it is large).
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
     },
     /// Encoded WAL options did not decode.
     #[snafu(display("invalid encoded WAL options '{encoded}': {source}"))]
@@ -800,20 +822,15 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Procedure { source } => source.is_retryable(),
-            // ---- retryable: kv ----
-            Error::EtcdConnect { .. }
-            | Error::EtcdConnectTimeout { .. }
-            | Error::EtcdTimeout { .. } => true,
-            Error::EtcdOp { source, .. } => crate::kv::etcd::is_retryable(source),
-            // ---- retryable: wal ----
-            Error::KafkaTimeout { .. }
-            | Error::TopicNotListed { .. }
-            | Error::KafkaBrokersFenced { .. } => true,
-            Error::KafkaConnect { source, .. }
-            | Error::ListTopics { source, .. }
-            | Error::CreateTopic { source, .. } => {
-                crate::wal::kafka::rskafka_admin::is_retryable_rskafka_error(source)
-            }
+            // ---- retryable: kv (decided where built, src/kv) ----
+            Error::EtcdConnect { retryable, .. } | Error::EtcdOp { retryable, .. } => *retryable,
+            Error::EtcdConnectTimeout { .. } | Error::EtcdTimeout { .. } => true,
+            // ---- retryable: wal (decided where built, src/wal/kafka) ----
+            Error::KafkaConnect { retryable, .. }
+            | Error::KafkaTimeout { retryable, .. }
+            | Error::ListTopics { retryable, .. }
+            | Error::CreateTopic { retryable, .. } => *retryable,
+            Error::TopicNotListed { .. } | Error::KafkaBrokersFenced { .. } => true,
             // ---- retryable: ddl ----
             Error::DatanodeUnavailable { .. } => true,
             Error::SequenceContention { .. } => true,

@@ -213,9 +213,10 @@ struct CrashAtCreation {
 impl SideEffectHook for CrashAtCreation {
     fn on_side_effect(&self, _id: &ProcedureId, label: &str) -> procedures::Result<()> {
         if label.starts_with("created ") && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.n {
-            return Err(procedures::Error::Crashed {
-                point: format!("after topic creation #{}", self.n),
-            });
+            return Err(procedures::testing::injected_crash(format!(
+                "after topic creation #{}",
+                self.n
+            )));
         }
         Ok(())
     }

@@ -28,8 +28,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use procedures::error::CrashedSnafu;
-use procedures::testing::{CrashController, CrashPlan, CrashPoint, CrashingStore, MatrixConfig};
+use procedures::testing::{
+    CrashController, CrashPlan, CrashPoint, CrashingStore, MatrixConfig, injected_crash,
+};
 use procedures::{
     BoxedProcedure, BoxedProcedureLoader, Context, LocalManager, LockKey, Procedure, ProcedureId,
     ProcedureInfo, ProcedureManager, ProcedureManagerRef, ProcedureWithId, Status, Watcher,
@@ -169,13 +170,10 @@ impl Drop for StepGuard<'_> {
 impl Life {
     fn enter(&self, id: &ProcedureId) -> procedures::Result<StepGuard<'_>> {
         if let Some(dead) = self.controller.crashed() {
-            return CrashedSnafu {
-                point: format!(
-                    "{} ({}); the dead process cannot run a step of {id}",
-                    dead.point, dead.detail
-                ),
-            }
-            .fail();
+            return Err(injected_crash(format!(
+                "{} ({}); the dead process cannot run a step of {id}",
+                dead.point, dead.detail
+            )));
         }
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         Ok(StepGuard(&self.in_flight))

@@ -12,12 +12,13 @@ use procedures::{
 };
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::bootstrap::bootstrap_procedure_id;
+use remote_wal::wal::kafka::testing::FAKE_ENDPOINT;
 use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::kafka::{
     KafkaTopicManager, ReadyPoll, RoundRobinTopicSelector, TopicPoolSpec,
 };
 use remote_wal::wal::{WalOptions, WalOptionsAllocator};
-use wal_support::FakeAdmin;
+use wal_support::{FakeAdmin, FakeFault};
 
 fn spec(prefix: &str, n: usize) -> TopicPoolSpec {
     let mut spec = TopicPoolSpec::new(prefix, n);
@@ -157,7 +158,7 @@ async fn a_grown_pool_runs_a_new_bootstrap_after_the_finished_one() {
 async fn a_failed_bootstrap_is_reported_and_a_later_start_runs_a_new_one() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let admin = Arc::new(FakeAdmin::new());
-    admin.add_out_of_band("bad_1", 3);
+    admin.create_out_of_band("bad_1", 3);
     let allocator = kafka(spec("bad", 3), &kv, &admin);
     let manager = manager(&allocator).await;
     let err = allocator.start(&manager).await.unwrap_err().to_string();
@@ -214,7 +215,11 @@ async fn a_changed_partition_count_fails_the_start_whether_or_not_the_finished_b
         "{err}"
     );
     assert!(!retained.is_ready());
-    assert_eq!(admin.topics()["parts_0"], 1, "the topics are left alone");
+    assert_eq!(
+        admin.partitions()["parts_0"],
+        1,
+        "the topics are left alone"
+    );
 }
 
 /// Log lines written while the returned guard lives on this thread.
@@ -279,55 +284,26 @@ async fn a_shrunk_pool_warns_about_the_topics_beyond_it_even_when_no_bootstrap_r
     );
 }
 
-/// A cluster whose brokers stopped after the admin connected: every call times out (a retryable error).
-#[derive(Debug)]
-struct StoppedBrokers;
-
-#[async_trait::async_trait]
-impl remote_wal::wal::kafka::admin::TopicAdmin for StoppedBrokers {
-    fn endpoints(&self) -> Vec<String> {
-        vec!["10.0.0.9:9092".to_string()]
-    }
-
-    async fn list_topics(&self) -> remote_wal::Result<std::collections::BTreeMap<String, usize>> {
-        Err(remote_wal::Error::KafkaTimeout {
-            endpoints: self.endpoints(),
-            operation: "list topics".to_string(),
-            timeout: Duration::from_millis(1),
-        })
-    }
-
-    async fn create_topic(
-        &self,
-        name: &str,
-        _num_partitions: i32,
-        _replication_factor: i16,
-    ) -> remote_wal::Result<remote_wal::wal::kafka::admin::CreateTopicOutcome> {
-        Err(remote_wal::Error::KafkaTimeout {
-            endpoints: self.endpoints(),
-            operation: format!("create topic '{name}'"),
-            timeout: Duration::from_millis(1),
-        })
-    }
-}
-
 #[tokio::test]
 async fn brokers_stopped_after_connecting_fail_the_start_naming_the_endpoints() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    // Brokers stopped after the admin connected: rskafka retries every call until its deadline, which is final.
+    let admin = Arc::new(FakeAdmin::new());
+    admin.fail_all(Some(FakeFault::DeadlineExhausted));
     let allocator = WalOptionsAllocator::Kafka(
         KafkaTopicManager::new(
             spec("down", 2),
             kv.clone(),
-            Arc::new(StoppedBrokers),
+            admin.clone(),
             Arc::new(RoundRobinTopicSelector::new()),
         )
         .unwrap(),
     );
     let manager = manager(&allocator).await;
-    // The timeouts are retryable: the manager retries the step (once, in this config), then fails it.
+    // The exhausted deadline is final: the manager fails the step without running the deadline again.
     let err = allocator.start(&manager).await.unwrap_err().to_string();
     assert!(
-        err.contains("10.0.0.9:9092") && err.contains("'down'"),
+        err.contains(FAKE_ENDPOINT) && err.contains("'down'"),
         "{err}"
     );
     assert!(!allocator.is_ready());

@@ -102,7 +102,7 @@ impl CrashScenario for BootstrapScenario {
     async fn outcome(&self, env: &Env) -> Outcome {
         Outcome {
             store: store_digest(env.store.as_ref()).await.expect("digest"),
-            topics: env.admin.topics(),
+            topics: env.admin.partitions(),
             created: env.admin.created_counts(),
             kv: env
                 .kv

@@ -438,7 +438,7 @@ async fn a_whole_run_creates_and_persists_the_pool_byte_for_byte() {
     let admin = Arc::new(FakeAdmin::new());
     let mut p = TopicBootstrapProcedure::new(spec("wal", 8), kv.clone(), admin.clone()).unwrap();
     run_to_done(&mut p).await.unwrap();
-    assert_eq!(admin.topics(), listed(&names("wal", 0..8), 1));
+    assert_eq!(admin.partitions(), listed(&names("wal", 0..8), 1));
     let stored: Vec<(String, String)> = kv
         .dump()
         .into_iter()
@@ -474,7 +474,7 @@ async fn growing_64_to_96_creates_only_the_32_new_topics() {
     let calls = admin.create_calls();
     assert_eq!(admin.total_create_calls(), 96);
     assert!(calls.values().all(|&c| c == 1), "{calls:?}");
-    assert_eq!(admin.topics(), listed(&names("g", 0..96), 1));
+    assert_eq!(admin.partitions(), listed(&names("g", 0..96), 1));
     let persisted: BTreeSet<String> = list_persisted_topics(kv.as_ref(), "")
         .await
         .unwrap()
@@ -493,7 +493,7 @@ async fn shrinking_creates_nothing_and_deletes_nothing() {
     let mut p = TopicBootstrapProcedure::new(spec("s", 4), kv.clone(), admin.clone()).unwrap();
     run_to_done(&mut p).await.unwrap();
     assert_eq!(admin.total_create_calls(), 16);
-    assert_eq!(admin.topics(), listed(&names("s", 0..16), 1));
+    assert_eq!(admin.partitions(), listed(&names("s", 0..16), 1));
     let persisted: BTreeSet<String> = list_persisted_topics(kv.as_ref(), "")
         .await
         .unwrap()
@@ -506,7 +506,7 @@ async fn shrinking_creates_nothing_and_deletes_nothing() {
 async fn a_topic_made_out_of_band_with_other_partitions_fails_the_run_naming_it() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let admin = Arc::new(FakeAdmin::new());
-    admin.add_out_of_band("o_2", 3);
+    admin.create_out_of_band("o_2", 3);
     let mut p = TopicBootstrapProcedure::new(spec("o", 4), kv.clone(), admin.clone()).unwrap();
     let err = run_to_done(&mut p).await.unwrap_err().to_string();
     assert!(err.contains("o_2") && err.contains('3'), "{err}");
@@ -550,5 +550,63 @@ fn one_pool_one_lock_and_one_procedure_id() {
     assert_eq!(
         pool_lock_key("x"),
         procedures::LockKey::exclusive("wal/kafka/topic_pool/x")
+    );
+}
+
+/// Log lines at INFO and above written on this thread while the capture's guard lives.
+#[derive(Clone, Default)]
+struct InfoLogs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for InfoLogs {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn topics_that_already_exist_are_success_and_logged_at_debug_only() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeAdmin::new());
+    for t in names("again", 0..8) {
+        admin.create_out_of_band(&t, 1);
+    }
+    let logs = InfoLogs::default();
+    let subscriber = {
+        let logs = logs.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(move || logs.clone())
+            .finish()
+    };
+    let mut p = TopicBootstrapProcedure::new(spec("again", 8), kv.clone(), admin.clone()).unwrap();
+    {
+        let _guard = tracing::subscriber::set_default(subscriber);
+        run_to_done(&mut p).await.unwrap();
+    }
+    // Every create was answered "already exists" and counted as created: the pool is persisted whole.
+    assert_eq!(admin.total_create_calls(), 8);
+    assert!(admin.created_counts().is_empty());
+    assert_eq!(
+        list_persisted_topics(kv.as_ref(), "again_")
+            .await
+            .unwrap()
+            .into_iter()
+            .collect::<BTreeSet<_>>(),
+        names("again", 0..8)
+    );
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert!(
+        !text.contains("WARN") && !text.contains("ERROR"),
+        "no warning or error for success: {text}"
+    );
+    assert!(
+        !text.to_lowercase().contains("already"),
+        "'already exists' is not logged above debug: {text}"
     );
 }

@@ -111,13 +111,6 @@ pub enum Error {
         own: u64,
     },
 
-    /// A crash injected by [`crate::testing`]; the manager stops as if its process had died.
-    #[snafu(display("injected crash at {point}"))]
-    Crashed {
-        /// Where the crash was injected.
-        point: String,
-    },
-
     /// A procedure ran longer than its timeout.
     #[snafu(display("procedure {id} timed out after {timeout:?}"))]
     Timeout {
@@ -154,7 +147,7 @@ pub enum Error {
         type_name: String,
     },
 
-    /// The manager is not running (never started, stopped, or halted after being fenced or crashed).
+    /// The manager is not running (never started, stopped, or halted after being fenced or told to halt).
     #[snafu(display("procedure manager is not running: {reason}"))]
     ManagerNotRunning {
         /// Why.
@@ -193,9 +186,95 @@ impl Error {
         )
     }
 
+    /// Wraps `source` in a store error that makes the manager halt at once (see [`Halt`]): for a state store or a
+    /// [`crate::SideEffectHook`] whose process is going away. Never retryable.
+    pub fn halt(
+        action: &'static str,
+        key: impl Into<String>,
+        source: impl Into<BoxedError>,
+    ) -> Self {
+        Error::Store {
+            action,
+            key: key.into(),
+            source: Box::new(Halt::new(source)),
+            retryable: false,
+        }
+    }
+
     /// Whether this error means the manager itself must stop at once without writing anything more: it was fenced
-    /// by a newer manager, or a crash was injected.
+    /// by a newer manager, or a store or side-effect hook answered with a [`Halt`].
     pub fn is_fatal(&self) -> bool {
-        matches!(self, Error::Fenced { .. } | Error::Crashed { .. })
+        match self {
+            Error::Fenced { .. } => true,
+            Error::Store { source, .. } | Error::External { source, .. } => source.is::<Halt>(),
+            _ => false,
+        }
+    }
+
+    /// The [`Halt`] this error carries, if it is one (see [`Error::halt`]).
+    pub fn as_halt(&self) -> Option<&Halt> {
+        match self {
+            Error::Store { source, .. } | Error::External { source, .. } => {
+                source.downcast_ref::<Halt>()
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The source of a store (or side-effect hook) error after which the manager must stop at once and write nothing
+/// more, as when it is fenced: the process is going away, or the store can no longer be used by it. Build one with
+/// [`Error::halt`]; [`Error::is_fatal`] recognises it. Its own source says why (the crash harness puts its injected
+/// crash there and recognises it by downcasting).
+#[derive(Debug)]
+pub struct Halt {
+    source: BoxedError,
+}
+
+impl Halt {
+    /// A halt caused by `source`.
+    pub fn new(source: impl Into<BoxedError>) -> Self {
+        Halt {
+            source: source.into(),
+        }
+    }
+
+    /// Why the manager halts.
+    pub fn cause(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.source
+    }
+}
+
+impl std::fmt::Display for Halt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the manager halts: {}", self.source)
+    }
+}
+
+impl std::error::Error for Halt {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_halt_stops_the_manager_and_is_never_retried() {
+        let halt = Error::halt("put", "proc/p", "process going away");
+        assert!(halt.is_fatal() && !halt.is_retryable(), "{halt}");
+        assert!(halt.as_halt().is_some());
+        assert!(halt.to_string().contains("process going away"), "{halt}");
+        let plain = Error::Store {
+            action: "put",
+            key: "proc/p".into(),
+            source: "backend unavailable".into(),
+            retryable: false,
+        };
+        assert!(!plain.is_fatal() && plain.as_halt().is_none());
+        let fenced = Error::Fenced { epoch: 2, own: 1 };
+        assert!(fenced.is_fatal());
     }
 }

@@ -7,8 +7,8 @@
 //! that epoch, so a stale manager (a second leader) is fenced off instead of corrupting state.
 //!
 //! The engine knows nothing of what its procedures do. See `docs/procedures.md` in the repository for how to write
-//! one, the record format, and the recovery and fencing semantics; [`testing`] holds the crash harness that proves
-//! a procedure survives a crash at every durable transition.
+//! one, the record format, and the recovery and fencing semantics. With the `testing` feature, `testing` holds the
+//! crash harness that proves a procedure survives a crash at every durable transition.
 #![warn(missing_docs)]
 
 pub mod config;
@@ -18,6 +18,7 @@ pub mod memory_store;
 pub mod procedure;
 pub mod record;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod watcher;
 

@@ -145,7 +145,8 @@ impl Status {
 }
 
 /// A hook called at each side-effect point a step declares (see [`Context::side_effect_point`]). Production managers
-/// have none; the crash harness in [`crate::testing`] installs one to crash a manager in the middle of a step.
+/// have none; the crash harness (`procedures::testing`, with the `testing` feature) installs one to crash a manager
+/// in the middle of a step.
 pub trait SideEffectHook: Send + Sync {
     /// Called after a procedure completed one outside effect. An error stops the step (and, for an injected crash,
     /// the whole manager).

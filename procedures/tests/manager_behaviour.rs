@@ -541,9 +541,7 @@ struct CrashAt(&'static str);
 impl SideEffectHook for CrashAt {
     fn on_side_effect(&self, _id: &ProcedureId, label: &str) -> procedures::Result<()> {
         if label == self.0 {
-            return Err(Error::Crashed {
-                point: label.to_string(),
-            });
+            return Err(procedures::testing::injected_crash(label));
         }
         Ok(())
     }

@@ -66,9 +66,7 @@ fn store(previous: Option<u64>, replies: Vec<Reply>) -> (Arc<MockStore>, Writes)
             Reply::RejectEpoch(epoch) => Ok(WriteOutcome::Rejected {
                 current: vec![(EPOCH_KEY.into(), Some(epoch.to_string().into_bytes()))],
             }),
-            Reply::Crashed => Err(Error::Crashed {
-                point: "after write".into(),
-            }),
+            Reply::Crashed => Err(procedures::testing::injected_crash("after write")),
             Reply::StoreError { retryable } => Err(Error::Store {
                 action: "write",
                 key: "proc/p".into(),

@@ -1,5 +1,6 @@
 //! [`DatanodeManager`]: how the metasrv asks datanodes to create regions, and [`MemoryDatanodeManager`], an
-//! in-memory fleet of datanodes for tests, benchmarks and the CLI.
+//! in-memory fleet of datanodes for tests, benchmarks and the CLI. Its fault injection
+//! (`MemoryDatanodeManager::fail_next`) exists only with the `testing` feature.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -8,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{DatanodeUnavailableSnafu, RegionExistsWithDifferentOptionsSnafu, Result};
+use crate::error::{RegionExistsWithDifferentOptionsSnafu, Result};
 
 /// Asks one datanode to create one region.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,6 +48,7 @@ struct MemoryDatanodes {
     regions: BTreeMap<u64, BTreeMap<u64, RegionCreateRequest>>,
     creations: BTreeMap<u64, usize>,
     calls: usize,
+    #[cfg(any(test, feature = "testing"))]
     unavailable: BTreeMap<u64, usize>,
 }
 
@@ -76,7 +78,9 @@ impl MemoryDatanodeManager {
         self.lock().calls
     }
 
-    /// Makes the next `times` calls to `datanode_id` fail as unavailable (retryable).
+    /// Makes the next `times` calls to `datanode_id` fail as unavailable (retryable). Fault injection for tests:
+    /// only with the `testing` feature.
+    #[cfg(any(test, feature = "testing"))]
     pub fn fail_next(&self, datanode_id: u64, times: usize) {
         self.lock().unavailable.insert(datanode_id, times);
     }
@@ -87,11 +91,12 @@ impl DatanodeManager for MemoryDatanodeManager {
     async fn create_region(&self, datanode_id: u64, request: RegionCreateRequest) -> Result<()> {
         let mut inner = self.lock();
         inner.calls += 1;
+        #[cfg(any(test, feature = "testing"))]
         if let Some(left) = inner.unavailable.get_mut(&datanode_id)
             && *left > 0
         {
             *left -= 1;
-            return DatanodeUnavailableSnafu {
+            return crate::error::DatanodeUnavailableSnafu {
                 datanode_id,
                 action: format!("creating region {}", request.region_id),
                 reason: "injected unavailability",

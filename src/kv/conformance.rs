@@ -1,7 +1,9 @@
 //! The conformance suite every [`KvBackend`] must pass, in the openraft shape: the implementor supplies a factory
 //! of fresh stores and [`run_all`] runs every case, each on its own store (or its own key namespace).
 //!
-//! This is test code: a failed case panics with a message naming the case and what differed.
+//! This is test code (only with the `testing` feature): a failed case panics with a message naming the case and
+//! what differed. On a shared store each case's namespace is deleted after the case, also when it panics, so a
+//! failing run leaves no keys behind.
 
 use std::collections::BTreeSet;
 use std::future::Future;
@@ -62,7 +64,7 @@ where
         ($name:ident) => {{
             let (kv, ns) = make().await;
             tracing::info!(backend = %kv.name(), case = stringify!($name), "kv conformance case");
-            $name(kv, Ns(ns)).await;
+            isolated(kv.clone(), ns.clone(), $name(kv, Ns(ns))).await;
         }};
     }
     case!(get_and_batch_get);
@@ -81,6 +83,24 @@ where
     case!(txn_is_atomic);
     case!(invalid_and_oversized_requests_apply_nothing);
     case!(large_values_split_by_bytes);
+}
+
+/// Runs `case`, then deletes every key under `namespace` from `kv`, whether the case passed or panicked (the panic
+/// is then resumed). An empty namespace (a store of its own) is left as it is.
+pub async fn isolated(kv: KvBackendRef, namespace: Vec<u8>, case: impl Future<Output = ()>) {
+    use futures::FutureExt;
+    let outcome = std::panic::AssertUnwindSafe(case).catch_unwind().await;
+    if !namespace.is_empty() {
+        let cleaned = kv
+            .delete_range(&namespace, &prefix_end(&namespace), false)
+            .await;
+        if let Err(e) = cleaned {
+            tracing::warn!(error = %e, "kv conformance: could not delete the case's namespace");
+        }
+    }
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 /// A case's key namespace.
@@ -913,4 +933,50 @@ async fn large_values_split_by_bytes(kv: KvBackendRef, ns: Ns) {
         None,
         "nothing of the refused batch applied"
     );
+}
+
+#[cfg(test)]
+mod isolation_tests {
+    use futures::FutureExt;
+
+    use super::*;
+    use crate::kv::MemoryKvBackend;
+
+    async fn keys_under(kv: &KvBackendRef, prefix: &[u8]) -> usize {
+        range_all(kv.as_ref(), RangeRequest::prefix(prefix.to_vec()), 0)
+            .await
+            .unwrap()
+            .len()
+    }
+
+    #[tokio::test]
+    async fn a_failing_case_still_deletes_its_namespace_and_only_it() {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        kv.put(PutRequest {
+            key: b"other/k".to_vec(),
+            value: b"v".to_vec(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+        let ns = b"case/0/".to_vec();
+        let writer = kv.clone();
+        let case = async move {
+            writer
+                .put(PutRequest {
+                    key: b"case/0/a".to_vec(),
+                    value: b"1".to_vec(),
+                    prev_kv: false,
+                })
+                .await
+                .unwrap();
+            panic!("the case fails after writing");
+        };
+        let outcome = std::panic::AssertUnwindSafe(isolated(kv.clone(), ns.clone(), case))
+            .catch_unwind()
+            .await;
+        assert!(outcome.is_err(), "the case's panic is resumed");
+        assert_eq!(keys_under(&kv, &ns).await, 0, "the namespace is empty");
+        assert_eq!(keys_under(&kv, b"other/").await, 1, "other keys are kept");
+    }
 }

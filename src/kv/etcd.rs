@@ -134,7 +134,14 @@ impl EtcdKvBackend {
                 }
                 .fail();
             }
-            Ok(Err(source)) => return Err(EtcdConnectSnafu { endpoints }.into_error(source)),
+            Ok(Err(source)) => {
+                return Err(EtcdConnectSnafu {
+                    endpoints,
+                    detail: describe(&source),
+                    retryable: is_retryable(&source),
+                }
+                .into_error(source));
+            }
             Ok(Ok(client)) => client,
         };
         let kv = client
@@ -169,6 +176,8 @@ impl EtcdKvBackend {
                 endpoints: self.endpoints.clone(),
                 action,
                 key: display_key(key),
+                detail: describe(&source),
+                retryable: is_retryable(&source),
             }
             .into_error(source)),
             Ok(Ok(out)) => Ok(out),

@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use crate::error::Result;
 
 mod check;
+#[cfg(any(test, feature = "testing"))]
 pub mod conformance;
 pub mod etcd;
 pub mod memory;

@@ -22,7 +22,7 @@ pub enum CrashPoint {
     /// learns that it does.
     AfterWrite(usize),
     /// The m-th side-effect point ([`crate::Context::side_effect_point`]) reached by any procedure of the manager
-    /// returns [`Error::Crashed`]: the process died right after that outside effect.
+    /// returns an [`injected_crash`]: the process died right after that outside effect.
     SideEffect(usize),
 }
 
@@ -210,18 +210,52 @@ fn crash(c: &mut Counters, point: CrashPoint, what: &str) -> Error {
         point,
         detail: what.to_string(),
     });
-    Error::Crashed {
-        point: format!("{point} ({what})"),
-    }
+    injected_crash(format!("{point} ({what})"))
 }
 
 fn dead_error(dead: &CrashRecord, what: &str) -> Error {
-    Error::Crashed {
-        point: format!(
-            "{} ({}); the dead process cannot {what}",
-            dead.point, dead.detail
-        ),
+    injected_crash(format!(
+        "{} ({}); the dead process cannot {what}",
+        dead.point, dead.detail
+    ))
+}
+
+/// The cause of an injected crash, inside the [`Halt`](crate::error::Halt) of an ordinary store error: the manager
+/// halts on it as on any halt, and a test recognises it with [`is_injected_crash`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InjectedCrash {
+    /// Where the crash was injected (and, after it, what the dead process was asked to do).
+    pub point: String,
+}
+
+impl fmt::Display for InjectedCrash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "injected crash at {}", self.point)
     }
+}
+
+impl std::error::Error for InjectedCrash {}
+
+/// The error a crashed process answers with: a store error carrying a [`Halt`](crate::error::Halt) whose cause is an
+/// [`InjectedCrash`] at `point`. The manager stops on it at once, as if its process had died.
+pub fn injected_crash(point: impl Into<String>) -> Error {
+    Error::halt(
+        "go on after",
+        "",
+        InjectedCrash {
+            point: point.into(),
+        },
+    )
+}
+
+/// The injected crash `error` carries, if it is one built by [`injected_crash`].
+pub fn injected_crash_of(error: &Error) -> Option<&InjectedCrash> {
+    error.as_halt()?.cause().downcast_ref::<InjectedCrash>()
+}
+
+/// Whether `error` is a crash injected by the harness (see [`injected_crash`]).
+pub fn is_injected_crash(error: &Error) -> bool {
+    injected_crash_of(error).is_some()
 }
 
 /// Marks one running step; ends it when dropped (also when the step's future is dropped).
@@ -242,7 +276,7 @@ impl Drop for StepGuard {
 ///
 /// Every mutation (`put`, `delete`, `write`) counts as one durable write, whether a conditional `write` is applied
 /// or rejected (either way the manager attempted a transition). Reads are not counted. After the crash every call
-/// fails with [`Error::Crashed`] and reaches nothing below.
+/// fails with an [`injected_crash`] and reaches nothing below.
 pub struct CrashingStore {
     inner: Arc<dyn StateStore>,
     controller: Arc<CrashController>,

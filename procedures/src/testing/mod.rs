@@ -23,7 +23,10 @@ mod scenario;
 mod store_suite;
 mod tracked;
 
-pub use crash::{CrashController, CrashPlan, CrashPoint, CrashRecord, CrashingStore};
+pub use crash::{
+    CrashController, CrashPlan, CrashPoint, CrashRecord, CrashingStore, InjectedCrash,
+    injected_crash, injected_crash_of, is_injected_crash,
+};
 pub use digest::{DigestEntry, RecordDigest, StoreDigest, store_digest};
 pub use matrix::{MatrixConfig, MatrixReport, Mismatch, RootResult, run_crash_matrix};
 pub use scenario::CrashScenario;

@@ -4,6 +4,8 @@ pub mod admin;
 pub mod bootstrap;
 pub mod rskafka_admin;
 pub mod selector;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod topic_key;
 pub mod topic_pool;
 

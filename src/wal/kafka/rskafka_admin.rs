@@ -1,13 +1,15 @@
 //! [`RsKafkaTopicAdmin`]: the [`TopicAdmin`] over rskafka 0.6.
 //!
-//! rskafka retries connection and controller errors with its backoff, which by default never gives up; here the
-//! backoff always has the configured deadline, and every call is also bounded by `tokio::time::timeout`, so a dead
-//! or black-holed broker turns into an error naming the endpoints instead of a hang:
-//! - connecting: rskafka gives up at `backoff.deadline` (its error names the cause, e.g. connection refused); a
-//!   hang is cut at `backoff.deadline` + [`CALL_MARGIN`];
-//! - creating a topic: bounded by `create_topic_timeout` + [`CALL_MARGIN`] (the broker itself gets
-//!   `create_topic_timeout`);
-//! - listing topics: bounded by `create_topic_timeout` + [`CALL_MARGIN`].
+//! **One retry authority.** rskafka retries connection errors, broken connections and controller moves with its
+//! backoff, which here always has the configured `backoff.deadline`. When that deadline runs out the error is
+//! final (not retryable): the engine does not run the whole deadline again. rskafka has no request timeout of its
+//! own, so every call is also bounded by `tokio::time::timeout` at `backoff.deadline` + `create_topic_timeout` (the
+//! retries, then one request); running out of that bound is final too. A dead or wrong-protocol broker therefore
+//! fails a call within `backoff.deadline` plus one request timeout, with an error naming the endpoints. What stays
+//! retryable are the errors rskafka hands back at once without retrying although they may clear up (a broker
+//! asking for a retry with REQUEST_TIMED_OUT, brokers fenced while they restart): the engine retries those.
+//!
+//! Errors are classified by rskafka's error variants and Kafka's protocol error codes, never by message text.
 //!
 //! A topic Kafka has just created can be missing from the next metadata response for a moment (the controller
 //! answers before every broker has applied the new topic). So `Created` means "the controller committed it"; a
@@ -16,15 +18,18 @@
 //! partition count before answering `AlreadyExisted`.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI16, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use rskafka::BackoffConfig as RsBackoffConfig;
+use backon::{ExponentialBuilder, Retryable};
 use rskafka::client::controller::ControllerClient;
 use rskafka::client::error::{Error as RsKafkaError, ProtocolError, RequestError};
 use rskafka::client::{Client, ClientBuilder};
-use snafu::{IntoError, ResultExt, ensure};
-use tokio::time::{Instant, sleep, timeout};
+use rskafka::{BackoffConfig as RsBackoffConfig, ConnectionError};
+use snafu::{IntoError, ensure};
+use tokio::time::timeout;
+use tracing::debug;
 
 use super::admin::{CreateTopicOutcome, TopicAdmin};
 use crate::error::{
@@ -34,10 +39,7 @@ use crate::error::{
 };
 use crate::wal::config::{KafkaConfig, validate_topic_name};
 
-/// Time allowed on top of the broker-side create timeout for the round trip and rskafka's metadata refresh.
-pub const CALL_MARGIN: Duration = Duration::from_secs(5);
-
-/// First wait between metadata polls for a topic that was created (or reported existing) but is not listed yet.
+/// First wait between metadata polls for a topic that was reported as existing but is not listed yet.
 const LISTED_POLL_INIT: Duration = Duration::from_millis(10);
 /// Longest wait between those polls.
 const LISTED_POLL_MAX: Duration = Duration::from_millis(500);
@@ -50,13 +52,19 @@ pub struct RsKafkaTopicAdmin {
     controller: ControllerClient,
     endpoints: Vec<String>,
     create_topic_timeout: Duration,
+    /// The bound of one call: rskafka's retries until the backoff deadline, then one request.
+    call_bound: Duration,
+    /// The largest replication factor a topic was created with through this admin: the cluster has shown it can
+    /// place that many replicas, so a later INVALID_REPLICATION_FACTOR for at most as many is its brokers being
+    /// fenced (restarting), not a factor above the broker count.
+    proven_replication: AtomicI16,
 }
 
 impl RsKafkaTopicAdmin {
     /// Validates `config`, then connects to its brokers and reads the cluster metadata.
     ///
-    /// Fails about `config.backoff.deadline` after the start (at most [`CALL_MARGIN`] later) with an error naming
-    /// the endpoints when no broker answers.
+    /// Fails within `config.backoff.deadline` + `config.create_topic_timeout` with a final (not retryable) error
+    /// naming the endpoints when no broker answers, or none answers in Kafka's protocol.
     pub async fn connect(config: &KafkaConfig) -> Result<Self> {
         config.validate()?;
         let endpoints = config.broker_endpoints.clone();
@@ -70,117 +78,99 @@ impl RsKafkaTopicAdmin {
             .client_id("remote-wal")
             .backoff_config(backoff)
             .build();
-        // rskafka stops retrying at the deadline with an error saying why; the outer timeout only catches a hang,
-        // so it must not race that error.
-        let connect_timeout = config.backoff.deadline.saturating_add(CALL_MARGIN);
-        let client = timeout(connect_timeout, build)
+        let call_bound = config
+            .backoff
+            .deadline
+            .saturating_add(config.create_topic_timeout);
+        // rskafka retried until its deadline, so whatever ends the connect attempt is final: the engine must not
+        // run the whole deadline again.
+        let client = timeout(call_bound, build)
             .await
             .map_err(|_| {
                 KafkaTimeoutSnafu {
                     endpoints: endpoints.clone(),
                     operation: "connect",
-                    timeout: connect_timeout,
+                    timeout: call_bound,
+                    retryable: false,
                 }
                 .build()
             })?
-            .context(KafkaConnectSnafu {
-                endpoints: endpoints.clone(),
+            .map_err(|e| {
+                KafkaConnectSnafu {
+                    endpoints: endpoints.clone(),
+                    retryable: false,
+                }
+                .into_error(e)
             })?;
-        let controller = client.controller_client().context(KafkaConnectSnafu {
-            endpoints: endpoints.clone(),
+        let controller = client.controller_client().map_err(|e| {
+            KafkaConnectSnafu {
+                endpoints: endpoints.clone(),
+                retryable: is_retryable_rskafka_error(&e),
+            }
+            .into_error(e)
         })?;
         Ok(Self {
             client,
             controller,
             endpoints,
             create_topic_timeout: config.create_topic_timeout,
+            call_bound,
+            proven_replication: AtomicI16::new(0),
         })
-    }
-
-    fn call_timeout(&self) -> Duration {
-        self.create_topic_timeout + CALL_MARGIN
     }
 
     /// Polls fresh metadata until `name` shows up, then compares its partition count with `wanted`.
     ///
-    /// A topic another client has just created can be missing from metadata briefly, so this polls for up to
-    /// `create_topic_timeout`; `outcome` is returned on a match.
+    /// A topic another client has just created can be missing from metadata briefly, so this polls (with `backon`'s
+    /// exponential backoff) for up to `create_topic_timeout`; `outcome` is returned on a match.
     async fn await_listed(
         &self,
         name: &str,
         wanted: i32,
         outcome: CreateTopicOutcome,
     ) -> Result<CreateTopicOutcome> {
-        let give_up_at = Instant::now() + self.create_topic_timeout;
-        let mut wait = LISTED_POLL_INIT;
-        loop {
-            if let Some(&found) = self.list_topics().await?.get(name) {
-                ensure!(
-                    usize::try_from(wanted).is_ok_and(|w| w == found),
-                    TopicPartitionMismatchSnafu {
-                        topic: name,
-                        wanted,
-                        found,
-                    }
-                );
-                return Ok(outcome);
+        /// One poll's answer: listed with this many partitions, not listed yet, or the listing failed.
+        enum Poll {
+            NotListed,
+            Failed(crate::Error),
+        }
+        let poll = || async {
+            match self.list_topics().await {
+                Ok(topics) => topics.get(name).copied().ok_or(Poll::NotListed),
+                Err(e) => Err(Poll::Failed(e)),
             }
-            ensure!(
-                Instant::now() + wait <= give_up_at,
-                TopicNotListedSnafu {
+        };
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(LISTED_POLL_INIT)
+            .with_max_delay(LISTED_POLL_MAX)
+            .with_factor(2.0)
+            .with_total_delay(Some(self.create_topic_timeout))
+            .without_max_times();
+        let found = match poll
+            .retry(backoff)
+            .when(|p| matches!(p, Poll::NotListed))
+            .await
+        {
+            Ok(found) => found,
+            Err(Poll::Failed(e)) => return Err(e),
+            Err(Poll::NotListed) => {
+                return TopicNotListedSnafu {
                     topic: name,
                     endpoints: self.endpoints.clone(),
                     timeout: self.create_topic_timeout,
                 }
-            );
-            sleep(wait).await;
-            wait = (wait * 2).min(LISTED_POLL_MAX);
-        }
-    }
-
-    /// Maps rskafka's create error to ours; TOPIC_ALREADY_EXISTS is handled by the caller.
-    fn create_error(&self, name: &str, replication_factor: i16, e: RsKafkaError) -> crate::Error {
-        let message = match &e {
-            RsKafkaError::ServerError { error_message, .. } => {
-                error_message.clone().unwrap_or_else(|| "n/a".to_string())
+                .fail();
             }
-            _ => String::new(),
         };
-        match &e {
-            // A broker that is shutting down or restarting is fenced by the controller, which then refuses every
-            // replica placement with this code: transient, unlike a replication factor above the broker count.
-            RsKafkaError::ServerError {
-                protocol_error: ProtocolError::InvalidReplicationFactor,
-                ..
-            } if message.contains("fenced") => KafkaBrokersFencedSnafu {
+        ensure!(
+            usize::try_from(wanted).is_ok_and(|w| w == found),
+            TopicPartitionMismatchSnafu {
                 topic: name,
-                endpoints: self.endpoints.clone(),
-                message,
+                wanted,
+                found,
             }
-            .into_error(e),
-            RsKafkaError::ServerError {
-                protocol_error: ProtocolError::InvalidReplicationFactor,
-                ..
-            } => InvalidReplicationFactorSnafu {
-                topic: name,
-                replication_factor,
-                message,
-            }
-            .into_error(e),
-            RsKafkaError::ServerError {
-                protocol_error: ProtocolError::InvalidTopicException,
-                ..
-            } => KafkaRejectedTopicNameSnafu {
-                topic: name,
-                message,
-            }
-            .into_error(e),
-            _ => CreateTopicSnafu {
-                topic: name,
-                endpoints: self.endpoints.clone(),
-            }
-            .into_error(e),
-        }
+        );
+        Ok(outcome)
     }
 }
 
@@ -191,18 +181,23 @@ impl TopicAdmin for RsKafkaTopicAdmin {
     }
 
     async fn list_topics(&self) -> Result<BTreeMap<String, usize>> {
-        let topics = timeout(self.call_timeout(), self.client.list_topics())
+        let topics = timeout(self.call_bound, self.client.list_topics())
             .await
             .map_err(|_| {
                 KafkaTimeoutSnafu {
                     endpoints: self.endpoints.clone(),
                     operation: "list topics",
-                    timeout: self.call_timeout(),
+                    timeout: self.call_bound,
+                    retryable: false,
                 }
                 .build()
             })?
-            .context(ListTopicsSnafu {
-                endpoints: self.endpoints.clone(),
+            .map_err(|e| {
+                ListTopicsSnafu {
+                    endpoints: self.endpoints.clone(),
+                    retryable: is_retryable_rskafka_error(&e),
+                }
+                .into_error(e)
             })?;
         Ok(topics
             .into_iter()
@@ -239,38 +234,118 @@ impl TopicAdmin for RsKafkaTopicAdmin {
         let create =
             self.controller
                 .create_topic(name, num_partitions, replication_factor, timeout_ms);
-        let created = timeout(self.call_timeout(), create).await.map_err(|_| {
+        let created = timeout(self.call_bound, create).await.map_err(|_| {
             KafkaTimeoutSnafu {
                 endpoints: self.endpoints.clone(),
                 operation: format!("create topic '{name}'"),
-                timeout: self.call_timeout(),
+                timeout: self.call_bound,
+                retryable: false,
             }
             .build()
         })?;
         match created {
-            Ok(()) => Ok(CreateTopicOutcome::Created),
-            // Also after our own earlier attempt timed out on the wire and rskafka retried: it counts as created
-            // once the partition count matches.
+            Ok(()) => {
+                self.proven_replication
+                    .fetch_max(replication_factor, Ordering::Relaxed);
+                Ok(CreateTopicOutcome::Created)
+            }
+            // Success, not a failure: also after our own earlier attempt timed out on the wire and rskafka retried,
+            // it counts as created once the partition count matches. Logged at debug only.
             Err(RsKafkaError::ServerError {
                 protocol_error: ProtocolError::TopicAlreadyExists,
                 ..
             }) => {
+                debug!(topic = %name, "topic already exists; checking its partition count");
                 self.await_listed(name, num_partitions, CreateTopicOutcome::AlreadyExisted)
                     .await
             }
-            Err(e) => Err(self.create_error(name, replication_factor, e)),
+            Err(e) => Err(create_topic_error(
+                &self.endpoints,
+                name,
+                replication_factor,
+                self.proven_replication.load(Ordering::Relaxed),
+                e,
+            )),
         }
     }
 }
 
-/// Whether an rskafka error may go away on its own: a broker unreachable or restarting, a timeout, the controller
-/// moving. A bad name, replication factor or request does not.
+/// Maps rskafka's error for a CreateTopics request to ours, by its variant and Kafka error code (never the broker's
+/// message text); TOPIC_ALREADY_EXISTS is success and handled by the caller.
+///
+/// `proven_replication` is the largest replication factor the cluster has already placed for this admin: an
+/// INVALID_REPLICATION_FACTOR (38) for at most that many replicas means the controller has fenced the brokers while
+/// they shut down or restart (transient, retryable), above it the factor exceeds the brokers (final).
+pub fn create_topic_error(
+    endpoints: &[String],
+    name: &str,
+    replication_factor: i16,
+    proven_replication: i16,
+    e: RsKafkaError,
+) -> crate::Error {
+    let message = match &e {
+        RsKafkaError::ServerError { error_message, .. } => {
+            error_message.clone().unwrap_or_else(|| "n/a".to_string())
+        }
+        _ => String::new(),
+    };
+    let code = match &e {
+        RsKafkaError::ServerError { protocol_error, .. } => Some(*protocol_error),
+        _ => None,
+    };
+    match code {
+        Some(ProtocolError::BrokerNotAvailable) => KafkaBrokersFencedSnafu {
+            topic: name,
+            endpoints: endpoints.to_vec(),
+            message,
+        }
+        .into_error(e),
+        Some(ProtocolError::InvalidReplicationFactor)
+            if replication_factor <= proven_replication =>
+        {
+            KafkaBrokersFencedSnafu {
+                topic: name,
+                endpoints: endpoints.to_vec(),
+                message,
+            }
+            .into_error(e)
+        }
+        Some(ProtocolError::InvalidReplicationFactor) => InvalidReplicationFactorSnafu {
+            topic: name,
+            replication_factor,
+            message,
+        }
+        .into_error(e),
+        Some(ProtocolError::InvalidTopicException) => KafkaRejectedTopicNameSnafu {
+            topic: name,
+            message,
+        }
+        .into_error(e),
+        _ => {
+            let retryable = is_retryable_rskafka_error(&e);
+            CreateTopicSnafu {
+                topic: name,
+                endpoints: endpoints.to_vec(),
+                retryable,
+            }
+            .into_error(e)
+        }
+    }
+}
+
+/// Whether an rskafka error may go away on its own if the same call is made again.
+///
+/// rskafka's own backoff already retried broken connections, unreachable brokers and controller moves until the
+/// deadline: an error saying that deadline ran out ([`RsKafkaError::RetryFailed`], or a connection error of that
+/// kind) is final, so the engine does not run the deadline again. Errors rskafka returns at once although they may
+/// clear up (a broken connection outside its retry loop, a timeout, a broker asking to retry) are retryable. A bad
+/// name, replication factor or request is not.
 pub fn is_retryable_rskafka_error(e: &RsKafkaError) -> bool {
     match e {
-        RsKafkaError::Connection(_) | RsKafkaError::Timeout => true,
+        RsKafkaError::RetryFailed(_) => false,
+        RsKafkaError::Connection(c) => !matches!(c, ConnectionError::RetryFailed(_)),
+        RsKafkaError::Timeout => true,
         RsKafkaError::Request(r) => matches!(r, RequestError::IO(_) | RequestError::Poisoned(_)),
-        // rskafka retries only retryable errors; running out of its deadline leaves them retryable.
-        RsKafkaError::RetryFailed(_) => true,
         RsKafkaError::ServerError { protocol_error, .. } => matches!(
             protocol_error,
             ProtocolError::NotController
@@ -315,6 +390,20 @@ mod tests {
     }
 
     #[test]
+    fn an_exhausted_backoff_deadline_is_final() {
+        let exhausted = || rskafka::BackoffError::DeadlineExceded {
+            deadline: Duration::from_secs(3),
+            source: "connection refused".into(),
+        };
+        assert!(!is_retryable_rskafka_error(&RsKafkaError::RetryFailed(
+            exhausted()
+        )));
+        assert!(!is_retryable_rskafka_error(&RsKafkaError::Connection(
+            ConnectionError::RetryFailed(exhausted())
+        )));
+    }
+
+    #[test]
     fn bad_requests_are_not_retryable() {
         for p in [
             ProtocolError::InvalidReplicationFactor,
@@ -334,8 +423,9 @@ mod tests {
     fn crate_errors_carry_retryability() {
         let timeout = KafkaTimeoutSnafu {
             endpoints: vec!["k:9092".to_string()],
-            operation: "connect",
+            operation: "create topic 't'",
             timeout: Duration::from_secs(1),
+            retryable: true,
         }
         .build();
         assert!(timeout.is_retryable());
@@ -356,6 +446,7 @@ mod tests {
         let net = CreateTopicSnafu {
             topic: "t",
             endpoints: vec!["k:9092".to_string()],
+            retryable: is_retryable_rskafka_error(&server_error(ProtocolError::NotController)),
         }
         .into_error(server_error(ProtocolError::NotController));
         assert!(net.is_retryable());
