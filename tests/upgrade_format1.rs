@@ -96,7 +96,7 @@ fn brokers(fixture: &Value) -> Arc<FakeAdmin> {
         }
         let record: Value = serde_json::from_str(pair["value"].as_str().unwrap()).unwrap();
         for topic in record["data"]["created"].as_array().unwrap() {
-            admin.add_out_of_band(topic.as_str().unwrap(), 1);
+            admin.create_out_of_band(topic.as_str().unwrap(), 1);
         }
     }
     admin

@@ -51,6 +51,7 @@ impl FakeAdmin {
             endpoints: self.endpoints(),
             operation,
             timeout: Duration::from_millis(1),
+            retryable: true,
         }
         .build()
     }
