@@ -22,9 +22,12 @@ async fn a_garbage_topic_name_value_keeps_the_pool_unready_naming_the_key() {
     let names: Vec<String> = config.topic_names();
     assert!(kv.txn(persist_topics_txn(&names)).await.unwrap().succeeded);
 
-    // Intact, the pool loads and hands out its topics.
-    let pool =
-        KafkaTopicManager::from_config(&config, kv.clone(), Arc::new(FakeAdmin::new())).unwrap();
+    // Intact, with its topics on the brokers, the pool loads and hands out its topics.
+    let admin = Arc::new(FakeAdmin::new());
+    for name in &names {
+        admin.create_out_of_band(name, 1);
+    }
+    let pool = KafkaTopicManager::from_config(&config, kv.clone(), admin.clone()).unwrap();
     pool.load_ready().await.unwrap();
     assert!(pool.is_ready());
 
@@ -35,8 +38,7 @@ async fn a_garbage_topic_name_value_keeps_the_pool_unready_naming_the_key() {
     })
     .await
     .unwrap();
-    let pool =
-        KafkaTopicManager::from_config(&config, kv.clone(), Arc::new(FakeAdmin::new())).unwrap();
+    let pool = KafkaTopicManager::from_config(&config, kv.clone(), admin).unwrap();
     let err = pool.load_ready().await.unwrap_err();
     assert!(
         matches!(err, remote_wal::Error::InvalidTopicNameKey { .. }),
