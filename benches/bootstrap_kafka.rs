@@ -70,7 +70,7 @@ async fn bootstrap_once(concurrency: usize) -> Duration {
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     let mid = v.len() / 2;
-    if v.len() % 2 == 0 {
+    if v.len().is_multiple_of(2) {
         (v[mid - 1] + v[mid]) / 2
     } else {
         v[mid]

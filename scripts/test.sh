@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The one command that runs every test of remote-wal (what .ci/run calls).
 #
-# It installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc; Maven Central: the Apache Kafka jars,
-# cached under target/kafka-libs), starts one Kafka broker (KRaft) and one etcd on free loopback ports, waits until
-# both answer, runs the whole workspace's tests (and builds the benchmarks), and stops the services again — also
-# when tests fail, in which case it prints the services' logs.
+# It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc; Maven Central: the
+# Apache Kafka jars, cached under target/kafka-libs), runs clippy and rustdoc with warnings denied (the lint gates
+# all run before any service starts, so they fail fast), starts one Kafka broker (KRaft) and one etcd on free
+# loopback ports, waits until both answer, runs the whole workspace's tests (and builds the benchmarks), and stops
+# the services again — also when tests fail, in which case it prints the services' logs.
 #
 # KAFKA_ENDPOINTS / ETCD_ENDPOINTS set in the environment: use those services instead of starting our own.
 set -euo pipefail
@@ -27,9 +28,29 @@ cleanup() {
   "$SERVICES" stop-all || true
   exit $rc
 }
+
+# Lint gates first, before any service is started, so a formatting, clippy or rustdoc failure fails fast.
+# A toolchain installed with a minimal profile may lack rustfmt or clippy; add them when rustup is there.
+if command -v rustup >/dev/null 2>&1; then
+  for component in rustfmt clippy; do
+    if ! rustup component list --installed 2>/dev/null | grep -q "^$component"; then
+      rustup component add "$component"
+    fi
+  done
+fi
+echo "[test] cargo fmt --all --check"
+cargo fmt --all --check
+
 trap cleanup EXIT INT TERM
 
+# Compiling needs protoc (the etcd client generates its gRPC code at build time), so install before clippy.
 "$SERVICES" install
+
+echo "[test] cargo clippy --workspace --all-targets --all-features -- -D warnings"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+# --all-features so the docs of the test kit (the `testing` feature) are checked too.
+echo "[test] cargo doc --workspace --no-deps --all-features (rustdoc warnings denied)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
 
 if [[ -z ${ETCD_ENDPOINTS:-} ]]; then
   "$SERVICES" start etcd

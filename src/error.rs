@@ -48,7 +48,8 @@ pub enum Error {
         /// The database file.
         path: std::path::PathBuf,
         /// redb's error.
-        source: redb::DatabaseError,
+        #[snafu(source(from(redb::DatabaseError, Box::new)))]
+        source: Box<redb::DatabaseError>,
     },
 
     /// The redb file is held by another process (or another open handle in this one).
@@ -60,7 +61,8 @@ pub enum Error {
         /// The database file.
         path: std::path::PathBuf,
         /// redb's error.
-        source: redb::DatabaseError,
+        #[snafu(source(from(redb::DatabaseError, Box::new)))]
+        source: Box<redb::DatabaseError>,
     },
 
     /// A redb read or write transaction failed.
@@ -153,7 +155,8 @@ pub enum Error {
         /// A one-line account of the client's error, written where the error is built.
         detail: String,
         /// The client's error.
-        source: etcd_client::Error,
+        #[snafu(source(from(etcd_client::Error, Box::new)))]
+        source: Box<etcd_client::Error>,
         /// Whether connecting again may succeed; decided by the kv layer from the client's error.
         retryable: bool,
     },
@@ -192,7 +195,8 @@ pub enum Error {
         /// A one-line account of the client's error, written where the error is built.
         detail: String,
         /// The client's error.
-        source: etcd_client::Error,
+        #[snafu(source(from(etcd_client::Error, Box::new)))]
+        source: Box<etcd_client::Error>,
         /// Whether the same call may succeed if tried again; decided by the kv layer from the client's error.
         retryable: bool,
     },
@@ -203,7 +207,8 @@ pub enum Error {
     #[snafu(display("invalid WAL config: {source}"))]
     ParseWalConfig {
         /// The TOML error; it names the key and position.
-        source: toml::de::Error,
+        #[snafu(source(from(toml::de::Error, Box::new)))]
+        source: Box<toml::de::Error>,
     },
     /// A WAL config value is out of range.
     #[snafu(display("invalid WAL config: {field} = {value}: {reason}"))]
@@ -392,18 +397,6 @@ pub enum Error {
         waited: std::time::Duration,
     },
 
-    /// Topics whose names are persisted (so regions may use them) are missing from the cluster.
-    #[snafu(display(
-        "Kafka topics {topics:?} are persisted as part of the pool but missing from the cluster at {endpoints:?}; \
-         they were deleted out of band (regions on them lost their WAL) and are not recreated automatically"
-    ))]
-    PersistedTopicsMissing {
-        /// The missing topics.
-        topics: Vec<String>,
-        /// The brokers asked.
-        endpoints: Vec<String>,
-    },
-
     /// Persisting the pool's topic names kept conflicting with another writer.
     #[snafu(display("persisting the topic names of pool '{prefix}' conflicted: {reason}"))]
     PersistTopicNamesConflict {
@@ -419,7 +412,8 @@ pub enum Error {
         /// The pool's topic name prefix.
         prefix: String,
         /// The engine's error (the procedure's own error is inside).
-        source: procedures::Error,
+        #[snafu(source(from(procedures::Error, Box::new)))]
+        source: Box<procedures::Error>,
     },
 
     /// A bootstrap recovered after a crash belongs to a pool (prefix) that is no longer the configured one.
@@ -627,7 +621,8 @@ pub enum Error {
         /// The full table name.
         table: String,
         /// The engine's error (the procedure's failure text when it failed).
-        source: procedures::Error,
+        #[snafu(source(from(procedures::Error, Box::new)))]
+        source: Box<procedures::Error>,
     },
 
     /// A finished create-table procedure gave no usable table id.
@@ -737,7 +732,8 @@ pub enum Error {
         /// TOML's message (it names an unknown key or the expected type).
         message: String,
         /// The TOML error.
-        source: toml::de::Error,
+        #[snafu(source(from(toml::de::Error, Box::new)))]
+        source: Box<toml::de::Error>,
     },
     /// A config value is out of range.
     #[snafu(display("invalid config: {key} = {value}: {reason}"))]
@@ -812,7 +808,8 @@ pub enum Error {
     #[snafu(display("{source}"))]
     Procedure {
         /// The engine's error.
-        source: procedures::Error,
+        #[snafu(source(from(procedures::Error, Box::new)))]
+        source: Box<procedures::Error>,
     },
     // ---- end procedures ----
 }
@@ -842,7 +839,9 @@ impl Error {
 
 impl From<procedures::Error> for Error {
     fn from(source: procedures::Error) -> Self {
-        Error::Procedure { source }
+        Error::Procedure {
+            source: Box::new(source),
+        }
     }
 }
 

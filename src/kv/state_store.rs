@@ -5,6 +5,10 @@
 //! step. A record or a write that exceeds the backend's limits ([`KvBackend::max_request_bytes`],
 //! [`KvBackend::max_txn_ops`]) is refused with [`procedures::Error::StoreLimit`] before anything is sent: a record
 //! is written whole or not at all, never in pieces.
+//!
+//! [`KvBackend`]: crate::kv::KvBackend
+//! [`KvBackend::max_request_bytes`]: crate::kv::KvBackend::max_request_bytes
+//! [`KvBackend::max_txn_ops`]: crate::kv::KvBackend::max_txn_ops
 
 use std::collections::HashSet;
 
