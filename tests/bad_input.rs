@@ -625,7 +625,10 @@ async fn region_count_zero() {
     let before = kv_snapshot(d.kv.as_ref()).await;
     let err = d
         .ddl
-        .create_table(CreateTableTask::new(TableName::new("greptime", "public", "cpu"), 0))
+        .create_table(CreateTableTask::new(
+            TableName::new("greptime", "public", "cpu"),
+            0,
+        ))
         .await
         .unwrap_err();
     assert_eq!(
