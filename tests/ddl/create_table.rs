@@ -1,7 +1,6 @@
 //! `DdlManager::create_table` end to end on a `LocalManager`: concurrency, duplicates, bad input, retries.
 
-#[path = "ddl_support/mod.rs"]
-mod support;
+use crate::support::ddl as support;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -5,9 +5,6 @@
 //! Also F1 of the reliability issue: a create-table record at step 1 in state `allocate` on a bootstrapped pool is
 //! finished by the next start, however that start readies the pool.
 
-#[path = "wal_support/mod.rs"]
-mod wal_support;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,9 +14,9 @@ use remote_wal::config::{DatanodesConfig, MetadataBackend, MetadataStoreConfig, 
 use remote_wal::ddl::{MemoryDatanodeManager, TableMetadataManager, TableName};
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest, RangeRequest};
 use remote_wal::metasrv::{Metasrv, parse_table_name};
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::{KafkaConfig, WalConfig, WalOptions};
 use serde_json::Value;
-use wal_support::FakeAdmin;
 
 const RECORD_PREFIX: &str = "__procedure__/proc/";
 
@@ -87,8 +84,8 @@ async fn load(fixture: &Value) -> KvBackendRef {
 }
 
 /// The brokers as the killed run left them: every topic its bootstrap record says it created.
-fn brokers(fixture: &Value) -> Arc<FakeAdmin> {
-    let admin = Arc::new(FakeAdmin::new());
+fn brokers(fixture: &Value) -> Arc<FakeTopicAdmin> {
+    let admin = Arc::new(FakeTopicAdmin::new());
     for pair in fixture["kv"].as_array().unwrap() {
         let key = pair["key"].as_str().unwrap();
         if !key.starts_with(&format!("{RECORD_PREFIX}topic_bootstrap/")) {

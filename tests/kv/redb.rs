@@ -68,11 +68,11 @@ fn a_file_held_by_another_process_is_refused_naming_the_path() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("meta.redb");
-    // This same test binary, running only this test, in child mode.
+    // This same test binary, running only this test (named with its module path in the `kv` target), in child mode.
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "a_file_held_by_another_process_is_refused_naming_the_path",
+            "redb::a_file_held_by_another_process_is_refused_naming_the_path",
             "--nocapture",
         ])
         .env("KV_REDB_HOLD", &path)

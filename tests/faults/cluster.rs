@@ -1,7 +1,7 @@
 //! A 3-node Apache Kafka cluster (KRaft, every node broker and controller, on loopback), started by this test:
 //! a pool with replication factor 3, a broker lost, and the controller moving between creations.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

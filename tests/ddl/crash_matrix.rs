@@ -3,8 +3,7 @@
 //! table, one id, the same placement and WAL options, each region created once, and the same regions to open on
 //! every datanode.
 
-#[path = "ddl_support/mod.rs"]
-mod support;
+use crate::support::ddl as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

@@ -5,14 +5,13 @@
 //! Rows needing a broker use `KAFKA_ENDPOINTS` (set by scripts/test.sh) and fail when it is unset;
 //! "unreachable" rows use a loopback port nobody listens on.
 
-mod support_faults;
-
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::kv_snapshot;
 use procedures::{
     LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
     ProcedureManagerRef, ProcedureRecord, ProcedureState,
@@ -31,9 +30,9 @@ use remote_wal::kv::{
 };
 use remote_wal::wal::kafka::admin::TopicAdmin;
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
 use remote_wal::wal::{BackoffConfig, KafkaConfig, WalConfig, WalOptions};
-use support_faults::{FakeAdmin, kv_snapshot};
 
 /// The name config errors give the file.
 const ORIGIN: &str = "metasrv.toml";
@@ -56,7 +55,7 @@ async fn assert_config_refused(toml: &str, expected: &str) {
         .unwrap_or_default();
     if let Ok(WalConfig::Kafka(kafka)) = WalConfig::from_toml_str(&wal) {
         let kv = Arc::new(MemoryKvBackend::new());
-        let admin = Arc::new(FakeAdmin::new());
+        let admin = Arc::new(FakeTopicAdmin::new());
         let err = KafkaTopicManager::from_config(&kafka, kv.clone(), admin.clone()).unwrap_err();
         let inner = expected
             .strip_prefix(&format!("config file '{ORIGIN}': "))
@@ -295,7 +294,7 @@ fn redb_file_locked_by_another_process() {
     let mut holder = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "redb_file_locked_by_another_process",
+            "bad_input::redb_file_locked_by_another_process",
             "--nocapture",
             "--test-threads=1",
         ])
@@ -625,7 +624,10 @@ async fn region_count_zero() {
     let before = kv_snapshot(d.kv.as_ref()).await;
     let err = d
         .ddl
-        .create_table(CreateTableTask::new(TableName::new("greptime", "public", "cpu"), 0))
+        .create_table(CreateTableTask::new(
+            TableName::new("greptime", "public", "cpu"),
+            0,
+        ))
         .await
         .unwrap_err();
     assert_eq!(
@@ -675,7 +677,7 @@ async fn recreate_an_existing_table() {
 #[tokio::test]
 async fn allocation_before_the_pool_is_ready() {
     let kv = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let topics = KafkaTopicManager::new(
         TopicPoolSpec::new("wal_pool", 4),
         kv.clone(),
@@ -697,7 +699,7 @@ async fn allocation_before_the_pool_is_ready() {
 #[tokio::test]
 async fn pool_topic_exists_with_other_partition_count() {
     let kv = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     admin.create_out_of_band("wal_pool_0", 3);
     let mut spec = TopicPoolSpec::new("wal_pool", 1);
     spec.max_concurrent_creates = 1;

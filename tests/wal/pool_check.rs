@@ -3,7 +3,7 @@
 //! the brokers unreachable does not claim success, and a bootstrap recovered with another spec than the configured
 //! one is superseded (or, for another prefix, abandoned) instead of creating the old pool.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -2,8 +2,6 @@
 //! 128-operation limit (a compare and a put per name), so they go in the fewest transactions that fit, and a re-run
 //! from stale state writes nothing. Topics come from the fake admin; each test uses its own topic prefix.
 
-mod wal_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,11 +11,11 @@ use remote_wal::kv::{KvBackendRef, RangeRequest};
 use remote_wal::wal::kafka::bootstrap::{
     BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure,
 };
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::topic_key::{
     TopicNameValue, get_topic_value, list_persisted_topics, topic_name_key,
 };
 use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
-use wal_support::FakeAdmin;
 
 #[tokio::test]
 async fn ninety_six_names_persist_on_etcd_and_a_rerun_writes_nothing() {
@@ -37,7 +35,7 @@ async fn ninety_six_names_persist_on_etcd_and_a_rerun_writes_nothing() {
         factor: 2.0,
         deadline: Duration::from_secs(5),
     };
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let ctx = Context::new(ProcedureId::new("etcd"));
 
     let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();

@@ -8,8 +8,7 @@ use remote_wal::wal::KafkaConfig;
 use remote_wal::wal::kafka::KafkaTopicManager;
 use remote_wal::wal::kafka::topic_key::{persist_topics_txn, topic_name_key};
 
-mod support_faults;
-use support_faults::FakeAdmin;
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 
 #[tokio::test]
 async fn a_garbage_topic_name_value_keeps_the_pool_unready_naming_the_key() {
@@ -22,9 +21,14 @@ async fn a_garbage_topic_name_value_keeps_the_pool_unready_naming_the_key() {
     let names: Vec<String> = config.topic_names();
     assert!(kv.txn(persist_topics_txn(&names)).await.unwrap().succeeded);
 
+    // The topics are on the (fake) brokers, so loading checks them and finds them.
+    let admin = Arc::new(FakeTopicAdmin::new());
+    for name in &names {
+        admin.create_out_of_band(name, 1);
+    }
+
     // Intact, the pool loads and hands out its topics.
-    let pool =
-        KafkaTopicManager::from_config(&config, kv.clone(), Arc::new(FakeAdmin::new())).unwrap();
+    let pool = KafkaTopicManager::from_config(&config, kv.clone(), admin.clone()).unwrap();
     pool.load_ready().await.unwrap();
     assert!(pool.is_ready());
 
@@ -35,8 +39,7 @@ async fn a_garbage_topic_name_value_keeps_the_pool_unready_naming_the_key() {
     })
     .await
     .unwrap();
-    let pool =
-        KafkaTopicManager::from_config(&config, kv.clone(), Arc::new(FakeAdmin::new())).unwrap();
+    let pool = KafkaTopicManager::from_config(&config, kv.clone(), admin.clone()).unwrap();
     let err = pool.load_ready().await.unwrap_err();
     assert!(
         matches!(err, remote_wal::Error::InvalidTopicNameKey { .. }),

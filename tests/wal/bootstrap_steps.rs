@@ -1,8 +1,6 @@
 //! Each step of the topic bootstrap procedure against a mocked topic admin (mockall) and kv store, plus whole runs
 //! against the fake admin: which topics are created, what is persisted, and how errors surface.
 
-mod wal_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,11 +18,11 @@ use remote_wal::wal::kafka::bootstrap::{
     BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure, bootstrap_procedure_id,
     pool_lock_key,
 };
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::topic_key::{
     TopicNameValue, get_topic_value, list_persisted_topics, topic_name_key,
 };
 use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
-use wal_support::FakeAdmin;
 
 mock! {
     pub Admin {}
@@ -318,7 +316,7 @@ async fn topics_never_visible_fail_at_the_deadline_naming_them_and_the_endpoints
 #[tokio::test]
 async fn a_persisted_topic_missing_from_the_cluster_is_recreated_and_reported() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let mut spec = spec("lost", 3);
     spec.ready_poll.deadline = Duration::from_secs(3600); // not waited for
     let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
@@ -435,7 +433,7 @@ async fn persist_names_rerun_after_commit_writes_nothing_and_keeps_pruned_ids() 
 #[tokio::test]
 async fn a_whole_run_creates_and_persists_the_pool_byte_for_byte() {
     let kv = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let mut p = TopicBootstrapProcedure::new(spec("wal", 8), kv.clone(), admin.clone()).unwrap();
     run_to_done(&mut p).await.unwrap();
     assert_eq!(admin.partitions(), listed(&names("wal", 0..8), 1));
@@ -464,7 +462,7 @@ async fn a_whole_run_creates_and_persists_the_pool_byte_for_byte() {
 #[tokio::test]
 async fn growing_64_to_96_creates_only_the_32_new_topics() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let mut p = TopicBootstrapProcedure::new(spec("g", 64), kv.clone(), admin.clone()).unwrap();
     run_to_done(&mut p).await.unwrap();
     assert_eq!(admin.total_create_calls(), 64);
@@ -486,7 +484,7 @@ async fn growing_64_to_96_creates_only_the_32_new_topics() {
 #[tokio::test]
 async fn shrinking_creates_nothing_and_deletes_nothing() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let mut p = TopicBootstrapProcedure::new(spec("s", 16), kv.clone(), admin.clone()).unwrap();
     run_to_done(&mut p).await.unwrap();
 
@@ -505,7 +503,7 @@ async fn shrinking_creates_nothing_and_deletes_nothing() {
 #[tokio::test]
 async fn a_topic_made_out_of_band_with_other_partitions_fails_the_run_naming_it() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     admin.create_out_of_band("o_2", 3);
     let mut p = TopicBootstrapProcedure::new(spec("o", 4), kv.clone(), admin.clone()).unwrap();
     let err = run_to_done(&mut p).await.unwrap_err().to_string();
@@ -521,7 +519,7 @@ async fn a_topic_made_out_of_band_with_other_partitions_fails_the_run_naming_it(
 #[tokio::test]
 async fn state_round_trips_through_the_loader() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin: TopicAdminRef = Arc::new(FakeAdmin::new());
+    let admin: TopicAdminRef = Arc::new(FakeTopicAdmin::new());
     let p = at_step(
         BootstrapStep::PersistNames,
         spec("r", 3),
@@ -571,7 +569,7 @@ impl std::io::Write for InfoLogs {
 #[tokio::test]
 async fn topics_that_already_exist_are_success_and_logged_at_debug_only() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     for t in names("again", 0..8) {
         admin.create_out_of_band(&t, 1);
     }

@@ -1,8 +1,6 @@
 //! `WalOptionsAllocator` end to end on a procedure manager: readiness, allocation order, one bootstrap per pool,
 //! growth after a finished bootstrap, and a new attempt after a failed one.
 
-mod wal_support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,12 +11,12 @@ use procedures::{
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::bootstrap::bootstrap_procedure_id;
 use remote_wal::wal::kafka::testing::FAKE_ENDPOINT;
+use remote_wal::wal::kafka::testing::{FakeFault, FakeTopicAdmin};
 use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::kafka::{
     KafkaTopicManager, ReadyPoll, RoundRobinTopicSelector, TopicPoolSpec,
 };
 use remote_wal::wal::{WalOptions, WalOptionsAllocator};
-use wal_support::{FakeAdmin, FakeFault};
 
 fn spec(prefix: &str, n: usize) -> TopicPoolSpec {
     let mut spec = TopicPoolSpec::new(prefix, n);
@@ -31,7 +29,11 @@ fn spec(prefix: &str, n: usize) -> TopicPoolSpec {
     spec
 }
 
-fn kafka(spec: TopicPoolSpec, kv: &KvBackendRef, admin: &Arc<FakeAdmin>) -> WalOptionsAllocator {
+fn kafka(
+    spec: TopicPoolSpec,
+    kv: &KvBackendRef,
+    admin: &Arc<FakeTopicAdmin>,
+) -> WalOptionsAllocator {
     WalOptionsAllocator::Kafka(
         KafkaTopicManager::new(
             spec,
@@ -76,7 +78,7 @@ async fn raft_engine_is_ready_at_once() {
 #[tokio::test]
 async fn kafka_allocation_before_start_is_an_error_not_a_fallback() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let allocator = kafka(spec("early", 4), &kv, &admin);
     assert!(!allocator.is_ready());
     for err in [
@@ -94,7 +96,7 @@ async fn kafka_allocation_before_start_is_an_error_not_a_fallback() {
 #[tokio::test]
 async fn start_bootstraps_the_pool_then_allocates_round_robin() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let allocator = kafka(spec("rr", 3), &kv, &admin);
     let manager = manager(&allocator).await;
     allocator.start(&manager).await.unwrap();
@@ -117,7 +119,7 @@ async fn start_bootstraps_the_pool_then_allocates_round_robin() {
 #[tokio::test]
 async fn starting_twice_is_one_procedure() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let allocator = kafka(spec("twice", 5), &kv, &admin);
     let manager = manager(&allocator).await;
     let (a, b) = tokio::join!(allocator.start(&manager), allocator.start(&manager));
@@ -138,7 +140,7 @@ async fn starting_twice_is_one_procedure() {
 #[tokio::test]
 async fn a_grown_pool_runs_a_new_bootstrap_after_the_finished_one() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let small = kafka(spec("grow", 4), &kv, &admin);
     let manager = manager(&small).await;
     small.start(&manager).await.unwrap();
@@ -157,7 +159,7 @@ async fn a_grown_pool_runs_a_new_bootstrap_after_the_finished_one() {
 #[tokio::test]
 async fn a_failed_bootstrap_is_reported_and_a_later_start_runs_a_new_one() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     admin.create_out_of_band("bad_1", 3);
     let allocator = kafka(spec("bad", 3), &kv, &admin);
     let manager = manager(&allocator).await;
@@ -185,7 +187,7 @@ async fn a_failed_bootstrap_is_reported_and_a_later_start_runs_a_new_one() {
 async fn a_changed_partition_count_fails_the_start_whether_or_not_the_finished_bootstrap_is_retained()
  {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let one = kafka(spec("parts", 3), &kv, &admin);
     let first_manager = manager(&one).await;
     one.start(&first_manager).await.unwrap();
@@ -256,7 +258,7 @@ impl Logs {
 #[tokio::test]
 async fn a_shrunk_pool_warns_about_the_topics_beyond_it_even_when_no_bootstrap_runs() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let big = kafka(spec("shrink", 6), &kv, &admin);
     let manager = manager(&big).await;
     big.start(&manager).await.unwrap();
@@ -288,7 +290,7 @@ async fn a_shrunk_pool_warns_about_the_topics_beyond_it_even_when_no_bootstrap_r
 async fn brokers_stopped_after_connecting_fail_the_start_naming_the_endpoints() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     // Brokers stopped after the admin connected: rskafka retries every call until its deadline, which is final.
-    let admin = Arc::new(FakeAdmin::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
     admin.fail_all(Some(FakeFault::DeadlineExhausted));
     let allocator = WalOptionsAllocator::Kafka(
         KafkaTopicManager::new(

@@ -2,7 +2,7 @@
 //! Each test runs its own Kafka or etcd instance (started through `scripts/services.sh`), so stopping it never
 //! disturbs other tests.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

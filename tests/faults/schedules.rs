@@ -20,8 +20,6 @@
 //!
 //! Both WAL modes run. `PROPTEST_CASES` sets the case count (default 64).
 
-mod support_faults;
-
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -50,10 +48,10 @@ use remote_wal::ddl::{
 use remote_wal::kv::{
     KvBackend, KvBackendRef, KvStateStore, MemoryKvBackend, RangeRequest, range_all,
 };
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::topic_key::{get_topic_value, list_persisted_topics};
 use remote_wal::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
 use remote_wal::wal::{WAL_OPTIONS_KEY, WalOptions, WalOptionsAllocator};
-use support_faults::FakeAdmin;
 
 const PREFIX: &str = "sched_wal";
 const DATANODES: [u64; 3] = [1, 2, 3];
@@ -317,7 +315,7 @@ struct World {
     /// The procedure state, in the same kv backend as the metadata (as a metasrv keeps it).
     state: Arc<KvStateStore>,
     kv: Arc<MemoryKvBackend>,
-    admin: Arc<FakeAdmin>,
+    admin: Arc<FakeTopicAdmin>,
     datanodes: Arc<MemoryDatanodeManager>,
     /// The configured pool size (0: no pool configured yet).
     pool_size: usize,
@@ -344,7 +342,7 @@ impl World {
             mode,
             state: Arc::new(KvStateStore::new(kv.clone())),
             kv,
-            admin: Arc::new(FakeAdmin::new()),
+            admin: Arc::new(FakeTopicAdmin::new()),
             datanodes: Arc::new(MemoryDatanodeManager::new()),
             pool_size: 0,
         }

@@ -5,8 +5,6 @@
 //! else is persisted. Procedure records and topic names share one metadata store (`KvStateStore` over
 //! `MemoryKvBackend`).
 
-mod wal_support;
-
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::sync::Arc;
@@ -19,8 +17,8 @@ use procedures::testing::{
 use procedures::{ProcedureManager, ProcedureWithId, StateStore};
 use remote_wal::kv::{KvStateStore, MemoryKvBackend};
 use remote_wal::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
-use wal_support::FakeAdmin;
 
 struct BootstrapScenario {
     spec: TopicPoolSpec,
@@ -43,7 +41,7 @@ impl BootstrapScenario {
 struct Env {
     store: Arc<dyn StateStore>,
     kv: Arc<MemoryKvBackend>,
-    admin: Arc<FakeAdmin>,
+    admin: Arc<FakeTopicAdmin>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -70,7 +68,7 @@ impl CrashScenario for BootstrapScenario {
         Env {
             store: Arc::new(KvStateStore::new(kv.clone())),
             kv,
-            admin: Arc::new(FakeAdmin::new()),
+            admin: Arc::new(FakeTopicAdmin::new()),
         }
     }
 

@@ -1,0 +1,13 @@
+//! Create-table tests: the procedure, its crash matrix, metadata compatibility with GreptimeDB, reliability,
+//! fencing, format-1 upgrade fixtures and what datanodes open.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod crash_matrix;
+mod create_table;
+mod datanode_open;
+mod fencing;
+mod metadata_compat;
+mod reliability;
+mod upgrade_format1;

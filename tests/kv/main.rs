@@ -1,0 +1,12 @@
+//! Kv backend tests: the conformance suite on memory, redb and etcd; redb (file lock, damaged files); etcd;
+//! `KvStateStore` on the engine's suite and crash matrix.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod conformance;
+mod crash_matrix;
+mod etcd;
+mod redb;
+mod redb_damage;
+mod state_store;
