@@ -1,13 +1,11 @@
 //! Behaviour of `LocalManager` on the in-memory store: results, duplicates, locks, children, retry, rollback,
 //! timeout, admission, recovery, unrecoverable records, fencing, retention.
 
-mod manager_support;
-
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use manager_support::{Env, Plan, TYPE, fast_config, within};
+use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
 use procedures::record::{EPOCH_KEY, record_key};
 use procedures::{
     Error, LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,

@@ -1,12 +1,10 @@
 //! The exact writes `LocalManager` makes, checked against a mocked `StateStore`.
 
-mod manager_support;
-
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use manager_support::{Env, Plan, TYPE, fast_config, within};
+use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
 use procedures::record::{EPOCH_KEY, RECORD_PREFIX};
 use procedures::{
     Condition, Error, LocalManager, ManagerConfig, ProcedureId, ProcedureManager, ProcedureRecord,

@@ -1,11 +1,9 @@
 //! The harness can fail: a procedure whose step is not idempotent is reported.
 
-mod crash_common;
-
 use std::sync::Arc;
 
+use crate::support::crash::{World, WorldScenario, loader, run_matrix};
 use async_trait::async_trait;
-use crash_common::{World, WorldScenario, loader, run_matrix};
 use procedures::testing::CrashPoint;
 use procedures::{
     Context, Error, LockKey, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Result,

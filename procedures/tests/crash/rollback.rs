@@ -1,11 +1,9 @@
 //! Crash matrix of a procedure that fails for good at its fourth step and rolls back its three effects.
 
-mod crash_common;
-
 use std::sync::Arc;
 
+use crate::support::crash::{Thing, World, WorldScenario, loader, run_matrix};
 use async_trait::async_trait;
-use crash_common::{Thing, World, WorldScenario, loader, run_matrix};
 use procedures::{
     Context, Error, LockKey, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Result,
     Status,

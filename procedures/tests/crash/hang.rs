@@ -1,12 +1,10 @@
 //! The harness never hangs: a procedure that stops making progress after a crash is reported as a mismatch.
 
-mod crash_common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::crash::{World, WorldScenario, loader};
 use async_trait::async_trait;
-use crash_common::{World, WorldScenario, loader};
 use procedures::testing::{CrashPoint, MatrixConfig, run_crash_matrix};
 use procedures::{
     Context, Error, LockKey, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Result,

@@ -1,11 +1,9 @@
 //! Crash matrix of a parent procedure that suspends on three children with deterministic ids.
 
-mod crash_common;
-
 use std::sync::Arc;
 
+use crate::support::crash::{World, WorldScenario, loader, run_matrix};
 use async_trait::async_trait;
-use crash_common::{World, WorldScenario, loader, run_matrix};
 use procedures::{
     Context, Error, LockKey, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Result,
     Status,
