@@ -5,104 +5,20 @@
 
 use crate::support;
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use remote_wal::config::{MetadataBackend, MetadataStoreConfig, MetasrvConfig, ProcedureConfig};
 use remote_wal::ddl::MemoryDatanodeManager;
-use remote_wal::error::{KafkaTimeoutSnafu, Result};
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::metasrv::Metasrv;
-use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
+use remote_wal::wal::kafka::admin::{TopicAdmin, TopicAdminRef};
+use remote_wal::wal::kafka::testing::{FAKE_ENDPOINT, FakeFault, FakeTopicAdmin};
 use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
 use remote_wal::wal::{KafkaConfig, WalConfig};
 use tokio::sync::Notify;
-
-/// A broker in memory that can be taken down, and can stop answering create requests after a number of them (the
-/// bootstrap then hangs there, as a process killed at that point would have stopped).
-#[derive(Debug, Default)]
-struct FakeAdmin {
-    topics: Mutex<BTreeMap<String, usize>>,
-    down: AtomicBool,
-    /// Create requests answered before the rest hang forever (`None`: all answered).
-    hang_after: Mutex<Option<usize>>,
-    answered: Mutex<usize>,
-    hung: Notify,
-}
-
-impl FakeAdmin {
-    fn topics(&self) -> BTreeMap<String, usize> {
-        self.topics.lock().unwrap().clone()
-    }
-
-    fn delete_out_of_band(&self, topic: &str) {
-        assert!(
-            self.topics.lock().unwrap().remove(topic).is_some(),
-            "{topic} existed"
-        );
-    }
-
-    fn unreachable(&self, operation: &str) -> remote_wal::Error {
-        KafkaTimeoutSnafu {
-            endpoints: self.endpoints(),
-            operation,
-            timeout: Duration::from_millis(1),
-            retryable: true,
-        }
-        .build()
-    }
-}
-
-#[async_trait]
-impl TopicAdmin for FakeAdmin {
-    fn endpoints(&self) -> Vec<String> {
-        vec!["fake:9092".to_string()]
-    }
-
-    async fn list_topics(&self) -> Result<BTreeMap<String, usize>> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(self.unreachable("list topics"));
-        }
-        Ok(self.topics())
-    }
-
-    async fn create_topic(
-        &self,
-        name: &str,
-        num_partitions: i32,
-        _replication_factor: i16,
-    ) -> Result<CreateTopicOutcome> {
-        if self.down.load(Ordering::SeqCst) {
-            return Err(self.unreachable("create topic"));
-        }
-        let hang = {
-            let limit = *self.hang_after.lock().unwrap();
-            let mut answered = self.answered.lock().unwrap();
-            match limit {
-                Some(limit) if *answered >= limit => true,
-                Some(_) => {
-                    *answered += 1;
-                    false
-                }
-                None => false,
-            }
-        };
-        if hang {
-            self.hung.notify_one();
-            std::future::pending::<()>().await;
-        }
-        let mut topics = self.topics.lock().unwrap();
-        if topics.contains_key(name) {
-            return Ok(CreateTopicOutcome::AlreadyExisted);
-        }
-        topics.insert(name.to_string(), num_partitions as usize);
-        Ok(CreateTopicOutcome::Created)
-    }
-}
 
 fn kafka_config(prefix: &str, num_topics: usize) -> MetasrvConfig {
     MetasrvConfig {
@@ -125,7 +41,7 @@ fn kafka_config(prefix: &str, num_topics: usize) -> MetasrvConfig {
 }
 
 /// A metasrv (as one walctl process would build it) over `kv` and `admin`.
-fn metasrv(config: MetasrvConfig, kv: &KvBackendRef, admin: &Arc<FakeAdmin>) -> Metasrv {
+fn metasrv(config: MetasrvConfig, kv: &KvBackendRef, admin: &Arc<FakeTopicAdmin>) -> Metasrv {
     let admin: TopicAdminRef = admin.clone();
     Metasrv::with_parts(
         config,
@@ -145,7 +61,7 @@ async fn persisted(kv: &KvBackendRef, prefix: &str) -> Vec<String> {
 #[tokio::test]
 async fn a_pool_topic_deleted_out_of_band_is_recreated_by_the_next_bootstrap_and_reported() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::default());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let first = metasrv(kafka_config("gone", 3), &kv, &admin);
     let report = first.bootstrap(|_| {}).await.unwrap();
     assert_eq!(report.recreated_topics, 0);
@@ -169,22 +85,27 @@ async fn a_pool_topic_deleted_out_of_band_is_recreated_by_the_next_bootstrap_and
 #[tokio::test]
 async fn bootstrap_with_the_brokers_unreachable_does_not_claim_success() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::default());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let first = metasrv(kafka_config("frozen", 2), &kv, &admin);
     first.bootstrap(|_| {}).await.unwrap();
     first.stop().await.unwrap();
 
-    admin.down.store(true, Ordering::SeqCst);
+    // The brokers are gone for the whole of rskafka's backoff.
+    admin.fail_all(Some(FakeFault::DeadlineExhausted));
     let second = metasrv(kafka_config("frozen", 2), &kv, &admin);
     let err = second
         .bootstrap(|_| {})
         .await
         .expect_err("the brokers were not asked, or their silence was taken for success");
-    assert!(err.to_string().contains("fake:9092"), "{err}");
+    assert!(err.to_string().contains(FAKE_ENDPOINT), "{err}");
     second.stop().await.unwrap();
 }
 
-fn manager(spec: TopicPoolSpec, kv: &KvBackendRef, admin: &Arc<FakeAdmin>) -> KafkaTopicManager {
+fn manager(
+    spec: TopicPoolSpec,
+    kv: &KvBackendRef,
+    admin: &Arc<FakeTopicAdmin>,
+) -> KafkaTopicManager {
     KafkaTopicManager::new(
         spec,
         kv.clone(),
@@ -197,7 +118,7 @@ fn manager(spec: TopicPoolSpec, kv: &KvBackendRef, admin: &Arc<FakeAdmin>) -> Ka
 #[tokio::test]
 async fn the_allocator_never_hands_out_a_topic_it_has_not_seen_on_the_brokers_since_loading() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::default());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let spec = TopicPoolSpec::new("seen", 3);
     let first = metasrv(kafka_config("seen", 3), &kv, &admin);
     first.bootstrap(|_| {}).await.unwrap();
@@ -243,26 +164,39 @@ async fn killed_bootstrap(
     config: MetasrvConfig,
     created: usize,
     kv: &KvBackendRef,
-    admin: &Arc<FakeAdmin>,
+    admin: &Arc<FakeTopicAdmin>,
 ) -> tokio::task::JoinHandle<()> {
-    *admin.answered.lock().unwrap() = 0;
-    *admin.hang_after.lock().unwrap() = Some(created);
-    let hung = admin.hung.notified();
+    // Create calls past the first `created` never return (the fake runs the hook before applying a call).
+    let calls = Arc::new(AtomicUsize::new(0));
+    let hung = Arc::new(Notify::new());
+    {
+        let (calls, hung) = (calls.clone(), hung.clone());
+        admin.on_create(Arc::new(move |_| {
+            let call = calls.fetch_add(1, Ordering::SeqCst);
+            let hung = hung.clone();
+            Box::pin(async move {
+                if call >= created {
+                    hung.notify_one();
+                    std::future::pending::<()>().await;
+                }
+            })
+        }));
+    }
     let killed = metasrv(config, kv, admin);
     let task = tokio::spawn(async move {
         let _ = killed.bootstrap(|_| {}).await;
         unreachable!("the bootstrap hangs in its create request");
     });
-    hung.await;
+    hung.notified().await;
     task.abort();
-    *admin.hang_after.lock().unwrap() = None;
+    admin.on_create(Arc::new(|_| Box::pin(async {})));
     task
 }
 
 #[tokio::test]
 async fn a_recovered_300_topic_bootstrap_rerun_with_100_creates_and_persists_100() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::default());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let _killed = killed_bootstrap(kafka_config("shrunk", 300), 10, &kv, &admin).await;
     assert_eq!(admin.topics().len(), 10);
 
@@ -286,7 +220,7 @@ async fn a_recovered_300_topic_bootstrap_rerun_with_100_creates_and_persists_100
 #[tokio::test]
 async fn a_recovered_bootstrap_of_another_prefix_is_abandoned_naming_both() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let admin = Arc::new(FakeAdmin::default());
+    let admin = Arc::new(FakeTopicAdmin::new());
     let _killed = killed_bootstrap(kafka_config("oldpool", 20), 3, &kv, &admin).await;
 
     let rerun = metasrv(kafka_config("newpool", 4), &kv, &admin);
