@@ -1,18 +1,15 @@
 //! `alloc_batch(100_000)` on a ready pool of 64 topics: the cost of handing WAL options to the regions of a large
 //! create-table batch.
 
-#[path = "../tests/wal_support/mod.rs"]
-mod wal_support;
-
 use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use remote_wal::kv::{KvBackend, MemoryKvBackend, PutRequest};
 use remote_wal::wal::WalOptionsAllocator;
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 use remote_wal::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
-use wal_support::FakeAdmin;
 
 fn ready_allocator(rt: &tokio::runtime::Runtime) -> WalOptionsAllocator {
     rt.block_on(async {
@@ -30,7 +27,7 @@ fn ready_allocator(rt: &tokio::runtime::Runtime) -> WalOptionsAllocator {
         let manager = KafkaTopicManager::new(
             spec,
             kv,
-            Arc::new(FakeAdmin::new()),
+            Arc::new(FakeTopicAdmin::new()),
             Arc::new(RoundRobinTopicSelector::new()),
         )
         .expect("valid spec");

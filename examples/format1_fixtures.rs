@@ -4,9 +4,6 @@
 //! Run once per format (`cargo run --example format1_fixtures -- tests/fixtures/format1`) and commit the files as
 //! data: `tests/upgrade_format1.rs` recovers each of them to completion with the code of every later release.
 
-#[path = "../tests/wal_support/mod.rs"]
-mod wal_support;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -19,10 +16,10 @@ use remote_wal::kv::{
     MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
 };
 use remote_wal::metasrv::Metasrv;
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::{KafkaConfig, WalConfig};
 use remote_wal::{Result, ddl::TableName};
 use serde_json::{Value, json};
-use wal_support::FakeAdmin;
 
 /// The pool every fixture uses.
 const PREFIX: &str = "format1_pool";
@@ -137,7 +134,7 @@ async fn main() {
     let metasrv = Metasrv::with_parts(
         config,
         kv.clone() as KvBackendRef,
-        Some(Arc::new(FakeAdmin::new())),
+        Some(Arc::new(FakeTopicAdmin::new())),
         Arc::new(MemoryDatanodeManager::new()),
     )
     .expect("build the metasrv");

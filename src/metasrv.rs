@@ -805,37 +805,11 @@ mod tests {
     use super::*;
     use crate::config::MetadataStoreConfig;
     use crate::kv::MemoryKvBackend;
+    use crate::wal::kafka::testing::FakeTopicAdmin;
 
-    /// A broker in memory: creating a topic takes a few milliseconds, so progress can be observed.
-    #[derive(Debug, Default)]
-    struct FakeBroker {
-        topics: Mutex<BTreeMap<String, usize>>,
-    }
-
-    #[async_trait]
-    impl TopicAdmin for FakeBroker {
-        fn endpoints(&self) -> Vec<String> {
-            vec!["fake:9092".to_string()]
-        }
-
-        async fn list_topics(&self) -> Result<BTreeMap<String, usize>> {
-            Ok(self.topics.lock().unwrap().clone())
-        }
-
-        async fn create_topic(
-            &self,
-            name: &str,
-            num_partitions: i32,
-            _replication_factor: i16,
-        ) -> Result<CreateTopicOutcome> {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            let mut topics = self.topics.lock().unwrap();
-            if topics.contains_key(name) {
-                return Ok(CreateTopicOutcome::AlreadyExisted);
-            }
-            topics.insert(name.to_string(), num_partitions as usize);
-            Ok(CreateTopicOutcome::Created)
-        }
+    /// The shared in-memory Kafka cluster.
+    fn fake_broker() -> Arc<FakeTopicAdmin> {
+        Arc::new(FakeTopicAdmin::new())
     }
 
     fn memory_config(wal: WalConfig, datanodes: Vec<u64>) -> MetasrvConfig {
@@ -850,8 +824,8 @@ mod tests {
         }
     }
 
-    fn kafka_metasrv(num_topics: usize) -> (Metasrv, Arc<FakeBroker>) {
-        let broker = Arc::new(FakeBroker::default());
+    fn kafka_metasrv(num_topics: usize) -> (Metasrv, Arc<FakeTopicAdmin>) {
+        let broker = fake_broker();
         let kafka = KafkaConfig {
             num_topics,
             topic_name_prefix: "fake_pool".to_string(),
@@ -871,18 +845,47 @@ mod tests {
     #[tokio::test]
     async fn bootstrap_reports_progress_until_every_topic_is_on_the_broker_and_persisted() {
         let (metasrv, broker) = kafka_metasrv(60);
-        let seen = Mutex::new(Vec::new());
-        let report = metasrv
-            .bootstrap(|p| seen.lock().unwrap().push(p))
-            .await
-            .unwrap();
+        let seen = Arc::new(Mutex::new(Vec::<BootstrapProgress>::new()));
+        // The 31st create waits until a progress report shows the pool part-way (some topics on the broker, not
+        // all): progress must be reported while topics are still being created, not only at the end.
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        {
+            let (seen, calls) = (seen.clone(), calls.clone());
+            broker.on_create(Arc::new(move |_| {
+                let call = calls.fetch_add(1, Ordering::SeqCst);
+                let seen = seen.clone();
+                Box::pin(async move {
+                    if call != 30 {
+                        return;
+                    }
+                    let part_way = |seen: &Mutex<Vec<BootstrapProgress>>| {
+                        seen.lock()
+                            .unwrap()
+                            .iter()
+                            .any(|p| p.on_broker > 0 && p.on_broker < 60)
+                    };
+                    while !part_way(&seen) {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+            }));
+        }
+        let report = tokio::time::timeout(
+            Duration::from_secs(60),
+            metasrv.bootstrap(|p| seen.lock().unwrap().push(p)),
+        )
+        .await
+        .expect("no progress report showed the pool part-way while its topics were being created")
+        .unwrap();
         assert_eq!(report.provider, "kafka");
         assert_eq!(report.num_topics, 60);
         assert!(report.ready);
-        assert_eq!(broker.topics.lock().unwrap().len(), 60);
-        let seen = seen.into_inner().unwrap();
-        // 60 creations of 5 ms one at a time take longer than one 200 ms progress interval.
-        assert!(seen.len() >= 2, "{seen:?}");
+        assert_eq!(broker.partitions().len(), 60);
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            seen.iter().any(|p| p.on_broker > 0 && p.on_broker < 60),
+            "{seen:?}"
+        );
         assert!(
             seen.iter()
                 .all(|p| p.wanted == 60 && p.on_broker <= 60 && p.persisted <= 60)
@@ -969,7 +972,7 @@ mod tests {
     #[tokio::test]
     async fn topics_sorts_by_pool_index_also_beyond_the_configured_pool() {
         let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-        let broker = Arc::new(FakeBroker::default());
+        let broker = fake_broker();
         let metasrv_with = |num_topics: usize| {
             let kafka = KafkaConfig {
                 num_topics,

@@ -1,11 +1,19 @@
-//! Shared by the integration tests that need real services: reading the endpoints the test command exported, and
-//! starting/stopping dedicated, named Kafka and etcd instances through `scripts/services.sh` (for tests that take a
-//! service down, so they never disturb the shared ones).
+//! The one support module of the root test targets (`tests/kv`, `tests/wal`, `tests/ddl`, `tests/faults`); each
+//! target includes it with `#[path = "../support/mod.rs"] mod support;`.
+//!
+//! Here: reading the endpoints the test command exported, starting/stopping dedicated, named Kafka and etcd
+//! instances through `scripts/services.sh` (for tests that take a service down, so they never disturb the shared
+//! ones), and a snapshot of a kv backend's whole contents. [`ddl`] holds the ddl tests' helpers. The fake Kafka
+//! topic admin is the library's own `remote_wal::wal::kafka::testing::FakeTopicAdmin`.
 #![allow(dead_code)]
+
+pub mod ddl;
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use remote_wal::kv::{KvBackend, RangeRequest, range_all};
 
 /// The endpoints in `var`, or a failure that says what is missing (tests that need a service never pass without it).
 pub fn require_endpoints(var: &str, what: &str) -> Vec<String> {
@@ -118,4 +126,14 @@ impl Drop for Service {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
+}
+
+/// Every pair of a kv backend, as (key, value) in key order.
+pub async fn kv_snapshot(kv: &dyn KvBackend) -> Vec<(Vec<u8>, Vec<u8>)> {
+    range_all(kv, RangeRequest::prefix(Vec::<u8>::new()), 0)
+        .await
+        .expect("read the whole kv backend")
+        .into_iter()
+        .map(|kv| (kv.key, kv.value))
+        .collect()
 }

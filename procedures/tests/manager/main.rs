@@ -1,0 +1,9 @@
+//! The procedure manager: behaviour on the memory store, epochs (fencing of an older manager), and the manager against
+//! mocked stores and procedures.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod behaviour;
+mod epoch;
+mod mock;

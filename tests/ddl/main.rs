@@ -1,0 +1,15 @@
+//! Create-table tests: the procedure, its crash matrix, metadata compatibility with GreptimeDB, reliability,
+//! fencing, format-1 upgrade fixtures and what datanodes open.
+// The library's `Error` is large; whether to box it is decided in the library, not in each test closure.
+#![allow(clippy::result_large_err)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod crash_matrix;
+mod create_table;
+mod datanode_open;
+mod fencing;
+mod metadata_compat;
+mod reliability;
+mod upgrade_format1;

@@ -1,0 +1,204 @@
+//! The topic bootstrap procedure under the crash matrix: a crash before and after every durable write and at every
+//! side-effect point (after each single topic creation, after the names are persisted), then recovery — and, in
+//! the full matrix, a second crash during the recovery. Every case must end like the uncrashed run: each wanted
+//! topic exists exactly once in the (fake) cluster, nothing else exists, every name is persisted once, nothing
+//! else is persisted. Procedure records and topic names share one metadata store (`KvStateStore` over
+//! `MemoryKvBackend`).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use procedures::testing::{
+    CrashScenario, MatrixConfig, MatrixReport, StoreDigest, run_crash_matrix, store_digest,
+};
+use procedures::{ProcedureManager, ProcedureWithId, StateStore};
+use remote_wal::kv::{KvStateStore, MemoryKvBackend};
+use remote_wal::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
+use remote_wal::wal::kafka::testing::FakeTopicAdmin;
+use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
+
+struct BootstrapScenario {
+    spec: TopicPoolSpec,
+}
+
+impl BootstrapScenario {
+    fn new(num_topics: usize) -> Self {
+        let mut spec = TopicPoolSpec::new("wal_crash", num_topics);
+        spec.max_concurrent_creates = 3;
+        spec.ready_poll = ReadyPoll {
+            init: Duration::from_millis(1),
+            max: Duration::from_millis(5),
+            factor: 2.0,
+            deadline: Duration::from_secs(5),
+        };
+        BootstrapScenario { spec }
+    }
+}
+
+struct Env {
+    store: Arc<dyn StateStore>,
+    kv: Arc<MemoryKvBackend>,
+    admin: Arc<FakeTopicAdmin>,
+}
+
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    /// The procedure records (without timestamps).
+    store: StoreDigest,
+    /// The cluster's topics → partitions.
+    topics: BTreeMap<String, usize>,
+    /// Topic → how many times it was created. Kafka cannot create a name twice; the fake enforces the same.
+    created: BTreeMap<String, usize>,
+    /// Every topic name key of the metadata store with its value, as text.
+    kv: Vec<(String, String)>,
+}
+
+#[async_trait]
+impl CrashScenario for BootstrapScenario {
+    type Env = Env;
+    type Outcome = Outcome;
+
+    async fn new_env(&self) -> Env {
+        // One metadata store holds both the procedure records (under `__procedure__/`) and the topic names, as in a
+        // metasrv.
+        let kv = Arc::new(MemoryKvBackend::new());
+        Env {
+            store: Arc::new(KvStateStore::new(kv.clone())),
+            kv,
+            admin: Arc::new(FakeTopicAdmin::new()),
+        }
+    }
+
+    fn state_store(&self, env: &Env) -> Arc<dyn StateStore> {
+        env.store.clone()
+    }
+
+    fn register_loaders(
+        &self,
+        env: &Env,
+        manager: &dyn ProcedureManager,
+    ) -> procedures::Result<()> {
+        manager.register_loader(
+            TopicBootstrapProcedure::TYPE_NAME,
+            TopicBootstrapProcedure::loader(env.kv.clone(), env.admin.clone()),
+        )
+    }
+
+    fn procedures(&self, env: &Env) -> Vec<ProcedureWithId> {
+        let procedure =
+            TopicBootstrapProcedure::new(self.spec.clone(), env.kv.clone(), env.admin.clone())
+                .expect("valid spec");
+        vec![ProcedureWithId::new(
+            bootstrap_procedure_id(&self.spec.topic_name_prefix, 0),
+            Box::new(procedure),
+        )]
+    }
+
+    async fn outcome(&self, env: &Env) -> Outcome {
+        Outcome {
+            store: store_digest(env.store.as_ref()).await.expect("digest"),
+            topics: env.admin.partitions(),
+            created: env.admin.created_counts(),
+            kv: env
+                .kv
+                .dump()
+                .into_iter()
+                .filter(|kv| kv.key.starts_with(b"__topic_name/"))
+                .map(|kv| {
+                    (
+                        String::from_utf8_lossy(&kv.key).into_owned(),
+                        String::from_utf8_lossy(&kv.value).into_owned(),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What every case must end with, checked on the golden run's world (each case is compared with it).
+async fn assert_golden_world(scenario: &BootstrapScenario) {
+    let env = scenario.new_env().await;
+    let manager = procedures::LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    scenario.register_loaders(&env, &manager).unwrap();
+    manager.start().await.unwrap();
+    for p in scenario.procedures(&env) {
+        manager.submit(p).await.unwrap().wait().await.unwrap();
+    }
+    manager.stop().await.unwrap();
+    let stray: Vec<_> = env
+        .kv
+        .dump()
+        .into_iter()
+        .filter(|kv| {
+            !kv.key.starts_with(b"__topic_name/") && !kv.key.starts_with(b"__procedure__/")
+        })
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "nothing but names and records is written: {stray:?}"
+    );
+    let outcome = scenario.outcome(&env).await;
+    let wanted = scenario.spec.topic_names();
+    assert_eq!(
+        outcome.topics,
+        wanted
+            .iter()
+            .map(|t| (t.clone(), 1))
+            .collect::<BTreeMap<_, _>>()
+    );
+    assert_eq!(
+        outcome.created,
+        wanted
+            .iter()
+            .map(|t| (t.clone(), 1))
+            .collect::<BTreeMap<_, _>>()
+    );
+    let mut persisted: Vec<(String, String)> = wanted
+        .iter()
+        .map(|t| {
+            (
+                format!("__topic_name/kafka/{t}"),
+                r#"{"pruned_entry_id":0}"#.to_string(),
+            )
+        })
+        .collect();
+    persisted.sort();
+    assert_eq!(outcome.kv, persisted);
+}
+
+fn print(name: &str, report: &MatrixReport) {
+    let _ = writeln!(std::io::stderr(), "crash matrix '{name}': {report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_of_an_8_topic_bootstrap_ends_with_each_topic_once_and_all_persisted() {
+    let scenario = BootstrapScenario::new(8);
+    assert_golden_world(&scenario).await;
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print("bootstrap 8 topics, two crash levels", &report);
+    report.assert_no_mismatch();
+    // 8 creations + the persist are side-effect points; every one was crashed at.
+    assert_eq!(report.side_effect_points, 9);
+    assert!(report.double_crash_cases > 0);
+    assert_eq!(report.unreached_crash_points, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_first_crash_point_of_a_64_topic_bootstrap_ends_with_each_topic_once_and_all_persisted()
+ {
+    let scenario = BootstrapScenario::new(64);
+    assert_golden_world(&scenario).await;
+    let config = MatrixConfig {
+        second_crash: false,
+        ..MatrixConfig::default()
+    };
+    let report = run_crash_matrix(&scenario, config).await;
+    print("bootstrap 64 topics, first crash only", &report);
+    report.assert_no_mismatch();
+    assert_eq!(report.side_effect_points, 65);
+    assert_eq!(report.single_crash_cases, 2 * report.transitions + 65);
+    assert_eq!(report.unreached_crash_points, 0);
+}

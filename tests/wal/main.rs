@@ -1,0 +1,18 @@
+//! WAL tests: the Kafka topic admin, the pool bootstrap (steps, crashes, etcd, Kafka), the allocator, the pool
+//! check, topic-name values, config errors and the bad-input catalogue of `docs/errors.md`.
+// The library's `Error` is large; whether to box it is decided in the library, not in each test closure.
+#![allow(clippy::result_large_err)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod allocator;
+mod bad_input;
+mod bootstrap_crash;
+mod bootstrap_etcd;
+mod bootstrap_kafka;
+mod bootstrap_steps;
+mod config_errors;
+mod kafka_admin;
+mod pool_check;
+mod topic_name_values;

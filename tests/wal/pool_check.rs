@@ -1,0 +1,296 @@
+//! The topic pool checks the brokers: bootstrap recreates a persisted topic deleted out of band and reports it,
+//! the allocator never hands out a topic it has not seen on the brokers since it loaded the pool, bootstrap with
+//! the brokers unreachable does not claim success, and a bootstrap recovered with another spec than the configured
+//! one is superseded (or, for another prefix, abandoned) instead of creating the old pool.
+
+use crate::support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use remote_wal::config::{MetadataBackend, MetadataStoreConfig, MetasrvConfig, ProcedureConfig};
+use remote_wal::ddl::MemoryDatanodeManager;
+use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
+use remote_wal::metasrv::Metasrv;
+use remote_wal::wal::kafka::admin::{TopicAdmin, TopicAdminRef};
+use remote_wal::wal::kafka::testing::{FAKE_ENDPOINT, FakeFault, FakeTopicAdmin};
+use remote_wal::wal::kafka::topic_key::list_persisted_topics;
+use remote_wal::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
+use remote_wal::wal::{KafkaConfig, WalConfig};
+use tokio::sync::Notify;
+
+fn kafka_config(prefix: &str, num_topics: usize) -> MetasrvConfig {
+    MetasrvConfig {
+        metadata_store: MetadataStoreConfig {
+            backend: MetadataBackend::Memory,
+            ..Default::default()
+        },
+        wal: WalConfig::Kafka(KafkaConfig {
+            num_topics,
+            topic_name_prefix: prefix.to_string(),
+            max_concurrent_creates: 1,
+            ..Default::default()
+        }),
+        datanodes: remote_wal::config::DatanodesConfig { ids: vec![1] },
+        procedure: ProcedureConfig {
+            max_retries: 0,
+            ..Default::default()
+        },
+    }
+}
+
+/// A metasrv (as one walctl process would build it) over `kv` and `admin`.
+fn metasrv(config: MetasrvConfig, kv: &KvBackendRef, admin: &Arc<FakeTopicAdmin>) -> Metasrv {
+    let admin: TopicAdminRef = admin.clone();
+    Metasrv::with_parts(
+        config,
+        kv.clone(),
+        Some(admin),
+        Arc::new(MemoryDatanodeManager::new()),
+    )
+    .unwrap()
+}
+
+async fn persisted(kv: &KvBackendRef, prefix: &str) -> Vec<String> {
+    list_persisted_topics(kv.as_ref(), &format!("{prefix}_"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_pool_topic_deleted_out_of_band_is_recreated_by_the_next_bootstrap_and_reported() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let first = metasrv(kafka_config("gone", 3), &kv, &admin);
+    let report = first.bootstrap(|_| {}).await.unwrap();
+    assert_eq!(report.recreated_topics, 0);
+    first.stop().await.unwrap();
+
+    admin.delete_out_of_band("gone_1");
+    let second = metasrv(kafka_config("gone", 3), &kv, &admin);
+    let report = second.bootstrap(|_| {}).await.unwrap();
+    assert!(report.ready);
+    assert_eq!(report.recreated_topics, 1, "{report:?}");
+    assert!(admin.topics().contains_key("gone_1"), "recreated");
+    assert_eq!(persisted(&kv, "gone").await, ["gone_0", "gone_1", "gone_2"]);
+    second.stop().await.unwrap();
+
+    // A run with nothing missing recreates nothing.
+    let third = metasrv(kafka_config("gone", 3), &kv, &admin);
+    assert_eq!(third.bootstrap(|_| {}).await.unwrap().recreated_topics, 0);
+    third.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn bootstrap_with_the_brokers_unreachable_does_not_claim_success() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let first = metasrv(kafka_config("frozen", 2), &kv, &admin);
+    first.bootstrap(|_| {}).await.unwrap();
+    first.stop().await.unwrap();
+
+    // The brokers are gone for the whole of rskafka's backoff.
+    admin.fail_all(Some(FakeFault::DeadlineExhausted));
+    let second = metasrv(kafka_config("frozen", 2), &kv, &admin);
+    let err = second
+        .bootstrap(|_| {})
+        .await
+        .expect_err("the brokers were not asked, or their silence was taken for success");
+    assert!(err.to_string().contains(FAKE_ENDPOINT), "{err}");
+    second.stop().await.unwrap();
+}
+
+fn manager(
+    spec: TopicPoolSpec,
+    kv: &KvBackendRef,
+    admin: &Arc<FakeTopicAdmin>,
+) -> KafkaTopicManager {
+    KafkaTopicManager::new(
+        spec,
+        kv.clone(),
+        admin.clone(),
+        Arc::new(RoundRobinTopicSelector::new()),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_allocator_never_hands_out_a_topic_it_has_not_seen_on_the_brokers_since_loading() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let spec = TopicPoolSpec::new("seen", 3);
+    let first = metasrv(kafka_config("seen", 3), &kv, &admin);
+    first.bootstrap(|_| {}).await.unwrap();
+    first.stop().await.unwrap();
+
+    admin.delete_out_of_band("seen_2");
+    let pool = manager(spec.clone(), &kv, &admin);
+    let err = pool
+        .load_ready()
+        .await
+        .expect_err("seen_2 is persisted but not on the brokers");
+    assert!(err.to_string().contains("seen_2"), "{err}");
+    for err in [pool.alloc().unwrap_err(), pool.alloc_batch(3).unwrap_err()] {
+        let text = err.to_string();
+        assert!(
+            text.contains("seen_2") && text.contains("not ready"),
+            "{text}"
+        );
+    }
+
+    // Once the brokers show it again, the next load makes the pool ready.
+    admin.create_topic("seen_2", 1, 1).await.unwrap();
+    pool.load_ready().await.unwrap();
+    let mut handed: Vec<String> = pool
+        .alloc_batch(3)
+        .unwrap()
+        .into_iter()
+        .map(|o| o.encode())
+        .collect();
+    handed.sort();
+    assert!(handed[2].contains("seen_2"), "{handed:?}");
+
+    // A load that finds a topic gone makes the pool not ready again.
+    admin.delete_out_of_band("seen_0");
+    let err = pool.load_ready().await.unwrap_err();
+    assert!(err.to_string().contains("seen_0"), "{err}");
+    assert!(pool.alloc().unwrap_err().to_string().contains("seen_0"));
+}
+
+/// Starts a bootstrap of `num_topics` topics that stops answering after `created` creations, as if its process had
+/// been killed there, and returns once it hangs (its procedure record is at CreateMissing with that spec).
+async fn killed_bootstrap(
+    config: MetasrvConfig,
+    created: usize,
+    kv: &KvBackendRef,
+    admin: &Arc<FakeTopicAdmin>,
+) -> tokio::task::JoinHandle<()> {
+    // Create calls past the first `created` never return (the fake runs the hook before applying a call).
+    let calls = Arc::new(AtomicUsize::new(0));
+    let hung = Arc::new(Notify::new());
+    {
+        let (calls, hung) = (calls.clone(), hung.clone());
+        admin.on_create(Arc::new(move |_| {
+            let call = calls.fetch_add(1, Ordering::SeqCst);
+            let hung = hung.clone();
+            Box::pin(async move {
+                if call >= created {
+                    hung.notify_one();
+                    std::future::pending::<()>().await;
+                }
+            })
+        }));
+    }
+    let killed = metasrv(config, kv, admin);
+    let task = tokio::spawn(async move {
+        let _ = killed.bootstrap(|_| {}).await;
+        unreachable!("the bootstrap hangs in its create request");
+    });
+    hung.notified().await;
+    task.abort();
+    admin.on_create(Arc::new(|_| Box::pin(async {})));
+    task
+}
+
+#[tokio::test]
+async fn a_recovered_300_topic_bootstrap_rerun_with_100_creates_and_persists_100() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let _killed = killed_bootstrap(kafka_config("shrunk", 300), 10, &kv, &admin).await;
+    assert_eq!(admin.topics().len(), 10);
+
+    let rerun = metasrv(kafka_config("shrunk", 100), &kv, &admin);
+    let report = rerun.bootstrap(|_| {}).await.unwrap();
+    assert_eq!(report.num_topics, 100);
+    assert!(report.ready);
+    let on_broker: Vec<String> = admin.topics().into_keys().collect();
+    let wanted: std::collections::BTreeSet<String> =
+        (0..100).map(|i| format!("shrunk_{i}")).collect();
+    assert_eq!(
+        on_broker.len(),
+        100,
+        "the recovered bootstrap's 300 must not be created"
+    );
+    assert!(on_broker.iter().all(|t| wanted.contains(t)));
+    assert_eq!(persisted(&kv, "shrunk").await.len(), 100);
+    rerun.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_recovered_bootstrap_of_another_prefix_is_abandoned_naming_both() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let _killed = killed_bootstrap(kafka_config("oldpool", 20), 3, &kv, &admin).await;
+
+    let rerun = metasrv(kafka_config("newpool", 4), &kv, &admin);
+    let report = rerun.bootstrap(|_| {}).await.unwrap();
+    assert!(report.ready);
+    let recovered = rerun.finish_recovered().await.unwrap();
+    let old = recovered
+        .iter()
+        .find(|p| p.id.to_string().contains("oldpool"))
+        .expect("the old pool's bootstrap was recovered");
+    let text = old.error.clone().unwrap_or_default();
+    assert!(
+        text.contains("'oldpool'") && text.contains("'newpool'"),
+        "{text}"
+    );
+    let old_topics = admin
+        .topics()
+        .into_keys()
+        .filter(|t| t.starts_with("oldpool_"))
+        .count();
+    assert_eq!(old_topics, 3, "nothing more created for the old pool");
+    assert!(persisted(&kv, "oldpool").await.is_empty());
+    assert_eq!(persisted(&kv, "newpool").await.len(), 4);
+    rerun.stop().await.unwrap();
+}
+
+/// Against the shared broker: a pool topic deleted with Kafka's DeleteTopics is back after the next bootstrap.
+#[tokio::test]
+async fn a_topic_deleted_on_a_real_broker_is_recreated_by_the_next_bootstrap() {
+    let endpoints = support::require_endpoints("KAFKA_ENDPOINTS", "a running Kafka broker");
+    let prefix = support::unique("recreate");
+    let mut config = kafka_config(&prefix, 2);
+    if let WalConfig::Kafka(kafka) = &mut config.wal {
+        kafka.broker_endpoints = endpoints.clone();
+    }
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let datanodes = || Arc::new(MemoryDatanodeManager::new());
+
+    let first = Metasrv::with_parts(config.clone(), kv.clone(), None, datanodes()).unwrap();
+    first.bootstrap(|_| {}).await.unwrap();
+    first.stop().await.unwrap();
+
+    let victim = format!("{prefix}_1");
+    let client = rskafka::client::ClientBuilder::new(endpoints)
+        .build()
+        .await
+        .unwrap();
+    client
+        .controller_client()
+        .unwrap()
+        .delete_topic(victim.clone(), 30_000)
+        .await
+        .unwrap();
+    // Deletion is asynchronous on the broker: wait until its metadata no longer lists the topic.
+    loop {
+        let listed = client.list_topics().await.unwrap();
+        if !listed.iter().any(|t| t.name == victim) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let second = Metasrv::with_parts(config, kv.clone(), None, datanodes()).unwrap();
+    let report = second.bootstrap(|_| {}).await.unwrap();
+    assert!(report.ready);
+    assert_eq!(report.recreated_topics, 1, "{report:?}");
+    let listed = client.list_topics().await.unwrap();
+    assert!(
+        listed.iter().any(|t| t.name == victim),
+        "{victim} exists again"
+    );
+    second.stop().await.unwrap();
+}
