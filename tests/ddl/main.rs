@@ -1,7 +1,5 @@
 //! Create-table tests: the procedure, its crash matrix, metadata compatibility with GreptimeDB, reliability,
 //! fencing, format-1 upgrade fixtures and what datanodes open.
-// The library's `Error` is large; whether to box it is decided in the library, not in each test closure.
-#![allow(clippy::result_large_err)]
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -1,7 +1,5 @@
 //! Kv backend tests: the conformance suite on memory, redb and etcd; redb (file lock, damaged files); etcd;
 //! `KvStateStore` on the engine's suite and crash matrix.
-// The library's `Error` is large; whether to box it is decided in the library, not in each test closure.
-#![allow(clippy::result_large_err)]
 
 #[path = "../support/mod.rs"]
 mod support;

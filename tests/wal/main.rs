@@ -1,7 +1,5 @@
 //! WAL tests: the Kafka topic admin, the pool bootstrap (steps, crashes, etcd, Kafka), the allocator, the pool
 //! check, topic-name values, config errors and the bad-input catalogue of `docs/errors.md`.
-// The library's `Error` is large; whether to box it is decided in the library, not in each test closure.
-#![allow(clippy::result_large_err)]
 
 #[path = "../support/mod.rs"]
 mod support;
