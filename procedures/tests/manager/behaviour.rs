@@ -1,5 +1,11 @@
 //! Behaviour of `LocalManager` on the in-memory store: results, duplicates, locks, children, retry, rollback,
 //! timeout, admission, recovery, unrecoverable records, fencing, retention.
+//!
+//! Tests marked `start_paused = true` run on tokio's paused clock, and depend on it: time advances only when every
+//! task is idle, jumping to the next timer. Backoffs, timeouts, lock hold times (`hold_ms`) and retention periods
+//! therefore elapse at once and in a fixed order, so orderings such as "a finished before b started" are
+//! deterministic rather than a race with the machine's load. Without the paused clock these tests would be slow and
+//! their orderings could flake.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
