@@ -586,19 +586,26 @@ impl Metasrv {
             .await
     }
 
-    /// Every known procedure (running, and finished ones still retained), sorted by id.
+    /// Every known procedure (running, and finished ones still retained), sorted by id. When the procedure manager
+    /// is not started this only reads the state store (no epoch claimed, nothing resumed, nothing written):
+    /// unfinished procedures show the state their record holds.
     pub async fn list_procedures(&self) -> Result<Vec<ProcedureInfo>> {
-        self.ensure_started("list procedures")?;
-        Ok(self.procedures.list_procedures().await?)
+        if self.started.load(Ordering::SeqCst) {
+            return Ok(self.procedures.list_procedures().await?);
+        }
+        Ok(procedures::snapshot::read_procedures(self.state_store.as_ref()).await?)
     }
 
-    /// One procedure; an error naming the id when it is unknown.
+    /// One procedure; an error naming the id when it is unknown. Read-only when the manager is not started, like
+    /// [`Metasrv::list_procedures`].
     pub async fn procedure(&self, id: &str) -> Result<ProcedureInfo> {
-        self.ensure_started("show procedure")?;
-        self.procedures
-            .procedure_state(&ProcedureId::new(id))
-            .await?
-            .ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
+        let wanted = ProcedureId::new(id);
+        let found = if self.started.load(Ordering::SeqCst) {
+            self.procedures.procedure_state(&wanted).await?
+        } else {
+            procedures::snapshot::read_procedure(self.state_store.as_ref(), &wanted).await?
+        };
+        found.ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
     }
 
     /// Deletes procedure `id`'s record from the state store: for a record that cannot be recovered (damaged), or a
