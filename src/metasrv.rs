@@ -586,26 +586,34 @@ impl Metasrv {
             .await
     }
 
-    /// Every known procedure (running, and finished ones still retained), sorted by id. When the procedure manager
-    /// is not started this only reads the state store (no epoch claimed, nothing resumed, nothing written):
-    /// unfinished procedures show the state their record holds.
+    /// Every known procedure (running, and finished ones still retained), sorted by id.
     pub async fn list_procedures(&self) -> Result<Vec<ProcedureInfo>> {
-        if self.started.load(Ordering::SeqCst) {
-            return Ok(self.procedures.list_procedures().await?);
-        }
+        self.ensure_started("list procedures")?;
+        Ok(self.procedures.list_procedures().await?)
+    }
+
+    /// One procedure; an error naming the id when it is unknown.
+    pub async fn procedure(&self, id: &str) -> Result<ProcedureInfo> {
+        self.ensure_started("show procedure")?;
+        self.procedures
+            .procedure_state(&ProcedureId::new(id))
+            .await?
+            .ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
+    }
+
+    /// Every procedure record in the state store, sorted by id, read without the procedure manager: no epoch
+    /// claimed, nothing resumed, nothing written. Unfinished procedures show the state their record holds; a record
+    /// that cannot be recovered shows as failed with the reason. Works whether or not the metasrv is started.
+    pub async fn stored_procedures(&self) -> Result<Vec<ProcedureInfo>> {
         Ok(procedures::snapshot::read_procedures(self.state_store.as_ref()).await?)
     }
 
-    /// One procedure; an error naming the id when it is unknown. Read-only when the manager is not started, like
-    /// [`Metasrv::list_procedures`].
-    pub async fn procedure(&self, id: &str) -> Result<ProcedureInfo> {
-        let wanted = ProcedureId::new(id);
-        let found = if self.started.load(Ordering::SeqCst) {
-            self.procedures.procedure_state(&wanted).await?
-        } else {
-            procedures::snapshot::read_procedure(self.state_store.as_ref(), &wanted).await?
-        };
-        found.ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
+    /// One procedure's record, read like [`Metasrv::stored_procedures`]; an error naming the id when no record has
+    /// it.
+    pub async fn stored_procedure(&self, id: &str) -> Result<ProcedureInfo> {
+        procedures::snapshot::read_procedure(self.state_store.as_ref(), &ProcedureId::new(id))
+            .await?
+            .ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
     }
 
     /// Deletes procedure `id`'s record from the state store: for a record that cannot be recovered (damaged), or a

@@ -143,12 +143,12 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             Ok(())
         }
         Command::Procedures(ProceduresCommand::List) => {
-            let list = metasrv.list_procedures().await?;
+            let list = metasrv.stored_procedures().await?;
             output::print_procedures(out, &list);
             Ok(())
         }
         Command::Procedures(ProceduresCommand::Show { id }) => {
-            let info = metasrv.procedure(id).await?;
+            let info = metasrv.stored_procedure(id).await?;
             output::print_procedure(out, &info);
             Ok(())
         }
