@@ -601,6 +601,21 @@ impl Metasrv {
             .ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
     }
 
+    /// Every procedure record in the state store, sorted by id, read without the procedure manager: no epoch
+    /// claimed, nothing resumed, nothing written. Unfinished procedures show the state their record holds; a record
+    /// that cannot be recovered shows as failed with the reason. Works whether or not the metasrv is started.
+    pub async fn stored_procedures(&self) -> Result<Vec<ProcedureInfo>> {
+        Ok(procedures::snapshot::read_procedures(self.state_store.as_ref()).await?)
+    }
+
+    /// One procedure's record, read like [`Metasrv::stored_procedures`]; an error naming the id when no record has
+    /// it.
+    pub async fn stored_procedure(&self, id: &str) -> Result<ProcedureInfo> {
+        procedures::snapshot::read_procedure(self.state_store.as_ref(), &ProcedureId::new(id))
+            .await?
+            .ok_or_else(|| ProcedureNotFoundSnafu { id }.build())
+    }
+
     /// Deletes procedure `id`'s record from the state store: for a record that cannot be recovered (damaged), or a
     /// finished or failed procedure one does not want to wait out the retention period for. Starts the procedure
     /// manager first if needed, so the store is claimed by this process. Refuses a procedure that is still running

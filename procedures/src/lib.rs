@@ -17,6 +17,7 @@ pub mod manager;
 pub mod memory_store;
 pub mod procedure;
 pub mod record;
+pub mod snapshot;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -1,8 +1,10 @@
 //! `walctl`: drive and inspect remote-wal's metadata machinery from the command line.
 //!
 //! A thin shell over [`remote_wal::metasrv::Metasrv`]: every command builds the metasrv from the config (or the
-//! embedded default), starts it — which resumes any procedure an earlier, killed run left unfinished — does its
-//! work, prints the result (text, or one JSON object per line with `--json`) and stops it. See `docs/walctl.md`.
+//! embedded default), does its work, prints the result (text, or one JSON object per line with `--json`) and stops
+//! it. Only commands that change something (`bootstrap`, `create-table`, `procedures purge`) start the procedure
+//! manager, which claims the store and resumes any procedure an earlier, killed run left unfinished; the read-only
+//! ones (`procedures list/show`, `topics`, `open-regions`) only read the store. See `docs/walctl.md`.
 
 mod cli;
 mod output;
@@ -134,22 +136,19 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             output::print_table(out, &table);
             Ok(())
         }
+        // Read-only commands only read the store: no epoch claimed, nothing resumed, nothing written.
         Command::OpenRegions { datanode } => {
-            metasrv.start_procedures().await?;
-            finish_recovered(metasrv).await?;
             let open = metasrv.open_regions(*datanode).await?;
             output::print_open_regions(out, *datanode, &open);
             Ok(())
         }
         Command::Procedures(ProceduresCommand::List) => {
-            metasrv.start_procedures().await?;
-            let list = metasrv.list_procedures().await?;
+            let list = metasrv.stored_procedures().await?;
             output::print_procedures(out, &list);
             Ok(())
         }
         Command::Procedures(ProceduresCommand::Show { id }) => {
-            metasrv.start_procedures().await?;
-            let info = metasrv.procedure(id).await?;
+            let info = metasrv.stored_procedure(id).await?;
             output::print_procedure(out, &info);
             Ok(())
         }
@@ -174,8 +173,6 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             Ok(())
         }
         Command::Topics => {
-            metasrv.start_procedures().await?;
-            finish_recovered(metasrv).await?;
             let topics = metasrv.topics().await?;
             output::print_topics(out, &topics);
             Ok(())

@@ -7,4 +7,5 @@ mod support;
 
 mod commands;
 mod purge;
+mod readonly;
 mod resume;

@@ -14,6 +14,7 @@ use remote_wal::config::MetasrvConfig;
 use remote_wal::ddl::{DatanodeManager, RegionCreateRequest, TableMetadataManager, TableName};
 use remote_wal::kv::{KvBackendRef, RedbKvBackend};
 use remote_wal::metasrv::Metasrv;
+use serde_json::Value;
 
 /// Datanodes that never answer a create-region request.
 #[derive(Debug)]
@@ -98,9 +99,21 @@ fn the_next_walctl_finishes_a_create_table_left_by_a_killed_run() {
     let id = runtime.block_on(killed_create_table(&redb));
     drop(runtime);
 
-    // The killed run left the procedure unfinished and no table metadata (both checked above). open-regions first
-    // lets the resumed procedure finish: the table's 4 regions are there.
+    // The killed run left the procedure unfinished and no table metadata (both checked above). Read-only commands
+    // resume nothing: the record stays unfinished and there are no regions to open yet.
+    let shown = env.json(None, &["procedures", "show", &id]);
+    assert_ne!(shown[0]["state"], "done", "{shown:?}");
     let opened = env.json(None, &["open-regions", "--datanode", "1"]);
+    assert!(opened.is_empty(), "{opened:?}");
+    // A command that changes something starts the manager, which lets the resumed procedure finish first: the
+    // table's 4 regions are there, next to the new table's one.
+    let other = env.json(None, &["create-table", "other", "--regions", "1"]);
+    let other_id = other[0]["table_id"].as_u64().expect("table id");
+    let opened: Vec<Value> = env
+        .json(None, &["open-regions", "--datanode", "1"])
+        .into_iter()
+        .filter(|r| r["region_id"].as_u64().map(|id| id >> 32) != Some(other_id))
+        .collect();
     assert_eq!(opened.len(), 4, "{opened:?}");
 
     let shown = env.json(None, &["procedures", "show", &id]);

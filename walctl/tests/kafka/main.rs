@@ -8,3 +8,4 @@ mod support;
 mod kill;
 mod logging;
 mod pool;
+mod readonly;
