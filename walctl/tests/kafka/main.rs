@@ -9,3 +9,4 @@ mod kill;
 mod logging;
 mod pool;
 mod readonly;
+mod recovery;
