@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::kv_keys;
 use async_trait::async_trait;
 use procedures::testing::{CrashPlan, CrashPoint, CrashingStore};
 use procedures::{
@@ -19,7 +20,7 @@ use remote_wal::ddl::{
     MemoryDatanodeManager, RaftEngineWalSource, RoundRobinPeerSelector, TableMetadataAllocator,
     TableMetadataManager, TableName, WalOptionsSource, WalOptionsSourceRef,
 };
-use remote_wal::kv::{KvBackendRef, KvStateStore, MemoryKvBackend, RangeRequest};
+use remote_wal::kv::{KvBackendRef, KvStateStore, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
 use tokio::sync::Semaphore;
 
@@ -97,16 +98,6 @@ fn manager(
     )
     .unwrap();
     m
-}
-
-async fn keys(kv: &KvBackendRef, prefix: &str) -> Vec<String> {
-    kv.range(RangeRequest::prefix(prefix))
-        .await
-        .unwrap()
-        .kvs
-        .into_iter()
-        .map(|kv| String::from_utf8(kv.key).unwrap())
-        .collect()
 }
 
 /// The stale manager `A`, submitted the create-table and held inside its Allocate step.
@@ -190,12 +181,20 @@ async fn check_end(kv: &KvBackendRef, id: &ProcedureId, stale: &Stale, label: &s
     let info = c.procedure_state(id).await.unwrap().expect("the record");
     assert_eq!(info.state, ProcedureState::Done, "{label}: {info:?}");
     assert_eq!(
-        keys(kv, "__table_allocation/").await,
+        kv_keys(kv.as_ref(), "__table_allocation/").await,
         Vec::<String>::new(),
         "{label}: a reservation outlived its procedure"
     );
-    assert_eq!(keys(kv, "__table_name/").await.len(), 1, "{label}");
-    assert_eq!(keys(kv, "__table_info/").await.len(), 1, "{label}");
+    assert_eq!(
+        kv_keys(kv.as_ref(), "__table_name/").await.len(),
+        1,
+        "{label}"
+    );
+    assert_eq!(
+        kv_keys(kv.as_ref(), "__table_info/").await.len(),
+        1,
+        "{label}"
+    );
     assert_eq!(
         stale.datanodes.calls(),
         0,
@@ -223,7 +222,10 @@ async fn a_stale_allocate_after_another_manager_finished_the_table_writes_nothin
     assert!(output.is_some());
 
     release(&mut stale).await;
-    assert_eq!(keys(&kv, "__table_allocation/").await, Vec::<String>::new());
+    assert_eq!(
+        kv_keys(kv.as_ref(), "__table_allocation/").await,
+        Vec::<String>::new()
+    );
     b.stop().await.unwrap();
     check_end(&kv, &id, &stale, "finished by the second manager").await;
 }

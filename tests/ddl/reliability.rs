@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
+use crate::support::kv_keys;
 use remote_wal::config::{DatanodesConfig, MetadataBackend, MetadataStoreConfig, MetasrvConfig};
 use remote_wal::ddl::allocator::MIN_USER_TABLE_ID;
 use remote_wal::ddl::{MemoryDatanodeManager, TableName};
-use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest, RangeRequest};
+use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest};
 use remote_wal::metasrv::Metasrv;
 use remote_wal::wal::WalConfig;
 
@@ -32,16 +33,6 @@ async fn metasrv(kv: &KvBackendRef) -> (Metasrv, Arc<MemoryDatanodeManager>) {
 
 fn name(table: &str) -> TableName {
     TableName::new("greptime", "public", table)
-}
-
-async fn keys(kv: &KvBackendRef, prefix: &str) -> Vec<String> {
-    kv.range(RangeRequest::prefix(prefix))
-        .await
-        .unwrap()
-        .kvs
-        .into_iter()
-        .map(|kv| String::from_utf8(kv.key).unwrap())
-        .collect()
 }
 
 async fn set_sequence(kv: &KvBackendRef, value: &str) {
@@ -77,9 +68,12 @@ async fn a_table_id_in_use_is_refused_naming_the_table_info_key_before_any_regio
     assert!(!err.contains("__table_name/"), "{err}");
     // Refused at Allocate: no region of b was created, its reservation is gone, a is untouched.
     assert_eq!(datanodes.calls(), 0);
-    assert_eq!(keys(&kv, "__table_allocation/").await, Vec::<String>::new());
     assert_eq!(
-        keys(&kv, "__table_name/").await,
+        kv_keys(kv.as_ref(), "__table_allocation/").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        kv_keys(kv.as_ref(), "__table_name/").await,
         vec!["__table_name/greptime/public/a"]
     );
     second.stop().await.unwrap();
@@ -99,7 +93,7 @@ async fn a_sequence_below_the_first_user_id_starts_at_it() {
 async fn a_region_count_out_of_range_is_refused_before_anything_is_written() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let (m, datanodes) = metasrv(&kv).await;
-    let before = keys(&kv, "").await;
+    let before = kv_keys(kv.as_ref(), "").await;
     for n in [0, 1025] {
         let err = m
             .create_table(name("regions"), n, false)
@@ -110,7 +104,7 @@ async fn a_region_count_out_of_range_is_refused_before_anything_is_written() {
         assert!(err.contains("greptime.public.regions"), "{n}: {err}");
     }
     // No procedure record, no reservation, no sequence, no region.
-    assert_eq!(keys(&kv, "").await, before);
+    assert_eq!(kv_keys(kv.as_ref(), "").await, before);
     assert!(m.list_procedures().await.unwrap().is_empty());
     assert_eq!(datanodes.calls(), 0);
     m.stop().await.unwrap();

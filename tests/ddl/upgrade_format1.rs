@@ -9,10 +9,11 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use crate::support::kv_keys;
 use procedures::ProcedureState;
 use remote_wal::config::{DatanodesConfig, MetadataBackend, MetadataStoreConfig, MetasrvConfig};
 use remote_wal::ddl::{MemoryDatanodeManager, TableMetadataManager, TableName};
-use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest, RangeRequest};
+use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest};
 use remote_wal::metasrv::{Metasrv, parse_table_name};
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::{KafkaConfig, WalConfig, WalOptions};
@@ -99,16 +100,6 @@ fn brokers(fixture: &Value) -> Arc<FakeTopicAdmin> {
     admin
 }
 
-async fn keys_with_prefix(kv: &KvBackendRef, prefix: &str) -> Vec<String> {
-    kv.range(RangeRequest::prefix(prefix))
-        .await
-        .unwrap()
-        .kvs
-        .into_iter()
-        .map(|kv| String::from_utf8(kv.key).unwrap())
-        .collect()
-}
-
 /// What the next `walctl topics` does (start the procedures, finish the recovered ones), then checks that every
 /// procedure finished done, the pool is complete, the fixture's table (for a create-table) exists with its
 /// regions on pool topics, no allocation reservation is left, and a new table can be created.
@@ -169,7 +160,7 @@ async fn recover_and_check(name: &str, fixture: &Value, kv: KvBackendRef) {
         );
     }
     assert_eq!(
-        keys_with_prefix(&kv, "__table_allocation/").await,
+        kv_keys(kv.as_ref(), "__table_allocation/").await,
         Vec::<String>::new(),
         "{name}: a reservation outlived its procedure"
     );

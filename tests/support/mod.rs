@@ -137,3 +137,13 @@ pub async fn kv_snapshot(kv: &dyn KvBackend) -> Vec<(Vec<u8>, Vec<u8>)> {
         .map(|kv| (kv.key, kv.value))
         .collect()
 }
+
+/// The keys under `prefix`, as text, in key order.
+pub async fn kv_keys(kv: &dyn KvBackend, prefix: &str) -> Vec<String> {
+    range_all(kv, RangeRequest::prefix(prefix), 0)
+        .await
+        .expect("range the kv backend")
+        .into_iter()
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+        .collect()
+}

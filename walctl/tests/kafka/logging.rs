@@ -1,44 +1,16 @@
 //! What walctl prints on stderr around Kafka: one line for a failed bootstrap, no rskafka line for a resumed one,
 //! and "still waiting" lines naming the endpoint while it waits on a dead broker.
 
-use std::path::PathBuf;
-
 use crate::support::{
-    Env, WAITING, endpoints, toml_list, unique, wanted_topics, without_waiting_lines,
+    Env, WAITING, kafka_redb_config, unique, wanted_topics, without_waiting_lines,
 };
-
-/// A redb + Kafka config in `env` (file `name`, metadata `name.redb`) for a pool of `num_topics` topics.
-fn config(env: &Env, name: &str, prefix: &str, num_topics: usize, extra_wal: &str) -> PathBuf {
-    let brokers = endpoints("KAFKA_ENDPOINTS");
-    env.write(
-        &format!("{name}.toml"),
-        &format!(
-            r#"
-[metadata_store]
-backend = "redb"
-path = "walctl-data/{name}.redb"
-
-[wal]
-provider = "kafka"
-broker_endpoints = {brokers}
-num_topics = {num_topics}
-topic_name_prefix = "{prefix}"
-{extra_wal}
-
-[wal.backoff]
-deadline = "60s"
-"#,
-            brokers = toml_list(&brokers),
-        ),
-    )
-}
 
 #[test]
 fn a_failing_bootstrap_prints_exactly_one_line() {
     let env = Env::new();
     let prefix = unique("walctl_rf");
     // The shared test cluster has one broker: replication factor 3 cannot be met.
-    let config = config(&env, "rf3", &prefix, 2, "replication_factor = 3");
+    let config = kafka_redb_config(&env, "rf3", &prefix, 2, "replication_factor = 3");
     let out = env
         .walctl_with(&config)
         .arg("bootstrap")
@@ -60,11 +32,11 @@ fn a_failing_bootstrap_prints_exactly_one_line() {
 fn a_resumed_bootstrap_of_an_existing_pool_prints_no_rskafka_line() {
     let env = Env::new();
     let prefix = unique("walctl_exists");
-    let first = config(&env, "first", &prefix, 6, "");
+    let first = kafka_redb_config(&env, "first", &prefix, 6, "");
     env.json(Some(&first), &["bootstrap"]);
     // A second metadata store with the same pool: every topic already exists on the broker, which rskafka reports
     // as TopicAlreadyExists for each create.
-    let second = config(&env, "second", &prefix, 6, "");
+    let second = kafka_redb_config(&env, "second", &prefix, 6, "");
     let out = env
         .walctl_with(&second)
         .args(["--json", "bootstrap"])

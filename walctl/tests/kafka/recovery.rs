@@ -6,37 +6,9 @@
 
 use std::path::PathBuf;
 
-use crate::support::{Env, endpoints, toml_list, unique};
+use crate::support::{Env, kafka_redb_config, unique};
 use remote_wal::kv::{KvBackend, PutRequest, RedbKvBackend};
 use serde_json::{Value, json};
-
-/// A config with metadata in `metadata.redb` of `env` and a pool of `num_topics` topics on the shared broker.
-fn kafka_redb_config(env: &Env, prefix: &str, num_topics: usize) -> PathBuf {
-    let kafka = endpoints("KAFKA_ENDPOINTS");
-    env.write(
-        "kafka-redb.toml",
-        &format!(
-            r#"
-[metadata_store]
-path = "metadata.redb"
-
-[wal]
-provider = "kafka"
-broker_endpoints = {kafka}
-num_topics = {num_topics}
-topic_name_prefix = "{prefix}"
-create_topic_timeout = "30s"
-
-[wal.backoff]
-deadline = "60s"
-
-[datanodes]
-ids = [1, 2]
-"#,
-            kafka = toml_list(&kafka),
-        ),
-    )
-}
 
 /// The record a create-table left when it was killed right after persisting its first step, as the issue describes.
 fn planted_record(id: &str, table: &str) -> Value {
@@ -75,7 +47,7 @@ fn procedure_state(env: &Env, config: &PathBuf, id: &str) -> String {
 fn a_create_table_killed_at_allocate_is_finished_by_the_next_writing_command() {
     let env = Env::new();
     let prefix = unique("walctl_f1");
-    let config = kafka_redb_config(&env, &prefix, 2);
+    let config = kafka_redb_config(&env, "f1", &prefix, 2, "");
     env.json(Some(&config), &["bootstrap"]);
 
     let id = "f1-planted-create-table";
@@ -87,7 +59,8 @@ fn a_create_table_killed_at_allocate_is_finished_by_the_next_writing_command() {
             .build()
             .expect("a runtime");
         runtime.block_on(async {
-            let kv = RedbKvBackend::open(env.dir.path().join("metadata.redb")).expect("open redb");
+            let kv =
+                RedbKvBackend::open(env.dir.path().join("walctl-data/f1.redb")).expect("open redb");
             kv.put(PutRequest {
                 key: format!("__procedure__/proc/{id}").into_bytes(),
                 value: planted.clone().into_bytes(),

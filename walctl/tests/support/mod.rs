@@ -204,3 +204,35 @@ pub fn pool_topics_on_broker(
 pub fn wanted_topics(prefix: &str, n: usize) -> std::collections::BTreeSet<String> {
     (0..n).map(|i| format!("{prefix}_{i}")).collect()
 }
+
+/// A redb + Kafka config in `env` (file `name.toml`, metadata `walctl-data/name.redb`) for a pool of `num_topics` topics.
+pub fn kafka_redb_config(
+    env: &Env,
+    name: &str,
+    prefix: &str,
+    num_topics: usize,
+    extra_wal: &str,
+) -> PathBuf {
+    let brokers = endpoints("KAFKA_ENDPOINTS");
+    env.write(
+        &format!("{name}.toml"),
+        &format!(
+            r#"
+[metadata_store]
+backend = "redb"
+path = "walctl-data/{name}.redb"
+
+[wal]
+provider = "kafka"
+broker_endpoints = {brokers}
+num_topics = {num_topics}
+topic_name_prefix = "{prefix}"
+{extra_wal}
+
+[wal.backoff]
+deadline = "60s"
+"#,
+            brokers = toml_list(&brokers),
+        ),
+    )
+}
