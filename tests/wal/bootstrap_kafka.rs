@@ -245,7 +245,14 @@ async fn a_crash_after_20_of_64_creations_recovers_without_duplicates() {
         !first.is_ready(),
         "crashed start must not make the pool ready: {err}"
     );
-    let after_crash = admin.pool_topics(&prefix).await.len();
+    // The broker acknowledged 20 creations before the crash; a topic it just created can take a moment to show in
+    // its listing, so wait (bounded) until all of them do rather than race the broker's metadata.
+    let mut after_crash = admin.pool_topics(&prefix).await.len();
+    let listed_by = tokio::time::Instant::now() + Duration::from_secs(30);
+    while after_crash < 20 && tokio::time::Instant::now() < listed_by {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after_crash = admin.pool_topics(&prefix).await.len();
+    }
     assert!(
         (20..64).contains(&after_crash),
         "{after_crash} topics after the crash"

@@ -239,5 +239,7 @@ async fn bootstrap(metasrv: &Metasrv, out: &mut Output) -> Result<(), Failure> {
         None => metasrv.bootstrap(|_| {}).await,
     }?;
     output::print_bootstrap(out, &report);
-    Ok(())
+    // The bootstrap started the manager, which resumed what an earlier, killed run left unfinished: let those
+    // procedures finish too rather than stop them half-way when this process exits.
+    finish_recovered(metasrv).await
 }
