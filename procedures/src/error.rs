@@ -147,8 +147,8 @@ pub enum Error {
         type_name: String,
     },
 
-    /// A procedure's lock keys would wait for a holder that waits for the procedure itself (its ancestor holds
-    /// them, directly or through other procedures of the tree): it could never run.
+    /// A procedure's lock keys would wait for a holder that waits for the procedure itself (an ancestor holds
+    /// them, or through a chain of waiting procedures waits for them): it could never run. Not retryable.
     #[snafu(display(
         "procedure {procedure} cannot take lock key '{key}' held by {holder}: it would deadlock ({cycle})"
     ))]

@@ -17,9 +17,10 @@
 //! **Wake-ups.** Granting is done by whoever releases: a release (or a waiter leaving) walks the queues of the
 //! released keys only, in request order, grants every request that can now be granted, and wakes exactly those.
 //!
-//! **Deadlocks inside a tree.** A holder waits for its live descendants (a parent ends only after its children).
-//! A descendant's request that would wait for a holder which, through such waits, waits for the requester itself
-//! can never be granted; it is refused with [`Error::LockDeadlock`] naming the key and the procedures.
+//! **Deadlocks.** A holder waits for its live descendants (a parent ends only after its children). A descendant's
+//! request that would wait for a holder which, through such waits, waits for the requester itself can never be
+//! granted; it is refused with [`Error::LockDeadlock`] naming the key and the procedures. The search follows holders
+//! of every tree, so a cycle closed through another tree is refused as well as one inside the requester's own.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -430,7 +431,7 @@ impl LockTable {
         table
             .requests
             .iter()
-            .find(|(_, r)| &r.who.id == id)
+            .find(|(_, r)| &r.who.id == id && !r.keys.is_empty())
             .map(|(&n, r)| Self::show(&table, n, r))
     }
 
@@ -440,6 +441,7 @@ impl LockTable {
         let mut all: Vec<ProcedureLocks> = table
             .requests
             .iter()
+            .filter(|(_, r)| !r.keys.is_empty())
             .map(|(&n, r)| Self::show(&table, n, r))
             .collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
@@ -724,5 +726,28 @@ mod tests {
         );
         // Asking for a free key is fine.
         assert!(table.check(&d, &LockKey::exclusive("free")).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_cycle_through_another_tree_is_refused() {
+        let table = LockTable::new();
+        let _p = take(&table, &root("p"), &LockKey::exclusive("k")).await;
+        let _q = take(&table, &root("q"), &LockKey::exclusive("j")).await;
+        let c = queue(&table, child("p/c", &["p"]), LockKey::exclusive("j")).await;
+        let err = table
+            .check(&child("q/d", &["q"]), &LockKey::exclusive("k"))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("p/c waits for key 'j' held by q"),
+            "{err}"
+        );
+        // Without the waiting child of p there is no cycle: q/d would only wait for p to end.
+        c.abort();
+        let _ = c.await;
+        assert!(
+            table
+                .check(&child("q/d", &["q"]), &LockKey::exclusive("k"))
+                .is_ok()
+        );
     }
 }
