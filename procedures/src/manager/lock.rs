@@ -22,7 +22,7 @@
 //! granted; it is refused with [`Error::LockDeadlock`] naming the key and the procedures. The search follows holders
 //! of every tree, so a cycle closed through another tree is refused as well as one inside the requester's own.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -104,8 +104,19 @@ impl Request {
 /// The holders and the queue of one key, by request number.
 #[derive(Debug, Default)]
 struct KeyState {
-    holders: Vec<u64>,
+    /// In request order; a set, so that a release does not walk thousands of shared holders.
+    holders: BTreeSet<u64>,
+    /// How many of `holders` hold the key exclusively: a shared request skips the holders when none does (a key
+    /// that every create-table holds shared may have thousands of holders).
+    exclusive_holders: usize,
     queue: VecDeque<u64>,
+}
+
+impl KeyState {
+    /// Whether a request in mode `exclusive` needs to look at the holders at all.
+    fn holders_may_conflict(&self, exclusive: bool) -> bool {
+        exclusive || self.exclusive_holders > 0
+    }
 }
 
 /// How the cycle search reached a holder: from which holder through which of its waiting descendants (`None`: it
@@ -130,10 +141,14 @@ impl Table {
             let Some(state) = self.keys.get(key) else {
                 continue;
             };
-            let holding = state
-                .holders
-                .iter()
-                .find(|&&h| self.conflicting(req, *exclusive, h, key));
+            let holding = if state.holders_may_conflict(*exclusive) {
+                state
+                    .holders
+                    .iter()
+                    .find(|&&h| self.conflicting(req, *exclusive, h, key))
+            } else {
+                None
+            };
             if let Some(&h) = holding {
                 return Some((key.clone(), *exclusive, h, true));
             }
@@ -163,7 +178,9 @@ impl Table {
     fn blocking_holders(&self, req: &Request) -> Vec<(u64, String)> {
         let mut out = Vec::new();
         for (key, exclusive) in &req.keys {
-            if let Some(state) = self.keys.get(key) {
+            if let Some(state) = self.keys.get(key)
+                && state.holders_may_conflict(*exclusive)
+            {
                 for &h in &state.holders {
                     if self.conflicting(req, *exclusive, h, key) {
                         out.push((h, key.clone()));
@@ -275,11 +292,14 @@ impl Table {
             return;
         };
         req.granted = true;
-        let keys: Vec<String> = req.keys.iter().map(|(k, _)| k.clone()).collect();
-        for key in keys {
+        let keys: Vec<(String, bool)> = req.keys.clone();
+        for (key, exclusive) in keys {
             let state = self.keys.entry(key).or_default();
             state.queue.retain(|&w| w != n);
-            state.holders.push(n);
+            state.holders.insert(n);
+            if exclusive {
+                state.exclusive_holders += 1;
+            }
         }
     }
 
@@ -289,9 +309,12 @@ impl Table {
             return Vec::new();
         };
         let mut keys = Vec::with_capacity(req.keys.len());
-        for (key, _) in req.keys {
+        for (key, exclusive) in req.keys {
             if let Some(state) = self.keys.get_mut(&key) {
-                state.holders.retain(|&h| h != n);
+                if req.granted && exclusive {
+                    state.exclusive_holders = state.exclusive_holders.saturating_sub(1);
+                }
+                state.holders.remove(&n);
                 state.queue.retain(|&w| w != n);
                 if state.holders.is_empty() && state.queue.is_empty() {
                     self.keys.remove(&key);
