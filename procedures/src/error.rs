@@ -147,6 +147,22 @@ pub enum Error {
         type_name: String,
     },
 
+    /// A procedure's lock keys would wait for a holder that waits for the procedure itself (an ancestor holds
+    /// them, or through a chain of waiting procedures waits for them): it could never run. Not retryable.
+    #[snafu(display(
+        "procedure {procedure} cannot take lock key '{key}' held by {holder}: it would deadlock ({cycle})"
+    ))]
+    LockDeadlock {
+        /// The procedure refused.
+        procedure: ProcedureId,
+        /// The first key of the cycle it asked for.
+        key: String,
+        /// The procedure holding that key.
+        holder: ProcedureId,
+        /// Every wait of the cycle, from the holder back to the procedure.
+        cycle: String,
+    },
+
     /// The manager is not running (never started, stopped, or halted after being fenced or told to halt).
     #[snafu(display("procedure manager is not running: {reason}"))]
     ManagerNotRunning {

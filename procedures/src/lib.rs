@@ -25,7 +25,9 @@ pub mod watcher;
 
 pub use config::{ManagerConfig, RetryPolicy};
 pub use error::{BoxedError, Error, Result};
-pub use manager::{LocalManager, ProcedureManager, ProcedureManagerRef};
+pub use manager::{
+    HeldKey, LocalManager, LockWait, ProcedureLocks, ProcedureManager, ProcedureManagerRef,
+};
 pub use memory_store::MemoryStateStore;
 pub use procedure::{
     BoxedProcedure, BoxedProcedureLoader, Context, LockKey, Output, Procedure, ProcedureId,

@@ -69,6 +69,27 @@ impl LocalManager {
     }
 }
 
+impl LocalManager {
+    /// The lock keys `id` holds, or, while it waits for them, the key it waits for and a procedure in its way.
+    /// `None` when it neither holds nor waits for a key (not started yet, holding no key, or finished).
+    pub fn procedure_locks(&self, id: &ProcedureId) -> Option<ProcedureLocks> {
+        self.inner.locks.procedure_locks(id)
+    }
+
+    /// [`LocalManager::procedure_locks`] of every procedure that holds or waits for a key, sorted by id.
+    pub fn locks(&self) -> Vec<ProcedureLocks> {
+        self.inner.locks.all()
+    }
+
+    /// How many waiters for lock keys have been woken since the manager was made: a release wakes only the waiters
+    /// of the released keys that it lets in.
+    pub fn lock_wakeups(&self) -> u64 {
+        self.inner.locks.wakeups()
+    }
+}
+
+pub use lock::{HeldKey, LockWait, ProcedureLocks};
+
 mod local;
 mod lock;
 mod retention;

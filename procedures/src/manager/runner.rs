@@ -10,12 +10,30 @@ use tokio::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::manager::local::{Inner, NewProcedure, backoff};
+use crate::manager::lock::Requester;
 use crate::procedure::{BoxedProcedure, Context, Output, ProcedureId, ProcedureWithId, Status};
 use crate::record::{
     ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, now_ms, record_key,
 };
 use crate::store::{Condition, WriteOp, WriteOutcome};
 use crate::watcher::Watcher;
+
+/// `id` (whose record is `record`) with its ancestors, parent first: the record's parent, then each known
+/// entry's parent. The walk is bounded: a cycle of parent links in damaged records must not hang the runner.
+fn descendant_of(id: ProcedureId, inner: &Inner, record: &ProcedureRecord) -> Requester {
+    let mut ancestors: Vec<ProcedureId> = Vec::new();
+    let mut next = record.parent_id.clone();
+    while let Some(parent) = next.take() {
+        if ancestors.contains(&parent) || parent == id || ancestors.len() > 1024 {
+            break;
+        }
+        next = inner
+            .with_entry(&parent, |e| e.info.parent_id.clone())
+            .flatten();
+        ancestors.push(parent);
+    }
+    Requester { id, ancestors }
+}
 
 /// Where a runner picks a procedure up.
 #[derive(Debug)]
@@ -59,6 +77,31 @@ impl Runner {
         &self.record.id
     }
 
+    /// The procedure and its ancestors (parent first) for the lock table, from the parent links this manager knows.
+    fn requester(&self) -> Requester {
+        let mut who = descendant_of(self.id().clone(), &self.inner, &self.record);
+        // A parent this manager does not know cuts the walk short; the tree's root is an ancestor all the same.
+        if &self.root != self.id() && !who.ancestors.contains(&self.root) {
+            who.ancestors.push(self.root.clone());
+        }
+        who
+    }
+
+    /// Refuses children whose lock keys would deadlock with this tree (see [`Requester`]), before anything of them
+    /// is written.
+    fn check_children_locks(&self, children: &[ProcedureWithId]) -> Result<()> {
+        let mut ancestors = vec![self.id().clone()];
+        ancestors.extend(self.requester().ancestors);
+        for child in children {
+            let who = Requester {
+                id: child.id.clone(),
+                ancestors: ancestors.clone(),
+            };
+            self.inner.locks.check(&who, &child.procedure.lock_key())?;
+        }
+        Ok(())
+    }
+
     /// Runs the procedure until it is done, failed, or stopped. A panic in the procedure stops it like a write that
     /// fails for good (no further write, its watchers resolve, its locks and slot are released): without this the
     /// task would end silently and leave its watchers and its parent waiting forever.
@@ -95,11 +138,15 @@ impl Runner {
         let keys = self.procedure.lock_key();
         // Locks before the admission slot: a procedure holding a slot never waits for a lock, so waiting for locks
         // cannot starve the procedures (children included) that would release them.
-        let _locks = self
-            .inner
-            .locks
-            .acquire(&self.root, &self.record.id, &keys)
-            .await;
+        let requester = self.requester();
+        let _locks = match self.inner.locks.acquire(&requester, &keys).await {
+            Ok(guard) => guard,
+            Err(e) => {
+                // Its locks would deadlock with its own tree: it fails without a step (its parent then fails).
+                let _ = self.fail(e).await;
+                return;
+            }
+        };
         let Ok(permit) = Arc::clone(&self.inner.admission).acquire_owned().await else {
             return;
         };
@@ -168,6 +215,9 @@ impl Runner {
                 }) => {
                     retry = backoff(&self.inner.config.step_retry);
                     self.running_again();
+                    if let Err(e) = self.check_children_locks(&subprocedures) {
+                        return self.fail(e).await;
+                    }
                     let watchers = if persist {
                         self.persist_suspension(subprocedures).await?
                     } else {
