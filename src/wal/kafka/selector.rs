@@ -154,9 +154,12 @@ impl LeastLoadedTopicSelector {
     }
 
     /// Regions per topic as the selector counts them now (seeded counts plus its own picks), for the topic list
-    /// it last selected from (empty before the first selection).
+    /// it last selected from; before its first selection, the seeded counts.
     pub fn counts(&self) -> BTreeMap<String, u64> {
         let loads = self.loads.lock().unwrap_or_else(|p| p.into_inner());
+        if loads.topics.is_empty() {
+            return loads.seeded.clone();
+        }
         loads
             .topics
             .iter()
