@@ -25,6 +25,12 @@ pub trait TopicSelector: Send + Sync + Debug {
         let _ = counts;
         false
     }
+
+    /// Whether [`TopicSelector::seed_counts`] would still use counts (so the pool scans the store for them only
+    /// then). The default: never.
+    fn wants_counts(&self) -> bool {
+        false
+    }
 }
 
 /// A shared [`TopicSelector`].
@@ -195,6 +201,14 @@ impl TopicSelector for LeastLoadedTopicSelector {
         Ok(picked)
     }
 
+    fn wants_counts(&self) -> bool {
+        !self
+            .loads
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_seeded
+    }
+
     fn seed_counts(&self, counts: &BTreeMap<String, u64>) -> bool {
         let mut loads = self.loads.lock().unwrap_or_else(|p| p.into_inner());
         if loads.is_seeded {
@@ -293,7 +307,9 @@ mod tests {
             // A topic outside the pool is kept by name but never picked.
             ("old_9".to_string(), 1),
         ]);
+        assert!(s.wants_counts());
         assert!(s.seed_counts(&seed));
+        assert!(!s.wants_counts());
         // t_2 (0) gets two, then t_1 and t_2 tie at 2 and alternate, then t_3 joins at 3.
         let picked: Vec<_> = s.select_many(&t, 5).unwrap();
         assert_eq!(picked, ["t_2", "t_2", "t_1", "t_2", "t_3"]);

@@ -173,8 +173,6 @@ pub struct KafkaTopicManager {
     kv: KvBackendRef,
     admin: TopicAdminRef,
     selector: TopicSelectorRef,
-    /// Whether the selector got the store's counts (the first ready load does it).
-    seeded: std::sync::atomic::AtomicBool,
     state: RwLock<PoolState>,
     /// Topics bootstraps run by this manager's process recreated.
     recreated: RecreatedTopics,
@@ -194,7 +192,6 @@ impl KafkaTopicManager {
             kv,
             admin,
             selector,
-            seeded: std::sync::atomic::AtomicBool::new(false),
             state: RwLock::new(PoolState::NotLoaded),
             recreated: Arc::new(Mutex::new(BTreeSet::new())),
         })
@@ -344,9 +341,10 @@ impl KafkaTopicManager {
         Ok(result?.map(|_| ()))
     }
 
-    /// Seeds the selector with the regions per topic the store records, once per manager.
+    /// Seeds the selector with the regions per topic the store records, while it still wants them (once for a
+    /// load-aware selector, never for a blind one).
     async fn seed_selector(&self) -> Result<()> {
-        if self.seeded.load(std::sync::atomic::Ordering::Acquire) {
+        if !self.selector.wants_counts() {
             return Ok(());
         }
         let counts = regions_per_topic(self.kv.as_ref()).await?;
@@ -358,8 +356,6 @@ impl KafkaTopicManager {
                 "counted the regions recorded per topic for load-aware selection"
             );
         }
-        self.seeded
-            .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 
