@@ -158,8 +158,45 @@ pub struct TopicUsage {
     pub in_pool: bool,
 }
 
+/// How evenly regions spread over the configured pool's topics: the fewest, the most and the mean regions per
+/// topic (all 0 for a pool of no region). Load-aware selection keeps `max - min` at most 1 for regions it placed.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct RegionSpread {
+    /// Regions on the least loaded topic of the pool.
+    pub min: usize,
+    /// Regions on the most loaded topic of the pool.
+    pub max: usize,
+    /// Regions per topic of the pool, on average.
+    pub mean: f64,
+}
+
+impl RegionSpread {
+    /// The spread of `regions` (one count per topic); all 0 when there is no topic.
+    pub fn of(regions: impl IntoIterator<Item = usize>) -> Self {
+        let (mut min, mut max, mut sum, mut n) = (usize::MAX, 0, 0usize, 0usize);
+        for r in regions {
+            min = min.min(r);
+            max = max.max(r);
+            sum += r;
+            n += 1;
+        }
+        if n == 0 {
+            return RegionSpread {
+                min: 0,
+                max: 0,
+                mean: 0.0,
+            };
+        }
+        RegionSpread {
+            min,
+            max,
+            mean: sum as f64 / n as f64,
+        }
+    }
+}
+
 /// The Kafka topic pool as recorded in the metadata store.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct TopicsReport {
     /// The pool's topic name prefix.
     pub topic_name_prefix: String,
@@ -170,6 +207,8 @@ pub struct TopicsReport {
     /// Every wanted topic, then any other topic regions use or persisted beyond the pool, with region counts;
     /// each group sorted by pool index (`p_4` before `p_10`), names not of the form `{prefix}_{i}` last.
     pub topics: Vec<TopicUsage>,
+    /// Regions per topic over the configured pool's topics (`in_pool`), persisted or not.
+    pub spread: RegionSpread,
 }
 
 /// The façade: kv backend, procedure manager, WAL options allocator, DDL manager.
@@ -744,11 +783,13 @@ impl Metasrv {
                     &b.topic,
                 ))
         });
+        let spread = RegionSpread::of(topics.iter().filter(|t| t.in_pool).map(|t| t.regions));
         Ok(TopicsReport {
             topic_name_prefix: kafka.topic_name_prefix.clone(),
             num_topics: kafka.num_topics,
             persisted: wanted.iter().filter(|t| persisted.contains(*t)).count(),
             topics,
+            spread,
         })
     }
 

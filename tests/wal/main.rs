@@ -1,5 +1,6 @@
 //! WAL tests: the Kafka topic admin, the pool bootstrap (steps, crashes, etcd, Kafka), the allocator, the pool
-//! check, topic-name values, config errors and the bad-input catalogue of `docs/errors.md`.
+//! check, load-aware topic selection, topic-name values, config errors and the bad-input catalogue of
+//! `docs/errors.md`.
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -13,4 +14,5 @@ mod bootstrap_steps;
 mod config_errors;
 mod kafka_admin;
 mod pool_check;
+mod selection;
 mod topic_name_values;

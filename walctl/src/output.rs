@@ -7,7 +7,9 @@ use std::time::Duration;
 use comfy_table::{CellAlignment, ColumnConstraint, Table};
 use procedures::ProcedureInfo;
 use remote_wal::datanode::OpenRegions;
-use remote_wal::metasrv::{BootstrapReport, RegionPlacement, TableRegions, TopicsReport};
+use remote_wal::metasrv::{
+    BootstrapReport, RegionPlacement, RegionSpread, TableRegions, TopicUsage, TopicsReport,
+};
 use remote_wal::wal::WAL_OPTIONS_KEY;
 use serde::Serialize;
 
@@ -342,11 +344,23 @@ pub fn print_purged(out: &mut Output, id: &str) {
     }
 }
 
+/// One topic's JSON line of `walctl topics`: the topic's own fields and the pool's spread.
+#[derive(Serialize)]
+struct TopicLine<'a> {
+    #[serde(flatten)]
+    topic: &'a TopicUsage,
+    /// The pool's regions per topic (the same on every line).
+    pool_spread: &'a RegionSpread,
+}
+
 /// `walctl topics`'s result.
 pub fn print_topics(out: &mut Output, report: &TopicsReport) {
     if out.json {
         for t in &report.topics {
-            out.json_line(t);
+            out.json_line(&TopicLine {
+                topic: t,
+                pool_spread: &report.spread,
+            });
         }
         return;
     }
@@ -362,6 +376,11 @@ pub fn print_topics(out: &mut Output, report: &TopicsReport) {
     out.line(&format!(
         "Kafka topic pool '{}': {} topics, {ready}; {regions} regions assigned",
         report.topic_name_prefix, report.num_topics
+    ));
+    let spread = &report.spread;
+    out.line(&format!(
+        "Regions per pool topic: min {}, max {}, mean {:.2}",
+        spread.min, spread.max, spread.mean
     ));
     let rows = report
         .topics

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod bootstrap;
+pub mod region_count;
 pub mod rskafka_admin;
 pub mod selector;
 #[cfg(any(test, feature = "testing"))]
@@ -10,5 +11,7 @@ pub mod topic_key;
 pub mod topic_pool;
 
 pub use bootstrap::TopicBootstrapProcedure;
-pub use selector::{RoundRobinTopicSelector, TopicSelector, TopicSelectorRef};
+pub use selector::{
+    LeastLoadedTopicSelector, RoundRobinTopicSelector, TopicSelector, TopicSelectorRef,
+};
 pub use topic_pool::{KafkaTopicManager, ReadyPoll, TopicPoolSpec};

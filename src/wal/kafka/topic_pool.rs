@@ -18,7 +18,8 @@ use crate::wal::kafka::admin::TopicAdminRef;
 use crate::wal::kafka::bootstrap::{
     RecreatedTopics, TopicBootstrapProcedure, bootstrap_procedure_id,
 };
-use crate::wal::kafka::selector::{RoundRobinTopicSelector, TopicSelectorRef};
+use crate::wal::kafka::region_count::regions_per_topic;
+use crate::wal::kafka::selector::{LeastLoadedTopicSelector, TopicSelectorRef};
 use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::options::WalOptions;
 
@@ -197,6 +198,11 @@ impl KafkaTopicManager {
     }
 
     /// The manager of the pool `config` describes (validated), with the config's selector.
+    ///
+    /// `selector_type = "round_robin"` (GreptimeDB's name, the only one) selects load-aware: each new region gets
+    /// the topic with the fewest regions, ties in turn ([`LeastLoadedTopicSelector`]), from the counts the store
+    /// records when the pool loads. On a fresh pool that is exactly round-robin; after restarts it keeps the
+    /// topics level where a plain round-robin from a new start each time would not.
     pub fn from_config(
         config: &KafkaConfig,
         kv: KvBackendRef,
@@ -204,8 +210,7 @@ impl KafkaTopicManager {
     ) -> Result<Self> {
         config.validate()?;
         let selector: TopicSelectorRef = match config.selector_type {
-            // Seeded from the clock so that restarts do not always hand out topic 0 first.
-            SelectorType::RoundRobin => Arc::new(RoundRobinTopicSelector::with_start(clock_seed())),
+            SelectorType::RoundRobin => Arc::new(LeastLoadedTopicSelector::new()),
         };
         Self::new(TopicPoolSpec::from_config(config), kv, admin, selector)
     }
@@ -319,14 +324,39 @@ impl KafkaTopicManager {
     }
 
     /// Ok(()) and the pool made ready when complete and on the brokers, else why not (and the pool made not ready).
+    ///
+    /// The first load that finds the pool ready also counts the regions the store records per topic and seeds the
+    /// selector with them, before any allocation can happen; later loads leave the selector's counts alone (they
+    /// include this process's allocations, which the store may not show yet).
     async fn load(&self) -> Result<std::result::Result<(), String>> {
-        let result = self.check().await;
+        let result = match self.check().await {
+            Ok(Ok(topics)) => self.seed_selector().await.map(|()| Ok(topics)),
+            other => other,
+        };
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = match &result {
             Ok(Ok(topics)) => PoolState::Ready(topics.clone()),
             Ok(Err(reason)) => PoolState::NotReady(reason.as_str().into()),
             Err(e) => PoolState::NotReady(format!("the last check of the pool failed: {e}").into()),
         };
         Ok(result?.map(|_| ()))
+    }
+
+    /// Seeds the selector with the regions per topic the store records, while it still wants them (once for a
+    /// load-aware selector, never for a blind one).
+    async fn seed_selector(&self) -> Result<()> {
+        if !self.selector.wants_counts() {
+            return Ok(());
+        }
+        let counts = regions_per_topic(self.kv.as_ref()).await?;
+        if self.selector.seed_counts(&counts) {
+            info!(
+                pool = %self.spec.topic_name_prefix,
+                regions = counts.values().sum::<u64>(),
+                topics = counts.len(),
+                "counted the regions recorded per topic for load-aware selection"
+            );
+        }
+        Ok(())
     }
 
     /// The wanted topics when every one is persisted and listed by the brokers with the pool's partition count,
@@ -428,14 +458,6 @@ impl KafkaTopicManager {
             .map(|t| WalOptions::kafka(t.as_str()))
             .collect())
     }
-}
-
-/// A start offset for the round-robin selector that differs between restarts.
-fn clock_seed() -> usize {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos() as usize)
-        .unwrap_or(0)
 }
 
 #[cfg(test)]

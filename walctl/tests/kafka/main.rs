@@ -10,3 +10,4 @@ mod logging;
 mod pool;
 mod readonly;
 mod recovery;
+mod spread;
