@@ -426,7 +426,9 @@ impl Metasrv {
         Ok(out)
     }
 
-    /// Stops the procedure manager; unfinished procedures stay in the store and resume at the next start.
+    /// Stops the procedure manager; unfinished procedures stay in the store and resume at the next start (which
+    /// claims a new epoch). Returns once every task of the manager has ended, so the kv backend is then held only
+    /// by this metasrv: dropping it releases the store (a redb file can be opened again at once).
     pub async fn stop(&self) -> Result<()> {
         if self.started.swap(false, Ordering::SeqCst) {
             self.procedures.stop().await?;

@@ -6,4 +6,5 @@ mod support;
 
 mod behaviour;
 mod epoch;
+mod lifecycle;
 mod mock;
