@@ -31,7 +31,12 @@ pub trait ProcedureManager: Send + Sync {
     /// manager holds the state store.
     async fn stop(&self) -> Result<()>;
 
-    /// Persists and starts a procedure. An id the manager already knows gives [`crate::Error::DuplicateProcedure`].
+    /// Persists and starts a procedure, and returns its watcher.
+    ///
+    /// The id is an idempotency key: an id the manager already knows — running, finished (its stored output), or
+    /// only as a record in the store — gives a watcher of that procedure instead of a second one, when it is of the
+    /// same type; of another type, [`crate::Error::ProcedureIdInUse`]. Cancellation-safe: dropping the returned
+    /// future at any point leaves either no procedure (the record was not written) or a running one.
     async fn submit(&self, procedure: ProcedureWithId) -> Result<Watcher>;
 
     /// A watcher of a procedure this manager knows (submitted or recovered), finished or not.

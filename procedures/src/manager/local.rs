@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBuilder};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::config::{ManagerConfig, RetryPolicy};
@@ -707,7 +707,111 @@ impl Inner {
         Ok(())
     }
 
-    /// Persists a new procedure (a root when `parent` is `None`) and starts its runner.
+    /// Submits a root procedure: the public `submit`.
+    ///
+    /// An id the manager knows (in memory, or as a record in its store) gives a watcher of that procedure, running
+    /// or finished, when it is of the same type ([`Error::ProcedureIdInUse`] otherwise): a caller-chosen id is an
+    /// idempotency key.
+    ///
+    /// Cancellation-safe: the id is reserved, and the submission task spawned, without an await in between; the
+    /// caller then only awaits the task's answer. Dropping this future therefore never cancels the write: the
+    /// task still runs the procedure if its record is written, or forgets the reservation if not. Only `stop`
+    /// aborts the task (and then the next start recovers whatever record landed).
+    pub(crate) async fn submit_root(
+        self: &Arc<Self>,
+        procedure: ProcedureWithId,
+    ) -> Result<Watcher> {
+        let epoch = self.running_epoch()?;
+        let new = NewProcedure::new(procedure, None)?;
+        let id = new.record.id.clone();
+        let answer = {
+            let mut state = self.state();
+            if let Phase::Halted(reason) = &state.phase {
+                return Err(reason.error());
+            }
+            if let Some(entry) = state.procedures.get(&id) {
+                return existing_watcher(entry, &new.record.type_name);
+            }
+            state.procedures.insert(
+                id.clone(),
+                Entry::new(ProcedureInfo::from(&new.record), id.clone()),
+            );
+            let (tx, rx) = oneshot::channel();
+            let this = Arc::clone(self);
+            state.spawn(async move {
+                // The caller may be gone; the submission is settled all the same.
+                let _ = tx.send(this.settle_root(epoch, new).await);
+            });
+            rx
+        };
+        answer.await.unwrap_or_else(|_| {
+            Err(Error::ManagerNotRunning {
+                reason: format!("the manager stopped while procedure {id} was being submitted"),
+            })
+        })
+    }
+
+    /// The submission task of a root reserved by `submit_root`: writes its first record and runs it, or finds the
+    /// procedure the store already has under its id.
+    async fn settle_root(self: Arc<Self>, epoch: u64, new: NewProcedure) -> Result<Watcher> {
+        let id = new.record.id.clone();
+        let key = new.key();
+        let outcome = self
+            .write(
+                epoch,
+                vec![Condition::Absent { key: key.clone() }],
+                vec![WriteOp::Put {
+                    key: key.clone(),
+                    value: new.value.clone(),
+                }],
+                std::slice::from_ref(&id),
+            )
+            .await;
+        match outcome {
+            Ok(WriteOutcome::Applied) => self.launch(epoch, new),
+            // A retried write that finds exactly its own record: an earlier attempt landed but its answer was lost.
+            Ok(WriteOutcome::Rejected { current })
+                if current
+                    .iter()
+                    .any(|(k, v)| *k == key && v.as_ref() == Some(&new.value)) =>
+            {
+                self.launch(epoch, new)
+            }
+            // The store has a record under this id that this manager did not load: load it (resuming it when
+            // unfinished) and watch it.
+            Ok(WriteOutcome::Rejected { .. }) => {
+                self.abandon(&id, "the store already has a record under its id");
+                self.adopt(&id).await?;
+                let state = self.state();
+                match state.procedures.get(&id) {
+                    Some(entry) => existing_watcher(entry, &new.record.type_name),
+                    None => Err(Error::ManagerNotRunning {
+                        reason: format!("procedure {id} was forgotten while it was being loaded"),
+                    }),
+                }
+            }
+            Err(e) => {
+                self.abandon(&id, &format!("its first record could not be written: {e}"));
+                if e.is_fatal() {
+                    self.halt_on(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Forgets the reservation of a root whose first record this submission did not write; a watcher taken
+    /// meanwhile resolves with [`Error::ManagerNotRunning`] naming `why`.
+    fn abandon(&self, id: &ProcedureId, why: &str) {
+        let mut state = self.state();
+        if let Some(mut entry) = state.procedures.remove(id) {
+            let mut info = entry.info.clone();
+            info.error = Some(format!("not submitted: {why}"));
+            entry.close(info);
+        }
+    }
+
+    /// Persists a new procedure (a child of `parent`, or a root when `None`) and starts its runner.
     pub(crate) async fn submit(
         self: &Arc<Self>,
         procedure: ProcedureWithId,
@@ -873,6 +977,19 @@ impl Inner {
     }
 }
 
+/// A watcher of the procedure a submission found under its id; [`Error::ProcedureIdInUse`] when it is of another
+/// type than the submission.
+fn existing_watcher(entry: &Entry, submitted: &str) -> Result<Watcher> {
+    if entry.info.type_name != submitted {
+        return Err(Error::ProcedureIdInUse {
+            id: entry.info.id.clone(),
+            existing: entry.info.type_name.clone(),
+            submitted: submitted.to_string(),
+        });
+    }
+    Ok(entry.watcher())
+}
+
 fn self_not_started() -> Error {
     Error::ManagerNotRunning {
         reason: "the manager has not been started".to_string(),
@@ -1008,7 +1125,7 @@ impl ProcedureManager for LocalManager {
     }
 
     async fn submit(&self, procedure: ProcedureWithId) -> Result<Watcher> {
-        self.inner.submit(procedure, None).await
+        self.inner.submit_root(procedure).await
     }
 
     fn watch(&self, id: &ProcedureId) -> Option<Watcher> {

@@ -8,3 +8,4 @@ mod behaviour;
 mod epoch;
 mod lifecycle;
 mod mock;
+mod submission;
