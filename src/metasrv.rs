@@ -29,8 +29,9 @@ use crate::ddl::{
     TableMetadataManagerRef, TableName,
 };
 use crate::error::{
-    CreateDataDirSnafu, Error, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu,
-    NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu, RedbTaskSnafu, Result,
+    CreateDataDirSnafu, Error, InvalidCreateTableSnafu, InvalidTableReferenceSnafu,
+    MetasrvNotStartedSnafu, NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu,
+    RedbTaskSnafu, Result,
 };
 use crate::kv::redb::RedbOpenMode;
 use crate::kv::{KvBackendRef, RangeRequest};
@@ -539,10 +540,34 @@ impl Metasrv {
         regions: u32,
         if_not_exists: bool,
     ) -> Result<TableRegions> {
+        self.create_table_with_id(name, regions, if_not_exists, None)
+            .await
+    }
+
+    /// [`Metasrv::create_table`] under a caller-chosen procedure id (`walctl create-table --id`): a retry with the
+    /// same id and request returns the same table and regions, even after the first call succeeded; the id with
+    /// another request is refused naming it (see [`DdlManager::create_table_with_id`]). An empty id is refused.
+    pub async fn create_table_with_id(
+        &self,
+        name: TableName,
+        regions: u32,
+        if_not_exists: bool,
+        procedure_id: Option<&str>,
+    ) -> Result<TableRegions> {
         self.ensure_started("create table")?;
+        ensure!(
+            procedure_id.is_none_or(|id| !id.trim().is_empty()),
+            InvalidCreateTableSnafu {
+                table: name.to_string(),
+                reason: "the procedure id is empty",
+            }
+        );
         let mut task = CreateTableTask::new(name.clone(), regions);
         task.if_not_exists = if_not_exists;
-        let table_id = self.ddl.create_table(task).await?;
+        let table_id = self
+            .ddl
+            .create_table_with_id(task, procedure_id.map(ProcedureId::new))
+            .await?;
         self.table_regions(&name, table_id).await
     }
 

@@ -8,6 +8,7 @@ mod crash_matrix;
 mod create_table;
 mod datanode_open;
 mod fencing;
+mod idempotent_create;
 mod lifecycle;
 mod metadata_compat;
 mod reliability;
