@@ -885,6 +885,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_failed_bootstrap_retained_by_the_manager_is_followed_by_the_next_attempt() {
+        let (metasrv, broker) = kafka_metasrv(2);
+        broker.fail_all(Some(crate::wal::kafka::testing::FakeFault::Server(
+            rskafka::client::error::ProtocolError::PolicyViolation,
+        )));
+        let err = metasrv.start().await.unwrap_err();
+        assert!(
+            err.to_string().contains("topic_bootstrap/fake_pool"),
+            "{err}"
+        );
+        broker.fail_all(None);
+        // The failed bootstrap is still known under the pool's id: submitting that id again would only watch it,
+        // so the pool runs the next attempt's id.
+        metasrv.start().await.unwrap();
+        let ids: Vec<String> = metasrv
+            .list_procedures()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| format!("{} {}", p.id, p.state))
+            .collect();
+        assert_eq!(
+            ids,
+            vec![
+                "topic_bootstrap/fake_pool failed".to_string(),
+                "topic_bootstrap/fake_pool/attempt-1 done".to_string(),
+            ]
+        );
+        metasrv.stop().await.unwrap();
+    }
+
+    #[tokio::test]
     async fn bootstrap_reports_progress_until_every_topic_is_on_the_broker_and_persisted() {
         let (metasrv, broker) = kafka_metasrv(60);
         let seen = Arc::new(Mutex::new(Vec::<BootstrapProgress>::new()));
