@@ -637,6 +637,19 @@ pub enum Error {
         /// The output as received.
         output: String,
     },
+    /// A create-table with a caller-chosen procedure id found that id used by another create-table task: an id is
+    /// the idempotency key of one task only.
+    #[snafu(display(
+        "procedure id {procedure_id} was already used for another create-table task ({existing}); a retry must send the same task, another task needs another id"
+    ))]
+    CreateTableIdInUse {
+        /// The procedure id.
+        procedure_id: String,
+        /// The table of this request.
+        table: String,
+        /// What the task that has the id creates (its table and region count).
+        existing: String,
+    },
     // ---- end ddl ----
 
     // ---- datanode (src/datanode) ----

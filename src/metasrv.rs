@@ -29,8 +29,9 @@ use crate::ddl::{
     TableMetadataManagerRef, TableName,
 };
 use crate::error::{
-    CreateDataDirSnafu, Error, InvalidTableReferenceSnafu, MetasrvNotStartedSnafu,
-    NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu, RedbTaskSnafu, Result,
+    CreateDataDirSnafu, Error, InvalidCreateTableSnafu, InvalidTableReferenceSnafu,
+    MetasrvNotStartedSnafu, NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu,
+    RedbTaskSnafu, Result,
 };
 use crate::kv::redb::RedbOpenMode;
 use crate::kv::{KvBackendRef, RangeRequest};
@@ -465,7 +466,9 @@ impl Metasrv {
         Ok(out)
     }
 
-    /// Stops the procedure manager; unfinished procedures stay in the store and resume at the next start.
+    /// Stops the procedure manager; unfinished procedures stay in the store and resume at the next start (which
+    /// claims a new epoch). Returns once every task of the manager has ended, so the kv backend is then held only
+    /// by this metasrv: dropping it releases the store (a redb file can be opened again at once).
     pub async fn stop(&self) -> Result<()> {
         if self.started.swap(false, Ordering::SeqCst) {
             self.procedures.stop().await?;
@@ -576,10 +579,34 @@ impl Metasrv {
         regions: u32,
         if_not_exists: bool,
     ) -> Result<TableRegions> {
+        self.create_table_with_id(name, regions, if_not_exists, None)
+            .await
+    }
+
+    /// [`Metasrv::create_table`] under a caller-chosen procedure id (`walctl create-table --id`): a retry with the
+    /// same id and request returns the same table and regions, even after the first call succeeded; the id with
+    /// another request is refused naming it (see [`DdlManager::create_table_with_id`]). An empty id is refused.
+    pub async fn create_table_with_id(
+        &self,
+        name: TableName,
+        regions: u32,
+        if_not_exists: bool,
+        procedure_id: Option<&str>,
+    ) -> Result<TableRegions> {
         self.ensure_started("create table")?;
+        ensure!(
+            procedure_id.is_none_or(|id| !id.trim().is_empty()),
+            InvalidCreateTableSnafu {
+                table: name.to_string(),
+                reason: "the procedure id is empty",
+            }
+        );
         let mut task = CreateTableTask::new(name.clone(), regions);
         task.if_not_exists = if_not_exists;
-        let table_id = self.ddl.create_table(task).await?;
+        let table_id = self
+            .ddl
+            .create_table_with_id(task, procedure_id.map(ProcedureId::new))
+            .await?;
         self.table_regions(&name, table_id).await
     }
 
@@ -896,6 +923,38 @@ mod tests {
         )
         .unwrap();
         (metasrv, broker)
+    }
+
+    #[tokio::test]
+    async fn a_failed_bootstrap_retained_by_the_manager_is_followed_by_the_next_attempt() {
+        let (metasrv, broker) = kafka_metasrv(2);
+        broker.fail_all(Some(crate::wal::kafka::testing::FakeFault::Server(
+            rskafka::client::error::ProtocolError::PolicyViolation,
+        )));
+        let err = metasrv.start().await.unwrap_err();
+        assert!(
+            err.to_string().contains("topic_bootstrap/fake_pool"),
+            "{err}"
+        );
+        broker.fail_all(None);
+        // The failed bootstrap is still known under the pool's id: submitting that id again would only watch it,
+        // so the pool runs the next attempt's id.
+        metasrv.start().await.unwrap();
+        let ids: Vec<String> = metasrv
+            .list_procedures()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|p| format!("{} {}", p.id, p.state))
+            .collect();
+        assert_eq!(
+            ids,
+            vec![
+                "topic_bootstrap/fake_pool failed".to_string(),
+                "topic_bootstrap/fake_pool/attempt-1 done".to_string(),
+            ]
+        );
+        metasrv.stop().await.unwrap();
     }
 
     #[tokio::test]

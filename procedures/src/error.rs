@@ -32,6 +32,20 @@ pub enum Error {
         id: ProcedureId,
     },
 
+    /// A submission names an id the manager knows (in memory or in its store) as a procedure of another type: a
+    /// caller-chosen id is an idempotency key for one task only.
+    #[snafu(display(
+        "procedure id {id} is already used by a procedure of type '{existing}'; this submission is of type '{submitted}' (choose another id)"
+    ))]
+    ProcedureIdInUse {
+        /// The id.
+        id: ProcedureId,
+        /// The type of the procedure that has the id.
+        existing: String,
+        /// The type of the refused submission.
+        submitted: String,
+    },
+
     /// A loader for this type name was registered twice.
     #[snafu(display("a loader for procedure type '{type_name}' is already registered"))]
     LoaderConflict {

@@ -20,12 +20,23 @@ pub trait ProcedureManager: Send + Sync {
 
     /// Claims a new epoch in the store (fencing any older manager), then recovers and resumes every unfinished
     /// procedure. Records that cannot be recovered become visible failed procedures.
+    ///
+    /// A stopped (or fenced, or halted) manager may be started again: it waits for the tasks of its last run to
+    /// end, forgets what it knew, claims a new epoch and recovers from the store like a new manager. Starting a
+    /// manager that is running (or starting) is refused with [`crate::Error::ManagerNotRunning`].
     async fn start(&self) -> Result<()>;
 
-    /// Stops running procedures (they stay unfinished in the store and resume in the next manager).
+    /// Stops running procedures (they stay unfinished in the store and resume at the next start). Returns only
+    /// once every task the manager spawned (runners, submissions, retention) has ended: afterwards no task of the
+    /// manager holds the state store.
     async fn stop(&self) -> Result<()>;
 
-    /// Persists and starts a procedure. An id the manager already knows gives [`crate::Error::DuplicateProcedure`].
+    /// Persists and starts a procedure, and returns its watcher.
+    ///
+    /// The id is an idempotency key: an id the manager already knows — running, finished (its stored output), or
+    /// only as a record in the store — gives a watcher of that procedure instead of a second one, when it is of the
+    /// same type; of another type, [`crate::Error::ProcedureIdInUse`]. Cancellation-safe: dropping the returned
+    /// future at any point leaves either no procedure (the record was not written) or a running one.
     async fn submit(&self, procedure: ProcedureWithId) -> Result<Watcher>;
 
     /// A watcher of a procedure this manager knows (submitted or recovered), finished or not.

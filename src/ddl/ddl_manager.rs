@@ -1,13 +1,15 @@
 //! [`DdlManager`]: runs DDL tasks as procedures and waits for their result.
 
-use procedures::{ProcedureManagerRef, ProcedureWithId};
+use procedures::record::{ProcedureRecord, record_key};
+use procedures::{ProcedureId, ProcedureManagerRef, ProcedureWithId, StateStore};
 use snafu::ResultExt;
 
 use crate::ddl::context::DdlContext;
-use crate::ddl::create_table::{CREATE_TABLE_TYPE_NAME, CreateTableProcedure};
+use crate::ddl::create_table::{CREATE_TABLE_TYPE_NAME, CreateTableData, CreateTableProcedure};
 use crate::ddl::table_name::TableNameValue;
 use crate::ddl::task::CreateTableTask;
-use crate::error::{CreateTableOutputSnafu, CreateTableSnafu, Result};
+use crate::error::{CreateTableIdInUseSnafu, CreateTableOutputSnafu, CreateTableSnafu, Result};
+use crate::kv::KvStateStore;
 
 /// Submits DDL procedures to a procedure manager and awaits them.
 #[derive(Clone)]
@@ -53,10 +55,27 @@ impl DdlManager {
     /// A region count outside 1..=1024 is refused before the procedure is submitted, with an error naming
     /// `num_regions` and its value: nothing is written (the procedure's Prepare step validates the rest).
     pub async fn create_table(&self, task: CreateTableTask) -> Result<u32> {
+        self.create_table_with_id(task, None).await
+    }
+
+    /// [`DdlManager::create_table`] under a procedure id the caller chose (a random one when `None`). The id is an
+    /// idempotency key: a retry with the same id and task — after a lost reply, a timeout, a crash — gets the same
+    /// table id back (waiting for the procedure if it still runs), never "already exists"; the same id with another
+    /// task is refused with [`crate::Error::CreateTableIdInUse`] naming the id, and the other task's procedure is left
+    /// alone.
+    pub async fn create_table_with_id(
+        &self,
+        task: CreateTableTask,
+        id: Option<ProcedureId>,
+    ) -> Result<u32> {
         task.validate_num_regions()?;
         let table = task.name.to_string();
-        let procedure = CreateTableProcedure::new(task, self.context.clone());
-        let procedure = ProcedureWithId::with_random_id(Box::new(procedure));
+        let chosen = id.is_some().then(|| task.clone());
+        let procedure = Box::new(CreateTableProcedure::new(task, self.context.clone()));
+        let procedure = match id {
+            Some(id) => ProcedureWithId::new(id, procedure),
+            None => ProcedureWithId::with_random_id(procedure),
+        };
         let procedure_id = procedure.id.clone();
         let mut watcher = self
             .procedures
@@ -65,6 +84,9 @@ impl DdlManager {
             .context(CreateTableSnafu {
                 table: table.clone(),
             })?;
+        if let Some(task) = &chosen {
+            self.ensure_same_task(&procedure_id, task).await?;
+        }
         let output = watcher.wait().await.context(CreateTableSnafu {
             table: table.clone(),
         })?;
@@ -80,5 +102,31 @@ impl DdlManager {
                 }
                 .build()
             })
+    }
+
+    /// Checks that the procedure under a caller-chosen id runs `task`: its record (written by this submission, or
+    /// found under the id) holds the task it was submitted with.
+    async fn ensure_same_task(&self, id: &ProcedureId, task: &CreateTableTask) -> Result<()> {
+        let store = KvStateStore::new(self.context.metadata.kv().clone());
+        let Some(bytes) = store.get(&record_key(id)).await? else {
+            // Deleted since the submission answered (purged after it finished): nothing is left to compare.
+            return Ok(());
+        };
+        let existing = serde_json::from_slice::<ProcedureRecord>(&bytes)
+            .ok()
+            .and_then(|record| serde_json::from_value::<CreateTableData>(record.data).ok())
+            .map(|data| data.task);
+        match existing {
+            Some(existing) if existing == *task => Ok(()),
+            other => CreateTableIdInUseSnafu {
+                procedure_id: id.to_string(),
+                table: task.name.to_string(),
+                existing: match other {
+                    Some(t) => format!("table {}, {} region(s)", t.name, t.num_regions),
+                    None => "a record that does not read as a create-table task".to_string(),
+                },
+            }
+            .fail(),
+        }
     }
 }

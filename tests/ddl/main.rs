@@ -8,6 +8,8 @@ mod crash_matrix;
 mod create_table;
 mod datanode_open;
 mod fencing;
+mod idempotent_create;
+mod lifecycle;
 mod metadata_compat;
 mod reliability;
 mod upgrade_format1;

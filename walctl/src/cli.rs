@@ -40,6 +40,10 @@ pub enum Command {
         /// Succeed with the existing table's id if it exists.
         #[arg(long)]
         if_not_exists: bool,
+        /// A procedure id of your choosing, the request's idempotency key: running the same command again with
+        /// the same id (after a timeout or a lost reply) prints the same table instead of "already exists".
+        #[arg(long, value_name = "ID")]
+        id: Option<String>,
     },
     /// Print the region open requests a datanode would issue, and per-region errors.
     OpenRegions {

@@ -125,6 +125,7 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             name,
             regions,
             if_not_exists,
+            id,
         } => {
             let name = parse_table_name(name)?;
             match kafka_wait(metasrv) {
@@ -132,7 +133,9 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
                 None => metasrv.start().await?,
             }
             finish_recovered(metasrv).await?;
-            let table = metasrv.create_table(name, *regions, *if_not_exists).await?;
+            let table = metasrv
+                .create_table_with_id(name, *regions, *if_not_exists, id.as_deref())
+                .await?;
             output::print_table(out, &table);
             Ok(())
         }

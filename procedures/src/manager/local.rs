@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBuilder};
-use tokio::sync::{Semaphore, watch};
-use tokio::task::AbortHandle;
+use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::task::{AbortHandle, JoinSet};
 
 use crate::config::{ManagerConfig, RetryPolicy};
 use crate::error::{Error, Result};
@@ -38,7 +38,8 @@ pub(crate) enum Phase {
     Starting,
     /// Running procedures.
     Running,
-    /// Stopped for good: by `stop`, by a newer manager's epoch, or by a fatal error. No more writes.
+    /// Stopped: by `stop`, by a newer manager's epoch, or by a fatal error. No more writes. A later `start` waits
+    /// for every task of this run to end, forgets its state and starts afresh with a new epoch.
     Halted(HaltReason),
 }
 
@@ -124,7 +125,22 @@ pub(crate) struct State {
     pub(crate) phase: Phase,
     pub(crate) epoch: Option<u64>,
     pub(crate) procedures: BTreeMap<ProcedureId, Entry>,
-    retention_task: Option<AbortHandle>,
+    /// Every task this manager spawned (runners, submissions, retention) and not yet reaped: `stop` aborts them and
+    /// awaits each, so no task of the manager outlives it. Spawning happens only under the state lock while
+    /// running, so a halted manager's set only shrinks.
+    tasks: JoinSet<()>,
+}
+
+impl State {
+    /// Spawns a task of this manager, reaping the ones already finished (the set would grow without bound in a
+    /// long-lived manager otherwise).
+    pub(crate) fn spawn(
+        &mut self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> AbortHandle {
+        while self.tasks.try_join_next().is_some() {}
+        self.tasks.spawn(task)
+    }
 }
 
 pub(crate) struct Inner {
@@ -135,8 +151,12 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     /// Set once the manager halts; runners check it before every step and every write.
     halted: AtomicBool,
-    pub(crate) admission: Arc<Semaphore>,
+    /// The admission slots of the current run (closed when it halts; a new run gets new ones).
+    admission: Mutex<Arc<Semaphore>>,
     pub(crate) locks: Arc<LockTable>,
+    /// Serialises `start` and `stop`: a `stop` returns only once every task is gone, also when another `stop` or a
+    /// restarting `start` took the tasks first.
+    lifecycle: tokio::sync::Mutex<()>,
 }
 
 impl Inner {
@@ -155,12 +175,18 @@ impl Inner {
                 phase: Phase::New,
                 epoch: None,
                 procedures: BTreeMap::new(),
-                retention_task: None,
+                tasks: JoinSet::new(),
             }),
             halted: AtomicBool::new(false),
-            admission: Arc::new(Semaphore::new(slots)),
+            admission: Mutex::new(Arc::new(Semaphore::new(slots))),
             locks: LockTable::new(),
+            lifecycle: tokio::sync::Mutex::new(()),
         })
+    }
+
+    /// The admission slots of the current run.
+    pub(crate) fn admission(&self) -> Arc<Semaphore> {
+        Arc::clone(&self.admission.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     pub(crate) fn state(&self) -> MutexGuard<'_, State> {
@@ -201,7 +227,8 @@ impl Inner {
         }
         state.phase = Phase::Halted(reason);
         self.halted.store(true, Ordering::Release);
-        self.admission.close();
+        self.admission().close();
+        state.tasks.abort_all();
         for entry in state.procedures.values_mut() {
             if let Some(task) = entry.task.take() {
                 task.abort();
@@ -216,9 +243,35 @@ impl Inner {
                 entry.tx = None;
             }
         }
-        if let Some(task) = state.retention_task.take() {
-            task.abort();
-        }
+    }
+
+    /// `stop`: halts, then returns once every task this manager spawned has ended (aborted tasks included: their
+    /// futures are dropped, so nothing of the manager, its store included, is held by a task afterwards).
+    pub(crate) async fn stop(&self) {
+        let _lifecycle = self.lifecycle.lock().await;
+        self.halt(HaltReason::Stopped);
+        self.drain().await;
+    }
+
+    /// Awaits every task of a halted manager.
+    async fn drain(&self) {
+        let mut tasks = std::mem::take(&mut self.state().tasks);
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// Makes a halted manager new again, once its tasks are gone: forgets every procedure (their watchers resolved
+    /// when it halted), opens new admission slots and clears the halt flag. The next run claims its own epoch and
+    /// loads everything from the store.
+    async fn reset(&self) {
+        self.drain().await;
+        let mut state = self.state();
+        state.procedures.clear();
+        state.epoch = None;
+        state.phase = Phase::New;
+        let slots = self.config.max_running_procedures.max(1);
+        *self.admission.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(Semaphore::new(slots));
+        self.halted.store(false, Ordering::Release);
     }
 
     /// Halts because of a fatal error (fenced, crashed).
@@ -437,11 +490,17 @@ impl Inner {
 
     /// Claims the epoch, loads every record, and starts a runner for every unfinished recoverable one.
     pub(crate) async fn start(self: &Arc<Self>) -> Result<()> {
+        // Held for the whole start: a `stop` meanwhile waits and then stops what this start began.
+        let _lifecycle = self.lifecycle.lock().await;
+        let halted = matches!(self.state().phase, Phase::Halted(_));
+        if halted {
+            self.reset().await;
+        }
         {
             let mut state = self.state();
             if !matches!(state.phase, Phase::New) {
                 return Err(Error::ManagerNotRunning {
-                    reason: "start was already called on this manager; start a new one".to_string(),
+                    reason: "the manager is already started".to_string(),
                 });
             }
             state.phase = Phase::Starting;
@@ -539,8 +598,7 @@ impl Inner {
                 };
                 self.spawn_locked(&mut state, epoch, record, procedure, resume);
             }
-            let retention = tokio::spawn(retention::run(Arc::downgrade(self)));
-            state.retention_task = Some(retention.abort_handle());
+            state.spawn(retention::run(Arc::downgrade(self)));
         }
         Ok(())
     }
@@ -649,7 +707,111 @@ impl Inner {
         Ok(())
     }
 
-    /// Persists a new procedure (a root when `parent` is `None`) and starts its runner.
+    /// Submits a root procedure: the public `submit`.
+    ///
+    /// An id the manager knows (in memory, or as a record in its store) gives a watcher of that procedure, running
+    /// or finished, when it is of the same type ([`Error::ProcedureIdInUse`] otherwise): a caller-chosen id is an
+    /// idempotency key.
+    ///
+    /// Cancellation-safe: the id is reserved, and the submission task spawned, without an await in between; the
+    /// caller then only awaits the task's answer. Dropping this future therefore never cancels the write: the
+    /// task still runs the procedure if its record is written, or forgets the reservation if not. Only `stop`
+    /// aborts the task (and then the next start recovers whatever record landed).
+    pub(crate) async fn submit_root(
+        self: &Arc<Self>,
+        procedure: ProcedureWithId,
+    ) -> Result<Watcher> {
+        let epoch = self.running_epoch()?;
+        let new = NewProcedure::new(procedure, None)?;
+        let id = new.record.id.clone();
+        let answer = {
+            let mut state = self.state();
+            if let Phase::Halted(reason) = &state.phase {
+                return Err(reason.error());
+            }
+            if let Some(entry) = state.procedures.get(&id) {
+                return existing_watcher(entry, &new.record.type_name);
+            }
+            state.procedures.insert(
+                id.clone(),
+                Entry::new(ProcedureInfo::from(&new.record), id.clone()),
+            );
+            let (tx, rx) = oneshot::channel();
+            let this = Arc::clone(self);
+            state.spawn(async move {
+                // The caller may be gone; the submission is settled all the same.
+                let _ = tx.send(this.settle_root(epoch, new).await);
+            });
+            rx
+        };
+        answer.await.unwrap_or_else(|_| {
+            Err(Error::ManagerNotRunning {
+                reason: format!("the manager stopped while procedure {id} was being submitted"),
+            })
+        })
+    }
+
+    /// The submission task of a root reserved by `submit_root`: writes its first record and runs it, or finds the
+    /// procedure the store already has under its id.
+    async fn settle_root(self: Arc<Self>, epoch: u64, new: NewProcedure) -> Result<Watcher> {
+        let id = new.record.id.clone();
+        let key = new.key();
+        let outcome = self
+            .write(
+                epoch,
+                vec![Condition::Absent { key: key.clone() }],
+                vec![WriteOp::Put {
+                    key: key.clone(),
+                    value: new.value.clone(),
+                }],
+                std::slice::from_ref(&id),
+            )
+            .await;
+        match outcome {
+            Ok(WriteOutcome::Applied) => self.launch(epoch, new),
+            // A retried write that finds exactly its own record: an earlier attempt landed but its answer was lost.
+            Ok(WriteOutcome::Rejected { current })
+                if current
+                    .iter()
+                    .any(|(k, v)| *k == key && v.as_ref() == Some(&new.value)) =>
+            {
+                self.launch(epoch, new)
+            }
+            // The store has a record under this id that this manager did not load: load it (resuming it when
+            // unfinished) and watch it.
+            Ok(WriteOutcome::Rejected { .. }) => {
+                self.abandon(&id, "the store already has a record under its id");
+                self.adopt(&id).await?;
+                let state = self.state();
+                match state.procedures.get(&id) {
+                    Some(entry) => existing_watcher(entry, &new.record.type_name),
+                    None => Err(Error::ManagerNotRunning {
+                        reason: format!("procedure {id} was forgotten while it was being loaded"),
+                    }),
+                }
+            }
+            Err(e) => {
+                self.abandon(&id, &format!("its first record could not be written: {e}"));
+                if e.is_fatal() {
+                    self.halt_on(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Forgets the reservation of a root whose first record this submission did not write; a watcher taken
+    /// meanwhile resolves with [`Error::ManagerNotRunning`] naming `why`.
+    fn abandon(&self, id: &ProcedureId, why: &str) {
+        let mut state = self.state();
+        if let Some(mut entry) = state.procedures.remove(id) {
+            let mut info = entry.info.clone();
+            info.error = Some(format!("not submitted: {why}"));
+            entry.close(info);
+        }
+    }
+
+    /// Persists a new procedure (a child of `parent`, or a root when `None`) and starts its runner.
     pub(crate) async fn submit(
         self: &Arc<Self>,
         procedure: ProcedureWithId,
@@ -808,9 +970,24 @@ impl Inner {
             record,
             procedure,
         );
-        let task = tokio::spawn(runner.run(resume));
-        entry.task = Some(task.abort_handle());
+        let task = state.spawn(runner.run(resume));
+        if let Some(entry) = state.procedures.get_mut(&id) {
+            entry.task = Some(task);
+        }
     }
+}
+
+/// A watcher of the procedure a submission found under its id; [`Error::ProcedureIdInUse`] when it is of another
+/// type than the submission.
+fn existing_watcher(entry: &Entry, submitted: &str) -> Result<Watcher> {
+    if entry.info.type_name != submitted {
+        return Err(Error::ProcedureIdInUse {
+            id: entry.info.id.clone(),
+            existing: entry.info.type_name.clone(),
+            submitted: submitted.to_string(),
+        });
+    }
+    Ok(entry.watcher())
 }
 
 fn self_not_started() -> Error {
@@ -943,12 +1120,12 @@ impl ProcedureManager for LocalManager {
     }
 
     async fn stop(&self) -> Result<()> {
-        self.inner.halt(HaltReason::Stopped);
+        self.inner.stop().await;
         Ok(())
     }
 
     async fn submit(&self, procedure: ProcedureWithId) -> Result<Watcher> {
-        self.inner.submit(procedure, None).await
+        self.inner.submit_root(procedure).await
     }
 
     fn watch(&self, id: &ProcedureId) -> Option<Watcher> {

@@ -147,7 +147,7 @@ impl Runner {
                 return;
             }
         };
-        let Ok(permit) = Arc::clone(&self.inner.admission).acquire_owned().await else {
+        let Ok(permit) = self.inner.admission().acquire_owned().await else {
             return;
         };
         let _ = match resume {
@@ -450,7 +450,7 @@ impl Runner {
     ) -> Result<(OwnedSemaphorePermit, Option<Error>), Stopped> {
         drop(permit);
         let failed = self.wait_children(watchers).await?;
-        match Arc::clone(&self.inner.admission).acquire_owned().await {
+        match self.inner.admission().acquire_owned().await {
             Ok(permit) => Ok((permit, failed)),
             Err(_) => Err(Stopped),
         }

@@ -1,4 +1,4 @@
-//! Behaviour of `LocalManager` on the in-memory store: results, duplicates, locks, children, retry, rollback,
+//! Behaviour of `LocalManager` on the in-memory store: results, locks, children, retry, rollback,
 //! timeout, admission, recovery, unrecoverable records, fencing, retention.
 //!
 //! Tests marked `start_paused = true` run on tokio's paused clock, and depend on it: time advances only when every
@@ -70,39 +70,6 @@ async fn output_comes_back_through_the_watcher() {
     let listed = m.list_procedures().await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].state, ProcedureState::Done);
-}
-
-#[tokio::test]
-async fn duplicate_ids_are_refused_in_memory_and_in_the_store() {
-    let store = Arc::new(MemoryStateStore::new());
-    let env = Env::new(true);
-    let m = manager(&store, fast_config(), &env).await;
-    let mut watcher = m
-        .submit(env.with_id("d", Plan::steps(1, true)))
-        .await
-        .unwrap();
-    within(watcher.wait()).await.unwrap();
-    let again = m.submit(env.with_id("d", Plan::steps(1, true))).await;
-    assert!(matches!(again, Err(Error::DuplicateProcedure { id }) if id.as_str() == "d"));
-
-    // A record this manager has not loaded (written behind its back) is found by the submission's condition.
-    let mut foreign = stored(&store, "d");
-    foreign.id = ProcedureId::new("e");
-    store
-        .put(
-            &record_key(&foreign.id),
-            serde_json::to_vec(&foreign).unwrap(),
-        )
-        .await
-        .unwrap();
-    let behind = m.submit(env.with_id("e", Plan::steps(1, true))).await;
-    assert!(matches!(behind, Err(Error::DuplicateProcedure { id }) if id.as_str() == "e"));
-    m.stop().await.unwrap();
-
-    // A new manager loads the finished record and refuses the id as well.
-    let m2 = manager(&store, fast_config(), &env).await;
-    let across = m2.submit(env.with_id("d", Plan::steps(1, true))).await;
-    assert!(matches!(across, Err(Error::DuplicateProcedure { .. })));
 }
 
 #[tokio::test(start_paused = true)]

@@ -6,5 +6,7 @@ mod support;
 
 mod behaviour;
 mod epoch;
+mod lifecycle;
 mod locks;
 mod mock;
+mod submission;

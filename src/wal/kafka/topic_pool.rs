@@ -263,10 +263,18 @@ impl KafkaTopicManager {
                 self.admin.clone(),
             )?
             .with_recreated_sink(self.recreated.clone());
-            match manager
-                .submit(ProcedureWithId::new(id.clone(), Box::new(procedure)))
-                .await
-            {
+            // A submission of a known id watches the procedure under it: a bootstrap this manager already knows
+            // (finished, failed, or running) is judged here instead, and the next attempt's id is tried if it did
+            // not make this pool.
+            let submitted = match manager.watch(&id) {
+                Some(_) => Err(procedures::Error::DuplicateProcedure { id: id.clone() }),
+                None => {
+                    manager
+                        .submit(ProcedureWithId::new(id.clone(), Box::new(procedure)))
+                        .await
+                }
+            };
+            match submitted {
                 Ok(mut watcher) => {
                     watcher
                         .wait()

@@ -6,6 +6,7 @@
 mod support;
 
 mod commands;
+mod idempotent;
 mod purge;
 mod readonly;
 mod resume;

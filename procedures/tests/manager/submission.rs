@@ -1,0 +1,360 @@
+//! Submission semantics: a known id gives a watcher of its procedure (running, finished, or only in the store), an
+//! id used by another type is refused, and dropping `submit` at any of its store calls leaves either no procedure
+//! or a running one.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use tokio::sync::{Notify, Semaphore};
+
+use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
+use procedures::record::record_key;
+use procedures::{
+    Context, Error, LocalManager, MemoryStateStore, Procedure, ProcedureId, ProcedureManager,
+    ProcedureRecord, ProcedureWithId, Status,
+};
+
+async fn manager(store: Arc<dyn procedures::StateStore>, env: &Arc<Env>) -> LocalManager {
+    let manager = LocalManager::new(store, fast_config());
+    manager.register_loader(TYPE, env.loader()).unwrap();
+    manager.start().await.unwrap();
+    manager
+}
+
+fn entered(env: &Env, id: &str) -> usize {
+    env.events()
+        .iter()
+        .filter(|e| e.starts_with(&format!("enter {id} ")))
+        .count()
+}
+
+/// A procedure of another type than the shared test procedure.
+struct Other;
+
+#[async_trait]
+impl Procedure for Other {
+    fn type_name(&self) -> &str {
+        "other_type"
+    }
+    async fn execute(&mut self, _ctx: &Context) -> procedures::Result<Status> {
+        Ok(Status::done())
+    }
+    fn dump(&self) -> procedures::Result<serde_json::Value> {
+        Ok(serde_json::Value::Null)
+    }
+    fn lock_key(&self) -> procedures::LockKey {
+        procedures::LockKey::none()
+    }
+}
+
+#[tokio::test]
+async fn a_known_id_gives_its_running_or_finished_procedure() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(false);
+    let m = manager(store.clone(), &env).await;
+    let blocked = Plan {
+        block_at: Some(0),
+        ..Plan::steps(1, true)
+    };
+    let mut first = m.submit(env.with_id("p", blocked.clone())).await.unwrap();
+    // Running: the second submission watches the first procedure; nothing new is written or run.
+    let mut second = m.submit(env.with_id("p", blocked)).await.unwrap();
+    assert_eq!(second.id().as_str(), "p");
+    env.gate.add_permits(usize::MAX >> 4);
+    let output = Some(serde_json::json!({ "steps": 1 }));
+    assert_eq!(within(first.wait()).await.unwrap(), output);
+    assert_eq!(within(second.wait()).await.unwrap(), output);
+    // Finished: its output, at once.
+    let mut third = m
+        .submit(env.with_id("p", Plan::steps(5, true)))
+        .await
+        .unwrap();
+    assert_eq!(within(third.wait()).await.unwrap(), output);
+    assert_eq!(
+        entered(&env, "p"),
+        2,
+        "the procedure ran again: {:?}",
+        env.events()
+    );
+    m.stop().await.unwrap();
+
+    // A new manager on the store: the finished record's stored output.
+    let m2 = manager(store.clone(), &env).await;
+    let mut again = m2
+        .submit(env.with_id("p", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    assert_eq!(within(again.wait()).await.unwrap(), output);
+    assert_eq!(entered(&env, "p"), 2);
+}
+
+#[tokio::test]
+async fn a_record_only_in_the_store_is_loaded_and_watched() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(store.clone(), &env).await;
+    within(
+        m.submit(env.with_id("d", Plan::steps(1, true)))
+            .await
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap();
+    // A finished record and an unfinished one, written behind the manager's back.
+    let mut finished: ProcedureRecord =
+        serde_json::from_slice(&store.snapshot()[&record_key(&ProcedureId::new("d"))]).unwrap();
+    finished.id = ProcedureId::new("e");
+    finished.output = Some(serde_json::json!("from the store"));
+    let mut unfinished = finished.clone();
+    unfinished.id = ProcedureId::new("f");
+    unfinished.state = procedures::ProcedureState::Running;
+    unfinished.output = None;
+    unfinished.step = 0;
+    unfinished.data = serde_json::to_value(Plan::steps(2, true)).unwrap();
+    for record in [&finished, &unfinished] {
+        procedures::StateStore::put(
+            store.as_ref(),
+            &record_key(&record.id),
+            serde_json::to_vec(record).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let mut e = m
+        .submit(env.with_id("e", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(e.wait()).await.unwrap(),
+        Some(serde_json::json!("from the store"))
+    );
+    assert_eq!(entered(&env, "e"), 0);
+    // The unfinished one runs from its stored data (two steps), not from the submission's (five).
+    let mut f = m
+        .submit(env.with_id("f", Plan::steps(5, true)))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(f.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 2 }))
+    );
+}
+
+#[tokio::test]
+async fn an_id_used_by_another_type_is_refused_naming_it() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(store.clone(), &env).await;
+    within(
+        m.submit(env.with_id("x", Plan::steps(1, true)))
+            .await
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap();
+    let other = || ProcedureWithId::new(ProcedureId::new("x"), Box::new(Other));
+    let err = m.submit(other()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::ProcedureIdInUse { id, existing, submitted }
+            if id.as_str() == "x" && existing == TYPE && submitted == "other_type"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("procedure id x"), "{err}");
+    m.stop().await.unwrap();
+    // Also when the id is known only from the store.
+    let m2 = manager(store, &env).await;
+    assert!(matches!(
+        m2.submit(other()).await,
+        Err(Error::ProcedureIdInUse { .. })
+    ));
+}
+
+/// A store whose `write`s and `get`s can be held at a gate the test opens, and whose next held write can fail.
+struct GateStore {
+    inner: MemoryStateStore,
+    hold_writes: AtomicBool,
+    hold_gets: AtomicBool,
+    fail_held_write: AtomicBool,
+    reached: Notify,
+    gate: Semaphore,
+}
+
+impl GateStore {
+    fn new() -> Self {
+        GateStore {
+            inner: MemoryStateStore::new(),
+            hold_writes: AtomicBool::new(false),
+            hold_gets: AtomicBool::new(false),
+            fail_held_write: AtomicBool::new(false),
+            reached: Notify::new(),
+            gate: Semaphore::new(0),
+        }
+    }
+
+    async fn hold(&self) {
+        self.reached.notify_one();
+        if let Ok(permit) = self.gate.acquire().await {
+            permit.forget();
+        }
+    }
+}
+
+#[async_trait]
+impl procedures::StateStore for GateStore {
+    async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
+        if self.hold_gets.swap(false, Ordering::SeqCst) {
+            self.hold().await;
+        }
+        self.inner.get(key).await
+    }
+    async fn scan(&self, prefix: &str) -> procedures::Result<Vec<(String, Vec<u8>)>> {
+        self.inner.scan(prefix).await
+    }
+    async fn put(&self, key: &str, value: Vec<u8>) -> procedures::Result<()> {
+        self.inner.put(key, value).await
+    }
+    async fn delete(&self, keys: &[String]) -> procedures::Result<()> {
+        self.inner.delete(keys).await
+    }
+    async fn write(
+        &self,
+        conditions: Vec<procedures::Condition>,
+        ops: Vec<procedures::WriteOp>,
+    ) -> procedures::Result<procedures::WriteOutcome> {
+        if self.hold_writes.swap(false, Ordering::SeqCst) {
+            self.hold().await;
+            if self.fail_held_write.swap(false, Ordering::SeqCst) {
+                return Err(Error::Store {
+                    action: "write",
+                    key: ops
+                        .first()
+                        .map(|op| op.key().to_string())
+                        .unwrap_or_default(),
+                    source: "refused for the test".into(),
+                    retryable: false,
+                });
+            }
+        }
+        self.inner.write(conditions, ops).await
+    }
+}
+
+/// Polls a `submit` of `id` until its store call is held at the gate, then drops it. Returns a watcher taken while
+/// the submission was in flight.
+async fn drop_submit_at_the_gate(
+    m: &LocalManager,
+    store: &GateStore,
+    env: &Arc<Env>,
+    id: &str,
+) -> Option<procedures::Watcher> {
+    let reached = store.reached.notified();
+    tokio::pin!(reached);
+    {
+        let submit = m.submit(env.with_id(id, Plan::steps(1, true)));
+        tokio::pin!(submit);
+        tokio::select! {
+            biased;
+            result = &mut submit => panic!("submit finished past a closed gate: {result:?}"),
+            () = &mut reached => {}
+        }
+        // `submit` is dropped here, in the middle of its store call.
+    }
+    m.watch(&ProcedureId::new(id))
+}
+
+#[tokio::test]
+async fn dropping_submit_during_its_write_leaves_a_running_procedure() {
+    let store = Arc::new(GateStore::new());
+    let env = Env::new(true);
+    let m = manager(store.clone(), &env).await;
+    store.hold_writes.store(true, Ordering::SeqCst);
+    let watcher = drop_submit_at_the_gate(&m, &store, &env, "w").await;
+    let mut watcher = watcher.expect("the reserved procedure is watchable while its write is held");
+    store.gate.add_permits(1);
+    // The write lands after the caller left: the procedure runs, and its watcher resolves.
+    let output = Some(serde_json::json!({ "steps": 1 }));
+    assert_eq!(within(watcher.wait()).await.unwrap(), output);
+    // Resubmitting finds it.
+    let mut again = m
+        .submit(env.with_id("w", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    assert_eq!(within(again.wait()).await.unwrap(), output);
+    assert_eq!(entered(&env, "w"), 2);
+}
+
+#[tokio::test]
+async fn dropping_submit_during_a_failing_write_leaves_no_procedure() {
+    let store = Arc::new(GateStore::new());
+    let env = Env::new(true);
+    let m = manager(store.clone(), &env).await;
+    store.hold_writes.store(true, Ordering::SeqCst);
+    store.fail_held_write.store(true, Ordering::SeqCst);
+    let mut watcher = drop_submit_at_the_gate(&m, &store, &env, "n")
+        .await
+        .expect("the reserved procedure is watchable while its write is held");
+    store.gate.add_permits(1);
+    // The write failed: the watcher resolves (no hang) and says so; the id is free again.
+    let err = within(watcher.wait()).await.unwrap_err();
+    assert!(err.to_string().contains("not submitted"), "{err}");
+    assert!(m.watch(&ProcedureId::new("n")).is_none());
+    assert!(
+        procedures::StateStore::get(store.as_ref(), &record_key(&ProcedureId::new("n")))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let mut again = m
+        .submit(env.with_id("n", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(again.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 1 }))
+    );
+}
+
+#[tokio::test]
+async fn dropping_submit_while_it_reads_a_stored_record_leaves_that_procedure_running() {
+    let store = Arc::new(GateStore::new());
+    let env = Env::new(true);
+    let m = manager(store.clone(), &env).await;
+    // An unfinished record only in the store: the submission's write is refused and it reads the record.
+    let record = ProcedureRecord {
+        format_version: procedures::record::RECORD_FORMAT_VERSION,
+        type_name: TYPE.to_string(),
+        id: ProcedureId::new("s"),
+        parent_id: None,
+        step: 0,
+        state: procedures::ProcedureState::Running,
+        data: serde_json::to_value(Plan::steps(3, true)).unwrap(),
+        output: None,
+        error: None,
+        waiting_for: Vec::new(),
+        created_at_ms: 0,
+        updated_at_ms: 0,
+    };
+    procedures::StateStore::put(
+        &store.inner,
+        &record_key(&record.id),
+        serde_json::to_vec(&record).unwrap(),
+    )
+    .await
+    .unwrap();
+    store.hold_gets.store(true, Ordering::SeqCst);
+    let _ = drop_submit_at_the_gate(&m, &store, &env, "s").await;
+    store.gate.add_permits(1);
+    // The read finishes after the caller left: the stored procedure is loaded and runs; a resubmission watches it.
+    let mut again = m
+        .submit(env.with_id("s", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    assert_eq!(
+        within(again.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 3 }))
+    );
+    assert_eq!(entered(&env, "s"), 4);
+}
