@@ -314,7 +314,7 @@ async fn a_topic_made_out_of_band_with_3_partitions_fails_the_bootstrap_naming_i
     eprintln!("out-of-band topic: {err}");
     assert!(
         err.contains(&format!(
-            "topic '{intruder}' already exists with 3 partition(s), but 1 partition(s) are wanted"
+            "Kafka topic '{intruder}' has 3 partitions but the pool needs 1"
         )),
         "{err}"
     );
