@@ -297,3 +297,20 @@ async fn every_crash_point_of_a_batched_bootstrap_with_a_failing_topic_ends_with
     assert_eq!(outcome.created.len(), 10);
     assert_eq!(outcome.names.len(), wanted.len());
 }
+
+#[test]
+fn create_batch_size_out_of_range_is_refused_naming_the_key() {
+    for (value, shown) in [("0", "0"), ("10001", "10001")] {
+        let text = format!("[wal]\nprovider = \"kafka\"\ncreate_batch_size = {value}\n");
+        let err = remote_wal::config::MetasrvConfig::from_toml_str(&text, "metasrv.toml")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "config file 'metasrv.toml': invalid WAL config: create_batch_size = {shown}: must be between 1 \
+                 and 10000"
+            )
+        );
+    }
+}

@@ -245,7 +245,16 @@ async fn a_crash_after_20_of_64_creations_recovers_without_duplicates() {
         !first.is_ready(),
         "crashed start must not make the pool ready: {err}"
     );
-    let after_crash = admin.pool_topics(&prefix).await.len();
+    // Topics the controller created a moment ago can be missing from metadata briefly (longer while another test
+    // creates thousands of topics on the shared broker): read until the 20 reported creations are listed.
+    let mut after_crash = admin.pool_topics(&prefix).await.len();
+    for _ in 0..300 {
+        if after_crash >= 20 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        after_crash = admin.pool_topics(&prefix).await.len();
+    }
     assert!(
         (20..64).contains(&after_crash),
         "{after_crash} topics after the crash"
@@ -303,6 +312,13 @@ async fn a_topic_made_out_of_band_with_3_partitions_fails_the_bootstrap_naming_i
     let admin = CountingAdmin::connect(&config).await;
     let intruder = format!("{prefix}_5");
     admin.inner.create_topic(&intruder, 3, 1).await.unwrap();
+    // The operator's topic exists before the bootstrap starts: wait until the broker's metadata lists it.
+    for _ in 0..300 {
+        if admin.pool_topics(&prefix).await.contains_key(&intruder) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let allocator = allocator(&config, &kv, &admin);
     let manager = started(
