@@ -253,6 +253,21 @@ pub enum Error {
         /// deadline may not.
         retryable: bool,
     },
+    /// A request the batching admin sent to a broker failed as a whole (the connection broke, the answer could not
+    /// be read, or it was refused): nothing is known of any topic it carried.
+    #[snafu(display("Kafka broker {broker} (of {endpoints:?}): {operation} failed: {reason}"))]
+    KafkaRequest {
+        /// The broker the request went to, `host:port`.
+        broker: String,
+        /// The bootstrap endpoints.
+        endpoints: Vec<String>,
+        /// What was sent, e.g. `CreateTopics of 1000 topic(s) (wal_0 … wal_999)`.
+        operation: String,
+        /// What went wrong.
+        reason: String,
+        /// Whether the same request may succeed if sent again; decided by the Kafka layer.
+        retryable: bool,
+    },
     /// Listing the cluster's topics failed.
     #[snafu(display("cannot list topics on Kafka brokers {endpoints:?}: {source}"))]
     ListTopics {
@@ -839,7 +854,8 @@ impl Error {
             Error::KafkaConnect { retryable, .. }
             | Error::KafkaTimeout { retryable, .. }
             | Error::ListTopics { retryable, .. }
-            | Error::CreateTopic { retryable, .. } => *retryable,
+            | Error::CreateTopic { retryable, .. }
+            | Error::KafkaRequest { retryable, .. } => *retryable,
             Error::TopicNotListed { .. } | Error::KafkaBrokersFenced { .. } => true,
             // ---- retryable: ddl ----
             Error::DatanodeUnavailable { .. } => true,

@@ -271,6 +271,8 @@ pub struct KafkaConfig {
     pub selector_type: SelectorType,
     /// At most this many topic creations in flight at once.
     pub max_concurrent_creates: usize,
+    /// At most this many topics in one CreateTopics request (1–10,000).
+    pub create_batch_size: usize,
     /// Retries of connection and controller errors. Last: TOML writes plain keys before sub-tables, and the
     /// order of the fields is the order an unknown-key error lists them in.
     pub backoff: BackoffConfig,
@@ -288,9 +290,15 @@ impl Default for KafkaConfig {
             selector_type: SelectorType::RoundRobin,
             backoff: BackoffConfig::default(),
             max_concurrent_creates: 16,
+            create_batch_size: DEFAULT_CREATE_BATCH_SIZE,
         }
     }
 }
+
+/// The default of `[wal] create_batch_size`: topics in one CreateTopics request.
+pub const DEFAULT_CREATE_BATCH_SIZE: usize = 1_000;
+/// The largest accepted `[wal] create_batch_size`.
+pub const MAX_CREATE_BATCH_SIZE: usize = 10_000;
 
 /// Exponential backoff between retries of a failing Kafka call, bounded by a deadline.
 ///
@@ -434,6 +442,14 @@ impl KafkaConfig {
                 field: "max_concurrent_creates",
                 value: "0",
                 reason: "must be at least 1",
+            }
+        );
+        ensure!(
+            (1..=MAX_CREATE_BATCH_SIZE).contains(&self.create_batch_size),
+            InvalidWalConfigSnafu {
+                field: "create_batch_size",
+                value: self.create_batch_size.to_string(),
+                reason: format!("must be between 1 and {MAX_CREATE_BATCH_SIZE}"),
             }
         );
         self.backoff.validate()
@@ -635,6 +651,7 @@ mod tests {
                 deadline: Duration::from_secs(7),
             },
             max_concurrent_creates: 4,
+            create_batch_size: 7,
         });
         let text = toml::to_string(&custom).unwrap();
         assert_eq!(WalConfig::from_toml_str(&text).unwrap(), custom);

@@ -146,7 +146,8 @@ async fn unknown_config_key() {
         &kafka_toml("num_topic = 8"),
         "invalid config file 'metasrv.toml', line 4, column 1, key `wal.num_topic`: unknown field `num_topic`, \
          expected one of `provider`, `broker_endpoints`, `num_topics`, `topic_name_prefix`, `num_partitions`, \
-         `replication_factor`, `create_topic_timeout`, `selector_type`, `max_concurrent_creates`, `backoff`",
+         `replication_factor`, `create_topic_timeout`, `selector_type`, `max_concurrent_creates`, \
+         `create_batch_size`, `backoff`",
     )
     .await;
 }
@@ -719,8 +720,8 @@ async fn pool_topic_exists_with_other_partition_count() {
     let err = topics.start(&manager).await.unwrap_err();
     assert_eq!(
         err.to_string(),
-        "bootstrap of Kafka topic pool 'wal_pool' failed: procedure topic_bootstrap/wal_pool failed: topic \
-         'wal_pool_0' already exists with 3 partition(s), but 1 partition(s) are wanted"
+        "bootstrap of Kafka topic pool 'wal_pool' failed: procedure topic_bootstrap/wal_pool failed: Kafka \
+         topic 'wal_pool_0' has 3 partitions but the pool needs 1; delete or fix it, or change the pool's prefix"
     );
     assert_eq!(admin.topics()["wal_pool_0"].partitions, 3);
     assert_eq!(admin.topics().len(), 1);

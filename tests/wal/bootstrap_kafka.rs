@@ -310,6 +310,13 @@ async fn a_topic_made_out_of_band_with_3_partitions_fails_the_bootstrap_naming_i
     let admin = CountingAdmin::connect(&config).await;
     let intruder = format!("{prefix}_5");
     admin.inner.create_topic(&intruder, 3, 1).await.unwrap();
+    // The operator's topic exists before the bootstrap starts: wait until the broker's metadata lists it.
+    for _ in 0..300 {
+        if admin.pool_topics(&prefix).await.contains_key(&intruder) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let allocator = allocator(&config, &kv, &admin);
     let manager = started(
@@ -321,7 +328,7 @@ async fn a_topic_made_out_of_band_with_3_partitions_fails_the_bootstrap_naming_i
     eprintln!("out-of-band topic: {err}");
     assert!(
         err.contains(&format!(
-            "topic '{intruder}' already exists with 3 partition(s), but 1 partition(s) are wanted"
+            "Kafka topic '{intruder}' has 3 partitions but the pool needs 1"
         )),
         "{err}"
     );

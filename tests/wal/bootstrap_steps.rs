@@ -165,9 +165,17 @@ async fn create_missing_creates_exactly_the_missing_topics() {
             .times(1)
             .returning(|_, _, _| Ok(CreateTopicOutcome::Created));
     }
+    // The step's first read lists the persisted topics only; after the creates every topic is listed.
+    let mut seq = Sequence::new();
     admin
         .expect_list_topics()
         .times(1)
+        .in_sequence(&mut seq)
+        .returning(|| Ok(listed(&["p_0", "p_2"].map(String::from).into(), 1)));
+    admin
+        .expect_list_topics()
+        .times(1)
+        .in_sequence(&mut seq)
         .returning(|| Ok(listed(&names("p", 0..4), 1)));
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let mut p = at_step(
@@ -190,8 +198,16 @@ async fn already_existed_counts_as_created() {
         .expect_create_topic()
         .times(3)
         .returning(|_, _, _| Ok(CreateTopicOutcome::AlreadyExisted));
+    // Not listed by the step's first read (created meanwhile by someone else), then listed.
+    let mut seq = Sequence::new();
     admin
         .expect_list_topics()
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|| Ok(BTreeMap::new()));
+    admin
+        .expect_list_topics()
+        .in_sequence(&mut seq)
         .returning(|| Ok(listed(&names("p", 0..3), 1)));
     let mut p = at_step(
         BootstrapStep::CreateMissing,
@@ -245,6 +261,7 @@ async fn admin_errors_keep_whether_they_are_retryable() {
             };
             Err(remote_wal::Error::from(source))
         });
+        admin.expect_list_topics().returning(|| Ok(BTreeMap::new()));
         let mut p = at_step(
             BootstrapStep::CreateMissing,
             spec("p", 1),
@@ -266,6 +283,12 @@ async fn create_missing_waits_for_topics_to_show_up_in_metadata() {
         .times(2)
         .returning(|_, _, _| Ok(CreateTopicOutcome::Created));
     let mut seq = Sequence::new();
+    // The step's first read: neither exists yet.
+    admin
+        .expect_list_topics()
+        .times(1)
+        .in_sequence(&mut seq)
+        .returning(|| Ok(BTreeMap::new()));
     admin
         .expect_list_topics()
         .times(2)
@@ -507,12 +530,12 @@ async fn a_topic_made_out_of_band_with_other_partitions_fails_the_run_naming_it(
     admin.create_out_of_band("o_2", 3);
     let mut p = TopicBootstrapProcedure::new(spec("o", 4), kv.clone(), admin.clone()).unwrap();
     let err = run_to_done(&mut p).await.unwrap_err().to_string();
+    // Found by the step's metadata read, before anything is created.
     assert!(
-        err.contains(
-            "topic 'o_2' already exists with 3 partition(s), but 1 partition(s) are wanted"
-        ),
+        err.contains("Kafka topic 'o_2' has 3 partitions but the pool needs 1"),
         "{err}"
     );
+    assert_eq!(admin.total_create_calls(), 0);
     assert!(
         list_persisted_topics(kv.as_ref(), "")
             .await
@@ -592,8 +615,8 @@ async fn topics_that_already_exist_are_success_and_logged_at_debug_only() {
         let _guard = tracing::subscriber::set_default(subscriber);
         run_to_done(&mut p).await.unwrap();
     }
-    // Every create was answered "already exists" and counted as created: the pool is persisted whole.
-    assert_eq!(admin.total_create_calls(), 8);
+    // The step's metadata read found every topic: nothing is sent to be created, the pool is persisted whole.
+    assert_eq!(admin.total_create_calls(), 0);
     assert!(admin.created_counts().is_empty());
     assert_eq!(
         list_persisted_topics(kv.as_ref(), "again_")

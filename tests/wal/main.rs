@@ -7,6 +7,8 @@ mod support;
 
 mod allocator;
 mod bad_input;
+mod batch_create;
+mod batch_kafka;
 mod bootstrap_crash;
 mod bootstrap_etcd;
 mod bootstrap_kafka;

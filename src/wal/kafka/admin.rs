@@ -1,4 +1,5 @@
-//! The [`TopicAdmin`] trait: the only two things remote-wal asks of a Kafka cluster.
+//! The [`TopicAdmin`] trait: what remote-wal asks of a Kafka cluster — list topics, read some topics' metadata,
+//! and create topics, one or a batch at a time.
 
 use std::collections::BTreeMap;
 use std::fmt::Debug;
@@ -34,7 +35,49 @@ pub trait TopicAdmin: Send + Sync + Debug {
         num_partitions: i32,
         replication_factor: i16,
     ) -> Result<CreateTopicOutcome>;
+
+    /// How many topics one [`TopicAdmin::create_topics`] call should carry at most. The default is 1: an admin
+    /// without a native batch creates topic by topic, and its callers run that many calls side by side.
+    fn create_batch_size(&self) -> usize {
+        1
+    }
+
+    /// Creates `names` (one batch, at most [`TopicAdmin::create_batch_size`] of them for one request), with one
+    /// answer per topic in the order of `names`; each answer is what [`TopicAdmin::create_topic`] would answer.
+    /// The outer error is a failure of the whole call (nothing is known of any topic).
+    ///
+    /// The default creates topic by topic, in order.
+    async fn create_topics(
+        &self,
+        names: &[String],
+        num_partitions: i32,
+        replication_factor: i16,
+    ) -> Result<Vec<TopicCreation>> {
+        let mut answers = Vec::with_capacity(names.len());
+        for name in names {
+            let outcome = self
+                .create_topic(name, num_partitions, replication_factor)
+                .await;
+            answers.push((name.clone(), outcome));
+        }
+        Ok(answers)
+    }
+
+    /// Those of `names` that exist in the cluster, with their partition counts (fresh metadata). A topic absent
+    /// from the answer does not exist (or is not listed yet).
+    ///
+    /// The default filters [`TopicAdmin::list_topics`].
+    async fn describe_topics(&self, names: &[String]) -> Result<BTreeMap<String, usize>> {
+        let listed = self.list_topics().await?;
+        Ok(names
+            .iter()
+            .filter_map(|n| listed.get(n).map(|&p| (n.clone(), p)))
+            .collect())
+    }
 }
+
+/// One topic's answer within a batched create: the topic and what creating it did, or why it failed.
+pub type TopicCreation = (String, Result<CreateTopicOutcome>);
 
 /// A shared [`TopicAdmin`].
 pub type TopicAdminRef = Arc<dyn TopicAdmin>;

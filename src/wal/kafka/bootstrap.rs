@@ -2,10 +2,13 @@
 //!
 //! Steps, in order (each persisted before the next runs):
 //! 1. **LoadTopics** — read the pool's persisted names (`__topic_name/kafka/{prefix}_{i}`) into the state.
-//! 2. **CreateMissing** — create every wanted topic that is not persisted, at most `max_concurrent_creates` at a
-//!    time; Kafka's TOPIC_ALREADY_EXISTS counts as created (the admin checks the partition count). Then poll the
-//!    broker's metadata (one topic list per poll) until every wanted topic shows the pool's partition count, up to
-//!    the poll deadline. A persisted topic the list lacks (deleted out of band) is recreated — it is in the pool's
+//! 2. **CreateMissing** — read which wanted topics exist, with their partition counts, in one metadata read
+//!    naming them (a bounded few requests for huge pools); create those neither persisted nor existing in batches
+//!    of the admin's `create_batch_size`, at most `max_concurrent_creates` batches at a time, with a side-effect
+//!    point after each batch; Kafka's TOPIC_ALREADY_EXISTS counts as created (the admin checks the partition
+//!    count). Then poll the metadata of the wanted topics until every one shows the pool's partition count, up to
+//!    the poll deadline (when nothing was created, the first read is that answer: a resume with every topic
+//!    existing costs one metadata read plus the persists). A persisted topic the list lacks (deleted out of band) is recreated — it is in the pool's
 //!    spec — and reported (the `recreated` count of the output), then waited for like a created one.
 //! 3. **PersistNames** — persist the names that are not persisted yet, in one atomic transaction (chunked only when
 //!    the backend's transaction limits require it).
@@ -22,7 +25,7 @@
 //! count or replication factor **supersedes** it (it restarts at LoadTopics with the configured spec, so the old
 //! count is never created), and another prefix (another pool) fails it with an error naming both prefixes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -251,50 +254,88 @@ impl TopicBootstrapProcedure {
         Ok(Status::executing(true))
     }
 
-    /// Step 2: create the wanted topics that are not persisted (bounded concurrency), then wait until every wanted
-    /// topic is visible with the pool's partition count.
+    /// Step 2: read which wanted topics exist (one metadata read naming them), create those that are neither
+    /// persisted nor existing in batches of the admin's batch size (at most `max_concurrent_creates` batches in
+    /// flight), then wait until every wanted topic is visible with the pool's partition count.
     async fn create_missing(&mut self, ctx: &Context) -> procedures::Result<Status> {
         let spec = self.data.spec.clone();
         let wanted = spec.topic_names();
+        let existing = self.admin.describe_topics(&wanted).await?;
+        // A topic made out of band with another partition count fails the bootstrap before anything is created.
+        self.check_partitions(&existing)?;
         let missing: Vec<String> = wanted
             .iter()
-            .filter(|t| !self.data.persisted.contains(*t))
+            .filter(|t| !self.data.persisted.contains(*t) && !existing.contains_key(*t))
             .cloned()
             .collect();
+        info!(
+            pool = %spec.topic_name_prefix,
+            existing = existing.len(),
+            missing = missing.len(),
+            batch_size = self.admin.create_batch_size(),
+            "read the pool's topics; creating the missing ones"
+        );
         let admin = self.admin.clone();
-        let mut creations = futures::stream::iter(missing)
-            .map(|topic| {
+        let batches: Vec<Vec<String>> = missing
+            .chunks(self.admin.create_batch_size().max(1))
+            .map(<[String]>::to_vec)
+            .collect();
+        let mut creations = futures::stream::iter(batches)
+            .map(|batch| {
                 let admin = admin.clone();
                 async move {
-                    let outcome = admin
-                        .create_topic(&topic, spec.num_partitions, spec.replication_factor)
+                    let answers = admin
+                        .create_topics(&batch, spec.num_partitions, spec.replication_factor)
                         .await;
-                    (topic, outcome)
+                    (batch, answers)
                 }
             })
             .buffer_unordered(spec.max_concurrent_creates);
-        while let Some((topic, outcome)) = creations.next().await {
-            match outcome? {
-                CreateTopicOutcome::Created => debug!(%topic, "created topic"),
-                CreateTopicOutcome::AlreadyExisted => debug!(%topic, "topic already existed"),
+        while let Some((batch, answers)) = creations.next().await {
+            for (topic, outcome) in answers? {
+                match outcome? {
+                    CreateTopicOutcome::Created => debug!(%topic, "created topic"),
+                    CreateTopicOutcome::AlreadyExisted => debug!(%topic, "topic already existed"),
+                }
             }
-            ctx.side_effect_point(&format!("created {topic}"))?;
+            ctx.side_effect_point(&created_label(&batch))?;
         }
         drop(creations);
 
-        self.wait_until_visible(&wanted).await?;
+        // Nothing created: the read above is fresh and answers the visibility check too.
+        let listed = missing.is_empty().then_some(existing);
+        self.wait_until_visible(&wanted, listed).await?;
         self.data.created = wanted.into_iter().collect();
         self.data.step = BootstrapStep::PersistNames;
         Ok(Status::executing(true))
     }
 
-    /// Polls the broker's metadata until every topic of `wanted` shows the pool's partition count; a wrong count is
-    /// an error at once. A persisted topic that is missing (it existed once: it was deleted out of band) is
-    /// recreated once, then waited for like a created one; a topic still missing at the deadline is an error
-    /// naming it.
-    async fn wait_until_visible(&mut self, wanted: &[String]) -> Result<()> {
-        let poll = self.data.spec.ready_poll.clone();
+    /// Fails, naming the topic and both counts, when a listed topic has another partition count than the pool's.
+    fn check_partitions(&self, listed: &BTreeMap<String, usize>) -> Result<()> {
         let expected = self.data.spec.num_partitions;
+        for (topic, &actual) in listed {
+            if i64::try_from(actual).ok() != Some(i64::from(expected)) {
+                return PoolTopicPartitionsSnafu {
+                    topic: topic.clone(),
+                    expected,
+                    actual,
+                }
+                .fail();
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls the broker's metadata of `wanted` until every topic shows the pool's partition count (`listed`, when
+    /// given, is a fresh first answer); a wrong count is an error at once. A persisted topic that is missing (it
+    /// existed once: it was deleted out of band) is recreated once, then waited for like a created one; a topic
+    /// still missing at the deadline is an error naming it.
+    async fn wait_until_visible(
+        &mut self,
+        wanted: &[String],
+        mut listed: Option<BTreeMap<String, usize>>,
+    ) -> Result<()> {
+        let poll = self.data.spec.ready_poll.clone();
         let started = Instant::now();
         let mut delays = ExponentialBuilder::default()
             .with_min_delay(poll.init)
@@ -303,22 +344,16 @@ impl TopicBootstrapProcedure {
             .without_max_times()
             .build();
         loop {
-            let listed = self.admin.list_topics().await?;
-            let mut missing = Vec::new();
-            for topic in wanted {
-                match listed.get(topic) {
-                    Some(&actual) if i64::try_from(actual).ok() == Some(i64::from(expected)) => {}
-                    Some(&actual) => {
-                        return PoolTopicPartitionsSnafu {
-                            topic: topic.clone(),
-                            expected,
-                            actual,
-                        }
-                        .fail();
-                    }
-                    None => missing.push(topic.clone()),
-                }
-            }
+            let listed = match listed.take() {
+                Some(listed) => listed,
+                None => self.admin.describe_topics(wanted).await?,
+            };
+            self.check_partitions(&listed)?;
+            let missing: Vec<String> = wanted
+                .iter()
+                .filter(|t| !listed.contains_key(*t))
+                .cloned()
+                .collect();
             if missing.is_empty() {
                 return Ok(());
             }
@@ -459,6 +494,16 @@ impl TopicBootstrapProcedure {
             .unwrap_or(1);
         let by_bytes = self.kv.max_request_bytes() / largest;
         by_ops.min(by_bytes).max(1)
+    }
+}
+
+/// The side-effect point after a batch of creates: `created {topic}` for one topic, `created {n} topics ({first} …
+/// {last})` for more.
+fn created_label(batch: &[String]) -> String {
+    match batch {
+        [first, .., last] => format!("created {} topics ({first} … {last})", batch.len()),
+        [one] => format!("created {one}"),
+        [] => "created no topic".to_string(),
     }
 }
 

@@ -1,6 +1,7 @@
 //! The Kafka side of remote WAL: topic administration, the topic pool, the selector and the bootstrap procedure.
 
 pub mod admin;
+pub mod batch_admin;
 pub mod bootstrap;
 pub mod region_count;
 pub mod rskafka_admin;

@@ -9,6 +9,10 @@
 //! retryable are the errors rskafka hands back at once without retrying although they may clear up (a broker
 //! asking for a retry with REQUEST_TIMED_OUT, brokers fenced while they restart): the engine retries those.
 //!
+//! Batches go elsewhere: [`TopicAdmin::create_topics`] and [`TopicAdmin::describe_topics`] are answered by a
+//! [`BatchAdmin`] on the same config (CreateTopics of up to `[wal] create_batch_size` topics per request, and
+//! Metadata requests naming the topics), since rskafka 0.6 has neither.
+//!
 //! Errors are classified by rskafka's error variants and Kafka's protocol error codes, never by message text.
 //!
 //! A topic Kafka has just created can be missing from the next metadata response for a moment (the controller
@@ -31,7 +35,8 @@ use snafu::{IntoError, ensure};
 use tokio::time::timeout;
 use tracing::debug;
 
-use super::admin::{CreateTopicOutcome, TopicAdmin};
+use super::admin::{CreateTopicOutcome, TopicAdmin, TopicCreation};
+use super::batch_admin::BatchAdmin;
 use crate::error::{
     CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu,
     KafkaBrokersFencedSnafu, KafkaConnectSnafu, KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu,
@@ -58,6 +63,8 @@ pub struct RsKafkaTopicAdmin {
     /// place that many replicas, so a later INVALID_REPLICATION_FACTOR for at most as many is its brokers being
     /// fenced (restarting), not a factor above the broker count.
     proven_replication: AtomicI16,
+    /// Batched creates and metadata reads.
+    batch: BatchAdmin,
 }
 
 impl RsKafkaTopicAdmin {
@@ -116,6 +123,7 @@ impl RsKafkaTopicAdmin {
             create_topic_timeout: config.create_topic_timeout,
             call_bound,
             proven_replication: AtomicI16::new(0),
+            batch: BatchAdmin::new(config)?,
         })
     }
 
@@ -203,6 +211,25 @@ impl TopicAdmin for RsKafkaTopicAdmin {
             .into_iter()
             .map(|t| (t.name, t.partitions.len()))
             .collect())
+    }
+
+    fn create_batch_size(&self) -> usize {
+        self.batch.batch_size()
+    }
+
+    async fn create_topics(
+        &self,
+        names: &[String],
+        num_partitions: i32,
+        replication_factor: i16,
+    ) -> Result<Vec<TopicCreation>> {
+        self.batch
+            .create_topics(names, num_partitions, replication_factor)
+            .await
+    }
+
+    async fn describe_topics(&self, names: &[String]) -> Result<BTreeMap<String, usize>> {
+        self.batch.describe_topics(names).await
     }
 
     async fn create_topic(

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use rskafka::client::error::{Error as RsKafkaError, ProtocolError, RequestContext, RequestError};
 use snafu::IntoError;
 
-use super::admin::{CreateTopicOutcome, TopicAdmin};
+use super::admin::{CreateTopicOutcome, TopicAdmin, TopicCreation};
 use super::rskafka_admin::{create_topic_error, is_retryable_rskafka_error};
 use crate::error::{KafkaTimeoutSnafu, ListTopicsSnafu, Result, TopicPartitionMismatchSnafu};
 use crate::wal::config::validate_topic_name;
@@ -71,6 +71,14 @@ struct FakeState {
     fail_all: Option<FakeFault>,
     /// The largest replication factor placed so far.
     proven_replication: i16,
+    /// Topics per batched create (0 and 1: topic by topic, like an admin without a native batch).
+    batch_size: usize,
+    /// Batched create calls so far.
+    batch_calls: usize,
+    /// Topic → the fault its next answer within a batched create fails with.
+    fail_topic: BTreeMap<String, FakeFault>,
+    /// Metadata reads so far (`list_topics` and `describe_topics` calls).
+    metadata_reads: usize,
 }
 
 impl fmt::Debug for FakeTopicAdmin {
@@ -162,6 +170,28 @@ impl FakeTopicAdmin {
         let mut s = self.lock();
         let at = s.create_calls + n;
         s.fail_create.insert(at, fault);
+    }
+
+    /// Sets how many topics one batched create carries ([`TopicAdmin::create_batch_size`]); the default, 1, makes
+    /// the bootstrap create topic by topic.
+    pub fn set_create_batch_size(&self, n: usize) {
+        self.lock().batch_size = n;
+    }
+
+    /// Makes the next batched create that carries `name` answer `fault` for it alone (the batch's other topics are
+    /// applied); the topic is not created by that call.
+    pub fn fail_topic_once(&self, name: &str, fault: FakeFault) {
+        self.lock().fail_topic.insert(name.to_string(), fault);
+    }
+
+    /// Batched create calls so far (each is one CreateTopics request on a real broker).
+    pub fn batch_calls(&self) -> usize {
+        self.lock().batch_calls
+    }
+
+    /// Metadata reads so far: `list_topics` and `describe_topics` calls, each one request on a real broker.
+    pub fn metadata_reads(&self) -> usize {
+        self.lock().metadata_reads
     }
 
     /// Makes the next list call fail with `fault` (several calls queue up, in order).
@@ -258,6 +288,7 @@ impl TopicAdmin for FakeTopicAdmin {
     async fn list_topics(&self) -> Result<BTreeMap<String, usize>> {
         let fault = {
             let mut s = self.lock();
+            s.metadata_reads += 1;
             s.fail_all.or_else(|| s.fail_list.pop_front())
         };
         if let Some(fault) = fault {
@@ -286,39 +317,107 @@ impl TopicAdmin for FakeTopicAdmin {
         if let Some(hook) = hook {
             hook(name).await;
         }
-        let wanted = usize::try_from(num_partitions).unwrap_or(0);
-        let mut s = self.lock();
-        let outcome = match s.topics.get_mut(name) {
-            Some(existing) => {
-                existing.refused += 1;
-                if existing.partitions == wanted {
-                    Ok(CreateTopicOutcome::AlreadyExisted)
-                } else {
-                    TopicPartitionMismatchSnafu {
-                        topic: name,
-                        wanted: num_partitions,
-                        found: existing.partitions,
-                    }
-                    .fail()
-                }
-            }
-            None => {
-                s.topics.insert(
-                    name.to_string(),
-                    FakeTopic {
-                        partitions: wanted,
-                        creations: 1,
-                        refused: 0,
-                    },
-                );
-                s.proven_replication = s.proven_replication.max(replication_factor);
-                Ok(CreateTopicOutcome::Created)
-            }
-        };
-        let created = matches!(outcome, Ok(CreateTopicOutcome::Created));
-        s.log.push((name.to_string(), created));
-        outcome
+        apply_create(&mut self.lock(), name, num_partitions, replication_factor)
     }
+
+    fn create_batch_size(&self) -> usize {
+        self.lock().batch_size.max(1)
+    }
+
+    /// One "request" for the whole batch: a call fault ([`FakeTopicAdmin::fail_nth_create`],
+    /// [`FakeTopicAdmin::fail_all`]) fails it as a whole, creating nothing; a topic fault
+    /// ([`FakeTopicAdmin::fail_topic_once`]) fails only that topic's answer while the others are applied.
+    async fn create_topics(
+        &self,
+        names: &[String],
+        num_partitions: i32,
+        replication_factor: i16,
+    ) -> Result<Vec<TopicCreation>> {
+        for name in names {
+            validate_topic_name(name)?;
+        }
+        let (fault, topic_faults) = {
+            let mut s = self.lock();
+            s.create_calls += 1;
+            s.batch_calls += 1;
+            let n = s.create_calls;
+            let fault = s.fail_all.or_else(|| s.fail_create.remove(&n));
+            let topic_faults: BTreeMap<String, FakeFault> = if fault.is_some() {
+                BTreeMap::new()
+            } else {
+                names
+                    .iter()
+                    .filter_map(|name| s.fail_topic.remove(name).map(|f| (name.clone(), f)))
+                    .collect()
+            };
+            (fault, topic_faults)
+        };
+        if let Some(fault) = fault {
+            let first = names.first().map(String::as_str).unwrap_or_default();
+            return Err(self.create_error(fault, first, replication_factor));
+        }
+        let hook = self.hook.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut answers = Vec::with_capacity(names.len());
+        for name in names {
+            if let Some(hook) = &hook {
+                hook(name).await;
+            }
+            let outcome = match topic_faults.get(name) {
+                Some(&fault) => Err(self.create_error(fault, name, replication_factor)),
+                None => apply_create(&mut self.lock(), name, num_partitions, replication_factor),
+            };
+            answers.push((name.clone(), outcome));
+        }
+        Ok(answers)
+    }
+
+    async fn describe_topics(&self, names: &[String]) -> Result<BTreeMap<String, usize>> {
+        let listed = self.list_topics().await?;
+        Ok(names
+            .iter()
+            .filter_map(|n| listed.get(n).map(|&p| (n.clone(), p)))
+            .collect())
+    }
+}
+
+/// Applies one create request to the cluster with Kafka's semantics and logs it.
+fn apply_create(
+    s: &mut FakeState,
+    name: &str,
+    num_partitions: i32,
+    replication_factor: i16,
+) -> Result<CreateTopicOutcome> {
+    let wanted = usize::try_from(num_partitions).unwrap_or(0);
+    let outcome = match s.topics.get_mut(name) {
+        Some(existing) => {
+            existing.refused += 1;
+            if existing.partitions == wanted {
+                Ok(CreateTopicOutcome::AlreadyExisted)
+            } else {
+                TopicPartitionMismatchSnafu {
+                    topic: name,
+                    wanted: num_partitions,
+                    found: existing.partitions,
+                }
+                .fail()
+            }
+        }
+        None => {
+            s.topics.insert(
+                name.to_string(),
+                FakeTopic {
+                    partitions: wanted,
+                    creations: 1,
+                    refused: 0,
+                },
+            );
+            s.proven_replication = s.proven_replication.max(replication_factor);
+            Ok(CreateTopicOutcome::Created)
+        }
+    };
+    let created = matches!(outcome, Ok(CreateTopicOutcome::Created));
+    s.log.push((name.to_string(), created));
+    outcome
 }
 
 #[cfg(test)]
