@@ -3,43 +3,11 @@
 //! its own etcd key prefix, so runs never see each other.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 
-use crate::support::{Env, endpoints, pool_topics_on_broker, toml_list, unique, wanted_topics};
+use crate::support::{
+    Env, endpoints, kafka_etcd_config, pool_topics_on_broker, unique, wanted_topics,
+};
 use remote_wal::wal::WalOptions;
-
-/// A Kafka + etcd config in `env` with `num_topics` topics named `{prefix}_i` and datanodes 1 and 2.
-fn kafka_etcd_config(env: &Env, prefix: &str, num_topics: usize) -> PathBuf {
-    let kafka = endpoints("KAFKA_ENDPOINTS");
-    let etcd = endpoints("ETCD_ENDPOINTS");
-    env.write(
-        "kafka-etcd.toml",
-        &format!(
-            r#"
-[metadata_store]
-backend = "etcd"
-endpoints = {etcd}
-key_prefix = "walctl-test/{ns}/"
-
-[wal]
-provider = "kafka"
-broker_endpoints = {kafka}
-num_topics = {num_topics}
-topic_name_prefix = "{prefix}"
-create_topic_timeout = "30s"
-
-[wal.backoff]
-deadline = "60s"
-
-[datanodes]
-ids = [1, 2]
-"#,
-            etcd = toml_list(&etcd),
-            kafka = toml_list(&kafka),
-            ns = unique("ns"),
-        ),
-    )
-}
 
 fn kafka_topic(wal_options: &serde_json::Value) -> String {
     let encoded = wal_options.as_str().expect("wal_options is a string");
@@ -54,7 +22,7 @@ fn bootstrap_create_table_open_regions_and_topics_on_kafka_and_etcd() {
     let brokers = endpoints("KAFKA_ENDPOINTS");
     let env = Env::new();
     let prefix = unique("walctl_it");
-    let config = kafka_etcd_config(&env, &prefix, 4);
+    let config = kafka_etcd_config(&env, &prefix, 4, &[1, 2]);
     let wanted = wanted_topics(&prefix, 4);
 
     // bootstrap: the pool exists on the broker, once each, one partition.
@@ -142,7 +110,7 @@ fn create_table_on_a_fresh_kafka_pool_bootstraps_it_first() {
     let brokers = endpoints("KAFKA_ENDPOINTS");
     let env = Env::new();
     let prefix = unique("walctl_fresh");
-    let config = kafka_etcd_config(&env, &prefix, 3);
+    let config = kafka_etcd_config(&env, &prefix, 3, &[1, 2]);
 
     let created = env.json(Some(&config), &["create-table", "fresh", "--regions", "3"]);
     let topics: BTreeSet<String> = created

@@ -6,38 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::support::{Env, endpoints, toml_list, unique};
-
-/// A Kafka + etcd config in `env` with a pool of `num_topics` topics named `{prefix}_i` and one datanode.
-fn config(env: &Env, prefix: &str, num_topics: usize) -> PathBuf {
-    env.write(
-        "spread.toml",
-        &format!(
-            r#"
-[metadata_store]
-backend = "etcd"
-endpoints = {etcd}
-key_prefix = "walctl-test/{ns}/"
-
-[wal]
-provider = "kafka"
-broker_endpoints = {kafka}
-num_topics = {num_topics}
-topic_name_prefix = "{prefix}"
-create_topic_timeout = "30s"
-
-[wal.backoff]
-deadline = "60s"
-
-[datanodes]
-ids = [1]
-"#,
-            etcd = toml_list(&endpoints("ETCD_ENDPOINTS")),
-            kafka = toml_list(&endpoints("KAFKA_ENDPOINTS")),
-            ns = unique("ns"),
-        ),
-    )
-}
+use crate::support::{Env, kafka_etcd_config, unique};
 
 /// `(min, max, mean)` of the `pool_spread` every JSON line of `walctl --json topics` carries (the same on each),
 /// and the regions per topic.
@@ -70,7 +39,7 @@ fn spread(env: &Env, config: &PathBuf) -> ((u64, u64, f64), BTreeMap<String, u64
 fn topics_shows_the_spread_and_each_create_table_levels_the_pool() {
     let env = Env::new();
     let prefix = unique("walctl_spread");
-    let config = config(&env, &prefix, 3);
+    let config = kafka_etcd_config(&env, &prefix, 3, &[1]);
     env.json(Some(&config), &["bootstrap"]);
     let ((min, max, mean), regions) = spread(&env, &config);
     assert_eq!((min, max, mean), (0, 0, 0.0));

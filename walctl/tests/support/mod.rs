@@ -236,3 +236,39 @@ deadline = "60s"
         ),
     )
 }
+
+/// A Kafka + etcd config in `env` (file `kafka-etcd.toml`, metadata under a fresh etcd key prefix) with `num_topics`
+/// topics named `{prefix}_i` and the given datanodes.
+pub fn kafka_etcd_config(env: &Env, prefix: &str, num_topics: usize, datanodes: &[u64]) -> PathBuf {
+    let kafka = endpoints("KAFKA_ENDPOINTS");
+    let etcd = endpoints("ETCD_ENDPOINTS");
+    let ids: Vec<String> = datanodes.iter().map(u64::to_string).collect();
+    env.write(
+        "kafka-etcd.toml",
+        &format!(
+            r#"
+[metadata_store]
+backend = "etcd"
+endpoints = {etcd}
+key_prefix = "walctl-test/{ns}/"
+
+[wal]
+provider = "kafka"
+broker_endpoints = {kafka}
+num_topics = {num_topics}
+topic_name_prefix = "{prefix}"
+create_topic_timeout = "30s"
+
+[wal.backoff]
+deadline = "60s"
+
+[datanodes]
+ids = [{ids}]
+"#,
+            etcd = toml_list(&etcd),
+            kafka = toml_list(&kafka),
+            ns = unique("ns"),
+            ids = ids.join(", "),
+        ),
+    )
+}
