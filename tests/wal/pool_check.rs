@@ -158,6 +158,42 @@ async fn the_allocator_never_hands_out_a_topic_it_has_not_seen_on_the_brokers_si
     assert!(pool.alloc().unwrap_err().to_string().contains("seen_0"));
 }
 
+#[tokio::test]
+async fn a_broker_that_has_not_caught_up_yet_delays_the_load_but_a_topic_gone_for_good_is_reported()
+{
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let first = metasrv(kafka_config("lag", 3), &kv, &admin);
+    first.bootstrap(|_| {}).await.unwrap();
+    first.stop().await.unwrap();
+    let pool = manager(TopicPoolSpec::new("lag", 3), &kv, &admin);
+
+    // The first listing and the first two confirmations come from a broker that lists nothing yet: the pool
+    // still loads, from the answers that follow.
+    admin.stale_metadata_reads(3);
+    let before = admin.metadata_reads();
+    pool.load_ready()
+        .await
+        .expect("the topics are on the brokers; one broker was only behind");
+    assert_eq!(
+        admin.metadata_reads() - before,
+        4,
+        "one listing and three confirmations"
+    );
+    assert_eq!(pool.alloc_batch(3).unwrap().len(), 3);
+
+    // A topic that stays absent through every confirmation is reported, after a bounded number of reads.
+    admin.delete_out_of_band("lag_1");
+    let before = admin.metadata_reads();
+    let err = pool.load_ready().await.expect_err("lag_1 is gone");
+    assert!(err.to_string().contains("lag_1"), "{err}");
+    assert_eq!(
+        admin.metadata_reads() - before,
+        6,
+        "one listing and five confirmations"
+    );
+}
+
 /// Starts a bootstrap of `num_topics` topics that stops answering after `created` creations, as if its process had
 /// been killed there, and returns once it hangs (its procedure record is at CreateMissing with that spec).
 async fn killed_bootstrap(

@@ -79,6 +79,8 @@ struct FakeState {
     fail_topic: BTreeMap<String, FakeFault>,
     /// Metadata reads so far (`list_topics` and `describe_topics` calls).
     metadata_reads: usize,
+    /// How many of the next metadata reads list no topic at all (a broker that has not caught up yet).
+    stale_reads: usize,
 }
 
 impl fmt::Debug for FakeTopicAdmin {
@@ -199,6 +201,12 @@ impl FakeTopicAdmin {
         self.lock().fail_list.push_back(fault);
     }
 
+    /// Makes the next `reads` metadata reads answer with no topic, as a broker does that has not yet applied the
+    /// controller's metadata log (topics the controller just created are missing from its answers).
+    pub fn stale_metadata_reads(&self, reads: usize) {
+        self.lock().stale_reads = reads;
+    }
+
     /// Makes every call fail with `fault` (the brokers are gone), or, with `None`, none.
     pub fn fail_all(&self, fault: Option<FakeFault>) {
         self.lock().fail_all = fault;
@@ -293,6 +301,13 @@ impl TopicAdmin for FakeTopicAdmin {
         };
         if let Some(fault) = fault {
             return Err(Self::list_error(fault));
+        }
+        {
+            let mut s = self.lock();
+            if s.stale_reads > 0 {
+                s.stale_reads -= 1;
+                return Ok(BTreeMap::new());
+            }
         }
         Ok(self.partitions())
     }

@@ -161,6 +161,12 @@ enum PoolState {
 /// (a failed one, or a smaller pool's) under the same pool.
 const MAX_BOOTSTRAP_ATTEMPTS: u32 = 1000;
 
+/// How many times a topic the brokers did not list is asked for again before it counts as absent.
+const METADATA_SETTLE_READS: u32 = 5;
+
+/// The pause before the first of those reads; it doubles after each (0.1 + 0.2 + ... + 1.6 s = 3.1 s in all).
+const METADATA_SETTLE_FIRST_PAUSE: Duration = Duration::from_millis(100);
+
 /// The Kafka topic pool of one metasrv: runs the bootstrap procedure, then keeps the ready pool in memory and hands
 /// out its topics. Before the pool is ready every allocation is an error.
 ///
@@ -317,9 +323,11 @@ impl KafkaTopicManager {
         .fail()
     }
 
-    /// Loads the persisted names, reads the brokers' topic list once, and makes the pool ready when every wanted
-    /// topic is persisted and on the brokers with the pool's partition count; otherwise an error naming the
-    /// topics that are not (the pool is then not ready: nothing is handed out). An unreachable broker is an error.
+    /// Loads the persisted names, reads the brokers' topic list (and, for topics it lacks, asks for them again a few
+    /// times over about three seconds, as a broker learns of new topics after the controller), and makes the pool
+    /// ready when every wanted topic is persisted and on the brokers with the pool's partition count; otherwise an
+    /// error naming the topics that are not (the pool is then not ready: nothing is handed out). An unreachable
+    /// broker is an error.
     pub async fn load_ready(&self) -> Result<()> {
         match self.load().await? {
             Ok(()) => Ok(()),
@@ -393,10 +401,24 @@ impl KafkaTopicManager {
         }
         let listed = self.admin.list_topics().await?;
         let expected = usize::try_from(self.spec.num_partitions).unwrap_or(0);
-        let absent: Vec<&String> = wanted
+        let mut absent: Vec<&String> = wanted
             .iter()
             .filter(|t| listed.get(*t) != Some(&expected))
             .collect();
+        // A broker learns of a topic from the controller's metadata log, after the controller acknowledged its
+        // creation: right after a bootstrap, the broker that answers may not list it yet. Absence is confirmed by
+        // asking for those topics again a few times over about three seconds before it is reported.
+        let mut pause = METADATA_SETTLE_FIRST_PAUSE;
+        for _ in 0..METADATA_SETTLE_READS {
+            if absent.is_empty() {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            pause = pause.saturating_mul(2);
+            let names: Vec<String> = absent.iter().map(|t| (*t).clone()).collect();
+            let described = self.admin.describe_topics(&names).await?;
+            absent.retain(|t| described.get(*t) != Some(&expected));
+        }
         if !absent.is_empty() {
             return Ok(Err(format!(
                 "{} of {} persisted topics are not on the brokers {:?} with {} partition(s) (first: {:?}); run the \
