@@ -30,8 +30,11 @@ pub struct ProcedureEvent {
 
 /// What happened. Stored with the tag `event` and the variant's fields next to it, e.g.
 /// `{"at_ms":…,"event":"retry","step":"Allocate","attempt":2,"error":"…","delay_ms":200}`.
+///
+/// Non-exhaustive: events such as `paused` or `cancel_requested` may be added.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum EventKind {
     /// Its first record was written.
     Submitted,

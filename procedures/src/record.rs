@@ -33,8 +33,10 @@ pub fn record_key(id: &ProcedureId) -> String {
     format!("{RECORD_PREFIX}{id}")
 }
 
-/// Where a procedure is in its life.
+/// Where a procedure is in its life. Non-exhaustive: states such as `paused` or `cancelled` may be added, so a
+/// `match` outside this crate needs a fallback arm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 #[serde(rename_all = "snake_case")]
 pub enum ProcedureState {
     /// Running its steps (or waiting for locks, admission or children).

@@ -415,3 +415,40 @@ async fn a_recovered_procedure_records_the_epoch_that_recovered_it() {
     );
     m2.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_fenced_manager_notes_the_newer_epoch_in_the_history_without_writing_it() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(false);
+    let m1 = LocalManager::new(store.clone(), fast_config());
+    m1.register_loader(TYPE, env.loader()).unwrap();
+    m1.start().await.unwrap();
+    let plan = Plan {
+        block_at: Some(0),
+        ..Plan::steps(1, true)
+    };
+    let _w = m1.submit(env.with_id("f", plan)).await.unwrap();
+    until(&m1, "f", |i| i.attempt == 1).await;
+
+    // A newer manager claims the store; it has no loader, so it only fences m1 (the record stalls there).
+    let m2 = LocalManager::new(store.clone(), fast_config());
+    m2.start().await.unwrap();
+    let newer = m2.epoch().unwrap();
+    let before = store.snapshot()[&record_key(&ProcedureId::new("f"))].clone();
+    // m1's step finishes and its write is refused: m1 halts.
+    env.gate.add_permits(1);
+    let fenced = until(&m1, "f", |i| {
+        i.events
+            .iter()
+            .any(|e| e.kind == EventKind::Fenced { epoch: newer })
+    })
+    .await;
+    assert!(!fenced.state.is_finished(), "{fenced:?}");
+    assert_eq!(
+        store.snapshot()[&record_key(&ProcedureId::new("f"))],
+        before,
+        "a fenced manager wrote"
+    );
+    m1.stop().await.unwrap();
+    m2.stop().await.unwrap();
+}
