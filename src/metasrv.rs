@@ -690,8 +690,10 @@ impl Metasrv {
     pub async fn purge_procedure(&self, id: &str) -> Result<()> {
         self.start_procedures().await?;
         let wanted = ProcedureId::new(id);
+        // A stalled procedure has no runner here (nothing writes its record any more): it may be purged.
         if let Some(info) = self.procedures.procedure_state(&wanted).await?
             && !info.state.is_finished()
+            && info.state != procedures::ProcedureState::Stalled
         {
             return ProcedurePurgeSnafu {
                 id,

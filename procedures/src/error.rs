@@ -154,6 +154,17 @@ pub enum Error {
         message: String,
     },
 
+    /// What a [`crate::Watcher`] returns for a procedure that stalled: it cannot make progress in this manager for a
+    /// reason retrying will not fix, and nothing more is written for it here (its record stays at its last persisted
+    /// step; a later manager resumes it). Not retryable by the caller.
+    #[snafu(display("procedure {id} is stalled: {reason}"))]
+    ProcedureStalled {
+        /// The procedure.
+        id: ProcedureId,
+        /// Why it cannot make progress.
+        reason: String,
+    },
+
     /// The procedure asked for a rollback it does not implement.
     #[snafu(display("procedure type '{type_name}' does not support rollback"))]
     RollbackNotSupported {

@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod error;
+pub mod event;
 pub mod manager;
 pub mod memory_store;
 pub mod procedure;
@@ -25,6 +26,7 @@ pub mod watcher;
 
 pub use config::{ManagerConfig, RetryPolicy};
 pub use error::{BoxedError, Error, Result};
+pub use event::{EventKind, ProcedureEvent};
 pub use manager::{
     HeldKey, LocalManager, LockWait, ProcedureLocks, ProcedureManager, ProcedureManagerRef,
 };

@@ -92,6 +92,24 @@ impl LocalManager {
         self.inner.locks.all()
     }
 
+    /// How many procedures stalled in this manager since it was made: a state write refused for good, a recovered
+    /// record whose type has no loader, a subprocedure that cannot be recovered, a panic (see
+    /// [`crate::ProcedureState::Stalled`]). A counter: it only grows, restarts of the manager included.
+    pub fn stalled_count(&self) -> u64 {
+        self.inner
+            .stalled_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// How many procedures this manager ended as failed (their `failed` record written), plus the records it showed
+    /// as failed on recovery because no manager can read them, since it was made. A counter, like
+    /// [`LocalManager::stalled_count`].
+    pub fn failed_count(&self) -> u64 {
+        self.inner
+            .failed_total
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// How many waiters for lock keys have been woken since the manager was made: a release wakes only the waiters
     /// of the released keys that it lets in.
     pub fn lock_wakeups(&self) -> u64 {

@@ -256,6 +256,12 @@ pub trait Procedure: Send {
     /// The keys to lock for the whole run.
     fn lock_key(&self) -> LockKey;
 
+    /// The name of the step `execute` runs next (e.g. `Allocate`), shown in [`crate::ProcedureInfo::step_name`],
+    /// stored in the record and named in step events. `None` (the default): the procedure does not name its steps.
+    fn step_name(&self) -> Option<String> {
+        None
+    }
+
     /// Whether [`Procedure::rollback`] undoes a failed run.
     fn rollback_supported(&self) -> bool {
         false

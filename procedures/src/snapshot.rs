@@ -74,6 +74,15 @@ fn info_of(key: &str, value: &[u8]) -> ProcedureInfo {
             error: Some(error.to_string()),
             created_at_ms: number("created_at_ms"),
             updated_at_ms: number("updated_at_ms"),
+            step_name: None,
+            attempt: 0,
+            last_error: Some(error.to_string()),
+            next_retry_at_ms: None,
+            step_started_at_ms: None,
+            lock_keys: Vec::new(),
+            locks_held: Vec::new(),
+            lock_wait: None,
+            events: Vec::new(),
         }
     };
     let record: ProcedureRecord = match serde_json::from_slice(value) {

@@ -30,8 +30,9 @@ impl Watcher {
     }
 
     /// Waits until the procedure is done (its output) or failed ([`Error::ProcedureFailed`] with the recorded
-    /// error). If the manager stops first (stopped, fenced, crashed), returns [`Error::ManagerNotRunning`]; the
-    /// procedure then resumes in the next manager started on the store.
+    /// error), or stalls ([`Error::ProcedureStalled`] with the reason). If the manager stops first (stopped, fenced,
+    /// crashed), returns [`Error::ManagerNotRunning`]; the procedure then resumes in the next manager started on the
+    /// store (a stalled one too).
     pub async fn wait(&mut self) -> Result<Option<Output>> {
         loop {
             {
@@ -54,6 +55,15 @@ impl Watcher {
                 let info = self.rx.borrow();
                 if info.state.is_finished() {
                     continue;
+                }
+                if info.state == ProcedureState::Stalled {
+                    return Err(Error::ProcedureStalled {
+                        id: self.id.clone(),
+                        reason: info
+                            .error
+                            .clone()
+                            .unwrap_or_else(|| "unknown reason".to_string()),
+                    });
                 }
                 return Err(Error::ManagerNotRunning {
                     reason: format!(

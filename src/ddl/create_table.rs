@@ -282,4 +282,16 @@ impl Procedure for CreateTableProcedure {
             )),
         ])
     }
+
+    /// The step `execute` runs next, named after its state: `Prepare`, `Allocate`, `CreateRegions`,
+    /// `PersistDatanodeTableValue`.
+    fn step_name(&self) -> Option<String> {
+        let name = match self.data.state {
+            CreateTableState::Prepare => "Prepare",
+            CreateTableState::Allocate => "Allocate",
+            CreateTableState::CreateRegions => "CreateRegions",
+            CreateTableState::PersistDatanodeTableValue => "PersistDatanodeTableValue",
+        };
+        Some(name.to_string())
+    }
 }

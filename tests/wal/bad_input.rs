@@ -405,6 +405,9 @@ async fn unknown_procedure_type() {
         error: None,
         created_at_ms: 1,
         updated_at_ms: 2,
+        step_name: None,
+        lock_keys: Vec::new(),
+        events: Vec::new(),
         waiting_for: Vec::new(),
     };
     let (kv, manager) =
@@ -413,14 +416,15 @@ async fn unknown_procedure_type() {
     manager.start().await.unwrap();
     let id = ProcedureId::new("drop-7");
     let info = manager.procedure_state(&id).await.unwrap().unwrap();
-    assert_eq!(info.state, ProcedureState::Failed);
+    // Stalled, not failed: a manager with the loader resumes it.
+    assert_eq!(info.state, ProcedureState::Stalled);
     let expected = "procedure drop-7 (type 'remote_wal::DropTable', key 'proc/drop-7') cannot be recovered: no \
                     loader is registered for type 'remote_wal::DropTable'";
     assert_eq!(info.error.as_deref(), Some(expected));
     let err = manager.watch(&id).unwrap().wait().await.unwrap_err();
     assert_eq!(
         err.to_string(),
-        format!("procedure drop-7 failed: {expected}")
+        format!("procedure drop-7 is stalled: {expected}")
     );
     manager.stop().await.unwrap();
     assert_eq!(without_epoch(kv.as_ref()).await, before);

@@ -51,7 +51,7 @@ pub enum Command {
         #[arg(long, value_name = "ID")]
         datanode: u64,
     },
-    /// List, show or purge procedures.
+    /// List, show, purge procedures, or list their lock keys.
     #[command(subcommand)]
     Procedures(ProceduresCommand),
     /// The Kafka topic pool, with the number of regions assigned to each topic.
@@ -70,11 +70,13 @@ impl Command {
 pub enum ProceduresCommand {
     /// Every procedure known (running, and finished ones still retained).
     List,
-    /// One procedure.
+    /// One procedure: its state, step, attempts, errors, timing, lock keys and event history.
     Show {
         /// The procedure id.
         id: String,
     },
+    /// The lock keys of unfinished procedures, read from the store (held/awaited is known to a running manager).
+    Locks,
     /// Remove a finished, failed or damaged procedure's record from the state store (asks first).
     Purge {
         /// The procedure id.

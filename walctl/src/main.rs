@@ -4,7 +4,7 @@
 //! embedded default), does its work, prints the result (text, or one JSON object per line with `--json`) and stops
 //! it. Only commands that change something (`bootstrap`, `create-table`, `procedures purge`) start the procedure
 //! manager, which claims the store and resumes any procedure an earlier, killed run left unfinished; the read-only
-//! ones (`procedures list/show`, `topics`, `open-regions`) only read the store. See `docs/walctl.md`.
+//! ones (`procedures list/show/locks`, `topics`, `open-regions`) only read the store. See `docs/walctl.md`.
 
 mod cli;
 mod output;
@@ -153,6 +153,11 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
         Command::Procedures(ProceduresCommand::Show { id }) => {
             let info = metasrv.stored_procedure(id).await?;
             output::print_procedure(out, &info);
+            Ok(())
+        }
+        Command::Procedures(ProceduresCommand::Locks) => {
+            let list = metasrv.stored_procedures().await?;
+            output::print_locks(out, &list);
             Ok(())
         }
         Command::Procedures(ProceduresCommand::Purge { id, yes }) => {

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use comfy_table::{CellAlignment, ColumnConstraint, Table};
-use procedures::ProcedureInfo;
+use procedures::{HeldKey, LockWait, ProcedureEvent, ProcedureInfo};
 use remote_wal::datanode::OpenRegions;
 use remote_wal::metasrv::{
     BootstrapReport, RegionPlacement, RegionSpread, TableRegions, TopicUsage, TopicsReport,
@@ -232,7 +232,10 @@ fn format_age(ms: u64) -> String {
     humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
 }
 
-/// A procedure as a JSON line: its info, with the type under `type`, the state as its name and the age added.
+/// A procedure as a JSON line: its info, with the type under `type`, the state as its name and the age added. The
+/// introspection fields follow: what the record holds (step name, declared lock keys; events only for `show`) and
+/// the live fields of a running manager, which a read of the store cannot know (`attempt` 0, the others null or
+/// empty).
 #[derive(Serialize)]
 struct ProcedureLine<'a> {
     id: &'a str,
@@ -246,10 +249,22 @@ struct ProcedureLine<'a> {
     age_ms: u64,
     error: Option<&'a str>,
     output: Option<&'a serde_json::Value>,
+    step_name: Option<&'a str>,
+    attempt: u32,
+    last_error: Option<&'a str>,
+    next_retry_at_ms: Option<u64>,
+    step_ms: Option<u64>,
+    total_ms: u64,
+    lock_keys: &'a [HeldKey],
+    locks_held: &'a [HeldKey],
+    lock_wait: Option<&'a LockWait>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    events: Option<&'a [ProcedureEvent]>,
 }
 
 impl<'a> From<&'a ProcedureInfo> for ProcedureLine<'a> {
     fn from(info: &'a ProcedureInfo) -> Self {
+        let now = procedures::record::now_ms();
         ProcedureLine {
             id: info.id.as_str(),
             type_name: &info.type_name,
@@ -261,6 +276,16 @@ impl<'a> From<&'a ProcedureInfo> for ProcedureLine<'a> {
             age_ms: age_ms(info),
             error: info.error.as_deref(),
             output: info.output.as_ref(),
+            step_name: info.step_name.as_deref(),
+            attempt: info.attempt,
+            last_error: info.last_error.as_deref(),
+            next_retry_at_ms: info.next_retry_at_ms,
+            step_ms: info.step_ms(now),
+            total_ms: info.total_ms(now),
+            lock_keys: &info.lock_keys,
+            locks_held: &info.locks_held,
+            lock_wait: info.lock_wait.as_ref(),
+            events: None,
         }
     }
 }
@@ -296,10 +321,23 @@ pub fn print_procedures(out: &mut Output, list: &[ProcedureInfo]) {
 /// `walctl procedures show`'s result.
 pub fn print_procedure(out: &mut Output, info: &ProcedureInfo) {
     if out.json {
-        out.json_line(&ProcedureLine::from(info));
+        let mut line = ProcedureLine::from(info);
+        line.events = Some(&info.events);
+        out.json_line(&line);
         return;
     }
+    let now = procedures::record::now_ms();
     let dash = || "-".to_string();
+    let ms = |ms: u64| humantime::format_duration(Duration::from_millis(ms)).to_string();
+    let keys = |keys: &[HeldKey]| {
+        if keys.is_empty() {
+            return dash();
+        }
+        keys.iter()
+            .map(|k| format!("{} ({})", k.key, mode(k.exclusive)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let fields = vec![
         vec!["id".to_string(), info.id.to_string()],
         vec!["type".to_string(), info.type_name.clone()],
@@ -324,11 +362,132 @@ pub fn print_procedure(out: &mut Output, info: &ProcedureInfo) {
             "error".to_string(),
             info.error.as_deref().map(one_line).unwrap_or_else(dash),
         ],
+        vec![
+            "step name".to_string(),
+            info.step_name.clone().unwrap_or_else(dash),
+        ],
+        vec![
+            "attempt".to_string(),
+            match info.attempt {
+                0 => dash(),
+                n => n.to_string(),
+            },
+        ],
+        vec![
+            "last error".to_string(),
+            info.last_error
+                .as_deref()
+                .map(one_line)
+                .unwrap_or_else(dash),
+        ],
+        vec![
+            "next retry".to_string(),
+            info.next_retry_at_ms
+                .map(|at| format!("in {}", ms(at.saturating_sub(now))))
+                .unwrap_or_else(dash),
+        ],
+        vec![
+            "in step".to_string(),
+            info.step_ms(now).map(ms).unwrap_or_else(dash),
+        ],
+        vec!["total".to_string(), ms(info.total_ms(now))],
+        vec!["lock keys".to_string(), keys(&info.lock_keys)],
+        vec!["locks held".to_string(), keys(&info.locks_held)],
+        vec![
+            "waiting for".to_string(),
+            info.lock_wait
+                .as_ref()
+                .map(|w| {
+                    format!(
+                        "lock '{}' ({}), in its way: {}",
+                        w.key,
+                        mode(w.exclusive),
+                        w.blocked_by
+                    )
+                })
+                .unwrap_or_else(dash),
+        ],
     ];
     let table = plain_table(None, fields);
     for line in table.lines() {
         out.line(line.trim_end());
     }
+    out.line("");
+    if info.events.is_empty() {
+        out.line("no events recorded");
+        return;
+    }
+    let rows = info
+        .events
+        .iter()
+        .map(|e| {
+            vec![
+                humantime::format_rfc3339_millis(
+                    std::time::UNIX_EPOCH + Duration::from_millis(e.at_ms),
+                )
+                .to_string(),
+                one_line(&e.kind.to_string()),
+            ]
+        })
+        .collect();
+    out.table(&["AT", "EVENT"], rows);
+}
+
+fn mode(exclusive: bool) -> &'static str {
+    if exclusive { "exclusive" } else { "shared" }
+}
+
+/// One declared lock key of `walctl procedures locks`.
+#[derive(Serialize)]
+struct LockLine<'a> {
+    id: &'a str,
+    state: &'a str,
+    key: &'a str,
+    exclusive: bool,
+    /// Always `"declared"` here: held or awaited is known only to the running manager.
+    status: &'static str,
+}
+
+/// What `walctl procedures locks` says about where its answer comes from.
+pub const LOCKS_SOURCE_NOTE: &str = "lock keys declared by unfinished procedures, as their records hold them; \
+    which keys are held and which are awaited (and by whom) is live state of the running procedure manager, never \
+    written to the store";
+
+/// `walctl procedures locks`'s result: the lock keys every unfinished procedure declares.
+pub fn print_locks(out: &mut Output, list: &[ProcedureInfo]) {
+    let unfinished = list.iter().filter(|p| !p.state.is_finished());
+    if out.json {
+        for info in unfinished {
+            for k in &info.lock_keys {
+                out.json_line(&LockLine {
+                    id: info.id.as_str(),
+                    state: info.state.as_str(),
+                    key: &k.key,
+                    exclusive: k.exclusive,
+                    status: "declared",
+                });
+            }
+        }
+        return;
+    }
+    out.line(&format!("# {LOCKS_SOURCE_NOTE}"));
+    let rows: Vec<Vec<String>> = unfinished
+        .flat_map(|info| {
+            info.lock_keys.iter().map(move |k| {
+                vec![
+                    k.key.clone(),
+                    mode(k.exclusive).to_string(),
+                    info.id.to_string(),
+                    info.state.to_string(),
+                ]
+            })
+        })
+        .collect();
+    if rows.is_empty() {
+        out.line("no unfinished procedure declares a lock key");
+        return;
+    }
+    out.table(&["KEY", "MODE", "PROCEDURE", "STATE"], rows);
 }
 
 /// `walctl procedures purge`'s result.

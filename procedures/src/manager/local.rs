@@ -2,7 +2,7 @@
 //! semaphore, the lock table; plus `start` (claim the epoch, recover), `submit`, and halting.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use async_trait::async_trait;
@@ -12,7 +12,8 @@ use tokio::task::{AbortHandle, JoinSet};
 
 use crate::config::{ManagerConfig, RetryPolicy};
 use crate::error::{Error, Result};
-use crate::manager::lock::LockTable;
+use crate::event::{EventKind, push_event, truncate_text};
+use crate::manager::lock::{LockTable, ProcedureLocks};
 use crate::manager::runner::{Resume, Runner};
 use crate::manager::{LocalManager, ProcedureManager, retention};
 use crate::procedure::{
@@ -20,7 +21,7 @@ use crate::procedure::{
 };
 use crate::record::{
     EPOCH_KEY, ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION,
-    RECORD_PREFIX, now_ms, record_key,
+    RECORD_PREFIX, declared_keys, now_ms, record_key,
 };
 use crate::store::{Condition, StateStore, WriteOp, WriteOutcome};
 use crate::watcher::Watcher;
@@ -154,6 +155,10 @@ pub(crate) struct Inner {
     /// The admission slots of the current run (closed when it halts; a new run gets new ones).
     admission: Mutex<Arc<Semaphore>>,
     pub(crate) locks: Arc<LockTable>,
+    /// Procedures that stalled in this manager since it was made (a recovered record without a loader included).
+    pub(crate) stalled_total: AtomicU64,
+    /// Procedures this manager ended as failed, and records it showed as failed on recovery, since it was made.
+    pub(crate) failed_total: AtomicU64,
     /// Serialises `start` and `stop`: a `stop` returns only once every task is gone, also when another `stop` or a
     /// restarting `start` took the tasks first.
     lifecycle: tokio::sync::Mutex<()>,
@@ -180,6 +185,8 @@ impl Inner {
             halted: AtomicBool::new(false),
             admission: Mutex::new(Arc::new(Semaphore::new(slots))),
             locks: LockTable::new(),
+            stalled_total: AtomicU64::new(0),
+            failed_total: AtomicU64::new(0),
             lifecycle: tokio::sync::Mutex::new(()),
         })
     }
@@ -555,16 +562,46 @@ impl Inner {
                     } => {
                         tracing::warn!(%error, "procedure record cannot be recovered");
                         let now = now_ms();
+                        // No loader: a manager that has one resumes it, so it is stalled, not failed. A record
+                        // that no manager can read as it is (damaged, newer) is failed.
+                        let shown = if matches!(error, Error::LoaderNotFound { .. }) {
+                            self.stalled_total.fetch_add(1, Ordering::Relaxed);
+                            ProcedureState::Stalled
+                        } else {
+                            self.failed_total.fetch_add(1, Ordering::Relaxed);
+                            ProcedureState::Failed
+                        };
+                        let text = error.to_string();
+                        let mut events = Vec::new();
+                        let kind = if shown == ProcedureState::Stalled {
+                            EventKind::Stalled {
+                                reason: truncate_text(&text),
+                            }
+                        } else {
+                            EventKind::Failed {
+                                error: truncate_text(&text),
+                            }
+                        };
+                        push_event(&mut events, now, kind);
                         let info = ProcedureInfo {
                             id: id.clone(),
                             type_name,
                             parent_id,
-                            state: ProcedureState::Failed,
+                            state: shown,
                             step: 0,
                             output: None,
-                            error: Some(error.to_string()),
+                            error: Some(text.clone()),
                             created_at_ms: now,
                             updated_at_ms: now,
+                            step_name: None,
+                            attempt: 0,
+                            last_error: Some(text),
+                            next_retry_at_ms: None,
+                            step_started_at_ms: None,
+                            lock_keys: Vec::new(),
+                            locks_held: Vec::new(),
+                            lock_wait: None,
+                            events,
                         };
                         let mut entry = Entry::new(info, id.clone());
                         entry.unrecoverable = true;
@@ -596,7 +633,7 @@ impl Inner {
                 } else {
                     Resume::Execute
                 };
-                self.spawn_locked(&mut state, epoch, record, procedure, resume);
+                self.spawn_locked(&mut state, epoch, record, procedure, resume, true);
             }
             state.spawn(retention::run(Arc::downgrade(self)));
         }
@@ -897,7 +934,7 @@ impl Inner {
         if let Phase::Halted(reason) = &state.phase {
             return Err(reason.error());
         }
-        self.spawn_locked(&mut state, epoch, record, procedure, Resume::Execute);
+        self.spawn_locked(&mut state, epoch, record, procedure, Resume::Execute, false);
         state
             .procedures
             .get(&id)
@@ -943,14 +980,15 @@ impl Inner {
                 } else {
                     Resume::Execute
                 };
-                self.spawn_locked(&mut state, epoch, record, procedure, resume);
+                self.spawn_locked(&mut state, epoch, record, procedure, resume, true);
             }
             Recovered::Unrecoverable { error, .. } => return Err(error),
         }
         Ok(())
     }
 
-    /// Starts the runner task of a procedure whose entry is already in `state`.
+    /// Starts the runner task of a procedure whose entry is already in `state`; `recovered` when its record was
+    /// loaded from the store rather than written by this manager's submission.
     fn spawn_locked(
         self: &Arc<Self>,
         state: &mut State,
@@ -958,6 +996,7 @@ impl Inner {
         record: ProcedureRecord,
         procedure: BoxedProcedure,
         resume: Resume,
+        recovered: bool,
     ) {
         let id = record.id.clone();
         let Some(entry) = state.procedures.get_mut(&id) else {
@@ -969,6 +1008,7 @@ impl Inner {
             entry.root.clone(),
             record,
             procedure,
+            recovered,
         );
         let task = state.spawn(runner.run(resume));
         if let Some(entry) = state.procedures.get_mut(&id) {
@@ -988,6 +1028,12 @@ fn existing_watcher(entry: &Entry, submitted: &str) -> Result<Watcher> {
         });
     }
     Ok(entry.watcher())
+}
+
+/// Adds the keys a procedure holds, or what it waits for, as the lock table shows them now.
+fn with_locks(info: &mut ProcedureInfo, locks: ProcedureLocks) {
+    info.locks_held = locks.held;
+    info.lock_wait = locks.waiting;
 }
 
 fn self_not_started() -> Error {
@@ -1010,6 +1056,8 @@ impl NewProcedure {
         let ProcedureWithId { id, procedure } = procedure;
         let data = procedure.dump()?;
         let now = now_ms();
+        let mut events = Vec::new();
+        push_event(&mut events, now, EventKind::Submitted);
         let mut record = ProcedureRecord {
             format_version: RECORD_FORMAT_VERSION,
             type_name: procedure.type_name().to_string(),
@@ -1023,6 +1071,9 @@ impl NewProcedure {
             waiting_for: Vec::new(),
             created_at_ms: now,
             updated_at_ms: now,
+            step_name: procedure.step_name(),
+            lock_keys: declared_keys(&procedure.lock_key()),
+            events,
         };
         record.format_version = record.required_format_version();
         let value = serde_json::to_vec(&record).map_err(|source| Error::Serialize {
@@ -1133,22 +1184,41 @@ impl ProcedureManager for LocalManager {
     }
 
     async fn procedure_state(&self, id: &ProcedureId) -> Result<Option<ProcedureInfo>> {
-        Ok(self
+        let info = self
             .inner
             .state()
             .procedures
             .get(id)
-            .map(|e| e.info.clone()))
+            .map(|e| e.info.clone());
+        Ok(info.map(|mut info| {
+            if let Some(locks) = self.inner.locks.procedure_locks(id) {
+                with_locks(&mut info, locks);
+            }
+            info
+        }))
     }
 
     async fn list_procedures(&self) -> Result<Vec<ProcedureInfo>> {
-        Ok(self
+        let mut list: Vec<ProcedureInfo> = self
             .inner
             .state()
             .procedures
             .values()
             .map(|e| e.info.clone())
-            .collect())
+            .collect();
+        let mut locks: HashMap<ProcedureId, ProcedureLocks> = self
+            .inner
+            .locks
+            .all()
+            .into_iter()
+            .map(|l| (l.id.clone(), l))
+            .collect();
+        for info in &mut list {
+            if let Some(l) = locks.remove(&info.id) {
+                with_locks(info, l);
+            }
+        }
+        Ok(list)
     }
 
     fn epoch(&self) -> Option<u64> {

@@ -31,8 +31,8 @@ use tokio::sync::Notify;
 use crate::error::{Error, Result};
 use crate::procedure::{LockKey, ProcedureId, StringKey};
 
-/// One key a procedure holds, as the lock table shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One key a procedure holds (or declares), as the lock table and the record show it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeldKey {
     /// The key.
     pub key: String,
@@ -41,7 +41,7 @@ pub struct HeldKey {
 }
 
 /// What a waiting procedure waits for: the first of its keys it cannot take yet.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LockWait {
     /// The key.
     pub key: String,
@@ -54,7 +54,7 @@ pub struct LockWait {
 }
 
 /// The locks of one procedure: the keys it holds, or the key it waits for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ProcedureLocks {
     /// The procedure.
     pub id: ProcedureId,

@@ -1,7 +1,8 @@
 //! The run loop of one procedure: locks, admission, steps, persistence, children, retry, rollback.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::FutureExt;
 
@@ -9,11 +10,13 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::event::{EventKind, ProcedureEvent, push_event, truncate_text};
 use crate::manager::local::{Inner, NewProcedure, backoff};
 use crate::manager::lock::Requester;
 use crate::procedure::{BoxedProcedure, Context, Output, ProcedureId, ProcedureWithId, Status};
 use crate::record::{
-    ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, now_ms, record_key,
+    ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, declared_keys, now_ms,
+    record_key,
 };
 use crate::store::{Condition, WriteOp, WriteOutcome};
 use crate::watcher::Watcher;
@@ -47,6 +50,19 @@ pub(crate) enum Resume {
 /// The runner stopped the procedure without finishing it (halted, or a store write failed for good).
 struct Stopped;
 
+/// What the runner knows of its procedure beyond its last record: the introspection of [`ProcedureInfo`].
+#[derive(Default)]
+struct Live {
+    /// Every event, persisted or not yet (bounded like the record's).
+    events: Vec<ProcedureEvent>,
+    /// Starts of the current step in this manager.
+    attempt: u32,
+    /// The current step's last error, or the error that stalled it.
+    last_error: Option<String>,
+    next_retry_at_ms: Option<u64>,
+    step_started_at_ms: Option<u64>,
+}
+
 pub(crate) struct Runner {
     inner: Arc<Inner>,
     epoch: u64,
@@ -54,6 +70,9 @@ pub(crate) struct Runner {
     procedure: BoxedProcedure,
     /// The last record persisted for the procedure.
     record: ProcedureRecord,
+    /// The epoch of this manager when it loaded the procedure from the store (not when it submitted it).
+    recovered_by: Option<u64>,
+    live: Mutex<Live>,
 }
 
 impl Runner {
@@ -63,18 +82,72 @@ impl Runner {
         root: ProcedureId,
         record: ProcedureRecord,
         procedure: BoxedProcedure,
+        recovered: bool,
     ) -> Self {
+        let live = Live {
+            events: record.events.clone(),
+            ..Live::default()
+        };
         Runner {
             inner,
             epoch,
             root,
             procedure,
             record,
+            recovered_by: recovered.then_some(epoch),
+            live: Mutex::new(live),
         }
     }
 
     fn id(&self) -> &ProcedureId {
         &self.record.id
+    }
+
+    fn live(&self) -> MutexGuard<'_, Live> {
+        // Every change under this lock is a field assignment or a bounded push: it cannot panic half-way.
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds an event to the history (kept in memory until the next write takes it along).
+    fn event(&self, kind: EventKind) {
+        push_event(&mut self.live().events, now_ms(), kind);
+    }
+
+    /// What the procedure shows: its last record with `state` and `error`, plus the live introspection.
+    fn info(&self, state: ProcedureState, error: Option<String>) -> ProcedureInfo {
+        let mut info = ProcedureInfo::from(&self.record);
+        info.state = state;
+        info.error = error;
+        info.step_name = self.procedure.step_name();
+        let live = self.live();
+        info.attempt = live.attempt;
+        info.last_error = live.last_error.clone();
+        info.next_retry_at_ms = live.next_retry_at_ms;
+        info.step_started_at_ms = live.step_started_at_ms;
+        info.events = live.events.clone();
+        info
+    }
+
+    /// Publishes what the procedure shows now (nothing is written).
+    fn publish(&self, state: ProcedureState, error: Option<String>) {
+        let info = self.info(state, error);
+        self.inner
+            .with_entry(&self.record.id, |entry| entry.publish(info));
+    }
+
+    /// Halts the manager on a fatal error; a fence is noted in the history first (in memory: nothing more is
+    /// written by this manager).
+    fn halt_on(&self, e: &Error) {
+        if let Error::Fenced { epoch, .. } = e {
+            self.event(EventKind::Fenced { epoch: *epoch });
+            let shown = self.inner.with_entry(&self.record.id, |entry| {
+                (entry.info.state, entry.info.error.clone())
+            });
+            if let Some((state, error)) = shown {
+                self.publish(state, error);
+            }
+        }
+        self.inner.halt_on(e);
     }
 
     /// The procedure and its ancestors (parent first) for the lock table, from the parent links this manager knows.
@@ -119,27 +192,72 @@ impl Runner {
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a non-text panic payload".to_string());
-        tracing::error!(%id, panic = %message, "procedure stops: it panicked");
-        inner.with_entry(&id, |entry| {
+        tracing::error!(%id, panic = %message, "procedure stalls: it panicked");
+        let stalled = inner.with_entry(&id, |entry| {
             if entry.info.state.is_finished() {
-                return;
+                return false;
             }
             let mut info = entry.info.clone();
-            // `retrying` is never persisted: the last persisted state of a retrying procedure is `running`.
-            if info.state == ProcedureState::Retrying {
-                info.state = ProcedureState::Running;
-            }
-            info.error = Some(format!("the procedure panicked: {message}"));
+            let reason = format!("the procedure panicked: {message}");
+            info.state = ProcedureState::Stalled;
+            info.error = Some(reason.clone());
+            info.last_error = Some(reason.clone());
+            info.next_retry_at_ms = None;
+            push_event(
+                &mut info.events,
+                now_ms(),
+                EventKind::Stalled {
+                    reason: truncate_text(&reason),
+                },
+            );
             entry.close(info);
+            true
         });
+        if stalled == Some(true) {
+            inner.stalled_total.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     async fn run_to_end(mut self, resume: Resume) {
+        if let Some(epoch) = self.recovered_by {
+            self.event(EventKind::Recovered { epoch });
+            self.publish(self.record.state, self.record.error.clone());
+        }
         let keys = self.procedure.lock_key();
         // Locks before the admission slot: a procedure holding a slot never waits for a lock, so waiting for locks
         // cannot starve the procedures (children included) that would release them.
         let requester = self.requester();
-        let _locks = match self.inner.locks.acquire(&requester, &keys).await {
+        let table = Arc::clone(&self.inner.locks);
+        let acquire = table.acquire(&requester, &keys);
+        tokio::pin!(acquire);
+        let acquired = match futures::poll!(&mut acquire) {
+            std::task::Poll::Ready(acquired) => acquired,
+            std::task::Poll::Pending => {
+                // Queued: the lock table knows what it waits for (the request was queued by the first poll).
+                let waiting = self
+                    .inner
+                    .locks
+                    .procedure_locks(self.id())
+                    .and_then(|l| l.waiting);
+                let started = Instant::now();
+                if let Some(wait) = &waiting {
+                    self.event(EventKind::LockWaitBegan {
+                        key: wait.key.clone(),
+                        holder: wait.blocked_by.clone(),
+                    });
+                    self.publish(self.record.state, self.record.error.clone());
+                }
+                let acquired = (&mut acquire).await;
+                if let (Some(wait), Ok(_)) = (waiting, &acquired) {
+                    self.event(EventKind::LockWaitEnded {
+                        key: wait.key,
+                        waited_ms: started.elapsed().as_millis() as u64,
+                    });
+                }
+                acquired
+            }
+        };
+        let _locks = match acquired {
             Ok(guard) => guard,
             Err(e) => {
                 // Its locks would deadlock with its own tree: it fails without a step (its parent then fails).
@@ -178,6 +296,26 @@ impl Runner {
             if self.inner.is_halted() {
                 return Err(Stopped);
             }
+            let step = self.procedure.step_name();
+            let started = Instant::now();
+            let attempt = {
+                let mut live = self.live();
+                live.attempt += 1;
+                live.step_started_at_ms = Some(now_ms());
+                live.next_retry_at_ms = None;
+                live.attempt
+            };
+            self.event(EventKind::StepStarted {
+                step: step.clone(),
+                attempt,
+            });
+            let shown = self
+                .inner
+                .with_entry(&self.record.id, |entry| {
+                    (entry.info.state, entry.info.error.clone())
+                })
+                .unwrap_or((self.record.state, None));
+            self.publish(shown.0, shown.1);
             let result = match deadline {
                 None => self.procedure.execute(&ctx).await,
                 Some((deadline, timeout)) => {
@@ -201,12 +339,16 @@ impl Runner {
             if self.inner.is_halted() {
                 return Err(Stopped);
             }
+            if result.is_ok() {
+                self.step_finished(step.clone(), started);
+            }
             match result {
                 Ok(Status::Executing { persist }) => {
                     retry = backoff(&self.inner.config.step_retry);
-                    self.running_again();
                     if persist {
                         self.persist_step().await?;
+                    } else {
+                        self.publish(self.record.state, None);
                     }
                 }
                 Ok(Status::Suspended {
@@ -214,7 +356,10 @@ impl Runner {
                     persist,
                 }) => {
                     retry = backoff(&self.inner.config.step_retry);
-                    self.running_again();
+                    self.event(EventKind::Suspended {
+                        children: subprocedures.len(),
+                    });
+                    self.publish(self.record.state, None);
                     if let Err(e) = self.check_children_locks(&subprocedures) {
                         return self.fail(e).await;
                     }
@@ -233,20 +378,53 @@ impl Runner {
                     return self.finish(output).await;
                 }
                 Err(e) if e.is_fatal() => {
-                    self.inner.halt_on(&e);
+                    self.halt_on(&e);
                     return Err(Stopped);
                 }
                 Err(e) if e.is_retryable() => match retry.next() {
                     Some(delay) => {
                         tracing::debug!(id = %self.id(), error = %e, ?delay, "retrying a step");
-                        self.show(ProcedureState::Retrying, Some(e.to_string()));
+                        let text = e.to_string();
+                        {
+                            let mut live = self.live();
+                            live.last_error = Some(text.clone());
+                            live.next_retry_at_ms =
+                                Some(now_ms().saturating_add(delay.as_millis() as u64));
+                        }
+                        self.event(EventKind::Retry {
+                            step,
+                            attempt,
+                            error: truncate_text(&text),
+                            delay_ms: delay.as_millis() as u64,
+                        });
+                        self.publish(ProcedureState::Retrying, Some(text));
                         tokio::time::sleep(delay).await;
                     }
-                    None => return self.fail(e).await,
+                    None => {
+                        let cause = format!(
+                            "{e} (gave up after {attempt} attempt(s): the step's retries ran out)"
+                        );
+                        return self.fail_with(cause).await;
+                    }
                 },
                 Err(e) => return self.fail(e).await,
             }
         }
+    }
+
+    /// A step returned without error: its history entry, and the next step starts from attempt 0.
+    fn step_finished(&self, step: Option<String>, started: Instant) {
+        {
+            let mut live = self.live();
+            live.attempt = 0;
+            live.last_error = None;
+            live.next_retry_at_ms = None;
+            live.step_started_at_ms = None;
+        }
+        self.event(EventKind::StepFinished {
+            step,
+            duration_ms: started.elapsed().as_millis() as u64,
+        });
     }
 
     /// Persists a suspension in ONE write: the parent's next record, naming every child in `waiting_for`, and the
@@ -258,8 +436,13 @@ impl Runner {
         children: Vec<ProcedureWithId>,
     ) -> Result<Vec<Watcher>, Stopped> {
         let waiting_for: Vec<ProcedureId> = children.iter().map(|c| c.id.clone()).collect();
-        let (record, value) =
-            self.next_record(ProcedureState::Running, None, None, waiting_for.clone())?;
+        let (record, value) = self.next_record(
+            ProcedureState::Running,
+            None,
+            None,
+            waiting_for.clone(),
+            None,
+        )?;
         let step = record.step;
         // Children this manager knows already are only awaited; the others are reserved and written.
         let mut new: Vec<NewProcedure> = Vec::new();
@@ -301,9 +484,7 @@ impl Runner {
             match self.inner.write(self.epoch, conditions, ops, &shown).await {
                 Ok(WriteOutcome::Applied) => {
                     self.record = record;
-                    let info = ProcedureInfo::from(&self.record);
-                    self.inner
-                        .with_entry(&self.record.id, |entry| entry.publish(info));
+                    self.publish(self.record.state, None);
                     for child in new {
                         if self.inner.launch(self.epoch, child).is_err() {
                             // Only a halted manager refuses to launch.
@@ -343,9 +524,9 @@ impl Runner {
                 Err(e) => {
                     self.unreserve(&new);
                     if e.is_fatal() {
-                        self.inner.halt_on(&e);
+                        self.halt_on(&e);
                     } else if !self.inner.is_halted() {
-                        tracing::warn!(id = %self.id(), error = %e, "procedure stops: cannot persist its suspension");
+                        tracing::warn!(id = %self.id(), error = %e, "procedure stalls: cannot persist its suspension");
                         self.stop_with(e.to_string());
                     }
                     return Err(Stopped);
@@ -391,7 +572,7 @@ impl Runner {
                 && let Err(e) = self.inner.adopt(id).await
             {
                 if e.is_fatal() {
-                    self.inner.halt_on(&e);
+                    self.halt_on(&e);
                     return Err(Stopped);
                 }
                 return Err(self.stop_on_child(id, e));
@@ -432,7 +613,7 @@ impl Runner {
                     }
                 }
                 Err(e) if e.is_fatal() => {
-                    self.inner.halt_on(&e);
+                    self.halt_on(&e);
                     return Err(Stopped);
                 }
                 Err(e) => return Err(self.stop_on_child(&child_id, e)),
@@ -504,23 +685,45 @@ impl Runner {
     }
 
     fn stop_on_child(&self, child: &ProcedureId, e: Error) -> Stopped {
-        tracing::warn!(id = %self.id(), %child, error = %e, "procedure stops: a subprocedure cannot finish here");
+        tracing::warn!(id = %self.id(), %child, error = %e, "procedure stalls: a subprocedure cannot finish here");
         self.stop_with(format!("waiting for subprocedure {child}: {e}"));
         Stopped
     }
 
     /// A non-retryable error: roll back if supported, then persist the failed state.
     async fn fail(&mut self, error: Error) -> Result<(), Stopped> {
-        tracing::info!(id = %self.id(), %error, "procedure failed");
-        let cause = error.to_string();
+        self.fail_with(error.to_string()).await
+    }
+
+    /// [`Runner::fail`] with the error's text.
+    async fn fail_with(&mut self, cause: String) -> Result<(), Stopped> {
+        tracing::info!(id = %self.id(), error = %cause, "procedure failed");
+        self.live().last_error = Some(cause.clone());
         if !self.procedure.rollback_supported() {
-            return self
-                .persist(ProcedureState::Failed, None, Some(cause))
-                .await;
+            return self.persist_failed(cause).await;
         }
-        self.persist(ProcedureState::RollingBack, None, Some(cause.clone()))
-            .await?;
+        let event = EventKind::RollingBack {
+            error: truncate_text(&cause),
+        };
+        self.persist(
+            ProcedureState::RollingBack,
+            None,
+            Some(cause.clone()),
+            Some(event),
+        )
+        .await?;
         self.roll_back_and_fail(cause).await
+    }
+
+    /// Persists the failed state with `text`, and counts it.
+    async fn persist_failed(&mut self, text: String) -> Result<(), Stopped> {
+        let event = EventKind::Failed {
+            error: truncate_text(&text),
+        };
+        self.persist(ProcedureState::Failed, None, Some(text), Some(event))
+            .await?;
+        self.inner.failed_total.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Runs the rollback (retrying retryable errors), then persists the failed state.
@@ -536,15 +739,25 @@ impl Runner {
             match self.procedure.rollback(&ctx).await {
                 Ok(()) => break format!("{cause} (rolled back)"),
                 Err(e) if e.is_fatal() => {
-                    self.inner.halt_on(&e);
+                    self.halt_on(&e);
                     return Err(Stopped);
                 }
                 Err(e) if e.is_retryable() => match retry.next() {
                     Some(delay) => {
-                        self.show(
-                            ProcedureState::RollingBack,
-                            Some(format!("{cause}; rollback: {e}")),
-                        );
+                        let text = format!("{cause}; rollback: {e}");
+                        {
+                            let mut live = self.live();
+                            live.last_error = Some(text.clone());
+                            live.next_retry_at_ms =
+                                Some(now_ms().saturating_add(delay.as_millis() as u64));
+                        }
+                        self.event(EventKind::Retry {
+                            step: Some("rollback".to_string()),
+                            attempt: 0,
+                            error: truncate_text(&e.to_string()),
+                            delay_ms: delay.as_millis() as u64,
+                        });
+                        self.publish(ProcedureState::RollingBack, Some(text));
                         tokio::time::sleep(delay).await;
                     }
                     None => break format!("{cause}; rollback failed: {e}"),
@@ -552,26 +765,31 @@ impl Runner {
                 Err(e) => break format!("{cause}; rollback failed: {e}"),
             }
         };
-        self.persist(ProcedureState::Failed, None, Some(text)).await
+        self.live().next_retry_at_ms = None;
+        self.persist_failed(text).await
     }
 
     async fn finish(&mut self, output: Option<Output>) -> Result<(), Stopped> {
-        self.persist(ProcedureState::Done, output, None).await
+        self.persist(ProcedureState::Done, output, None, Some(EventKind::Done))
+            .await
     }
 
-    /// Persists a step of a running procedure.
+    /// Persists a step of a running procedure (its history since the last write rides along).
     async fn persist_step(&mut self) -> Result<(), Stopped> {
-        self.persist(ProcedureState::Running, None, None).await
+        self.persist(ProcedureState::Running, None, None, None)
+            .await
     }
 
-    /// The next record (step + 1) with the procedure's current data, and its bytes. When the data cannot be
-    /// dumped or serialised, the procedure stops without writing.
+    /// The next record (step + 1) with the procedure's current data, its history plus `event` (the state change
+    /// this write makes), and its bytes. When the data cannot be dumped or serialised, the procedure stops without
+    /// writing.
     fn next_record(
         &self,
         state: ProcedureState,
         output: Option<Output>,
         error: Option<String>,
         waiting_for: Vec<ProcedureId>,
+        event: Option<EventKind>,
     ) -> Result<(ProcedureRecord, Vec<u8>), Stopped> {
         let data = match self.procedure.dump() {
             Ok(data) => data,
@@ -585,6 +803,11 @@ impl Runner {
                 return Err(Stopped);
             }
         };
+        let now = now_ms();
+        let mut events = self.live().events.clone();
+        if let Some(event) = event {
+            push_event(&mut events, now, event);
+        }
         let mut record = ProcedureRecord {
             format_version: RECORD_FORMAT_VERSION,
             type_name: self.record.type_name.clone(),
@@ -597,7 +820,10 @@ impl Runner {
             error,
             waiting_for,
             created_at_ms: self.record.created_at_ms,
-            updated_at_ms: now_ms(),
+            updated_at_ms: now,
+            step_name: self.procedure.step_name(),
+            lock_keys: declared_keys(&self.procedure.lock_key()),
+            events,
         };
         record.format_version = record.required_format_version();
         match serde_json::to_vec(&record) {
@@ -621,11 +847,12 @@ impl Runner {
         state: ProcedureState,
         output: Option<Output>,
         error: Option<String>,
+        event: Option<EventKind>,
     ) -> Result<(), Stopped> {
         if self.inner.is_halted() {
             return Err(Stopped);
         }
-        let (record, value) = self.next_record(state, output, error, Vec::new())?;
+        let (record, value) = self.next_record(state, output, error, Vec::new(), event)?;
         let key = record_key(&record.id);
         match self
             .inner
@@ -638,10 +865,9 @@ impl Runner {
             .await
         {
             Ok(WriteOutcome::Applied) => {
+                self.live().events = record.events.clone();
                 self.record = record;
-                let info = ProcedureInfo::from(&self.record);
-                self.inner
-                    .with_entry(&self.record.id, |entry| entry.publish(info));
+                self.publish(self.record.state, self.record.error.clone());
                 Ok(())
             }
             Ok(WriteOutcome::Rejected { current }) => {
@@ -652,12 +878,12 @@ impl Runner {
                 Err(Stopped)
             }
             Err(e) if e.is_fatal() => {
-                self.inner.halt_on(&e);
+                self.halt_on(&e);
                 Err(Stopped)
             }
             Err(e) => {
                 if !self.inner.is_halted() {
-                    tracing::warn!(id = %self.id(), error = %e, "procedure stops: cannot persist its state");
+                    tracing::warn!(id = %self.id(), error = %e, "procedure stalls: cannot persist its state");
                     self.stop_with(e.to_string());
                 }
                 Err(Stopped)
@@ -665,33 +891,21 @@ impl Runner {
         }
     }
 
-    /// Shows a transient state in memory (nothing is written).
-    fn show(&self, state: ProcedureState, error: Option<String>) {
-        let mut info = ProcedureInfo::from(&self.record);
-        info.state = state;
-        info.error = error;
-        info.updated_at_ms = now_ms();
-        self.inner
-            .with_entry(&self.record.id, |entry| entry.publish(info));
-    }
-
-    /// Back to `running` in memory after a retry succeeded.
-    fn running_again(&self) {
-        let shows_retry = self
-            .inner
-            .with_entry(&self.record.id, |e| e.info.state != self.record.state)
-            .unwrap_or(false);
-        if shows_retry {
-            self.show(self.record.state, None);
+    /// The procedure stalls in this manager, without another write: it shows `stalled` at its last persisted step
+    /// with `reason` (and a `stalled` event), is counted in [`crate::LocalManager::stalled_count`], and its
+    /// watchers resolve with [`Error::ManagerNotRunning`]. Its record is untouched: a later manager resumes it.
+    fn stop_with(&self, reason: String) {
+        {
+            let mut live = self.live();
+            live.last_error = Some(reason.clone());
+            live.next_retry_at_ms = None;
         }
-    }
-
-    /// The procedure stops in this manager without another write: its information keeps the last persisted step
-    /// and shows `error`; its watchers resolve with [`Error::ManagerNotRunning`].
-    fn stop_with(&self, error: String) {
-        let mut info = ProcedureInfo::from(&self.record);
-        info.error = Some(error);
+        self.event(EventKind::Stalled {
+            reason: truncate_text(&reason),
+        });
+        let info = self.info(ProcedureState::Stalled, Some(reason));
         self.inner
             .with_entry(&self.record.id, |entry| entry.close(info));
+        self.inner.stalled_total.fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -113,6 +113,9 @@ mod tests {
             error: None,
             waiting_for: Vec::new(),
             created_at_ms: updated_at_ms - 5,
+            step_name: None,
+            lock_keys: Vec::new(),
+            events: Vec::new(),
             updated_at_ms,
         })
         .unwrap()

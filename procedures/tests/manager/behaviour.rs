@@ -306,6 +306,9 @@ async fn a_new_manager_resumes_a_rollback() {
         waiting_for: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,
+        step_name: None,
+        lock_keys: Vec::new(),
+        events: Vec::new(),
     };
     store
         .put("proc/rb", serde_json::to_vec(&record).unwrap())
@@ -340,6 +343,9 @@ async fn unrecoverable_records_show_as_failed_and_stay_untouched() {
         waiting_for: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,
+        step_name: None,
+        lock_keys: Vec::new(),
+        events: Vec::new(),
     };
     let unknown = ProcedureRecord {
         id: ProcedureId::new("unknown"),
@@ -388,13 +394,20 @@ async fn unrecoverable_records_show_as_failed_and_stay_untouched() {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(info.state, ProcedureState::Failed, "{id}");
+        // No loader: a manager with one resumes it, so it is stalled; a record no manager can read is failed.
+        let expected = if id == "unknown" {
+            ProcedureState::Stalled
+        } else {
+            ProcedureState::Failed
+        };
+        assert_eq!(info.state, expected, "{id}");
         let error = info.error.unwrap();
         assert!(error.contains(&format!("procedure {id} ")), "{error}");
         assert!(error.contains(text), "{error}");
-        // Watchers resolve as failed at once.
+        // Watchers resolve at once.
         assert!(within(m.watch(&info.id).unwrap().wait()).await.is_err());
     }
+    assert_eq!((m.stalled_count(), m.failed_count()), (1, 3));
     // Only the good record changed.
     let after = store.snapshot();
     for key in [
@@ -695,6 +708,9 @@ async fn a_recovered_parent_fails_when_a_child_its_suspension_names_failed() {
         waiting_for: vec![ProcedureId::new("p/c")],
         created_at_ms: 1,
         updated_at_ms: 1,
+        step_name: None,
+        lock_keys: Vec::new(),
+        events: Vec::new(),
     };
     let child = ProcedureRecord {
         format_version: 1,
@@ -770,6 +786,9 @@ async fn a_persisted_suspension_awaits_a_child_already_in_the_store_instead_of_w
         waiting_for: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,
+        step_name: None,
+        lock_keys: Vec::new(),
+        events: Vec::new(),
     };
     store
         .put("proc/p/c", serde_json::to_vec(&child).unwrap())
@@ -814,6 +833,9 @@ fn unloaded_child(state: ProcedureState, plan: Plan) -> ProcedureRecord {
         waiting_for: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,
+        step_name: None,
+        lock_keys: Vec::new(),
+        events: Vec::new(),
     }
 }
 
@@ -919,13 +941,14 @@ async fn a_panicking_step_stops_its_procedure_and_resolves_its_watcher() {
         .await
         .unwrap();
     let err = within(w.wait()).await.unwrap_err();
-    assert!(matches!(err, Error::ManagerNotRunning { .. }), "{err}");
+    assert!(matches!(err, Error::ProcedureStalled { .. }), "{err}");
     let info = m
         .procedure_state(&ProcedureId::new("bad"))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(info.state, ProcedureState::Running);
+    assert_eq!(info.state, ProcedureState::Stalled);
+    assert_eq!(m.stalled_count(), 1);
     let error = info.error.unwrap_or_default();
     assert!(
         error.contains("panicked") && error.contains("step bug"),
@@ -1078,6 +1101,9 @@ async fn a_record_naming_another_id_than_its_key_is_corrupt_and_writes_nothing()
         waiting_for: Vec::new(),
         created_at_ms: 1,
         updated_at_ms: 1,
+        step_name: None,
+        lock_keys: Vec::new(),
+        events: Vec::new(),
     };
     // Damaged: stored under proc/x but naming y. Resumed as y, it would overwrite y's record.
     let misplaced = ProcedureRecord {

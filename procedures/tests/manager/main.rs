@@ -6,7 +6,9 @@ mod support;
 
 mod behaviour;
 mod epoch;
+mod introspection;
 mod lifecycle;
 mod locks;
 mod mock;
+mod stalled;
 mod submission;

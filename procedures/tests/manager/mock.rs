@@ -373,7 +373,7 @@ async fn a_store_error_that_persists_stops_the_procedure_without_writes() {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!((info.step, info.state), (0, ProcedureState::Running));
+        assert_eq!((info.step, info.state), (0, ProcedureState::Stalled));
         let error = info.error.unwrap();
         assert!(
             error.contains("state store failed to write 'proc/p': backend unavailable"),

@@ -336,6 +336,9 @@ async fn dropping_submit_while_it_reads_a_stored_record_leaves_that_procedure_ru
         waiting_for: Vec::new(),
         created_at_ms: 0,
         updated_at_ms: 0,
+        step_name: None,
+        lock_keys: Vec::new(),
+        events: Vec::new(),
     };
     procedures::StateStore::put(
         &store.inner,

@@ -536,4 +536,14 @@ impl Procedure for TopicBootstrapProcedure {
     fn lock_key(&self) -> LockKey {
         pool_lock_key(&self.data.spec.topic_name_prefix)
     }
+
+    /// The step `execute` runs next: `LoadTopics`, `CreateMissing`, `PersistNames`.
+    fn step_name(&self) -> Option<String> {
+        let name = match self.data.step {
+            BootstrapStep::LoadTopics => "LoadTopics",
+            BootstrapStep::CreateMissing => "CreateMissing",
+            BootstrapStep::PersistNames => "PersistNames",
+        };
+        Some(name.to_string())
+    }
 }

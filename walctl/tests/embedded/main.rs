@@ -7,6 +7,7 @@ mod support;
 
 mod commands;
 mod idempotent;
+mod introspection;
 mod purge;
 mod readonly;
 mod resume;
