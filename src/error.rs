@@ -733,6 +733,108 @@ pub enum Error {
         /// The datanode's provider.
         expected: String,
     },
+    // ---- datanode log store (src/datanode/log_store) ----
+    /// A Kafka call of a region log store failed; retryability decided from rskafka's error where it is built.
+    #[snafu(display("WAL topic '{topic}': {operation} failed: {source}"))]
+    LogKafka {
+        /// The topic.
+        topic: String,
+        /// The call and what it touched (`produce 3 records`, `fetch from offset 12`).
+        operation: String,
+        /// Whether the same call may succeed if made again.
+        retryable: bool,
+        /// rskafka's error.
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
+    },
+    /// A Kafka call of a region log store did not finish within its bound (rskafka's retries until the backoff
+    /// deadline, then one request); final, since rskafka already retried.
+    #[snafu(display("WAL topic '{topic}': {operation} did not finish within {timeout:?}"))]
+    LogKafkaTimeout {
+        /// The topic.
+        topic: String,
+        /// The call.
+        operation: String,
+        /// The bound.
+        timeout: std::time::Duration,
+    },
+    /// A record of a wanted region does not decode (a damaged header, a key naming another region, a failed
+    /// checksum, fragments out of order). Not retryable: reading it again gives the same bytes.
+    #[snafu(display(
+        "WAL topic '{topic}', offset {offset}, region {region_id}: damaged record: {reason}"
+    ))]
+    LogRecordCorrupt {
+        /// The topic.
+        topic: String,
+        /// The record's offset.
+        offset: i64,
+        /// The region its key names.
+        region_id: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A region's entries from an entry id on were asked for, but the topic no longer holds them (deleted by a
+    /// prune or Kafka's retention, or the topic was recreated).
+    #[snafu(display(
+        "WAL topic '{topic}', region {region_id}: entries from entry id {from} are gone: the topic's first entry id is now {earliest}"
+    ))]
+    LogEntriesPruned {
+        /// The topic.
+        topic: String,
+        /// The region asking from the lowest entry id.
+        region_id: u64,
+        /// The first entry id asked for.
+        from: u64,
+        /// The first entry id the topic still holds.
+        earliest: u64,
+    },
+    /// Fetches below the topic's high watermark returned no record several times in a row. Retryable: the
+    /// partition's leader may be moving.
+    #[snafu(display(
+        "WAL topic '{topic}': {attempts} fetches from offset {offset} returned no record although the high watermark is {end}"
+    ))]
+    LogFetchStalled {
+        /// The topic.
+        topic: String,
+        /// The offset fetched from.
+        offset: i64,
+        /// The high watermark at the start of the read.
+        end: i64,
+        /// Empty fetches in a row.
+        attempts: u32,
+    },
+    /// The raft-engine directory of a datanode could not be opened or recovered.
+    #[snafu(display("cannot open raft-engine WAL directory '{dir}': {source}"))]
+    RaftEngineOpen {
+        /// The directory.
+        dir: String,
+        /// raft-engine's error.
+        #[snafu(source(from(raft_engine::Error, Box::new)))]
+        source: Box<raft_engine::Error>,
+    },
+    /// A raft-engine read or write failed.
+    #[snafu(display("raft-engine WAL '{dir}', region {region_id}: {operation} failed: {source}"))]
+    RaftEngineOp {
+        /// The directory.
+        dir: String,
+        /// The call.
+        operation: String,
+        /// The region.
+        region_id: u64,
+        /// raft-engine's error.
+        #[snafu(source(from(raft_engine::Error, Box::new)))]
+        source: Box<raft_engine::Error>,
+    },
+    /// A raft-engine call's blocking task panicked or was cancelled.
+    #[snafu(display("raft-engine WAL '{dir}': {operation} did not complete: {reason}"))]
+    RaftEngineTask {
+        /// The directory.
+        dir: String,
+        /// The call.
+        operation: String,
+        /// Why.
+        reason: String,
+    },
     // ---- end datanode ----
 
     // ---- metasrv and config (src/metasrv.rs, src/config.rs) ----
@@ -857,6 +959,9 @@ impl Error {
             | Error::CreateTopic { retryable, .. }
             | Error::KafkaRequest { retryable, .. } => *retryable,
             Error::TopicNotListed { .. } | Error::KafkaBrokersFenced { .. } => true,
+            // ---- retryable: datanode log store (decided where built, src/datanode/log_store) ----
+            Error::LogKafka { retryable, .. } => *retryable,
+            Error::LogFetchStalled { .. } => true,
             // ---- retryable: ddl ----
             Error::DatanodeUnavailable { .. } => true,
             Error::SequenceContention { .. } => true,

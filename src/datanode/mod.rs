@@ -1,6 +1,7 @@
 //! What a datanode opens when it starts: it reads every `DatanodeTableValue` recorded for it and turns each region
 //! into a [`RegionOpenRequest`] carrying the region's encoded WAL options.
 
+pub mod log_store;
 pub mod open_request;
 pub mod opener;
 
