@@ -835,6 +835,24 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A `__topic_region/{topic}/{region_id}` key or its value does not decode.
+    #[snafu(display("invalid topic region key '{key}': {reason}"))]
+    InvalidTopicRegionKey {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A checkpoint's compare-and-put kept losing to other writers of the key. Retryable.
+    #[snafu(display(
+        "checkpoint key '{key}' changed under {attempts} compare-and-put attempts in a row"
+    ))]
+    CheckpointContention {
+        /// The key.
+        key: String,
+        /// Attempts made.
+        attempts: usize,
+    },
     // ---- end datanode ----
 
     // ---- metasrv and config (src/metasrv.rs, src/config.rs) ----
@@ -961,7 +979,7 @@ impl Error {
             Error::TopicNotListed { .. } | Error::KafkaBrokersFenced { .. } => true,
             // ---- retryable: datanode log store (decided where built, src/datanode/log_store) ----
             Error::LogKafka { retryable, .. } => *retryable,
-            Error::LogFetchStalled { .. } => true,
+            Error::LogFetchStalled { .. } | Error::CheckpointContention { .. } => true,
             // ---- retryable: ddl ----
             Error::DatanodeUnavailable { .. } => true,
             Error::SequenceContention { .. } => true,

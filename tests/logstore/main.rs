@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod checkpoint;
 mod common;
 mod decoder_model;
 mod duplicates;
@@ -13,3 +14,4 @@ mod kafka_broker;
 mod offset_zero;
 mod pruned;
 mod raft_engine;
+mod replay;
