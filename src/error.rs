@@ -853,6 +853,15 @@ pub enum Error {
         /// Attempts made.
         attempts: usize,
     },
+    /// A region's WAL could not be replayed (its topic or engine directory failed); other regions are not
+    /// affected. Carries the cause's text, since one cause is reported for every region it concerns.
+    #[snafu(display("region {region_id}: WAL replay failed: {reason}"))]
+    RegionReplay {
+        /// The region.
+        region_id: u64,
+        /// The cause.
+        reason: String,
+    },
     // ---- end datanode ----
 
     // ---- metasrv and config (src/metasrv.rs, src/config.rs) ----

@@ -94,3 +94,165 @@ pub async fn replay_topic<P: PartitionLog>(
         read,
     })
 }
+
+/// What replaying one region of a datanode's open requests gave.
+#[derive(Debug)]
+pub struct RegionReplayOutcome {
+    /// The region.
+    pub region_id: RegionId,
+    /// Entries replayed (0 on error).
+    pub entries_replayed: u64,
+    /// Their bytes (0 on error).
+    pub bytes_replayed: u64,
+    /// Why the region's WAL could not be replayed; the other regions' replays are not affected.
+    pub error: Option<crate::Error>,
+}
+
+impl RegionReplayOutcome {
+    fn replayed(region_id: RegionId, entries: &[Entry]) -> Self {
+        RegionReplayOutcome {
+            region_id,
+            entries_replayed: entries.len() as u64,
+            bytes_replayed: entries.iter().map(|e| e.data.len() as u64).sum(),
+            error: None,
+        }
+    }
+
+    fn failed(region_id: RegionId, error: crate::Error) -> Self {
+        RegionReplayOutcome {
+            region_id,
+            entries_replayed: 0,
+            bytes_replayed: 0,
+            error: Some(error),
+        }
+    }
+}
+
+/// Replays the WAL of every region in `requests` (a datanode's open requests), by each region's recorded WAL
+/// options: the regions sharing a Kafka topic in one pass over it ([`replay_topic`], through brokers of `kafka`),
+/// the raft-engine regions from the datanode's engine directory `raft_engine_dir` (all their entries: raft-engine
+/// regions have no checkpoint key yet; a directory that does not exist holds none and is not created), noop regions
+/// with nothing. Returns one outcome per request, in request
+/// order; an error (a topic deleted, brokers unreachable, an engine directory that cannot be opened) is reported
+/// for the regions it concerns only.
+pub async fn replay_open_requests(
+    requests: &[crate::datanode::RegionOpenRequest],
+    kv: &KvBackendRef,
+    kafka: Option<&crate::wal::KafkaConfig>,
+    raft_engine_dir: &std::path::Path,
+) -> Vec<RegionReplayOutcome> {
+    use crate::datanode::log_store::kafka::{RsKafkaPartition, call_bound, connect_client};
+    use crate::datanode::log_store::{KafkaLogStoreConfig, LogStore, RaftEngineLogStore};
+    use crate::wal::{WAL_OPTIONS_KEY, WalOptions};
+
+    let mut by_topic: BTreeMap<String, Vec<RegionId>> = BTreeMap::new();
+    let mut raft_engine: Vec<RegionId> = Vec::new();
+    let mut outcomes: BTreeMap<RegionId, RegionReplayOutcome> = BTreeMap::new();
+    for request in requests {
+        let options = match request.options.get(WAL_OPTIONS_KEY) {
+            Some(encoded) => WalOptions::decode(encoded),
+            None => Ok(WalOptions::RaftEngine),
+        };
+        match options {
+            Ok(WalOptions::Kafka(k)) => {
+                by_topic.entry(k.topic).or_default().push(request.region_id)
+            }
+            Ok(WalOptions::RaftEngine) => raft_engine.push(request.region_id),
+            Ok(WalOptions::Noop) => {
+                outcomes.insert(
+                    request.region_id,
+                    RegionReplayOutcome::replayed(request.region_id, &[]),
+                );
+            }
+            Err(e) => {
+                outcomes.insert(
+                    request.region_id,
+                    RegionReplayOutcome::failed(request.region_id, e),
+                );
+            }
+        }
+    }
+
+    if !raft_engine.is_empty() {
+        let from = raft_engine.iter().map(|r| (*r, 1)).collect();
+        let read = if !raft_engine_dir.exists() {
+            // Nothing was ever written on this datanode: nothing to replay, and nothing to create.
+            Ok(BTreeMap::new())
+        } else {
+            match RaftEngineLogStore::open(raft_engine_dir).await {
+                Ok(store) => store.read_regions(&from).await,
+                Err(e) => Err(e),
+            }
+        };
+        match read {
+            Ok(entries) => {
+                for region_id in &raft_engine {
+                    let list = entries.get(region_id).map(Vec::as_slice).unwrap_or(&[]);
+                    outcomes.insert(*region_id, RegionReplayOutcome::replayed(*region_id, list));
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                for region_id in &raft_engine {
+                    let error = crate::error::RegionReplaySnafu {
+                        region_id: *region_id,
+                        reason: text.clone(),
+                    }
+                    .build();
+                    outcomes.insert(*region_id, RegionReplayOutcome::failed(*region_id, error));
+                }
+            }
+        }
+    }
+
+    if !by_topic.is_empty() {
+        let client = match kafka {
+            Some(config) => connect_client(config)
+                .await
+                .map(|client| (client, call_bound(config)))
+                .map_err(|e| e.to_string()),
+            None => {
+                Err("the metasrv is not configured for Kafka, so no broker is known".to_string())
+            }
+        };
+        for (topic, regions) in by_topic {
+            let result = match &client {
+                Ok((client, bound)) => match RsKafkaPartition::new(client, &topic, *bound).await {
+                    Ok(partition) => {
+                        let store = KafkaLogStore::new(partition, KafkaLogStoreConfig::default());
+                        replay_topic(&store, kv, &regions)
+                            .await
+                            .map_err(|e| e.to_string())
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+                Err(e) => Err(e.clone()),
+            };
+            match result {
+                Ok(replay) => {
+                    for (region_id, region) in replay.regions {
+                        outcomes.insert(
+                            region_id,
+                            RegionReplayOutcome::replayed(region_id, &region.entries),
+                        );
+                    }
+                }
+                Err(reason) => {
+                    for region_id in regions {
+                        let error = crate::error::RegionReplaySnafu {
+                            region_id,
+                            reason: reason.clone(),
+                        }
+                        .build();
+                        outcomes.insert(region_id, RegionReplayOutcome::failed(region_id, error));
+                    }
+                }
+            }
+        }
+    }
+
+    requests
+        .iter()
+        .filter_map(|r| outcomes.remove(&r.region_id))
+        .collect()
+}

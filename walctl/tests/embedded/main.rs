@@ -9,4 +9,5 @@ mod commands;
 mod idempotent;
 mod purge;
 mod readonly;
+mod replay;
 mod resume;
