@@ -22,7 +22,10 @@ fn replay_reports_each_regions_entries_and_bytes() {
         assert_eq!(line["bytes_replayed"].as_u64(), Some(0), "{line}");
     }
     let wal_dir = env.dir.path().join("walctl-data/wal/1");
-    assert!(!wal_dir.exists(), "a read-only replay creates no WAL directory");
+    assert!(
+        !wal_dir.exists(),
+        "a read-only replay creates no WAL directory"
+    );
 
     // The datanode writes: region 0 two entries, region 2 one.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -30,13 +33,19 @@ fn replay_reports_each_regions_entries_and_bytes() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let store = RaftEngineLogStore::open(&wal_dir).await.expect("open the WAL");
+        let store = RaftEngineLogStore::open(&wal_dir)
+            .await
+            .expect("open the WAL");
         let entry = |region_id: u64, n: usize| EntryToWrite {
             region_id,
             data: vec![7; n],
         };
         store
-            .append(vec![entry(ids[0], 100), entry(ids[2], 30), entry(ids[0], 50)])
+            .append(vec![
+                entry(ids[0], 100),
+                entry(ids[2], 30),
+                entry(ids[0], 50),
+            ])
             .await
             .expect("append");
     });
@@ -53,7 +62,11 @@ fn replay_reports_each_regions_entries_and_bytes() {
     assert_eq!(by_region(ids[1])["entries_replayed"].as_u64(), Some(0));
     assert_eq!(by_region(ids[2])["entries_replayed"].as_u64(), Some(1));
     assert_eq!(by_region(ids[2])["bytes_replayed"].as_u64(), Some(30));
-    assert_eq!(by_region(ids[0])["kind"], "request", "the fields open-regions --json has stay");
+    assert_eq!(
+        by_region(ids[0])["kind"],
+        "request",
+        "the fields open-regions --json has stay"
+    );
     assert!(by_region(ids[0])["region_dir"].is_string());
 
     let text = env.ok(None, &["open-regions", "--datanode", "1", "--replay"]);
