@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 
 use crate::datanode::checkpoint::CheckpointStore;
 use crate::datanode::log_store::kafka::{KafkaLogStore, PartitionLog, ReadCounts};
+use crate::datanode::log_store::record::{entry_id_of_offset, offset_of_entry_id};
 use crate::datanode::log_store::{Entry, EntryId, RegionId};
-use crate::error::Result;
+use crate::error::{LogEntriesPrunedSnafu, Result};
 use crate::kv::KvBackendRef;
 use crate::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 
@@ -31,21 +32,25 @@ pub struct RegionReplay {
 }
 
 /// What replaying one topic's regions did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct TopicReplay {
     /// The topic.
     pub topic: String,
     /// The topic's pruned entry id when the replay started.
     pub pruned_entry_id: EntryId,
-    /// Per region asked for.
+    /// Per region replayed.
     pub regions: BTreeMap<RegionId, RegionReplay>,
+    /// Per region that cannot be replayed because the topic no longer holds entries it needs (deleted by
+    /// retention or by hand, or the topic recreated): the error names the topic, the region and both entry ids.
+    /// The topic's other regions are replayed all the same.
+    pub errors: BTreeMap<RegionId, crate::Error>,
     /// What the one read pass cost (fetches, records and bytes of every region on the topic).
     pub read: ReadCounts,
 }
 
 /// Replays `regions` (all on the topic of `store`) in one pass over the topic, each from its replay checkpoint
-/// read from `kv`. Fails as a whole when the kv store or the topic fails (nothing replayed can be trusted then),
-/// or when the topic no longer holds entries a region needs.
+/// read from `kv`. Fails as a whole when the kv store or the topic fails (nothing replayed can be trusted then);
+/// a region whose entries the topic no longer holds is reported in [`TopicReplay::errors`], the others replayed.
 pub async fn replay_topic<P: PartitionLog>(
     store: &KafkaLogStore<P>,
     kv: &KvBackendRef,
@@ -67,11 +72,33 @@ pub async fn replay_topic<P: PartitionLog>(
             (*region_id, flushed.max(pruned_entry_id))
         })
         .collect();
-    let from = checkpoints
-        .iter()
-        .map(|(region_id, checkpoint)| (*region_id, checkpoint.saturating_add(1)))
-        .collect();
+    // A region whose next entry lies below what the topic still holds lost entries: it gets its own error, the
+    // others are read.
+    let end = store.partition().high_watermark().await?;
+    let earliest = store.partition().low_watermark().await?;
+    let mut errors = BTreeMap::new();
+    let mut from = BTreeMap::new();
+    for (region_id, checkpoint) in &checkpoints {
+        let next = checkpoint.saturating_add(1);
+        let offset = offset_of_entry_id(next);
+        if offset < earliest && offset < end {
+            let error = LogEntriesPrunedSnafu {
+                topic: topic.clone(),
+                region_id: *region_id,
+                from: next,
+                earliest: entry_id_of_offset(earliest),
+            }
+            .build();
+            errors.insert(*region_id, error);
+        } else {
+            from.insert(*region_id, next);
+        }
+    }
     let (mut entries, read) = store.read_regions_counted(&from).await?;
+    let checkpoints: BTreeMap<RegionId, EntryId> = checkpoints
+        .into_iter()
+        .filter(|(region_id, _)| from.contains_key(region_id))
+        .collect();
     let regions = checkpoints
         .into_iter()
         .map(|(region_id, checkpoint)| {
@@ -91,6 +118,7 @@ pub async fn replay_topic<P: PartitionLog>(
         topic,
         pruned_entry_id,
         regions,
+        errors,
         read,
     })
 }
@@ -230,6 +258,9 @@ pub async fn replay_open_requests(
             };
             match result {
                 Ok(replay) => {
+                    for (region_id, error) in replay.errors {
+                        outcomes.insert(region_id, RegionReplayOutcome::failed(region_id, error));
+                    }
                     for (region_id, region) in replay.regions {
                         outcomes.insert(
                             region_id,

@@ -199,3 +199,34 @@ async fn regions_sharing_a_topic_on_the_broker_replay_exactly_after_their_checkp
         assert_eq!(have, want, "region {region}");
     }
 }
+
+#[tokio::test]
+async fn a_region_whose_entries_were_deleted_gets_its_own_error_and_the_others_replay() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let checkpoints = CheckpointStore::new(kv.clone());
+    let store = memory_store(1024);
+    let written = write_rounds(&store, &[1, 2], 5, 10).await;
+    // Region 2 flushed its third entry; region 1 nothing. Then the topic loses its head (retention, or a
+    // DeleteRecords that ignored region 1).
+    checkpoints
+        .record_flushed("memory_topic", 2, written[&2][2].0)
+        .await
+        .unwrap();
+    store.partition().delete_below(4);
+    let replay = replay_topic(&store, &kv, &[1, 2]).await.unwrap();
+    assert_eq!(
+        replay.errors[&1].to_string(),
+        "WAL topic 'memory_topic', region 1: entries from entry id 1 are gone: the topic's first entry id is now 5"
+    );
+    assert!(!replay.regions.contains_key(&1));
+    let two: Vec<u64> = replay.regions[&2]
+        .entries
+        .iter()
+        .map(|e| e.entry_id)
+        .collect();
+    let want: Vec<u64> = written[&2][3..].iter().map(|(id, _)| *id).collect();
+    assert_eq!(
+        two, want,
+        "region 2 still replays everything after its checkpoint"
+    );
+}
