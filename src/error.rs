@@ -862,6 +862,19 @@ pub enum Error {
         /// The cause.
         reason: String,
     },
+    /// A produce request was acknowledged with another number of offsets than records sent; no entry id can be
+    /// given. Not retryable: the records may be written, and sending them again would duplicate them.
+    #[snafu(display(
+        "WAL topic '{topic}': {sent} records produced but {acknowledged} offsets acknowledged"
+    ))]
+    LogProduceMismatch {
+        /// The topic.
+        topic: String,
+        /// Records sent.
+        sent: usize,
+        /// Offsets the broker answered with.
+        acknowledged: usize,
+    },
     // ---- end datanode ----
 
     // ---- metasrv and config (src/metasrv.rs, src/config.rs) ----

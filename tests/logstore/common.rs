@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use remote_wal::datanode::log_store::kafka::PartitionLog;
 use remote_wal::datanode::log_store::memory_partition::MemoryPartition;
 use remote_wal::datanode::log_store::{
     Entry, EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, RsKafkaPartition,
@@ -49,7 +50,7 @@ pub fn broker_config() -> KafkaConfig {
     };
     c.backoff.init = Duration::from_millis(50);
     c.backoff.max = Duration::from_millis(500);
-    c.backoff.deadline = Duration::from_secs(10);
+    c.backoff.deadline = Duration::from_secs(30);
     c
 }
 
@@ -66,6 +67,20 @@ pub async fn broker_topic(tag: &str) -> (Arc<Client>, KafkaConfig, String) {
         .create_topic(&topic, 1, 1, 10_000)
         .await
         .unwrap_or_else(|e| panic!("create topic {topic}: {e}"));
+    // A new topic can be missing from metadata for a moment (longer on a busy broker): wait until it is listed, so
+    // the store's first call does not spend its backoff deadline on UNKNOWN_TOPIC_OR_PARTITION.
+    let listed = async {
+        loop {
+            let topics = client.list_topics().await.expect("list topics");
+            if topics.iter().any(|t| t.name == topic) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), listed)
+        .await
+        .unwrap_or_else(|_| panic!("topic {topic} was created but not listed within 120 s"));
     (client, config, topic)
 }
 
@@ -83,5 +98,14 @@ pub async fn broker_store(
     )
     .await
     .unwrap_or_else(|e| panic!("partition client of {topic}: {e}"));
-    KafkaLogStore::new(partition, store_config)
+    // A new topic's partition may have no leader yet (longer on a busy broker): wait until it answers, so the
+    // test's own calls meet a ready partition. A bound on readiness, not on speed.
+    let mut last = None;
+    for _ in 0..4 {
+        match partition.high_watermark().await {
+            Ok(_) => return KafkaLogStore::new(partition, store_config),
+            Err(e) => last = Some(e),
+        }
+    }
+    panic!("partition 0 of {topic} never answered: {last:?}")
 }

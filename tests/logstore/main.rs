@@ -12,6 +12,7 @@ mod duplicates;
 mod fragments;
 mod kafka_broker;
 mod offset_zero;
+mod produce;
 mod pruned;
 mod raft_engine;
 mod replay;

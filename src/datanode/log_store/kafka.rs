@@ -32,7 +32,7 @@ use super::record::{
 use super::{AppendedEntry, Entry, EntryId, EntryToWrite, LogStore, RegionId};
 use crate::error::{
     KafkaConnectSnafu, KafkaTimeoutSnafu, LogEntriesPrunedSnafu, LogFetchStalledSnafu,
-    LogKafkaSnafu, LogKafkaTimeoutSnafu, Result,
+    LogKafkaSnafu, LogKafkaTimeoutSnafu, LogProduceMismatchSnafu, Result,
 };
 use crate::wal::config::KafkaConfig;
 use crate::wal::kafka::rskafka_admin::is_retryable_rskafka_error;
@@ -283,7 +283,8 @@ impl<P: PartitionLog> LogStore for KafkaLogStore<P> {
                 self.config.max_fragment_bytes,
             ));
         }
-        let mut offsets = Vec::with_capacity(records.len());
+        let sent = records.len();
+        let mut offsets = Vec::with_capacity(sent);
         let mut batch = Vec::new();
         let mut batch_bytes = FRAMING_BYTES;
         for record in records {
@@ -298,12 +299,21 @@ impl<P: PartitionLog> LogStore for KafkaLogStore<P> {
         if !batch.is_empty() {
             offsets.extend(self.partition.produce(batch).await?);
         }
+        // An entry id comes from its first record's offset: without one offset per record, none can be given.
+        snafu::ensure!(
+            offsets.len() == sent,
+            LogProduceMismatchSnafu {
+                topic: self.topic(),
+                sent,
+                acknowledged: offsets.len(),
+            }
+        );
         Ok(entries
             .iter()
             .zip(firsts)
             .map(|(entry, first)| AppendedEntry {
                 region_id: entry.region_id,
-                entry_id: entry_id_of_offset(offsets.get(first).copied().unwrap_or(0)),
+                entry_id: entry_id_of_offset(offsets[first]),
             })
             .collect())
     }
