@@ -127,6 +127,7 @@ async fn main() {
         wal: WalConfig::Kafka(kafka),
         datanodes: DatanodesConfig {
             ids: DATANODES.to_vec(),
+            ..Default::default()
         },
         ..Default::default()
     };

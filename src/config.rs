@@ -19,6 +19,7 @@
 //!
 //! [datanodes]
 //! ids = [1, 2, 3]
+//! wal_dir = "./walctl-data/wal/{datanode}"  # raft-engine WAL of each datanode; {datanode} = its id
 //!
 //! [procedure]                           # retries of a step failing with a retryable error
 //! max_retries = 10
@@ -177,17 +178,29 @@ impl Default for MetadataStoreConfig {
     }
 }
 
+/// Where a datanode's raft-engine WAL lives when none is configured; `{datanode}` is replaced by its id.
+pub const DEFAULT_WAL_DIR: &str = "./walctl-data/wal/{datanode}";
+
+/// The placeholder of `[datanodes] wal_dir` replaced by a datanode's id.
+pub const DATANODE_PLACEHOLDER: &str = "{datanode}";
+
 /// The `[datanodes]` section.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct DatanodesConfig {
     /// The datanode ids regions are placed on, round-robin in this order.
     pub ids: Vec<u64>,
+    /// The raft-engine WAL directory of each datanode, `{datanode}` standing for its id (one engine directory
+    /// per datanode). Default [`DEFAULT_WAL_DIR`].
+    pub wal_dir: String,
 }
 
 impl Default for DatanodesConfig {
     fn default() -> Self {
-        DatanodesConfig { ids: vec![1] }
+        DatanodesConfig {
+            ids: vec![1],
+            wal_dir: DEFAULT_WAL_DIR.to_string(),
+        }
     }
 }
 
@@ -312,7 +325,40 @@ impl DatanodesConfig {
                 }
             );
         }
+        ensure!(
+            !self.wal_dir.trim().is_empty(),
+            InvalidConfigSnafu {
+                key: "datanodes.wal_dir",
+                value: "\"\"",
+                reason: "each datanode needs a raft-engine WAL directory",
+            }
+        );
+        let without = self.wal_dir.replace(DATANODE_PLACEHOLDER, "");
+        ensure!(
+            !without.contains('{') && !without.contains('}'),
+            InvalidConfigSnafu {
+                key: "datanodes.wal_dir",
+                value: format!("{:?}", self.wal_dir),
+                reason: "the only placeholder is {datanode}",
+            }
+        );
+        ensure!(
+            self.ids.len() < 2 || self.wal_dir.contains(DATANODE_PLACEHOLDER),
+            InvalidConfigSnafu {
+                key: "datanodes.wal_dir",
+                value: format!("{:?}", self.wal_dir),
+                reason: "must contain {datanode}: each datanode needs a directory of its own",
+            }
+        );
         Ok(())
+    }
+
+    /// The raft-engine WAL directory of `datanode_id`: `wal_dir` with `{datanode}` replaced by the id.
+    pub fn wal_dir_of(&self, datanode_id: u64) -> PathBuf {
+        PathBuf::from(
+            self.wal_dir
+                .replace(DATANODE_PLACEHOLDER, &datanode_id.to_string()),
+        )
     }
 }
 
@@ -417,7 +463,10 @@ mod tests {
                 num_topics: 7,
                 ..Default::default()
             }),
-            datanodes: DatanodesConfig { ids: vec![4, 2] },
+            datanodes: DatanodesConfig {
+                ids: vec![4, 2],
+                wal_dir: "/var/wal/dn-{datanode}".to_string(),
+            },
             procedure: ProcedureConfig {
                 max_retries: 3,
                 retry_delay: Duration::from_millis(10),
@@ -513,6 +562,28 @@ mod tests {
         assert!(err.contains("procedure.retry_delay"), "{err}");
         let err = parse_err("[procedure]\nretry_delay = \"2s\"\nmax_retry_delay = \"1s\"\n");
         assert!(err.contains("procedure.max_retry_delay"), "{err}");
+    }
+
+    #[test]
+    fn wal_dir_defaults_per_datanode_and_is_validated() {
+        let c = MetasrvConfig::embedded();
+        assert_eq!(c.datanodes.wal_dir, DEFAULT_WAL_DIR);
+        assert_eq!(
+            c.datanodes.wal_dir_of(7),
+            PathBuf::from("./walctl-data/wal/7")
+        );
+        let c = parse("[datanodes]\nids = [1, 2]\nwal_dir = \"/data/wal-{datanode}\"\n").unwrap();
+        assert_eq!(c.datanodes.wal_dir_of(2), PathBuf::from("/data/wal-2"));
+        // One datanode may use a fixed directory.
+        parse("[datanodes]\nids = [1]\nwal_dir = \"/data/wal\"\n").unwrap();
+
+        let err = parse_err("[datanodes]\nwal_dir = \"\"\n");
+        assert!(err.contains("datanodes.wal_dir"), "{err}");
+        let err = parse_err("[datanodes]\nids = [1, 2]\nwal_dir = \"/data/wal\"\n");
+        assert!(err.contains("datanodes.wal_dir"), "{err}");
+        assert!(err.contains("must contain {datanode}"), "{err}");
+        let err = parse_err("[datanodes]\nwal_dir = \"/data/{node}\"\n");
+        assert!(err.contains("the only placeholder is {datanode}"), "{err}");
     }
 
     #[test]

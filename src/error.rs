@@ -733,6 +733,148 @@ pub enum Error {
         /// The datanode's provider.
         expected: String,
     },
+    // ---- datanode log store (src/datanode/log_store) ----
+    /// A Kafka call of a region log store failed; retryability decided from rskafka's error where it is built.
+    #[snafu(display("WAL topic '{topic}': {operation} failed: {source}"))]
+    LogKafka {
+        /// The topic.
+        topic: String,
+        /// The call and what it touched (`produce 3 records`, `fetch from offset 12`).
+        operation: String,
+        /// Whether the same call may succeed if made again.
+        retryable: bool,
+        /// rskafka's error.
+        #[snafu(source(from(rskafka::client::error::Error, Box::new)))]
+        source: Box<rskafka::client::error::Error>,
+    },
+    /// A Kafka call of a region log store did not finish within its bound (rskafka's retries until the backoff
+    /// deadline, then one request); final, since rskafka already retried.
+    #[snafu(display("WAL topic '{topic}': {operation} did not finish within {timeout:?}"))]
+    LogKafkaTimeout {
+        /// The topic.
+        topic: String,
+        /// The call.
+        operation: String,
+        /// The bound.
+        timeout: std::time::Duration,
+    },
+    /// A record of a wanted region does not decode (a damaged header, a key naming another region, a failed
+    /// checksum, fragments out of order). Not retryable: reading it again gives the same bytes.
+    #[snafu(display(
+        "WAL topic '{topic}', offset {offset}, region {region_id}: damaged record: {reason}"
+    ))]
+    LogRecordCorrupt {
+        /// The topic.
+        topic: String,
+        /// The record's offset.
+        offset: i64,
+        /// The region its key names.
+        region_id: u64,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A region's entries from an entry id on were asked for, but the topic no longer holds them (deleted by a
+    /// prune or Kafka's retention, or the topic was recreated).
+    #[snafu(display(
+        "WAL topic '{topic}', region {region_id}: entries from entry id {from} are gone: the topic's first entry id is now {earliest}"
+    ))]
+    LogEntriesPruned {
+        /// The topic.
+        topic: String,
+        /// The region asking from the lowest entry id.
+        region_id: u64,
+        /// The first entry id asked for.
+        from: u64,
+        /// The first entry id the topic still holds.
+        earliest: u64,
+    },
+    /// Fetches below the topic's high watermark returned no record several times in a row. Retryable: the
+    /// partition's leader may be moving.
+    #[snafu(display(
+        "WAL topic '{topic}': {attempts} fetches from offset {offset} returned no record although the high watermark is {end}"
+    ))]
+    LogFetchStalled {
+        /// The topic.
+        topic: String,
+        /// The offset fetched from.
+        offset: i64,
+        /// The high watermark at the start of the read.
+        end: i64,
+        /// Empty fetches in a row.
+        attempts: u32,
+    },
+    /// The raft-engine directory of a datanode could not be opened or recovered.
+    #[snafu(display("cannot open raft-engine WAL directory '{dir}': {source}"))]
+    RaftEngineOpen {
+        /// The directory.
+        dir: String,
+        /// raft-engine's error.
+        #[snafu(source(from(raft_engine::Error, Box::new)))]
+        source: Box<raft_engine::Error>,
+    },
+    /// A raft-engine read or write failed.
+    #[snafu(display("raft-engine WAL '{dir}', region {region_id}: {operation} failed: {source}"))]
+    RaftEngineOp {
+        /// The directory.
+        dir: String,
+        /// The call.
+        operation: String,
+        /// The region.
+        region_id: u64,
+        /// raft-engine's error.
+        #[snafu(source(from(raft_engine::Error, Box::new)))]
+        source: Box<raft_engine::Error>,
+    },
+    /// A raft-engine call's blocking task panicked or was cancelled.
+    #[snafu(display("raft-engine WAL '{dir}': {operation} did not complete: {reason}"))]
+    RaftEngineTask {
+        /// The directory.
+        dir: String,
+        /// The call.
+        operation: String,
+        /// Why.
+        reason: String,
+    },
+    /// A `__topic_region/{topic}/{region_id}` key or its value does not decode.
+    #[snafu(display("invalid topic region key '{key}': {reason}"))]
+    InvalidTopicRegionKey {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A checkpoint's compare-and-put kept losing to other writers of the key. Retryable.
+    #[snafu(display(
+        "checkpoint key '{key}' changed under {attempts} compare-and-put attempts in a row"
+    ))]
+    CheckpointContention {
+        /// The key.
+        key: String,
+        /// Attempts made.
+        attempts: usize,
+    },
+    /// A region's WAL could not be replayed (its topic or engine directory failed); other regions are not
+    /// affected. Carries the cause's text, since one cause is reported for every region it concerns.
+    #[snafu(display("region {region_id}: WAL replay failed: {reason}"))]
+    RegionReplay {
+        /// The region.
+        region_id: u64,
+        /// The cause.
+        reason: String,
+    },
+    /// A produce request was acknowledged with another number of offsets than records sent; no entry id can be
+    /// given. Not retryable: the records may be written, and sending them again would duplicate them.
+    #[snafu(display(
+        "WAL topic '{topic}': {sent} records produced but {acknowledged} offsets acknowledged"
+    ))]
+    LogProduceMismatch {
+        /// The topic.
+        topic: String,
+        /// Records sent.
+        sent: usize,
+        /// Offsets the broker answered with.
+        acknowledged: usize,
+    },
     // ---- end datanode ----
 
     // ---- metasrv and config (src/metasrv.rs, src/config.rs) ----
@@ -857,6 +999,9 @@ impl Error {
             | Error::CreateTopic { retryable, .. }
             | Error::KafkaRequest { retryable, .. } => *retryable,
             Error::TopicNotListed { .. } | Error::KafkaBrokersFenced { .. } => true,
+            // ---- retryable: datanode log store (decided where built, src/datanode/log_store) ----
+            Error::LogKafka { retryable, .. } => *retryable,
+            Error::LogFetchStalled { .. } | Error::CheckpointContention { .. } => true,
             // ---- retryable: ddl ----
             Error::DatanodeUnavailable { .. } => true,
             Error::SequenceContention { .. } => true,

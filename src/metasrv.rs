@@ -904,7 +904,10 @@ mod tests {
                 ..Default::default()
             },
             wal,
-            datanodes: crate::config::DatanodesConfig { ids: datanodes },
+            datanodes: crate::config::DatanodesConfig {
+                ids: datanodes,
+                ..Default::default()
+            },
             ..Default::default()
         }
     }

@@ -15,7 +15,10 @@ fn config() -> MetasrvConfig {
             ..Default::default()
         },
         wal: WalConfig::RaftEngine,
-        datanodes: DatanodesConfig { ids: vec![1] },
+        datanodes: DatanodesConfig {
+            ids: vec![1],
+            ..Default::default()
+        },
         ..Default::default()
     }
 }

@@ -18,7 +18,10 @@ fn config() -> MetasrvConfig {
             ..Default::default()
         },
         wal: WalConfig::RaftEngine,
-        datanodes: DatanodesConfig { ids: vec![1, 2] },
+        datanodes: DatanodesConfig {
+            ids: vec![1, 2],
+            ..Default::default()
+        },
         ..Default::default()
     }
 }

@@ -64,6 +64,7 @@ fn config(fixture: &Value) -> MetasrvConfig {
                 .iter()
                 .map(|d| d.as_u64().unwrap())
                 .collect(),
+            ..Default::default()
         },
         ..Default::default()
     }

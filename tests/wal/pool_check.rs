@@ -32,7 +32,10 @@ fn kafka_config(prefix: &str, num_topics: usize) -> MetasrvConfig {
             max_concurrent_creates: 1,
             ..Default::default()
         }),
-        datanodes: remote_wal::config::DatanodesConfig { ids: vec![1] },
+        datanodes: remote_wal::config::DatanodesConfig {
+            ids: vec![1],
+            ..Default::default()
+        },
         procedure: ProcedureConfig {
             max_retries: 0,
             ..Default::default()

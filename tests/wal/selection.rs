@@ -32,7 +32,10 @@ fn metasrv(kv: &KvBackendRef, broker: &Arc<FakeTopicAdmin>, num_topics: usize) -
             topic_name_prefix: PREFIX.to_string(),
             ..Default::default()
         }),
-        datanodes: DatanodesConfig { ids: vec![1, 2, 3] },
+        datanodes: DatanodesConfig {
+            ids: vec![1, 2, 3],
+            ..Default::default()
+        },
         ..Default::default()
     };
     Metasrv::with_parts(

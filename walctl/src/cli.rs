@@ -50,6 +50,10 @@ pub enum Command {
         /// The datanode id.
         #[arg(long, value_name = "ID")]
         datanode: u64,
+        /// Also replay each region's WAL after its checkpoint (regions sharing a Kafka topic in one read of it)
+        /// and print the entries and bytes replayed per region and the total time.
+        #[arg(long)]
+        replay: bool,
     },
     /// List, show, purge procedures, or list their lock keys.
     #[command(subcommand)]

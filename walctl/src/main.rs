@@ -140,9 +140,27 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             Ok(())
         }
         // Read-only commands only read the store: no epoch claimed, nothing resumed, nothing written.
-        Command::OpenRegions { datanode } => {
+        Command::OpenRegions { datanode, replay } => {
             let open = metasrv.open_regions(*datanode).await?;
-            output::print_open_regions(out, *datanode, &open);
+            let replayed = if *replay {
+                let started = std::time::Instant::now();
+                let kafka = match &metasrv.config().wal {
+                    WalConfig::Kafka(k) => Some(k),
+                    WalConfig::RaftEngine => None,
+                };
+                let dir = metasrv.config().datanodes.wal_dir_of(*datanode);
+                let outcomes = remote_wal::datanode::replay::replay_open_requests(
+                    &open.requests,
+                    metasrv.kv(),
+                    kafka,
+                    &dir,
+                )
+                .await;
+                Some((outcomes, started.elapsed()))
+            } else {
+                None
+            };
+            output::print_open_regions(out, *datanode, &open, replayed.as_ref());
             Ok(())
         }
         Command::Procedures(ProceduresCommand::List) => {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use comfy_table::{CellAlignment, ColumnConstraint, Table};
 use procedures::{HeldKey, LockWait, ProcedureEvent, ProcedureInfo};
 use remote_wal::datanode::OpenRegions;
+use remote_wal::datanode::replay::RegionReplayOutcome;
 use remote_wal::metasrv::{
     BootstrapReport, RegionPlacement, RegionSpread, TableRegions, TopicUsage, TopicsReport,
 };
@@ -159,6 +160,15 @@ enum OpenLine<'a> {
         region_dir: &'a str,
         wal_options: Option<&'a String>,
         options: &'a std::collections::BTreeMap<String, String>,
+        /// With `--replay`: entries replayed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        entries_replayed: Option<u64>,
+        /// With `--replay`: their bytes.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        bytes_replayed: Option<u64>,
+        /// With `--replay`: why the region's WAL could not be replayed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        replay_error: Option<String>,
     },
     Error {
         datanode_id: u64,
@@ -168,10 +178,19 @@ enum OpenLine<'a> {
     },
 }
 
-/// `walctl open-regions`'s result.
-pub fn print_open_regions(out: &mut Output, datanode_id: u64, open: &OpenRegions) {
+/// `walctl open-regions`'s result; with `--replay`, each region's replay outcome and the time the replay took.
+pub fn print_open_regions(
+    out: &mut Output,
+    datanode_id: u64,
+    open: &OpenRegions,
+    replayed: Option<&(Vec<RegionReplayOutcome>, Duration)>,
+) {
+    let outcome = |region_id: u64| {
+        replayed.and_then(|(list, _)| list.iter().find(|o| o.region_id == region_id))
+    };
     if out.json {
         for r in &open.requests {
+            let o = outcome(r.region_id);
             out.json_line(&OpenLine::Request {
                 datanode_id,
                 region_id: r.region_id,
@@ -179,6 +198,9 @@ pub fn print_open_regions(out: &mut Output, datanode_id: u64, open: &OpenRegions
                 region_dir: &r.region_dir,
                 wal_options: r.options.get(WAL_OPTIONS_KEY),
                 options: &r.options,
+                entries_replayed: o.map(|o| o.entries_replayed),
+                bytes_replayed: o.map(|o| o.bytes_replayed),
+                replay_error: o.and_then(|o| o.error.as_ref().map(|e| one_line(&e.to_string()))),
             });
         }
         for e in &open.errors {
@@ -200,16 +222,40 @@ pub fn print_open_regions(out: &mut Output, datanode_id: u64, open: &OpenRegions
         .requests
         .iter()
         .map(|r| {
-            vec![
+            let mut row = vec![
                 r.region_id.to_string(),
                 r.engine.clone(),
                 r.region_dir.clone(),
                 r.options.get(WAL_OPTIONS_KEY).cloned().unwrap_or_default(),
-            ]
+            ];
+            if replayed.is_some() {
+                let o = outcome(r.region_id);
+                row.push(o.map_or(String::new(), |o| o.entries_replayed.to_string()));
+                row.push(o.map_or(String::new(), |o| o.bytes_replayed.to_string()));
+            }
+            row
         })
         .collect();
     if !rows.is_empty() {
-        out.table(&["REGION_ID", "ENGINE", "REGION_DIR", "WAL_OPTIONS"], rows);
+        let mut header = vec!["REGION_ID", "ENGINE", "REGION_DIR", "WAL_OPTIONS"];
+        if replayed.is_some() {
+            header.extend(["ENTRIES_REPLAYED", "BYTES_REPLAYED"]);
+        }
+        out.table(&header, rows);
+    }
+    if let Some((list, took)) = replayed {
+        let entries: u64 = list.iter().map(|o| o.entries_replayed).sum();
+        let bytes: u64 = list.iter().map(|o| o.bytes_replayed).sum();
+        out.line(&format!(
+            "replayed {entries} entries ({bytes} bytes) of {} regions in {} ms",
+            list.len(),
+            took.as_millis()
+        ));
+        for o in list {
+            if let Some(e) = &o.error {
+                out.line(&format!("error: {}", one_line(&e.to_string())));
+            }
+        }
     }
     for e in &open.errors {
         let region = e

@@ -10,4 +10,5 @@ mod idempotent;
 mod introspection;
 mod purge;
 mod readonly;
+mod replay;
 mod resume;

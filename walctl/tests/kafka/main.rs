@@ -10,4 +10,5 @@ mod logging;
 mod pool;
 mod readonly;
 mod recovery;
+mod replay;
 mod spread;

@@ -1,0 +1,18 @@
+//! Region log store tests: the Kafka record format (fragments, torn tails, duplicates, offset 0) on an in-memory
+//! partition, a model-based test of the record decoder, the Kafka store on the real broker (`KAFKA_ENDPOINTS`;
+//! those tests fail when it is unset), and the raft-engine store in a temporary directory.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod checkpoint;
+mod common;
+mod decoder_model;
+mod duplicates;
+mod fragments;
+mod kafka_broker;
+mod offset_zero;
+mod produce;
+mod pruned;
+mod raft_engine;
+mod replay;
