@@ -49,6 +49,13 @@ fn one_leader_followers_redirect_and_kill_9_fails_over_without_losing_or_doublin
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["kind"], "not_leader", "{body}");
     assert_eq!(body["error"]["leader"], json!(leader_address), "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        json!(format!(
+            "this server is not the leader (the leader is {leader_address}); send writes to the leader"
+        ))
+    );
+    assert_eq!(body["error"]["retryable"], json!(true));
     assert_eq!(get(&servers.servers[follower].url("/ready")).0, 503);
 
     // A burst of creations accepted without waiting, then kill -9 at once: some are unfinished in the store.

@@ -15,6 +15,46 @@ fn a_second_server_on_one_redb_file_refuses_and_the_first_serves_and_stops_on_si
         &json!({"name": "t", "regions": 1, "id": "t-1"}),
     );
     assert_eq!(status, 200, "{body}");
+    let table_id = body["table_id"].clone();
+    // The id is the idempotency key: the same request again returns the same table.
+    let (status, again) = post(
+        &servers.servers[first].url("/v1/tables"),
+        &json!({"name": "t", "regions": 1, "id": "t-1"}),
+    );
+    assert_eq!((status, &again["table_id"]), (200, &table_id), "{again}");
+    // Another request for the same name is a conflict; a bad name or body names the culprit.
+    let (status, conflict) = post(
+        &servers.servers[first].url("/v1/tables"),
+        &json!({"name": "t", "regions": 1}),
+    );
+    assert_eq!(status, 409, "{conflict}");
+    assert_eq!(conflict["error"]["kind"], "already_exists");
+    assert_eq!(
+        conflict["error"]["message"],
+        json!(format!(
+            "table greptime.public.t already exists (table id {table_id})"
+        ))
+    );
+    let (status, bad) = post(
+        &servers.servers[first].url("/v1/tables"),
+        &json!({"name": "bad name", "regions": 1}),
+    );
+    assert_eq!(status, 400, "{bad}");
+    assert_eq!(
+        bad["error"]["message"],
+        "invalid table name 'bad name': character ' ' is not allowed (only [a-zA-Z0-9_-])"
+    );
+    let (status, bad) = post(
+        &servers.servers[first].url("/v1/tables"),
+        &json!({"name": "u", "regions": 0}),
+    );
+    assert_eq!(
+        (status, &bad["error"]["message"]),
+        (400, &json!("regions: must be at least 1"))
+    );
+    let (status, missing) = get(&servers.servers[first].url("/v1/procedures/nope"));
+    assert_eq!(status, 404, "{missing}");
+    assert_eq!(missing["error"]["kind"], "not_found");
     let (_, leader) = get(&servers.servers[first].url("/v1/leader"));
     assert_eq!(leader["self"], json!(true), "{leader}");
 
@@ -29,8 +69,13 @@ fn a_second_server_on_one_redb_file_refuses_and_the_first_serves_and_stops_on_si
     };
     assert_ne!(code, Some(0));
     let log = std::fs::read_to_string(&servers.servers[second].log).unwrap_or_default();
-    assert!(log.contains("metadata.redb"), "{log}");
-    assert!(log.contains("already open"), "{log}");
+    assert!(
+        log.contains(
+            "error: redb metadata store 'data/metadata.redb' is already open in another process or handle; only one \
+             may hold it"
+        ),
+        "{log}"
+    );
 
     servers.servers[first].signal("-TERM");
     assert_eq!(
