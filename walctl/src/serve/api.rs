@@ -46,6 +46,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/locks", get(locks))
         .route("/v1/bootstrap", post(bootstrap))
         .route("/v1/topics", get(topics))
+        .route("/v1/datanodes/{id}/open-requests", get(open_requests))
         .with_state(state)
 }
 
@@ -269,4 +270,20 @@ async fn bootstrap(State(state): State<AppState>) -> ApiResult {
 async fn topics(State(state): State<AppState>) -> ApiResult {
     let report = state.metasrv.topics().await?;
     Ok(Json(report).into_response())
+}
+
+async fn open_requests(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let datanode: u64 = id
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("datanode id: '{id}' is not a number")))?;
+    let open = state.metasrv.open_regions(datanode).await?;
+    let errors: Vec<Value> = open
+        .errors
+        .iter()
+        .map(|e| json!({"key": e.key, "region_id": e.region_id, "error": e.error.to_string()}))
+        .collect();
+    Ok(
+        Json(json!({"datanode_id": datanode, "requests": open.requests, "errors": errors}))
+            .into_response(),
+    )
 }

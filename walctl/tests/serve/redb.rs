@@ -55,6 +55,19 @@ fn a_second_server_on_one_redb_file_refuses_and_the_first_serves_and_stops_on_si
     let (status, missing) = get(&servers.servers[first].url("/v1/procedures/nope"));
     assert_eq!(status, 404, "{missing}");
     assert_eq!(missing["error"]["kind"], "not_found");
+    assert_eq!(
+        missing["error"]["message"],
+        "no procedure with id 'nope' (finished procedures are kept for the retention period only)"
+    );
+    let (status, open) = get(&servers.servers[first].url("/v1/datanodes/1/open-requests"));
+    assert_eq!(status, 200, "{open}");
+    assert_eq!(open["requests"].as_array().map(Vec::len), Some(1), "{open}");
+    assert_eq!(open["errors"], json!([]));
+    let (status, bad) = get(&servers.servers[first].url("/v1/datanodes/x/open-requests"));
+    assert_eq!(
+        (status, &bad["error"]["message"]),
+        (400, &json!("datanode id: 'x' is not a number"))
+    );
     let (_, leader) = get(&servers.servers[first].url("/v1/leader"));
     assert_eq!(leader["self"], json!(true), "{leader}");
 
@@ -67,7 +80,7 @@ fn a_second_server_on_one_redb_file_refuses_and_the_first_serves_and_stops_on_si
         assert!(Instant::now() < deadline, "the second server did not exit");
         std::thread::sleep(Duration::from_millis(20));
     };
-    assert_ne!(code, Some(0));
+    assert_eq!(code, Some(1));
     let log = std::fs::read_to_string(&servers.servers[second].log).unwrap_or_default();
     assert!(
         log.contains(
