@@ -179,7 +179,7 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
         && let Some(table_id) = state.metasrv.table_id(&name).await?
     {
         let known = match &body.id {
-            Some(id) => state.metasrv.stored_procedure(id).await.is_ok(),
+            Some(id) => procedure_exists(&state.metasrv, id).await?,
             None => false,
         };
         if !known {
@@ -212,6 +212,24 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
         }
     });
     Ok((StatusCode::ACCEPTED, Json(json!({ "procedure_id": id }))).into_response())
+}
+
+/// Whether procedure `id` is known to the running manager or stored; an error reading the store is returned (a
+/// retry decides), never taken for "unknown".
+async fn procedure_exists(metasrv: &Metasrv, id: &str) -> Result<bool, ApiError> {
+    match metasrv.procedure(id).await {
+        Ok(_) => return Ok(true),
+        Err(
+            remote_wal::Error::ProcedureNotFound { .. }
+            | remote_wal::Error::MetasrvNotStarted { .. },
+        ) => {}
+        Err(e) => return Err(e.into()),
+    }
+    match metasrv.stored_procedure(id).await {
+        Ok(_) => Ok(true),
+        Err(remote_wal::Error::ProcedureNotFound { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn list_procedures(State(state): State<AppState>) -> ApiResult {

@@ -149,12 +149,17 @@ pub struct Servers {
 impl Servers {
     /// `n` servers on etcd `endpoints` under a fresh key prefix, raft-engine WAL, datanodes 1 and 2.
     pub fn on_etcd(endpoints: &[String], n: usize) -> Self {
+        Self::on_etcd_with(endpoints, "", n)
+    }
+
+    /// [`Servers::on_etcd`] with more sections (a `[wal]`) appended to the config.
+    pub fn on_etcd_with(endpoints: &[String], extra_toml: &str, n: usize) -> Self {
         let prefix = format!("{}/", unique("serve"));
         let eps: Vec<String> = endpoints.iter().map(|e| format!("{e:?}")).collect();
         let metasrv_toml = format!(
             "[metadata_store]\nbackend = \"etcd\"\nendpoints = [{}]\nkey_prefix = \"{prefix}\"\n\
              connect_timeout = \"3s\"\nrequest_timeout = \"3s\"\n\n[datanodes]\nids = [1, 2]\n\n\
-             [procedure]\nretry_delay = \"50ms\"\nmax_retry_delay = \"500ms\"\n",
+             [procedure]\nretry_delay = \"50ms\"\nmax_retry_delay = \"500ms\"\n{extra_toml}",
             eps.join(", ")
         );
         Self::start(metasrv_toml, n)
@@ -290,14 +295,23 @@ pub fn create_table_following_the_leader(addresses: &[String], name: &str, id: &
     let deadline = Instant::now() + PATIENCE;
     let mut next = 0usize;
     let mut hint: Option<String> = None;
+    let mut attempts: Vec<String> = Vec::new();
     loop {
         let address = hint.take().unwrap_or_else(|| {
             next += 1;
             addresses[next % addresses.len()].clone()
         });
         let (status, value) = post(&format!("http://{address}/v1/tables"), &body);
+        attempts.push(format!("{address}: {status} {value}"));
         match status {
             200 => {
+                if attempts.len() > 1 {
+                    println!(
+                        "create table {name} (id {id}) took {} attempts:\n{}",
+                        attempts.len(),
+                        attempts.join("\n")
+                    );
+                }
                 return value["table_id"]
                     .as_u64()
                     .unwrap_or_else(|| panic!("200 without a table id: {value}"));
@@ -305,11 +319,15 @@ pub fn create_table_following_the_leader(addresses: &[String], name: &str, id: &
             503 => hint = value["error"]["leader"].as_str().map(str::to_string),
             // Not answering (killed), or an error a retry may clear: try the next server.
             0 | 500 if value["error"]["retryable"].as_bool() != Some(false) => {}
-            _ => panic!("create table {name} (id {id}) answered {status}: {value}"),
+            _ => panic!(
+                "create table {name} (id {id}) answered {status}: {value}; attempts:\n{}",
+                attempts.join("\n")
+            ),
         }
         assert!(
             Instant::now() < deadline,
-            "create table {name} (id {id}) did not succeed within {PATIENCE:?}"
+            "create table {name} (id {id}) did not succeed within {PATIENCE:?}; attempts:\n{}",
+            attempts.join("\n")
         );
         std::thread::sleep(Duration::from_millis(20));
     }

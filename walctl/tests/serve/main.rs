@@ -9,5 +9,7 @@ mod support;
 mod cluster;
 
 mod failover;
+mod kafka;
+mod quorum;
 mod redb;
 mod stalled;
