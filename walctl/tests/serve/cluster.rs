@@ -289,12 +289,18 @@ pub fn post(url: &str, body: &Value) -> (u16, Value) {
 }
 
 /// Creates a table through whichever server leads, the way a client should: try a server, follow a 503's leader
-/// address, move on when one does not answer, and retry with the same id until a 200. Returns the table id.
-pub fn create_table_following_the_leader(addresses: &[String], name: &str, id: &str) -> u64 {
+/// address, move on when one does not answer, and retry with the same id until a 200. Starts with `start` (the
+/// leader that answered last) when given. Returns the table id and the address that answered.
+pub fn create_table_following_the_leader(
+    addresses: &[String],
+    name: &str,
+    id: &str,
+    start: Option<String>,
+) -> (u64, String) {
     let body = serde_json::json!({"name": name, "regions": 2, "id": id, "wait": true});
     let deadline = Instant::now() + PATIENCE;
     let mut next = 0usize;
-    let mut hint: Option<String> = None;
+    let mut hint: Option<String> = start;
     let mut attempts: Vec<String> = Vec::new();
     loop {
         let address = hint.take().unwrap_or_else(|| {
@@ -306,15 +312,18 @@ pub fn create_table_following_the_leader(addresses: &[String], name: &str, id: &
         match status {
             200 => {
                 if attempts.len() > 1 {
+                    let refused = attempts.iter().filter(|a| a.contains(": 503 ")).count();
                     println!(
-                        "create table {name} (id {id}) took {} attempts:\n{}",
+                        "create table {name} (id {id}): 200 after {} attempts ({refused} answered 503, {} did not \
+                         answer or failed retryably)",
                         attempts.len(),
-                        attempts.join("\n")
+                        attempts.len() - 1 - refused
                     );
                 }
-                return value["table_id"]
+                let table_id = value["table_id"]
                     .as_u64()
                     .unwrap_or_else(|| panic!("200 without a table id: {value}"));
+                return (table_id, address);
             }
             503 => hint = value["error"]["leader"].as_str().map(str::to_string),
             // Not answering (killed), or an error a retry may clear: try the next server.

@@ -18,7 +18,7 @@ fn one_member_down_is_harmless_and_a_lost_quorum_stops_writes_until_it_returns()
     let member = |i: usize| format!("{}-{i}", etcd.name);
 
     services(&["stop", "etcd", &member(1)]);
-    create_table_following_the_leader(&addresses, "one_down", "one-down");
+    create_table_following_the_leader(&addresses, "one_down", "one-down", None);
 
     services(&["stop", "etcd", &member(2)]);
     // Quorum lost: the leader cannot prove its lease and steps down; no one can win.
@@ -45,7 +45,7 @@ fn one_member_down_is_harmless_and_a_lost_quorum_stops_writes_until_it_returns()
     services(&["start", "etcd", &member(1)]);
     services(&["start", "etcd", &member(2)]);
     servers.wait_for_leader(&[0, 1]);
-    create_table_following_the_leader(&addresses, "back", "back");
+    create_table_following_the_leader(&addresses, "back", "back", None);
     let (status, body) = get(&servers.servers[0].url("/v1/procedures/no-quorum"));
     assert_eq!(status, 404, "a refused write left a procedure: {body}");
 }
