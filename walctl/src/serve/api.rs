@@ -77,13 +77,27 @@ impl AppState {
         }
     }
 
+    /// The 503 of a follower: names the leader, or says why it could not be read.
+    async fn not_leader(&self) -> ApiError {
+        match self.leader().await {
+            Ok((leader, _)) => ApiError::not_leader(leader),
+            Err(e) => {
+                let mut error = ApiError::not_leader(None);
+                error.message = format!(
+                    "this server is not the leader, and the leader could not be read: {}",
+                    e.message
+                );
+                error
+            }
+        }
+    }
+
     /// Refuses a write unless this server leads with the manager started (a follower never queues one).
     async fn ensure_leader(&self) -> Result<Status, ApiError> {
         let status = self.status();
         if status.leading.is_none() {
             self.metrics.not_leader_answers.inc();
-            let leader = self.leader().await.ok().and_then(|(leader, _)| leader);
-            return Err(ApiError::not_leader(leader));
+            return Err(self.not_leader().await);
         }
         if !status.manager_started {
             return Err(ApiError::not_ready(
@@ -104,8 +118,7 @@ async fn ready(State(state): State<AppState>) -> ApiResult {
         return Ok(Json(json!({ "ready": true, "epoch": status.leading })).into_response());
     }
     if status.leading.is_none() {
-        let leader = state.leader().await.ok().and_then(|(leader, _)| leader);
-        return Err(ApiError::not_leader(leader));
+        return Err(state.not_leader().await);
     }
     Err(ApiError::not_ready(if status.manager_started {
         "the WAL topic pool is not ready yet"

@@ -16,11 +16,19 @@ pub struct ProcedureLabels {
     pub state: String,
 }
 
+/// A pool topic: the label of `walctl_topic_regions`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    /// The topic.
+    pub topic: String,
+}
+
 /// Every metric the server exports.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     procedures: Family<ProcedureLabels, Gauge>,
+    topic_regions: Family<TopicLabels, Gauge>,
     /// Elections this server won.
     pub elections_won: Counter,
     /// Terms this server lost (its lease could not be proven, or a write found it deposed), not counting a
@@ -42,6 +50,12 @@ impl Metrics {
             "procedures",
             "Procedures known to this server's manager, by type and state (the leader only)",
             procedures.clone(),
+        );
+        let topic_regions = Family::<TopicLabels, Gauge>::default();
+        registry.register(
+            "topic_regions",
+            "Regions writing to each topic of the Kafka pool, as recorded in the metadata store",
+            topic_regions.clone(),
         );
         let elections_won = Counter::default();
         registry.register(
@@ -76,6 +90,7 @@ impl Metrics {
         Metrics {
             registry,
             procedures,
+            topic_regions,
             elections_won,
             elections_lost,
             leader,
@@ -84,7 +99,7 @@ impl Metrics {
         }
     }
 
-    /// Refreshes what is read at scrape time (procedures, fenced writes) and renders the text format.
+    /// Refreshes what is read at scrape time (procedures, regions per topic, fenced writes) and renders the text format.
     pub async fn render(&self, metasrv: &Metasrv) -> Result<String, std::fmt::Error> {
         self.procedures.clear();
         if metasrv.is_started()
@@ -97,6 +112,16 @@ impl Metrics {
                         state: info.state.to_string(),
                     })
                     .inc();
+            }
+        }
+        self.topic_regions.clear();
+        if let remote_wal::wal::WalConfig::Kafka(_) = &metasrv.config().wal
+            && let Ok(report) = metasrv.topics().await
+        {
+            for usage in report.topics {
+                self.topic_regions
+                    .get_or_create(&TopicLabels { topic: usage.topic })
+                    .set(i64::try_from(usage.regions).unwrap_or(i64::MAX));
             }
         }
         let fenced = metasrv.fenced_writes();

@@ -40,6 +40,20 @@ fn the_leader_is_ready_with_the_pool_and_tables_get_its_topics() {
             "{region}"
         );
     }
+    let metrics = crate::cluster::get_text(&servers.servers[leader].url("/metrics"));
+    let per_topic: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("walctl_topic_regions{") && l.contains(&prefix))
+        .collect();
+    assert_eq!(per_topic.len(), 3, "{metrics}");
+    assert!(
+        per_topic.iter().all(|l| l.ends_with(" 1")),
+        "3 regions over 3 topics: {per_topic:?}"
+    );
+    assert!(
+        metrics.contains("walctl_procedures{type=\"remote_wal::CreateTable\",state=\"done\"} 1"),
+        "{metrics}"
+    );
     let (status, bootstrap) = post(&servers.servers[leader].url("/v1/bootstrap"), &json!({}));
     assert_eq!(status, 200, "{bootstrap}");
     assert_eq!(bootstrap["ready"], json!(true), "{bootstrap}");
