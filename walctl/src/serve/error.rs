@@ -82,7 +82,7 @@ impl From<remote_wal::Error> for ApiError {
         let retryable = e.is_retryable();
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
         while let Some(current) = cause {
-            if let Some(wal) = current.downcast_ref::<remote_wal::Error>() {
+            if let Some(wal) = downcast::<remote_wal::Error>(current) {
                 let (status, kind) = match wal {
                     E::InvalidTableReference { .. }
                     | E::InvalidName { .. }
@@ -107,7 +107,7 @@ impl From<remote_wal::Error> for ApiError {
                     leader: None,
                 };
             }
-            if let Some(engine) = current.downcast_ref::<procedures::Error>() {
+            if let Some(engine) = downcast::<procedures::Error>(current) {
                 match engine {
                     procedures::Error::Fenced { .. } => {
                         return ApiError {
@@ -130,6 +130,14 @@ impl From<remote_wal::Error> for ApiError {
     }
 }
 
+/// `e` as a `T`, also when it is a boxed `T` (a boxed source is its own link in the chain).
+fn downcast<'a, T: std::error::Error + 'static>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    e.downcast_ref::<T>()
+        .or_else(|| e.downcast_ref::<Box<T>>().map(|b| b.as_ref()))
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut error = json!({
@@ -141,5 +149,66 @@ impl IntoResponse for ApiError {
             error["leader"] = json!(leader);
         }
         (self.status, Json(json!({ "error": error }))).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::ApiError;
+
+    fn classify(e: remote_wal::Error) -> (StatusCode, &'static str, bool) {
+        let e = ApiError::from(e);
+        (e.status, e.kind, e.retryable)
+    }
+
+    #[test]
+    fn errors_map_to_statuses_through_their_causes() {
+        let fenced = remote_wal::Error::CreateTable {
+            table: "greptime.public.t".to_string(),
+            source: Box::new(procedures::Error::Fenced { epoch: 8, own: 7 }),
+        };
+        assert_eq!(
+            classify(fenced),
+            (StatusCode::SERVICE_UNAVAILABLE, "not_leader", true)
+        );
+        let exists = remote_wal::Error::TableAlreadyExists {
+            table: "greptime.public.t".to_string(),
+            table_id: Some(1024),
+        };
+        assert_eq!(
+            classify(exists),
+            (StatusCode::CONFLICT, "already_exists", false)
+        );
+        let missing = remote_wal::Error::ProcedureNotFound {
+            id: "p".to_string(),
+        };
+        assert_eq!(
+            classify(missing),
+            (StatusCode::NOT_FOUND, "not_found", false)
+        );
+        let bad = remote_wal::Error::InvalidTableReference {
+            name: "a..b".to_string(),
+            reason: "empty part".to_string(),
+        };
+        assert_eq!(
+            classify(bad),
+            (StatusCode::BAD_REQUEST, "bad_request", false)
+        );
+        let not_leader = ApiError::from(remote_wal::Error::NotLeader {
+            leader: Some("10.0.0.1:3002".to_string()),
+        });
+        assert_eq!(not_leader.leader.as_deref(), Some("10.0.0.1:3002"));
+        let store = remote_wal::Error::EtcdTimeout {
+            endpoints: "127.0.0.1:2379".to_string(),
+            action: "get",
+            key: "k".to_string(),
+            timeout: std::time::Duration::from_secs(1),
+        };
+        assert_eq!(
+            classify(store),
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal", true)
+        );
     }
 }
