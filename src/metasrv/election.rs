@@ -213,6 +213,8 @@ impl Election {
             .map_err(|e| error(&self.name, &self.config, "keep the lease alive", &e))?;
         let (lost_tx, mut lost) = watch::channel(false);
         let keeper = KeepAlive {
+            client: lease_client.clone(),
+            lease,
             keeper,
             stream,
             ttl: self.config.lease_ttl,
@@ -346,6 +348,8 @@ impl Drop for AbortOnDrop {
 /// The lease's upkeep: a keep-alive every third of the TTL, and the term declared lost when none was
 /// acknowledged for two thirds of it.
 struct KeepAlive {
+    client: etcd_client::LeaseClient,
+    lease: i64,
     keeper: etcd_client::LeaseKeeper,
     stream: etcd_client::LeaseKeepAliveStream,
     ttl: Duration,
@@ -388,8 +392,14 @@ impl KeepAlive {
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %describe(&e), "a lease keep-alive failed; retrying");
+                    self.reopen().await;
                 }
-                Err(_) => tracing::warn!("a lease keep-alive was not answered in time; retrying"),
+                Err(_) => {
+                    tracing::warn!("a lease keep-alive was not answered in time; retrying");
+                    // A late answer to this request must not be taken for the answer to the next one (it would
+                    // prove the lease alive from a later send time than etcd saw): start a fresh stream.
+                    self.reopen().await;
+                }
             }
             // Wait for the next round, or notice a write that found the leadership gone.
             let next = sent + interval;
@@ -413,6 +423,22 @@ impl KeepAlive {
                     }
                 }
             }
+        }
+    }
+
+    /// Replaces the keep-alive stream, dropping answers still in flight on the old one. Best effort: on failure the
+    /// old stream stays, and the next round tries again (the deadline ends the term if none succeeds).
+    async fn reopen(&mut self) {
+        let interval = self.ttl / 3;
+        match tokio::time::timeout(interval, self.client.keep_alive(self.lease)).await {
+            Ok(Ok((keeper, stream))) => {
+                self.keeper = keeper;
+                self.stream = stream;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %describe(&e), "reopening the lease keep-alive failed")
+            }
+            Err(_) => tracing::warn!("reopening the lease keep-alive timed out"),
         }
     }
 

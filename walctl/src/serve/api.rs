@@ -52,6 +52,9 @@ pub fn router(state: AppState) -> Router {
 
 type ApiResult = Result<Response, ApiError>;
 
+/// How often `POST /v1/tables` with `"wait":false` checks whether its procedure is stored yet.
+const SUBMIT_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
 impl AppState {
     fn status(&self) -> Status {
         self.status.borrow().clone()
@@ -214,14 +217,40 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
         out["procedure_id"] = json!(id);
         return Ok(Json(out).into_response());
     }
+    // 202 promises the procedure is stored: a leader killed right after still leaves it for the next one to
+    // finish. The creation runs in a task; the answer waits until the manager knows the id (it registers a
+    // procedure only after its record is written) or the task fails before that.
     let metasrv = state.metasrv.clone();
     let procedure_id = id.clone();
-    tokio::spawn(async move {
-        if let Err(e) = metasrv
+    let mut creating = tokio::spawn(async move {
+        metasrv
             .create_table_with_id(name, body.regions, body.if_not_exists, Some(&procedure_id))
             .await
-        {
-            tracing::warn!(procedure_id, error = %e, "create table failed");
+    });
+    let mut poll = tokio::time::interval(SUBMIT_POLL);
+    loop {
+        tokio::select! {
+            done = &mut creating => {
+                return match done {
+                    // Finished before the first poll saw it: stored, and done.
+                    Ok(Ok(_)) => Ok((StatusCode::ACCEPTED, Json(json!({ "procedure_id": id }))).into_response()),
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(e) => Err(ApiError::internal(format!("the create-table task of {id} ended: {e}"), true)),
+                };
+            }
+            _ = poll.tick() => {
+                match state.metasrv.procedure(&id).await {
+                    Ok(_) => break,
+                    Err(remote_wal::Error::ProcedureNotFound { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    // The task goes on in the background; its outcome is the procedure's state.
+    tokio::spawn(async move {
+        if let Ok(Err(e)) = creating.await {
+            tracing::warn!(error = %e, "create table failed");
         }
     });
     Ok((StatusCode::ACCEPTED, Json(json!({ "procedure_id": id }))).into_response())
