@@ -70,6 +70,8 @@ pub struct Election {
     name: String,
     value: Vec<u8>,
     fence: Arc<LeaderFence>,
+    /// The lease of the campaign or term in progress, so a shutdown can revoke it ([`Election::withdraw`]).
+    lease: std::sync::Mutex<Option<i64>>,
 }
 
 impl std::fmt::Debug for Election {
@@ -148,6 +150,7 @@ impl Election {
             name,
             value,
             fence,
+            lease: std::sync::Mutex::new(None),
         })
     }
 
@@ -207,6 +210,7 @@ impl Election {
             .map_err(|_| self.timeout("grant the lease"))?
             .map_err(|e| error(&self.name, &self.config, "grant the lease", &e))?
             .id();
+        *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
         let (keeper, stream) = tokio::time::timeout(CALL_TIMEOUT, lease_client.keep_alive(lease))
             .await
             .map_err(|_| self.timeout("keep the lease alive"))?
@@ -287,15 +291,34 @@ impl Election {
             }
             Err(_) => tracing::warn!(election = %self.name, "resigning timed out"),
         }
+        self.revoke(term.lease).await;
+        tracing::info!(election = %self.name, epoch = term.epoch, "resigned");
+    }
+
+    /// Withdraws from a campaign given up (the server shuts down while it follows): revokes the campaign's lease,
+    /// so its candidate key leaves the queue now rather than when the lease would expire. Best effort.
+    pub async fn withdraw(&self) {
+        let lease = self.lease.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(lease) = lease {
+            self.revoke(lease).await;
+        }
+    }
+
+    async fn revoke(&self, lease: i64) {
+        {
+            let mut current = self.lease.lock().unwrap_or_else(|e| e.into_inner());
+            if *current == Some(lease) {
+                *current = None;
+            }
+        }
         let mut lease_client = self.client.lease_client();
-        match tokio::time::timeout(CALL_TIMEOUT, lease_client.revoke(term.lease)).await {
+        match tokio::time::timeout(CALL_TIMEOUT, lease_client.revoke(lease)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 tracing::warn!(election = %self.name, error = %describe(&e), "revoking the lease failed")
             }
             Err(_) => tracing::warn!(election = %self.name, "revoking the lease timed out"),
         }
-        tracing::info!(election = %self.name, epoch = term.epoch, "resigned");
     }
 
     fn timeout(&self, action: &'static str) -> Error {

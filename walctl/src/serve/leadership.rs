@@ -51,8 +51,12 @@ pub async fn run(
     };
     loop {
         let campaign = tokio::select! {
-            term = election.campaign() => term,
-            _ = shutdown.wait_for(|s| *s) => return,
+            term = election.campaign() => Some(term),
+            _ = shutdown.wait_for(|s| *s) => None,
+        };
+        let Some(campaign) = campaign else {
+            election.withdraw().await;
+            return;
         };
         let mut term = match campaign {
             Ok(term) => term,

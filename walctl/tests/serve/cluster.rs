@@ -363,3 +363,22 @@ pub async fn metadata_keys(endpoints: &[String], prefix: &str) -> Vec<(String, V
         .filter(|(k, _, _)| !k.contains("__metasrv/election"))
         .collect()
 }
+
+/// The candidate keys of the election under `prefix` (one per server campaigning or leading).
+pub async fn election_keys(endpoints: &[String], prefix: &str) -> usize {
+    let mut client = etcd_client::Client::connect(endpoints, None)
+        .await
+        .expect("connect to etcd");
+    let resp = client
+        .get(
+            format!("{prefix}__metasrv/election/"),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only(),
+            ),
+        )
+        .await
+        .expect("count the election keys");
+    usize::try_from(resp.count()).unwrap_or(0)
+}

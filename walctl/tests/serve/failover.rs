@@ -11,7 +11,8 @@ use remote_wal::metasrv::{Metasrv, parse_table_name};
 use serde_json::json;
 
 use crate::cluster::{
-    EtcdCluster, PATIENCE, Servers, create_table_following_the_leader, get, metadata_keys, post,
+    EtcdCluster, PATIENCE, Servers, create_table_following_the_leader, election_keys, get,
+    metadata_keys, post,
 };
 
 /// Burst tables submitted without waiting just before the leader is killed.
@@ -224,8 +225,34 @@ fn one_leader_followers_redirect_and_kill_9_fails_over_without_losing_or_doublin
         "a table was created twice"
     );
 
-    // SIGTERM: the leader resigns and exits 0; another server takes over.
+    // SIGTERM on a follower: it withdraws its candidate key at once and exits 0.
     let current = servers.wait_for_leader(&alive);
+    let follower = alive
+        .iter()
+        .copied()
+        .find(|&i| i != current)
+        .expect("a follower");
+    let campaigning = runtime.block_on(election_keys(&etcd.endpoints, &prefix));
+    assert_eq!(
+        campaigning,
+        alive.len(),
+        "one candidate key per live server"
+    );
+    servers.servers[follower].signal("-TERM");
+    assert_eq!(
+        servers.servers[follower].wait(),
+        Some(0),
+        "{}",
+        servers.servers[follower].log_tail()
+    );
+    alive.retain(|&i| i != follower);
+    assert_eq!(
+        runtime.block_on(election_keys(&etcd.endpoints, &prefix)),
+        alive.len(),
+        "the stopped follower's candidate key is still there"
+    );
+
+    // SIGTERM on the leader: it resigns and exits 0; another server takes over.
     alive.retain(|&i| i != current);
     servers.servers[current].signal("-TERM");
     assert_eq!(
