@@ -218,8 +218,8 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
         return Ok(Json(out).into_response());
     }
     // 202 promises the procedure is stored: a leader killed right after still leaves it for the next one to
-    // finish. The creation runs in a task; the answer waits until the manager knows the id (it registers a
-    // procedure only after its record is written) or the task fails before that.
+    // finish. The creation runs in a task; the answer waits until the record is in the store, or the task fails
+    // before that.
     let metasrv = state.metasrv.clone();
     let procedure_id = id.clone();
     let mut creating = tokio::spawn(async move {
@@ -239,9 +239,11 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
                 };
             }
             _ = poll.tick() => {
-                match state.metasrv.procedure(&id).await {
+                // The manager reserves an id in memory before it writes the record: ask the store itself.
+                match state.metasrv.stored_procedure(&id).await {
                     Ok(_) => break,
                     Err(remote_wal::Error::ProcedureNotFound { .. }) => {}
+                    Err(e) if e.is_retryable() => {}
                     Err(e) => return Err(e.into()),
                 }
             }
