@@ -14,6 +14,7 @@
 #                                                    the bootstrap endpoints (comma-separated)
 #        scripts/services.sh start-etcd-cluster NAME N  start an N-member etcd cluster NAME-1..NAME-N (fresh data);
 #                                                    prints the client endpoints (comma-separated)
+#        scripts/services.sh remove-etcd-cluster NAME N stop NAME-1..NAME-N and delete their state and data
 #        scripts/services.sh stop-all                stop everything this checkout started
 set -euo pipefail
 
@@ -247,6 +248,9 @@ case "$cmd" in
   start-etcd-cluster)
     [[ -n ${1:-} && -n ${2:-} ]] || die "start-etcd-cluster NAME N"
     etcd_cluster_start "$1" "$2" ;;
+  remove-etcd-cluster)
+    [[ -n ${1:-} && -n ${2:-} ]] || die "remove-etcd-cluster NAME N"
+    for i in $(seq 1 "$2"); do stop_pid "$STATE/$1-$i"; rm -rf "${STATE:?}/$1-$i"; done ;;
   stop-all) for d in "$STATE"/*/; do [[ -d $d ]] && stop_pid "${d%/}"; done ;;
-  *) die "usage: $0 install | start|stop|endpoint|logs kafka|etcd [NAME] | start-cluster NAME N | start-etcd-cluster NAME N | stop-all" ;;
+  *) die "usage: $0 install | start|stop|endpoint|logs kafka|etcd [NAME] | start-cluster NAME N | start-etcd-cluster|remove-etcd-cluster NAME N | stop-all" ;;
 esac

@@ -73,13 +73,11 @@ impl EtcdCluster {
 }
 
 impl Drop for EtcdCluster {
+    /// Stops the members and deletes their data (each test starts a fresh cluster).
     fn drop(&mut self) {
-        for i in 1..=3 {
-            let member = format!("{}-{i}", self.name);
-            let _ = Command::new(services_script())
-                .args(["stop", "etcd", &member])
-                .output();
-        }
+        let _ = Command::new(services_script())
+            .args(["remove-etcd-cluster", &self.name, "3"])
+            .output();
     }
 }
 
