@@ -12,6 +12,9 @@
 #        scripts/services.sh logs   kafka|etcd [NAME]  print the tail of its log
 #        scripts/services.sh start-cluster NAME N      start an N-node Kafka KRaft cluster NAME-1..NAME-N; prints
 #                                                    the bootstrap endpoints (comma-separated)
+#        scripts/services.sh start-etcd-cluster NAME N  start an N-member etcd cluster NAME-1..NAME-N (fresh data);
+#                                                    prints the client endpoints (comma-separated)
+#        scripts/services.sh remove-etcd-cluster NAME N stop NAME-1..NAME-N and delete their state and data
 #        scripts/services.sh stop-all                stop everything this checkout started
 set -euo pipefail
 
@@ -189,6 +192,39 @@ etcd_start() {
   wait_ready "etcd($name)" check "$dir/etcd.log" || { stop_pid "$dir"; die "etcd $name did not start"; }
 }
 
+# N members NAME-1..NAME-N on free loopback ports, one initial cluster; fresh data each time (a new cluster token).
+etcd_cluster_start() { # name n
+  local name=$1 n=$2 members=() cluster="" m
+  command -v etcd >/dev/null || die "etcd not installed: run scripts/services.sh install"
+  for i in $(seq 1 "$n"); do
+    m="$name-$i"; members+=("$m")
+    stop_pid "$STATE/$m"; rm -rf "$STATE/$m"; mkdir -p "$STATE/$m"
+    free_port >"$STATE/$m/port"; free_port >"$STATE/$m/peer_port"
+    cluster+="${cluster:+,}$m=http://127.0.0.1:$(cat "$STATE/$m/peer_port")"
+  done
+  local token="$name-$(date +%s%N)"
+  for m in "${members[@]}"; do
+    local dir="$STATE/$m" port pport
+    port=$(cat "$dir/port"); pport=$(cat "$dir/peer_port")
+    echo "$cluster" >"$dir/initial_cluster"
+    nohup etcd --name "$m" --data-dir "$dir/data" \
+      --listen-client-urls "http://127.0.0.1:$port" --advertise-client-urls "http://127.0.0.1:$port" \
+      --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+      --initial-cluster "$cluster" --initial-cluster-token "$token" --initial-cluster-state new \
+      >>"$dir/etcd.log" 2>&1 &
+    echo $! >"$dir/pid"
+  done
+  # Every member must be up before any is healthy (a quorum elects the raft leader): start all, then wait for each.
+  for m in "${members[@]}"; do
+    local dir="$STATE/$m" port
+    port=$(cat "$dir/port")
+    check() { pid_alive "$dir/pid" && ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$port" --dial-timeout=1s endpoint health >/dev/null 2>&1; }
+    wait_ready "etcd($m)" check "$dir/etcd.log" || { for x in "${members[@]}"; do stop_pid "$STATE/$x"; done; die "etcd cluster $name did not start"; }
+  done
+  local eps=""; for m in "${members[@]}"; do eps+="${eps:+,}127.0.0.1:$(cat "$STATE/$m/port")"; done
+  echo "$eps"
+}
+
 cmd=${1:-}; shift || true
 case "$cmd" in
   install) install ;;
@@ -209,6 +245,12 @@ case "$cmd" in
     for m in $members; do kafka_wait "$m"; done
     eps=""; for m in $members; do eps+="${eps:+,}127.0.0.1:$(cat "$STATE/$m/port")"; done
     echo "$eps" ;;
+  start-etcd-cluster)
+    [[ -n ${1:-} && -n ${2:-} ]] || die "start-etcd-cluster NAME N"
+    etcd_cluster_start "$1" "$2" ;;
+  remove-etcd-cluster)
+    [[ -n ${1:-} && -n ${2:-} ]] || die "remove-etcd-cluster NAME N"
+    for i in $(seq 1 "$2"); do stop_pid "$STATE/$1-$i"; rm -rf "${STATE:?}/$1-$i"; done ;;
   stop-all) for d in "$STATE"/*/; do [[ -d $d ]] && stop_pid "${d%/}"; done ;;
-  *) die "usage: $0 install | start|stop|endpoint|logs kafka|etcd [NAME] | stop-all" ;;
+  *) die "usage: $0 install | start|stop|endpoint|logs kafka|etcd [NAME] | start-cluster NAME N | start-etcd-cluster|remove-etcd-cluster NAME N | stop-all" ;;
 esac

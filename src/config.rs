@@ -25,6 +25,11 @@
 //! max_retries = 10
 //! retry_delay = "100ms"                 # doubles each retry
 //! max_retry_delay = "10s"
+//!
+//! [server]                              # walctl serve only
+//! listen = "127.0.0.1:3002"             # the HTTP API
+//! advertise = "127.0.0.1:3002"          # what followers tell clients to call
+//! lease_ttl = "5s"                      # leadership lease on etcd, 2–60 s
 //! ```
 //!
 //! Every table denies unknown keys. Parse errors are one line naming the file, the position and the key
@@ -59,6 +64,93 @@ pub struct MetasrvConfig {
     pub datanodes: DatanodesConfig,
     /// How procedures retry failing steps.
     pub procedure: ProcedureConfig,
+}
+
+/// The whole file: the metasrv's sections and `[server]`, which only `walctl serve` reads (kept out of
+/// [`MetasrvConfig`], so an embedder building one in code does not name it).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+struct ConfigFile {
+    metadata_store: MetadataStoreConfig,
+    wal: WalConfig,
+    datanodes: DatanodesConfig,
+    procedure: ProcedureConfig,
+    server: ServerConfig,
+}
+
+/// The shortest leadership lease `[server] lease_ttl` accepts.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+/// The longest leadership lease `[server] lease_ttl` accepts.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(60);
+
+/// The `[server]` section, read by `walctl serve`: the HTTP API's address, the address followers hand to clients,
+/// and the leadership lease on etcd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// `host:port` the HTTP API listens on.
+    pub listen: String,
+    /// `host:port` clients should call to reach this server (stored in the election value; followers answer
+    /// writes with the leader's). Empty: the listen address.
+    pub advertise: String,
+    /// How long leadership outlives the last keep-alive etcd acknowledged; 2–60 s. The leader stops writing
+    /// before it runs out.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: "127.0.0.1:3002".to_string(),
+            advertise: String::new(),
+            lease_ttl: Duration::from_secs(5),
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The advertised address: `advertise`, or `listen` when it is empty.
+    pub fn advertised(&self) -> &str {
+        if self.advertise.trim().is_empty() {
+            &self.listen
+        } else {
+            &self.advertise
+        }
+    }
+
+    /// `listen` and `advertise` are `host:port` (a port given), `lease_ttl` within 2–60 s.
+    pub fn validate(&self) -> Result<()> {
+        for (key, value, may_be_empty) in [
+            ("server.listen", &self.listen, false),
+            ("server.advertise", &self.advertise, true),
+        ] {
+            if may_be_empty && value.is_empty() {
+                continue;
+            }
+            let port = value.rsplit_once(':').map(|(_, port)| port);
+            ensure!(
+                value
+                    .rsplit_once(':')
+                    .is_some_and(|(host, _)| !host.is_empty())
+                    && port.is_some_and(|p| p.parse::<u16>().is_ok()),
+                InvalidConfigSnafu {
+                    key,
+                    value: format!("{value:?}"),
+                    reason: "expected host:port",
+                }
+            );
+        }
+        ensure!(
+            (MIN_LEASE_TTL..=MAX_LEASE_TTL).contains(&self.lease_ttl),
+            InvalidConfigSnafu {
+                key: "server.lease_ttl",
+                value: humantime_serde::re::humantime::format_duration(self.lease_ttl).to_string(),
+                reason: "must be within 2s and 60s",
+            }
+        );
+        Ok(())
+    }
 }
 
 /// The `[procedure]` section: retries of a procedure step that failed with a retryable error (a broker or the
@@ -218,14 +310,28 @@ impl MetasrvConfig {
         Self::from_toml_str(&text, &path.display().to_string())
     }
 
+    /// [`MetasrvConfig::from_file`], also returning the file's `[server]` section (its defaults when absent),
+    /// validated.
+    pub fn from_file_with_server(path: &Path) -> Result<(Self, ServerConfig)> {
+        let text = std::fs::read_to_string(path).context(ReadConfigSnafu {
+            path: path.display().to_string(),
+        })?;
+        Self::from_toml_str_with_server(&text, &path.display().to_string())
+    }
+
     /// Parses and validates a TOML document; `origin` names it in errors (a file path).
     ///
     /// A parse error names the position (from the TOML error's span) and the dotted key (from
     /// `serde_path_to_error`'s path, e.g. `wal.backoff.deadline`, inside inline tables too).
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
+        Ok(Self::from_toml_str_with_server(text, origin)?.0)
+    }
+
+    /// [`MetasrvConfig::from_toml_str`], also returning the `[server]` section, validated.
+    pub fn from_toml_str_with_server(text: &str, origin: &str) -> Result<(Self, ServerConfig)> {
         let document = toml::Deserializer::parse(text)
             .map_err(|source| parse_error(text, origin, String::new(), source))?;
-        let config: MetasrvConfig = serde_path_to_error::deserialize(document).map_err(|err| {
+        let file: ConfigFile = serde_path_to_error::deserialize(document).map_err(|err| {
             let path = err.path();
             let key = if path.iter().next().is_some() {
                 path.to_string()
@@ -234,8 +340,17 @@ impl MetasrvConfig {
             };
             parse_error(text, origin, key, err.into_inner())
         })?;
+        let config = MetasrvConfig {
+            metadata_store: file.metadata_store,
+            wal: file.wal,
+            datanodes: file.datanodes,
+            procedure: file.procedure,
+        };
         config.validate().context(ValidateConfigSnafu { origin })?;
-        Ok(config)
+        file.server
+            .validate()
+            .context(ValidateConfigSnafu { origin })?;
+        Ok((config, file.server))
     }
 
     /// Checks every value: the WAL section ([`WalConfig::validate`]), the metadata store and the datanodes. The
@@ -584,6 +699,33 @@ mod tests {
         assert!(err.contains("must contain {datanode}"), "{err}");
         let err = parse_err("[datanodes]\nwal_dir = \"/data/{node}\"\n");
         assert!(err.contains("the only placeholder is {datanode}"), "{err}");
+    }
+
+    #[test]
+    fn server_section_is_checked_and_defaults_stay_out_of_the_text() {
+        let with_server = |text: &str| MetasrvConfig::from_toml_str_with_server(text, "test.toml");
+        let (_, server) = with_server(
+            "[server]\nlisten = \"0.0.0.0:4000\"\nadvertise = \"10.0.0.5:4000\"\nlease_ttl = \"3s\"\n",
+        )
+        .unwrap();
+        assert_eq!(server.lease_ttl, Duration::from_secs(3));
+        assert_eq!(server.advertised(), "10.0.0.5:4000");
+        let (_, server) = with_server("[server]\nlisten = \"127.0.0.1:4001\"\n").unwrap();
+        assert_eq!(server.advertised(), "127.0.0.1:4001");
+        let (_, server) = with_server("").unwrap();
+        assert_eq!(server, ServerConfig::default());
+        // The metasrv's own parse accepts (and ignores) the section.
+        assert!(parse("[server]\nlease_ttl = \"3s\"\n").is_ok());
+        for (toml, key) in [
+            ("[server]\nlease_ttl = \"1s\"\n", "server.lease_ttl"),
+            ("[server]\nlease_ttl = \"61s\"\n", "server.lease_ttl"),
+            ("[server]\nlisten = \"nohost\"\n", "server.listen"),
+            ("[server]\nlisten = \":80\"\n", "server.listen"),
+            ("[server]\nadvertise = \"h:notaport\"\n", "server.advertise"),
+        ] {
+            let err = parse_err(toml);
+            assert!(err.contains(key), "{toml}: {err}");
+        }
     }
 
     #[test]

@@ -971,6 +971,33 @@ pub enum Error {
         /// What was asked.
         operation: String,
     },
+    /// A call of the leader election on etcd failed (granting or keeping the lease alive, campaigning, reading
+    /// the leader, resigning).
+    #[snafu(display(
+        "leader election '{election}' on etcd {endpoints}: {action} failed: {detail}"
+    ))]
+    Election {
+        /// The election's key in etcd.
+        election: String,
+        /// The etcd endpoints, comma-separated.
+        endpoints: String,
+        /// What was attempted (`grant the lease`, `campaign`, `read the leader`, `resign`).
+        action: &'static str,
+        /// What etcd or the client said.
+        detail: String,
+        /// Whether trying again may help (decided from the gRPC status where the error is built).
+        retryable: bool,
+    },
+    /// A write was asked of a server that is not the leader (or lost its leadership meanwhile); `leader` is the
+    /// current leader's advertised address when one is known.
+    #[snafu(display(
+        "this server is not the leader{}; send writes to the leader",
+        match leader { Some(l) => format!(" (the leader is {l})"), None => " (no leader is elected right now)".to_string() }
+    ))]
+    NotLeader {
+        /// The leader's advertised address, if any.
+        leader: Option<String>,
+    },
     // ---- end metasrv ----
 
     // ---- procedures (the engine's errors, wrapped) ----
@@ -992,6 +1019,8 @@ impl Error {
             // ---- retryable: kv (decided where built, src/kv) ----
             Error::EtcdConnect { retryable, .. } | Error::EtcdOp { retryable, .. } => *retryable,
             Error::EtcdConnectTimeout { .. } | Error::EtcdTimeout { .. } => true,
+            Error::Election { retryable, .. } => *retryable,
+            Error::NotLeader { .. } => true,
             // ---- retryable: wal (decided where built, src/wal/kafka) ----
             Error::KafkaConnect { retryable, .. }
             | Error::KafkaTimeout { retryable, .. }

@@ -34,6 +34,7 @@ use crate::error::{
     RedbTaskSnafu, Result,
 };
 use crate::kv::redb::RedbOpenMode;
+use crate::kv::state_store::LeaderFence;
 use crate::kv::{KvBackendRef, RangeRequest};
 use crate::wal::kafka::KafkaTopicManager;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
@@ -41,6 +42,7 @@ use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
+pub mod election;
 mod namespace;
 
 pub use namespace::NamespacedKvBackend;
@@ -218,6 +220,7 @@ pub struct Metasrv {
     kv: KvBackendRef,
     state_store: Arc<crate::kv::KvStateStore>,
     procedures: ProcedureManagerRef,
+    local: Arc<LocalManager>,
     wal: Arc<WalOptionsAllocator>,
     topic_admin: Option<TopicAdminRef>,
     table_metadata: TableMetadataManagerRef,
@@ -289,10 +292,21 @@ impl Metasrv {
     /// directory) when nothing was ever stored there. An empty or damaged redb file is an error in both modes. The
     /// mode matters only for the redb backend.
     pub async fn open(config: MetasrvConfig, mode: RedbOpenMode) -> Result<Self> {
+        Self::open_fenced(config, mode, None).await
+    }
+
+    /// Like [`Metasrv::open`]; with a `fence`, the procedure manager takes its epoch from the election that fills
+    /// it instead of claiming one, and every state write is conditional on that leadership
+    /// ([`crate::kv::KvStateStore::with_leader_fence`]). `walctl serve` on etcd opens it so.
+    pub async fn open_fenced(
+        config: MetasrvConfig,
+        mode: RedbOpenMode,
+        fence: Option<Arc<LeaderFence>>,
+    ) -> Result<Self> {
         config.validate()?;
         let kv = open_kv_backend(&config, mode).await?;
         let datanodes: DatanodeManagerRef = Arc::new(MemoryDatanodeManager::new());
-        Self::with_parts(config, kv, None, datanodes)
+        Self::build(config, kv, None, datanodes, fence)
     }
 
     /// Builds a metasrv on an already open kv backend, with an optional topic admin (by default one over the
@@ -304,12 +318,38 @@ impl Metasrv {
         topic_admin: Option<TopicAdminRef>,
         datanodes: DatanodeManagerRef,
     ) -> Result<Self> {
+        Self::build(config, kv, topic_admin, datanodes, None)
+    }
+
+    /// [`Metasrv::with_parts`] with the epoch taken from a leader fence (see [`Metasrv::open_fenced`]).
+    pub fn with_parts_fenced(
+        config: MetasrvConfig,
+        kv: KvBackendRef,
+        topic_admin: Option<TopicAdminRef>,
+        datanodes: DatanodeManagerRef,
+        fence: Arc<LeaderFence>,
+    ) -> Result<Self> {
+        Self::build(config, kv, topic_admin, datanodes, Some(fence))
+    }
+
+    fn build(
+        config: MetasrvConfig,
+        kv: KvBackendRef,
+        topic_admin: Option<TopicAdminRef>,
+        datanodes: DatanodeManagerRef,
+        fence: Option<Arc<LeaderFence>>,
+    ) -> Result<Self> {
         config.validate()?;
-        let state_store = Arc::new(crate::kv::KvStateStore::new(kv.clone()));
-        let procedures: ProcedureManagerRef = Arc::new(LocalManager::new(
+        let mut state_store = crate::kv::KvStateStore::new(kv.clone());
+        if let Some(fence) = fence {
+            state_store = state_store.with_leader_fence(fence);
+        }
+        let state_store = Arc::new(state_store);
+        let local = Arc::new(LocalManager::new(
             state_store.clone(),
             config.procedure.manager_config(),
         ));
+        let procedures: ProcedureManagerRef = local.clone();
 
         let (wal, topic_admin) = match &config.wal {
             WalConfig::RaftEngine => (WalOptionsAllocator::RaftEngine, None),
@@ -358,6 +398,7 @@ impl Metasrv {
             kv,
             state_store,
             procedures,
+            local,
             wal,
             topic_admin,
             table_metadata,
@@ -386,6 +427,28 @@ impl Metasrv {
     /// The datanodes regions are created on.
     pub fn datanodes(&self) -> &DatanodeManagerRef {
         &self.datanodes
+    }
+
+    /// Whether the procedure manager runs (between [`Metasrv::start_procedures`] and [`Metasrv::stop`]).
+    pub fn is_started(&self) -> bool {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Whether new regions can get WAL options now (raft-engine: always; Kafka: once the pool is ready).
+    pub fn is_wal_ready(&self) -> bool {
+        self.wal.is_ready()
+    }
+
+    /// The lock keys every procedure of this process holds or waits for (empty when the manager is not started).
+    pub fn locks(&self) -> Vec<procedures::manager::ProcedureLocks> {
+        self.local.locks()
+    }
+
+    /// How many procedure-state writes a leader fence refused (0 without one).
+    pub fn fenced_writes(&self) -> u64 {
+        self.state_store
+            .leader_fence()
+            .map_or(0, |fence| fence.fenced_writes())
     }
 
     /// [`Metasrv::start_procedures`], then readies the WAL pool (for Kafka: runs or resumes the topic bootstrap
@@ -608,6 +671,11 @@ impl Metasrv {
             .create_table_with_id(task, procedure_id.map(ProcedureId::new))
             .await?;
         self.table_regions(&name, table_id).await
+    }
+
+    /// The id of table `name`, if it exists.
+    pub async fn table_id(&self, name: &TableName) -> Result<Option<u32>> {
+        self.table_metadata.table_id(name).await
     }
 
     /// A table's regions with their datanodes and WAL options, read from its route and datanode table values.

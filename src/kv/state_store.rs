@@ -9,11 +9,24 @@
 //! [`KvBackend`]: crate::kv::KvBackend
 //! [`KvBackend::max_request_bytes`]: crate::kv::KvBackend::max_request_bytes
 //! [`KvBackend::max_txn_ops`]: crate::kv::KvBackend::max_txn_ops
+//!
+//! **Where the epoch comes from.** By default the engine claims its own epoch: it reads `epoch`, writes the next
+//! number with a compare-and-set, and conditions every later write on it (embedded `walctl` commands). Under a
+//! [`LeaderFence`] ([`KvStateStore::with_leader_fence`], used by `walctl serve` on etcd) the epoch is the leader
+//! key's create revision from the etcd election instead: the store answers the engine's read of `epoch` with the
+//! number just below it, so the engine's claim writes exactly the election's epoch, and every write whose
+//! condition names `epoch` becomes a transaction that also compares the leader key's value. When the lease behind
+//! the leader key ends (expired, revoked) etcd deletes the key, so every later write of that leader is refused
+//! by etcd itself, whatever the process believes; the engine sees `Fenced` and stops.
 
 use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use procedures::record::EPOCH_KEY;
 use procedures::store::{Condition, StateStore, WriteOp, WriteOutcome};
+use tokio::sync::watch;
 
 use crate::error::Error;
 use crate::kv::{
@@ -27,11 +40,98 @@ pub const PROCEDURE_PREFIX: &str = "__procedure__/";
 /// Pairs read per request by `scan`.
 const SCAN_PAGE: usize = 512;
 
+/// The leadership a [`LeaderFence`] holds: the election's epoch and the key that proves it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaderLease {
+    /// The epoch: the leader key's create revision in etcd (strictly increasing across leaders).
+    pub epoch: u64,
+    /// The leader key, as the kv backend names it (without a namespace prefix the backend adds itself).
+    pub key: Vec<u8>,
+    /// The leader key's value (the election value this server campaigned with).
+    pub value: Vec<u8>,
+}
+
+/// The epoch source of a [`KvStateStore`] run under an election: the current leadership, if any, and how many
+/// writes were refused because it was gone or superseded.
+#[derive(Debug)]
+pub struct LeaderFence {
+    lease: watch::Sender<Option<LeaderLease>>,
+    fenced_writes: AtomicU64,
+}
+
+impl Default for LeaderFence {
+    fn default() -> Self {
+        LeaderFence {
+            lease: watch::Sender::new(None),
+            fenced_writes: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LeaderFence {
+    /// A fence holding no leadership: every epoch-conditioned write is refused until [`LeaderFence::set`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// This server now leads with `lease`.
+    pub fn set(&self, lease: LeaderLease) {
+        self.lease.send_replace(Some(lease));
+    }
+
+    /// This server no longer leads (it stepped down, or its lease could not be proven alive, or a write found the
+    /// leader key gone); later writes are refused without asking the store.
+    pub fn clear(&self) {
+        self.lease.send_replace(None);
+    }
+
+    /// The leadership held, if any.
+    pub fn current(&self) -> Option<LeaderLease> {
+        self.lease.borrow().clone()
+    }
+
+    /// Watches the leadership: a server waits on it to learn that a write found it deposed.
+    pub fn subscribe(&self) -> watch::Receiver<Option<LeaderLease>> {
+        self.lease.subscribe()
+    }
+
+    /// Writes refused because the leadership was gone or superseded (the engine saw `Fenced`).
+    pub fn fenced_writes(&self) -> u64 {
+        self.fenced_writes.load(Ordering::Relaxed)
+    }
+
+    fn fenced(&self) {
+        self.fenced_writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Clears the lease only if it is still `lease` (a newer term set meanwhile stays).
+    fn clear_if(&self, lease: &LeaderLease) {
+        self.lease.send_if_modified(|current| {
+            if current.as_ref() == Some(lease) {
+                *current = None;
+                true
+            } else {
+                false
+            }
+        });
+    }
+}
+
 /// A [`StateStore`] on a [`KvBackendRef`]; the store's key `k` is the kv key `{prefix}k`.
 #[derive(Clone, Debug)]
 pub struct KvStateStore {
     kv: KvBackendRef,
     prefix: String,
+    fence: Option<Arc<LeaderFence>>,
+}
+
+/// What one condition of a write turns into in the kv transaction.
+enum Check {
+    /// A plain compare; its failure branch reads the key once.
+    Plain,
+    /// The epoch under a leader fence: the leader key's value and, unless the write is the engine's claim, the
+    /// stored epoch. Its failure branch reads both.
+    Leader { lease: LeaderLease, claim: bool },
 }
 
 impl KvStateStore {
@@ -45,7 +145,20 @@ impl KvStateStore {
         KvStateStore {
             kv,
             prefix: prefix.into(),
+            fence: None,
         }
+    }
+
+    /// Takes the epoch from an election instead of claiming one (see the module documentation): every write
+    /// conditioned on the epoch is applied only while `fence`'s leader key still holds its value in the store.
+    pub fn with_leader_fence(mut self, fence: Arc<LeaderFence>) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// The leader fence, when the epoch comes from an election.
+    pub fn leader_fence(&self) -> Option<&Arc<LeaderFence>> {
+        self.fence.as_ref()
     }
 
     /// The kv backend underneath.
@@ -105,6 +218,16 @@ impl KvStateStore {
 #[async_trait]
 impl StateStore for KvStateStore {
     async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
+        if key == EPOCH_KEY
+            && let Some(fence) = &self.fence
+        {
+            // The engine claims "the stored epoch + 1": answer one below the election's epoch, so that its claim
+            // writes exactly the election's epoch.
+            return match fence.current() {
+                Some(lease) => Ok(Some(lease.epoch.saturating_sub(1).to_string().into_bytes())),
+                None => Err(not_leader(key)),
+            };
+        }
         let kv = self
             .kv
             .get(&self.kv_key(key))
@@ -144,6 +267,10 @@ impl StateStore for KvStateStore {
     }
 
     async fn put(&self, key: &str, value: Vec<u8>) -> procedures::Result<()> {
+        if key == EPOCH_KEY && self.fence.is_some() {
+            // Under an election the epoch is written only by the conditional claim.
+            return Err(not_leader(key));
+        }
         let kv_key = self.kv_key(key);
         self.check_limits(key, 1, kv_key.len() + value.len())?;
         self.kv
@@ -199,25 +326,70 @@ impl StateStore for KvStateStore {
             .map(|op| op.key().to_string())
             .or_else(|| conditions.first().map(|c| c.key().to_string()))
             .unwrap_or_default();
-        let compare: Vec<Compare> = conditions
-            .iter()
-            .map(|c| match c {
+        let mut compare: Vec<Compare> = Vec::with_capacity(conditions.len() + 1);
+        let mut failure: Vec<TxnOp> = Vec::with_capacity(conditions.len() + 1);
+        let mut checks: Vec<Check> = Vec::with_capacity(conditions.len());
+        for c in &conditions {
+            if c.key() == EPOCH_KEY
+                && let Some(fence) = &self.fence
+            {
+                let Some(lease) = fence.current() else {
+                    fence.fenced();
+                    // No leadership: report an epoch above the one asked for (a later leader's is larger still).
+                    let asked = match c {
+                        Condition::Equals { value, .. } => parse_epoch(value).unwrap_or(0),
+                        Condition::Absent { .. } => 0,
+                    };
+                    return Ok(rejected_by_epoch(&conditions, asked.saturating_add(1)));
+                };
+                let asked = match c {
+                    Condition::Equals { value, .. } => parse_epoch(value),
+                    Condition::Absent { .. } => None,
+                };
+                let claim = match asked {
+                    Some(e) if e == lease.epoch => false,
+                    Some(e) if e.checked_add(1) == Some(lease.epoch) => true,
+                    // A manager of another term: it is fenced by this one.
+                    _ => {
+                        fence.fenced();
+                        return Ok(rejected_by_epoch(&conditions, lease.epoch));
+                    }
+                };
+                // The claim may only write this term's epoch.
+                let bad_put = last_ops.iter().any(|op| {
+                    matches!(op, WriteOp::Put { key, value } if key == EPOCH_KEY && parse_epoch(value) != Some(lease.epoch))
+                });
+                if bad_put {
+                    fence.fenced();
+                    return Ok(rejected_by_epoch(&conditions, lease.epoch));
+                }
+                compare.push(Compare::ValueEquals(lease.key.clone(), lease.value.clone()));
+                failure.push(TxnOp::Get(lease.key.clone()));
+                if !claim {
+                    compare.push(Compare::ValueEquals(
+                        self.kv_key(EPOCH_KEY),
+                        lease.epoch.to_string().into_bytes(),
+                    ));
+                }
+                failure.push(TxnOp::Get(self.kv_key(EPOCH_KEY)));
+                checks.push(Check::Leader { lease, claim });
+                continue;
+            }
+            compare.push(match c {
                 Condition::Equals { key, value } => {
                     Compare::ValueEquals(self.kv_key(key), value.clone())
                 }
                 Condition::Absent { key } => Compare::Absent(self.kv_key(key)),
-            })
-            .collect();
+            });
+            failure.push(TxnOp::Get(self.kv_key(c.key())));
+            checks.push(Check::Plain);
+        }
         let success: Vec<TxnOp> = last_ops
             .iter()
             .map(|op| match op {
                 WriteOp::Put { key, value } => TxnOp::Put(self.kv_key(key), value.clone()),
                 WriteOp::Delete { key } => TxnOp::Delete(self.kv_key(key)),
             })
-            .collect();
-        let failure: Vec<TxnOp> = conditions
-            .iter()
-            .map(|c| TxnOp::Get(self.kv_key(c.key())))
             .collect();
         let txn = Txn {
             compare,
@@ -235,17 +407,264 @@ impl StateStore for KvStateStore {
         if resp.succeeded {
             return Ok(WriteOutcome::Applied);
         }
-        let current = conditions
+        let mut values = resp.responses.into_iter().map(|r| match r {
+            TxnOpResponse::Get(kv) => kv.map(|kv| kv.value),
+            _ => None,
+        });
+        let mut current = Vec::with_capacity(conditions.len());
+        for (c, check) in conditions.iter().zip(checks) {
+            let value = match check {
+                Check::Plain => values.next().flatten(),
+                Check::Leader { lease, claim } => {
+                    let leader = values.next().flatten();
+                    let stored = values.next().flatten();
+                    let stored_epoch = stored.as_deref().and_then(parse_epoch);
+                    if leader.as_deref() == Some(lease.value.as_slice())
+                        && (claim || stored_epoch == Some(lease.epoch))
+                    {
+                        // The epoch held: another condition failed.
+                        Some(
+                            if claim { lease.epoch - 1 } else { lease.epoch }
+                                .to_string()
+                                .into_bytes(),
+                        )
+                    } else {
+                        // The leader key is gone (the lease ended) or another manager claimed the epoch since:
+                        // this term is over. Report an epoch above this one; a later leader's is larger still.
+                        if let Some(fence) = &self.fence {
+                            fence.fenced();
+                            fence.clear_if(&lease);
+                        }
+                        let now = stored_epoch
+                            .filter(|e| *e > lease.epoch)
+                            .unwrap_or(lease.epoch.saturating_add(1));
+                        tracing::warn!(
+                            epoch = lease.epoch,
+                            now,
+                            leader_key_present = leader.is_some(),
+                            "a state write found this server's leadership gone; the write was refused"
+                        );
+                        Some(now.to_string().into_bytes())
+                    }
+                }
+            };
+            current.push((c.key().to_string(), value));
+        }
+        Ok(WriteOutcome::Rejected { current })
+    }
+}
+
+/// The error of an epoch read or write under a [`LeaderFence`] that holds no leadership.
+fn not_leader(key: &str) -> procedures::Error {
+    procedures::Error::Store {
+        action: "claim the epoch",
+        key: key.to_string(),
+        source: "this server does not hold the leadership (its epoch comes from the election)"
+            .into(),
+        retryable: false,
+    }
+}
+
+/// A rejection naming `epoch` as the current epoch (the others conditions' values unknown), without asking the
+/// store.
+fn rejected_by_epoch(conditions: &[Condition], epoch: u64) -> WriteOutcome {
+    WriteOutcome::Rejected {
+        current: conditions
             .iter()
-            .zip(resp.responses)
-            .map(|(c, r)| {
-                let value = match r {
-                    TxnOpResponse::Get(kv) => kv.map(|kv| kv.value),
-                    _ => None,
-                };
+            .map(|c| {
+                let value = (c.key() == EPOCH_KEY).then(|| epoch.to_string().into_bytes());
                 (c.key().to_string(), value)
             })
-            .collect();
-        Ok(WriteOutcome::Rejected { current })
+            .collect(),
+    }
+}
+
+fn parse_epoch(bytes: &[u8]) -> Option<u64> {
+    std::str::from_utf8(bytes).ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use procedures::{LocalManager, ManagerConfig, ProcedureManager};
+
+    use super::*;
+    use crate::kv::memory::MemoryKvBackend;
+
+    const LEADER_KEY: &[u8] = b"__metasrv/election/694d";
+
+    fn lease(epoch: u64) -> LeaderLease {
+        LeaderLease {
+            epoch,
+            key: LEADER_KEY.to_vec(),
+            value: br#"{"address":"127.0.0.1:3002"}"#.to_vec(),
+        }
+    }
+
+    async fn fenced_store(epoch: u64) -> (KvBackendRef, Arc<LeaderFence>, KvStateStore) {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        let fence = Arc::new(LeaderFence::new());
+        let lease = lease(epoch);
+        kv.put(PutRequest {
+            key: lease.key.clone(),
+            value: lease.value.clone(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+        fence.set(lease);
+        let store = KvStateStore::new(kv.clone()).with_leader_fence(fence.clone());
+        (kv, fence, store)
+    }
+
+    fn epoch_is(epoch: u64) -> Condition {
+        Condition::Equals {
+            key: EPOCH_KEY.to_string(),
+            value: epoch.to_string().into_bytes(),
+        }
+    }
+
+    fn put(key: &str) -> WriteOp {
+        WriteOp::Put {
+            key: key.to_string(),
+            value: b"v".to_vec(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_manager_under_a_leader_fence_takes_the_election_epoch() {
+        let (kv, _fence, store) = fenced_store(42).await;
+        // Whatever an embedded run left in the epoch key, the election's epoch is the one claimed.
+        kv.put(PutRequest {
+            key: b"__procedure__/epoch".to_vec(),
+            value: b"7".to_vec(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+        let manager = LocalManager::new(Arc::new(store), ManagerConfig::default());
+        manager.start().await.unwrap();
+        assert_eq!(manager.epoch(), Some(42));
+        let stored = kv.get(b"__procedure__/epoch").await.unwrap().unwrap();
+        assert_eq!(stored.value, b"42");
+        manager.stop().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn writes_stop_once_the_leader_key_is_gone() {
+        let (kv, fence, store) = fenced_store(42).await;
+        assert_eq!(store.get(EPOCH_KEY).await.unwrap(), Some(b"41".to_vec()));
+        let claim = store
+            .write(
+                vec![epoch_is(41)],
+                vec![WriteOp::Put {
+                    key: EPOCH_KEY.to_string(),
+                    value: b"42".to_vec(),
+                }],
+            )
+            .await
+            .unwrap();
+        assert_eq!(claim, WriteOutcome::Applied);
+        let ok = store.write(vec![epoch_is(42)], vec![put("proc/a")]).await;
+        assert_eq!(ok.unwrap(), WriteOutcome::Applied);
+
+        // The lease ended: etcd deleted the leader key. The next write is refused by the store itself.
+        kv.batch_delete(&[LEADER_KEY.to_vec()], false)
+            .await
+            .unwrap();
+        let refused = store
+            .write(vec![epoch_is(42)], vec![put("proc/b")])
+            .await
+            .unwrap();
+        assert_eq!(
+            refused,
+            WriteOutcome::Rejected {
+                current: vec![(EPOCH_KEY.to_string(), Some(b"43".to_vec()))]
+            }
+        );
+        assert!(kv.get(b"__procedure__/proc/b").await.unwrap().is_none());
+        assert_eq!(fence.current(), None);
+        assert_eq!(fence.fenced_writes(), 1);
+        // With the fence cleared, nothing reaches the store any more.
+        let refused = store
+            .write(vec![epoch_is(42)], vec![put("proc/c")])
+            .await
+            .unwrap();
+        assert!(matches!(refused, WriteOutcome::Rejected { .. }));
+        assert_eq!(fence.fenced_writes(), 2);
+        assert!(store.get(EPOCH_KEY).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn an_epoch_claimed_by_another_manager_fences_the_leader() {
+        let (kv, fence, store) = fenced_store(42).await;
+        kv.put(PutRequest {
+            key: b"__procedure__/epoch".to_vec(),
+            value: b"43".to_vec(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+        let refused = store
+            .write(vec![epoch_is(42)], vec![put("proc/a")])
+            .await
+            .unwrap();
+        assert_eq!(
+            refused,
+            WriteOutcome::Rejected {
+                current: vec![(EPOCH_KEY.to_string(), Some(b"43".to_vec()))]
+            }
+        );
+        assert_eq!(fence.current(), None);
+        // A manager of an older term is refused without a round trip.
+        fence.set(lease(50));
+        let old = store
+            .write(vec![epoch_is(42)], vec![put("proc/a")])
+            .await
+            .unwrap();
+        assert_eq!(
+            old,
+            WriteOutcome::Rejected {
+                current: vec![(EPOCH_KEY.to_string(), Some(b"50".to_vec()))]
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn another_failed_condition_is_reported_with_the_epoch_intact() {
+        let (_kv, fence, store) = fenced_store(42).await;
+        store
+            .write(
+                vec![epoch_is(41)],
+                vec![WriteOp::Put {
+                    key: EPOCH_KEY.to_string(),
+                    value: b"42".to_vec(),
+                }],
+            )
+            .await
+            .unwrap();
+        let absent = Condition::Absent {
+            key: "proc/a".to_string(),
+        };
+        store
+            .write(vec![epoch_is(42)], vec![put("proc/a")])
+            .await
+            .unwrap();
+        let refused = store
+            .write(vec![epoch_is(42), absent], vec![put("proc/a")])
+            .await
+            .unwrap();
+        assert_eq!(
+            refused,
+            WriteOutcome::Rejected {
+                current: vec![
+                    (EPOCH_KEY.to_string(), Some(b"42".to_vec())),
+                    ("proc/a".to_string(), Some(b"v".to_vec())),
+                ]
+            }
+        );
+        assert!(fence.current().is_some());
+        assert_eq!(fence.fenced_writes(), 0);
     }
 }

@@ -1,4 +1,5 @@
-//! The engine's crash matrix on `KvStateStore` over redb and over etcd: a procedure whose outside effects are
+//! The engine's crash matrix on `KvStateStore` over redb, over redb under a leader fence (the epoch from an
+//! election, as `walctl serve` runs it), and over etcd: a procedure whose outside effects are
 //! metadata writes in the same kv store (as remote-wal's procedures are) must end the same whatever crashed —
 //! at every durable transition (before and after the write), at every side-effect point, and again during recovery.
 
@@ -15,6 +16,7 @@ use procedures::{
     StateStore, Status,
 };
 use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
+use remote_wal::kv::state_store::{LeaderFence, LeaderLease};
 use remote_wal::kv::{
     Compare, KeyValue, KvBackendRef, KvStateStore, PutRequest, RangeRequest, RedbKvBackend, Txn,
     TxnOp, prefix_end, range_all,
@@ -176,6 +178,13 @@ enum Backend {
         dir: tempfile::TempDir,
         next: AtomicUsize,
     },
+    /// A new redb file whose state store takes its epoch from a leader fence (as `walctl serve` does): a leader
+    /// key is stored and the fence holds it, so every restart of the manager reclaims the term's epoch through the
+    /// fenced claim, and every write compares the leader key.
+    FencedRedb {
+        dir: tempfile::TempDir,
+        next: AtomicUsize,
+    },
     /// A random prefix for the run, a numbered sub-prefix per case; the run's keys are removed at the end.
     Etcd {
         kv: KvBackendRef,
@@ -206,7 +215,7 @@ impl CrashScenario for Scenario {
 
     async fn new_env(&self) -> Env {
         let (kv, ns) = match &self.backend {
-            Backend::Redb { dir, next } => {
+            Backend::Redb { dir, next } | Backend::FencedRedb { dir, next } => {
                 let path = dir
                     .path()
                     .join(format!("case-{}.redb", next.fetch_add(1, Ordering::SeqCst)));
@@ -218,11 +227,26 @@ impl CrashScenario for Scenario {
                 format!("{run}{}/", next.fetch_add(1, Ordering::SeqCst)),
             ),
         };
+        let mut store = KvStateStore::with_prefix(kv.clone(), format!("{ns}__procedure__/"));
+        if let Backend::FencedRedb { .. } = &self.backend {
+            let lease = LeaderLease {
+                epoch: 4242,
+                key: b"__metasrv/election/1".to_vec(),
+                value: br#"{"address":"127.0.0.1:3002"}"#.to_vec(),
+            };
+            kv.put(PutRequest {
+                key: lease.key.clone(),
+                value: lease.value.clone(),
+                prev_kv: false,
+            })
+            .await
+            .unwrap();
+            let fence = Arc::new(LeaderFence::new());
+            fence.set(lease);
+            store = store.with_leader_fence(fence);
+        }
         Env {
-            store: Arc::new(KvStateStore::with_prefix(
-                kv.clone(),
-                format!("{ns}__procedure__/"),
-            )),
+            store: Arc::new(store),
             world: Arc::new(World { kv, ns }),
         }
     }
@@ -302,6 +326,24 @@ async fn kv_state_store_on_redb_survives_every_single_and_double_crash() {
     check_golden(&scenario).await;
     let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
     print("kv state store on redb", &report);
+    assert_shape(&report);
+    assert!(
+        report.double_crash_cases > report.single_crash_cases,
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kv_state_store_under_a_leader_fence_survives_every_single_and_double_crash() {
+    let scenario = Scenario {
+        backend: Backend::FencedRedb {
+            dir: tempfile::tempdir().unwrap(),
+            next: AtomicUsize::new(0),
+        },
+    };
+    check_golden(&scenario).await;
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print("kv state store under a leader fence", &report);
     assert_shape(&report);
     assert!(
         report.double_crash_cases > report.single_crash_cases,

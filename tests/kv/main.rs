@@ -6,6 +6,7 @@ mod support;
 
 mod conformance;
 mod crash_matrix;
+mod election;
 mod etcd;
 mod redb;
 mod redb_damage;

@@ -60,6 +60,12 @@ pub enum Command {
     Procedures(ProceduresCommand),
     /// The Kafka topic pool, with the number of regions assigned to each topic.
     Topics,
+    /// Run as a long-lived server with an HTTP API until SIGTERM/SIGINT; on etcd, servers elect one leader.
+    Serve {
+        /// `host:port` to listen on (overrides `[server] listen`).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+    },
 }
 
 impl Command {

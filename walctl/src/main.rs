@@ -9,6 +9,7 @@
 mod cli;
 mod output;
 mod progress;
+mod serve;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
@@ -77,6 +78,9 @@ impl From<remote_wal::Error> for Failure {
 }
 
 async fn run(cli: Cli) -> Result<(), Failure> {
+    if let Command::Serve { listen } = &cli.command {
+        return serve::run(cli.config.as_deref(), listen.clone()).await;
+    }
     let config = match &cli.config {
         Some(path) => MetasrvConfig::from_file(path)?,
         None => MetasrvConfig::embedded(),
@@ -198,6 +202,8 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             output::print_purged(out, id);
             Ok(())
         }
+        // Handled by `run` before a metasrv is opened.
+        Command::Serve { .. } => Ok(()),
         Command::Topics => {
             let topics = metasrv.topics().await?;
             output::print_topics(out, &topics);

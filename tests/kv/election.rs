@@ -1,0 +1,147 @@
+//! The leader election on the shared etcd (`ETCD_ENDPOINTS`): who wins, the epoch it hands the state store, and a
+//! leader key deleted behind the leader's back ending its writes and its term.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use procedures::record::EPOCH_KEY;
+use procedures::{
+    Condition, LocalManager, ManagerConfig, ProcedureManager, StateStore, WriteOp, WriteOutcome,
+};
+use remote_wal::kv::KvBackendRef;
+use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
+use remote_wal::kv::state_store::{KvStateStore, LeaderFence};
+use remote_wal::metasrv::NamespacedKvBackend;
+use remote_wal::metasrv::election::{Election, ElectionConfig};
+
+use crate::support::{require_endpoints, unique};
+
+/// A bound on waits that should end at once; only a broken election reaches it.
+const BOUND: Duration = Duration::from_secs(20);
+
+async fn election(
+    endpoints: &[String],
+    prefix: &str,
+    address: &str,
+) -> (Election, Arc<LeaderFence>) {
+    let fence = Arc::new(LeaderFence::new());
+    let election = Election::connect(
+        ElectionConfig {
+            endpoints: endpoints.to_vec(),
+            connect_timeout: Duration::from_secs(5),
+            key_prefix: prefix.to_string(),
+            advertise: address.to_string(),
+            lease_ttl: Duration::from_secs(2),
+        },
+        fence.clone(),
+    )
+    .await
+    .unwrap();
+    (election, fence)
+}
+
+#[tokio::test]
+async fn a_resigned_leader_hands_over_with_a_larger_epoch() {
+    let endpoints = require_endpoints("ETCD_ENDPOINTS", "etcd");
+    let prefix = format!("{}/", unique("election"));
+    let (a, fence_a) = election(&endpoints, &prefix, "10.0.0.1:3002").await;
+    let (b, fence_b) = election(&endpoints, &prefix, "10.0.0.2:3002").await;
+    assert_eq!(a.leader().await.unwrap(), None);
+
+    let term_a = tokio::time::timeout(BOUND, a.campaign())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(fence_a.current().map(|l| l.epoch), Some(term_a.epoch()));
+    let leader = b.leader().await.unwrap().unwrap();
+    assert_eq!(leader.address, "10.0.0.1:3002");
+    assert_eq!(leader.epoch, term_a.epoch());
+
+    let b = Arc::new(b);
+    let campaigning = {
+        let b = b.clone();
+        tokio::spawn(async move { b.campaign().await })
+    };
+    // B is a candidate, not the leader, while A holds the term.
+    assert_eq!(
+        a.leader().await.unwrap().map(|l| l.epoch),
+        Some(term_a.epoch())
+    );
+    let epoch_a = term_a.epoch();
+    a.resign(term_a).await;
+    assert_eq!(fence_a.current(), None);
+    let term_b = tokio::time::timeout(BOUND, campaigning)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(
+        term_b.epoch() > epoch_a,
+        "{} after {epoch_a}",
+        term_b.epoch()
+    );
+    assert_eq!(fence_b.current().map(|l| l.epoch), Some(term_b.epoch()));
+    let leader = a.leader().await.unwrap().unwrap();
+    assert_eq!(leader.address, "10.0.0.2:3002");
+    b.resign(term_b).await;
+}
+
+#[tokio::test]
+async fn a_leader_key_deleted_under_the_leader_fences_its_writes_and_ends_its_term() {
+    let endpoints = require_endpoints("ETCD_ENDPOINTS", "etcd");
+    let prefix = format!("{}/", unique("election"));
+    let (leader, fence) = election(&endpoints, &prefix, "10.0.0.3:3002").await;
+    let mut term = tokio::time::timeout(BOUND, leader.campaign())
+        .await
+        .unwrap()
+        .unwrap();
+
+    let etcd: KvBackendRef = Arc::new(
+        EtcdKvBackend::connect(EtcdConfig::new(endpoints.clone()))
+            .await
+            .unwrap(),
+    );
+    let kv: KvBackendRef = Arc::new(NamespacedKvBackend::new(etcd.clone(), prefix.clone()));
+    let store = Arc::new(KvStateStore::new(kv.clone()).with_leader_fence(fence.clone()));
+    let manager = LocalManager::new(store.clone(), ManagerConfig::default());
+    manager.start().await.unwrap();
+    assert_eq!(manager.epoch(), Some(term.epoch()));
+    manager.stop().await.unwrap();
+
+    let epoch = term.epoch();
+    let write = |key: &str| {
+        (
+            vec![Condition::Equals {
+                key: EPOCH_KEY.to_string(),
+                value: epoch.to_string().into_bytes(),
+            }],
+            vec![WriteOp::Put {
+                key: key.to_string(),
+                value: b"v".to_vec(),
+            }],
+        )
+    };
+    let (conditions, ops) = write("proc/kept");
+    assert_eq!(
+        store.write(conditions, ops).await.unwrap(),
+        WriteOutcome::Applied
+    );
+
+    // The leader key goes away as it would when the lease expires.
+    let lease = fence.current().unwrap();
+    etcd.batch_delete(&[[prefix.as_bytes(), lease.key.as_slice()].concat()], false)
+        .await
+        .unwrap();
+    let (conditions, ops) = write("proc/refused");
+    let outcome = store.write(conditions, ops).await.unwrap();
+    assert!(
+        matches!(&outcome, WriteOutcome::Rejected { current } if current[0].1.as_deref() != Some(epoch.to_string().as_bytes())),
+        "{outcome:?}"
+    );
+    assert!(store.get("proc/refused").await.unwrap().is_none());
+    assert_eq!(store.get("proc/kept").await.unwrap(), Some(b"v".to_vec()));
+    assert_eq!(fence.fenced_writes(), 1);
+    tokio::time::timeout(BOUND, term.lost()).await.unwrap();
+    assert!(term.is_lost());
+    leader.resign(term).await;
+}

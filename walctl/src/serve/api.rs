@@ -1,0 +1,351 @@
+//! The HTTP API's routes and handlers (`docs/server.md`).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use procedures::ProcedureId;
+use remote_wal::metasrv::election::Election;
+use remote_wal::metasrv::{Metasrv, parse_table_name};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::serve::error::ApiError;
+use crate::serve::leadership::Status;
+use crate::serve::metrics::Metrics;
+
+/// What every handler sees.
+#[derive(Clone)]
+pub struct AppState {
+    /// The metasrv (its manager runs only while this server leads).
+    pub metasrv: Arc<Metasrv>,
+    /// The election, on etcd.
+    pub election: Option<Arc<Election>>,
+    /// What this server is now.
+    pub status: watch::Receiver<Status>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// This server's advertised address.
+    pub advertise: String,
+}
+
+/// Every route.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .route("/v1/leader", get(leader))
+        .route("/v1/tables", post(create_table))
+        .route("/v1/procedures", get(list_procedures))
+        .route("/v1/procedures/{*id}", get(show_procedure))
+        .route("/v1/locks", get(locks))
+        .route("/v1/bootstrap", post(bootstrap))
+        .route("/v1/topics", get(topics))
+        .route("/v1/datanodes/{id}/open-requests", get(open_requests))
+        .with_state(state)
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+/// How often `POST /v1/tables` with `"wait":false` checks whether its procedure is stored yet.
+const SUBMIT_POLL: std::time::Duration = std::time::Duration::from_millis(5);
+
+impl AppState {
+    fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// The current leader's address and epoch (etcd: as the election says; otherwise this server once started).
+    async fn leader(&self) -> Result<(Option<String>, Option<u64>), ApiError> {
+        match &self.election {
+            Some(election) => {
+                let leader = election.leader().await?;
+                Ok((
+                    leader.as_ref().map(|l| l.address.clone()),
+                    leader.map(|l| l.epoch),
+                ))
+            }
+            None => {
+                let status = self.status();
+                Ok((
+                    status.leading.map(|_| self.advertise.clone()),
+                    status.leading,
+                ))
+            }
+        }
+    }
+
+    /// The 503 of a follower: names the leader, or says why it could not be read.
+    async fn not_leader(&self) -> ApiError {
+        match self.leader().await {
+            Ok((leader, _)) => ApiError::not_leader(leader),
+            Err(e) => {
+                let mut error = ApiError::not_leader(None);
+                error.message = format!(
+                    "this server is not the leader, and the leader could not be read: {}",
+                    e.message
+                );
+                error
+            }
+        }
+    }
+
+    /// Refuses a write unless this server leads with the manager started (a follower never queues one).
+    async fn ensure_leader(&self) -> Result<Status, ApiError> {
+        let status = self.status();
+        if status.leading.is_none() {
+            self.metrics.not_leader_answers.inc();
+            return Err(self.not_leader().await);
+        }
+        if !status.manager_started {
+            return Err(ApiError::not_ready(
+                "this server leads but its procedure manager is still recovering",
+            ));
+        }
+        Ok(status)
+    }
+}
+
+async fn health() -> Response {
+    Json(json!({ "status": "ok" })).into_response()
+}
+
+async fn ready(State(state): State<AppState>) -> ApiResult {
+    let status = state.status();
+    if status.ready() {
+        return Ok(Json(json!({ "ready": true, "epoch": status.leading })).into_response());
+    }
+    if status.leading.is_none() {
+        return Err(state.not_leader().await);
+    }
+    Err(ApiError::not_ready(if status.manager_started {
+        "the WAL topic pool is not ready yet"
+    } else {
+        "the procedure manager is still recovering"
+    }))
+}
+
+async fn metrics(State(state): State<AppState>) -> ApiResult {
+    state
+        .metrics
+        .leader
+        .set(i64::from(state.status().leading.is_some()));
+    let text = state
+        .metrics
+        .render(&state.metasrv)
+        .await
+        .map_err(|e| ApiError::internal(format!("encoding the metrics failed: {e}"), false))?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+async fn leader(State(state): State<AppState>) -> ApiResult {
+    let (leader, epoch) = state.leader().await?;
+    let own = state.status().leading;
+    let is_self = own.is_some() && own == epoch;
+    Ok(Json(json!({ "leader": leader, "epoch": epoch, "self": is_self })).into_response())
+}
+
+/// The body of `POST /v1/tables`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateTableBody {
+    name: String,
+    regions: u32,
+    #[serde(default)]
+    if_not_exists: bool,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default = "default_wait")]
+    wait: bool,
+}
+
+fn default_wait() -> bool {
+    true
+}
+
+async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) -> ApiResult {
+    let body: CreateTableBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid create-table body: {e}")))?;
+    let name = parse_table_name(&body.name)?;
+    if body.regions == 0 {
+        return Err(ApiError::bad_request("regions: must be at least 1"));
+    }
+    if body.id.as_deref().is_some_and(|id| id.trim().is_empty()) {
+        return Err(ApiError::bad_request("id: must not be empty"));
+    }
+    state.ensure_leader().await?;
+    if !state.status().pool_ready {
+        return Err(ApiError::not_ready("the WAL topic pool is not ready yet"));
+    }
+    // A procedure's own failure reaches here as text only, so an existing table is found before submitting: 409,
+    // unless the request asks for it anyway, or retries a procedure id that exists (its own result is returned).
+    if !body.if_not_exists
+        && let Some(table_id) = state.metasrv.table_id(&name).await?
+    {
+        let known = match &body.id {
+            Some(id) => procedure_exists(&state.metasrv, id).await?,
+            None => false,
+        };
+        if !known {
+            return Err(remote_wal::Error::TableAlreadyExists {
+                table: name.to_string(),
+                table_id: Some(table_id),
+            }
+            .into());
+        }
+    }
+    let id = body.id.unwrap_or_else(|| ProcedureId::random().to_string());
+    if body.wait {
+        let table = state
+            .metasrv
+            .create_table_with_id(name, body.regions, body.if_not_exists, Some(&id))
+            .await?;
+        let mut out = serde_json::to_value(&table)
+            .map_err(|e| ApiError::internal(format!("encoding the table failed: {e}"), false))?;
+        out["procedure_id"] = json!(id);
+        return Ok(Json(out).into_response());
+    }
+    // 202 promises the procedure is stored: a leader killed right after still leaves it for the next one to
+    // finish. The creation runs in a task; the answer waits until the record is in the store, or the task fails
+    // before that.
+    let metasrv = state.metasrv.clone();
+    let procedure_id = id.clone();
+    let mut creating = tokio::spawn(async move {
+        metasrv
+            .create_table_with_id(name, body.regions, body.if_not_exists, Some(&procedure_id))
+            .await
+    });
+    let mut poll = tokio::time::interval(SUBMIT_POLL);
+    loop {
+        tokio::select! {
+            done = &mut creating => {
+                return match done {
+                    // Finished before the first poll saw it: stored, and done.
+                    Ok(Ok(_)) => Ok((StatusCode::ACCEPTED, Json(json!({ "procedure_id": id }))).into_response()),
+                    Ok(Err(e)) => Err(e.into()),
+                    Err(e) => Err(ApiError::internal(format!("the create-table task of {id} ended: {e}"), true)),
+                };
+            }
+            _ = poll.tick() => {
+                // The manager reserves an id in memory before it writes the record: ask the store itself.
+                match state.metasrv.stored_procedure(&id).await {
+                    Ok(_) => break,
+                    Err(remote_wal::Error::ProcedureNotFound { .. }) => {}
+                    Err(e) if e.is_retryable() => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+    }
+    // The task goes on in the background; its outcome is the procedure's state.
+    tokio::spawn(async move {
+        if let Ok(Err(e)) = creating.await {
+            tracing::warn!(error = %e, "create table failed");
+        }
+    });
+    Ok((StatusCode::ACCEPTED, Json(json!({ "procedure_id": id }))).into_response())
+}
+
+/// Whether procedure `id` is known to the running manager or stored; an error reading the store is returned (a
+/// retry decides), never taken for "unknown".
+async fn procedure_exists(metasrv: &Metasrv, id: &str) -> Result<bool, ApiError> {
+    match metasrv.procedure(id).await {
+        Ok(_) => return Ok(true),
+        Err(
+            remote_wal::Error::ProcedureNotFound { .. }
+            | remote_wal::Error::MetasrvNotStarted { .. },
+        ) => {}
+        Err(e) => return Err(e.into()),
+    }
+    match metasrv.stored_procedure(id).await {
+        Ok(_) => Ok(true),
+        Err(remote_wal::Error::ProcedureNotFound { .. }) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn list_procedures(State(state): State<AppState>) -> ApiResult {
+    // The leader answers from its manager (live); a follower from the store (what the leader last wrote).
+    let list = if state.metasrv.is_started() {
+        state.metasrv.list_procedures().await?
+    } else {
+        state.metasrv.stored_procedures().await?
+    };
+    Ok(Json(json!({ "procedures": list })).into_response())
+}
+
+async fn show_procedure(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let info = if state.metasrv.is_started() {
+        match state.metasrv.procedure(&id).await {
+            Ok(info) => info,
+            Err(remote_wal::Error::ProcedureNotFound { .. }) => {
+                state.metasrv.stored_procedure(&id).await?
+            }
+            Err(e) => return Err(e.into()),
+        }
+    } else {
+        state.metasrv.stored_procedure(&id).await?
+    };
+    Ok(Json(info).into_response())
+}
+
+async fn locks(State(state): State<AppState>) -> ApiResult {
+    state.ensure_leader().await?;
+    let locks: Vec<Value> = state
+        .metasrv
+        .locks()
+        .into_iter()
+        .map(|l| {
+            json!({
+                "procedure_id": l.id.to_string(),
+                "held": l.held.iter().map(|k| json!({"key": k.key, "exclusive": k.exclusive})).collect::<Vec<_>>(),
+                "waiting": l.waiting.map(|w| json!({
+                    "key": w.key,
+                    "exclusive": w.exclusive,
+                    "blocked_by": w.blocked_by.to_string(),
+                    "blocker_holds": w.blocker_holds,
+                })),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "locks": locks })).into_response())
+}
+
+async fn bootstrap(State(state): State<AppState>) -> ApiResult {
+    state.ensure_leader().await?;
+    let report = state.metasrv.bootstrap(|_| {}).await?;
+    Ok(Json(report).into_response())
+}
+
+async fn topics(State(state): State<AppState>) -> ApiResult {
+    let report = state.metasrv.topics().await?;
+    Ok(Json(report).into_response())
+}
+
+async fn open_requests(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let datanode: u64 = id
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("datanode id: '{id}' is not a number")))?;
+    let open = state.metasrv.open_regions(datanode).await?;
+    let errors: Vec<Value> = open
+        .errors
+        .iter()
+        .map(|e| json!({"key": e.key, "region_id": e.region_id, "error": e.error.to_string()}))
+        .collect();
+    Ok(
+        Json(json!({"datanode_id": datanode, "requests": open.requests, "errors": errors}))
+            .into_response(),
+    )
+}

@@ -1,0 +1,214 @@
+//! The API's error answer: `{"error":{"kind","message","retryable"}}` (plus `"leader"` on a not-leader 503) with
+//! the status code its kind gives.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answer of the HTTP API.
+#[derive(Debug)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable machine-readable kind (`bad_request`, `not_found`, `already_exists`, `not_leader`, `not_ready`,
+    /// `internal`).
+    pub kind: &'static str,
+    /// What went wrong, for people; names the field, table, procedure id or leader concerned.
+    pub message: String,
+    /// Whether sending the same request again (to the leader) may succeed.
+    pub retryable: bool,
+    /// On `not_leader`: the leader's advertised address, when one is elected.
+    pub leader: Option<String>,
+}
+
+impl ApiError {
+    /// 400: the request is malformed; `message` names the field.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            kind: "bad_request",
+            message: message.into(),
+            retryable: false,
+            leader: None,
+        }
+    }
+
+    /// 503: this server does not lead; writes go to `leader`.
+    pub fn not_leader(leader: Option<String>) -> Self {
+        let message = remote_wal::Error::NotLeader {
+            leader: leader.clone(),
+        }
+        .to_string();
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "not_leader",
+            message,
+            retryable: true,
+            leader,
+        }
+    }
+
+    /// 503: this server leads but cannot serve the request yet (`reason`).
+    pub fn not_ready(reason: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "not_ready",
+            message: reason.into(),
+            retryable: true,
+            leader: None,
+        }
+    }
+
+    /// 500: anything else.
+    pub fn internal(message: impl Into<String>, retryable: bool) -> Self {
+        ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "internal",
+            message: message.into(),
+            retryable,
+            leader: None,
+        }
+    }
+}
+
+impl From<remote_wal::Error> for ApiError {
+    /// Classifies by the error and its causes (a step's error reaches the API wrapped in the engine's): bad input
+    /// 400, an unknown procedure 404, an existing table or a reused procedure id 409, a fenced or not-leading
+    /// server 503, anything else 500 keeping whether it is retryable.
+    fn from(e: remote_wal::Error) -> Self {
+        use remote_wal::Error as E;
+        let message = e.to_string().replace('\n', " ");
+        let retryable = e.is_retryable();
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+        while let Some(current) = cause {
+            if let Some(wal) = downcast::<remote_wal::Error>(current) {
+                let (status, kind) = match wal {
+                    E::InvalidTableReference { .. }
+                    | E::InvalidName { .. }
+                    | E::InvalidCreateTable { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+                    E::ProcedureNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                    E::TableAlreadyExists { .. } | E::ProcedurePurge { .. } => {
+                        (StatusCode::CONFLICT, "already_exists")
+                    }
+                    E::NotLeader { leader } => return ApiError::not_leader(leader.clone()),
+                    E::MetasrvNotStarted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+                    E::NoKafkaPool { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+                    _ => {
+                        cause = current.source();
+                        continue;
+                    }
+                };
+                return ApiError {
+                    status,
+                    kind,
+                    message,
+                    retryable: status == StatusCode::SERVICE_UNAVAILABLE,
+                    leader: None,
+                };
+            }
+            if let Some(engine) = downcast::<procedures::Error>(current) {
+                match engine {
+                    procedures::Error::Fenced { .. } => {
+                        return ApiError {
+                            status: StatusCode::SERVICE_UNAVAILABLE,
+                            kind: "not_leader",
+                            message,
+                            retryable: true,
+                            leader: None,
+                        };
+                    }
+                    procedures::Error::ManagerNotRunning { .. } => {
+                        return ApiError::not_ready(message);
+                    }
+                    _ => {}
+                }
+            }
+            cause = current.source();
+        }
+        ApiError::internal(message, retryable)
+    }
+}
+
+/// `e` as a `T`, also when it is a boxed `T` (a boxed source is its own link in the chain).
+fn downcast<'a, T: std::error::Error + 'static>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    e.downcast_ref::<T>()
+        .or_else(|| e.downcast_ref::<Box<T>>().map(|b| b.as_ref()))
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut error = json!({
+            "kind": self.kind,
+            "message": self.message,
+            "retryable": self.retryable,
+        });
+        if let Some(leader) = &self.leader {
+            error["leader"] = json!(leader);
+        }
+        (self.status, Json(json!({ "error": error }))).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::StatusCode;
+
+    use super::ApiError;
+
+    fn classify(e: remote_wal::Error) -> (StatusCode, &'static str, bool) {
+        let e = ApiError::from(e);
+        (e.status, e.kind, e.retryable)
+    }
+
+    #[test]
+    fn errors_map_to_statuses_through_their_causes() {
+        let fenced = remote_wal::Error::CreateTable {
+            table: "greptime.public.t".to_string(),
+            source: Box::new(procedures::Error::Fenced { epoch: 8, own: 7 }),
+        };
+        assert_eq!(
+            classify(fenced),
+            (StatusCode::SERVICE_UNAVAILABLE, "not_leader", true)
+        );
+        let exists = remote_wal::Error::TableAlreadyExists {
+            table: "greptime.public.t".to_string(),
+            table_id: Some(1024),
+        };
+        assert_eq!(
+            classify(exists),
+            (StatusCode::CONFLICT, "already_exists", false)
+        );
+        let missing = remote_wal::Error::ProcedureNotFound {
+            id: "p".to_string(),
+        };
+        assert_eq!(
+            classify(missing),
+            (StatusCode::NOT_FOUND, "not_found", false)
+        );
+        let bad = remote_wal::Error::InvalidTableReference {
+            name: "a..b".to_string(),
+            reason: "empty part".to_string(),
+        };
+        assert_eq!(
+            classify(bad),
+            (StatusCode::BAD_REQUEST, "bad_request", false)
+        );
+        let not_leader = ApiError::from(remote_wal::Error::NotLeader {
+            leader: Some("10.0.0.1:3002".to_string()),
+        });
+        assert_eq!(not_leader.leader.as_deref(), Some("10.0.0.1:3002"));
+        let store = remote_wal::Error::EtcdTimeout {
+            endpoints: "127.0.0.1:2379".to_string(),
+            action: "get",
+            key: "k".to_string(),
+            timeout: std::time::Duration::from_secs(1),
+        };
+        assert_eq!(
+            classify(store),
+            (StatusCode::INTERNAL_SERVER_ERROR, "internal", true)
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! The server's life as leader or follower: campaign, lead (start the manager, ready the pool) until the term is
+//! lost or the server shuts down, then stop the manager and campaign again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use remote_wal::metasrv::Metasrv;
+use remote_wal::metasrv::election::Election;
+use tokio::sync::watch;
+
+use crate::serve::metrics::Metrics;
+
+/// How long to wait before campaigning or starting again after an error.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// What this server is now, published to the HTTP handlers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Status {
+    /// This server's epoch while it leads.
+    pub leading: Option<u64>,
+    /// The procedure manager runs (recovery done).
+    pub manager_started: bool,
+    /// New regions can get WAL options (the Kafka pool is ready; always for raft-engine).
+    pub pool_ready: bool,
+}
+
+impl Status {
+    /// Leads, with the manager started and the pool ready.
+    pub fn ready(&self) -> bool {
+        self.leading.is_some() && self.manager_started && self.pool_ready
+    }
+}
+
+/// Runs the server's roles until `shutdown` turns true; returns once the manager is stopped and, on etcd, the
+/// leadership resigned.
+pub async fn run(
+    metasrv: Arc<Metasrv>,
+    election: Option<Arc<Election>>,
+    status: watch::Sender<Status>,
+    metrics: Arc<Metrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let Some(election) = election else {
+        // redb or memory: this process holds the store alone, so it leads from the start.
+        tokio::select! {
+            _ = lead(&metasrv, &status, None) => {}
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+        stop(&metasrv, &status, &metrics).await;
+        return;
+    };
+    loop {
+        let campaign = tokio::select! {
+            term = election.campaign() => Some(term),
+            _ = shutdown.wait_for(|s| *s) => None,
+        };
+        let Some(campaign) = campaign else {
+            election.withdraw().await;
+            return;
+        };
+        let mut term = match campaign {
+            Ok(term) => term,
+            Err(e) => {
+                tracing::warn!(error = %e, "campaign failed; campaigning again");
+                tokio::select! {
+                    _ = tokio::time::sleep(RETRY_DELAY) => continue,
+                    _ = shutdown.wait_for(|s| *s) => return,
+                }
+            }
+        };
+        metrics.elections_won.inc();
+        let epoch = term.epoch();
+        let shutting_down = tokio::select! {
+            _ = lead(&metasrv, &status, Some(epoch)) => false,
+            _ = term.lost() => false,
+            _ = shutdown.wait_for(|s| *s) => true,
+        };
+        stop(&metasrv, &status, &metrics).await;
+        if !shutting_down {
+            metrics.elections_lost.inc();
+        }
+        // Resign in both cases: on a shutdown so a follower wins at once; after a lost term so that a lease that is
+        // in fact still alive (a write found the epoch superseded) does not keep this server's key in the way.
+        election.resign(term).await;
+        if shutting_down || *shutdown.borrow() {
+            return;
+        }
+    }
+}
+
+/// Leads: starts the manager (recovering unfinished procedures), then readies the WAL pool, retrying each until it
+/// works, then waits forever (the caller's select ends the term).
+async fn lead(metasrv: &Metasrv, status: &watch::Sender<Status>, term_epoch: Option<u64>) {
+    loop {
+        match metasrv.start_procedures().await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start the procedure manager; retrying");
+                tokio::time::sleep(RETRY_DELAY).await;
+            }
+        }
+    }
+    let epoch = term_epoch
+        .or_else(|| metasrv.procedure_manager().epoch())
+        .unwrap_or(0);
+    status.send_replace(Status {
+        leading: Some(epoch),
+        manager_started: true,
+        pool_ready: false,
+    });
+    tracing::info!(epoch, "leading: the procedure manager runs");
+    loop {
+        match metasrv.bootstrap(|_| {}).await {
+            Ok(report) if report.ready => break,
+            Ok(_) => tracing::warn!("the WAL pool is not ready yet; retrying"),
+            Err(e) => tracing::warn!(error = %e, "could not ready the WAL pool; retrying"),
+        }
+        tokio::time::sleep(RETRY_DELAY).await;
+    }
+    status.send_modify(|s| s.pool_ready = true);
+    tracing::info!(epoch, "ready");
+    std::future::pending::<()>().await
+}
+
+async fn stop(metasrv: &Metasrv, status: &watch::Sender<Status>, metrics: &Metrics) {
+    status.send_replace(Status::default());
+    metrics.leader.set(0);
+    if let Err(e) = metasrv.stop().await {
+        tracing::warn!(error = %e, "stopping the procedure manager failed");
+    }
+}

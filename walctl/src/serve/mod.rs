@@ -1,0 +1,130 @@
+//! `walctl serve`: a long-running metasrv with an HTTP API (`docs/server.md`).
+//!
+//! On etcd, every server campaigns in one election (`remote_wal::metasrv::election`); only the leader runs a
+//! procedure manager, whose epoch is its term's and whose every state write is conditional on still leading
+//! (`docs/ha.md`). Followers answer reads from the store and writes with 503 and the leader's address. On redb the
+//! process holds the file alone and leads from the start; a second server refuses to open it.
+//!
+//! SIGTERM or SIGINT: the leader resigns, the manager stops (every task joined), the HTTP server drains, exit 0.
+
+mod api;
+mod error;
+mod leadership;
+mod metrics;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use remote_wal::config::{MetadataBackend, MetasrvConfig};
+use remote_wal::kv::redb::RedbOpenMode;
+use remote_wal::kv::state_store::LeaderFence;
+use remote_wal::metasrv::Metasrv;
+use remote_wal::metasrv::election::{Election, ElectionConfig};
+use tokio::sync::watch;
+
+use crate::Failure;
+
+/// Runs the server until SIGTERM or SIGINT. `listen` overrides `[server] listen` (and the advertised address when
+/// `advertise` is not set).
+pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(), Failure> {
+    let (config, mut server) = match config_path {
+        Some(path) => MetasrvConfig::from_file_with_server(path)?,
+        None => (MetasrvConfig::embedded(), Default::default()),
+    };
+    if let Some(listen) = listen {
+        server.listen = listen;
+        server.validate()?;
+    }
+    let advertise = server.advertised().to_string();
+
+    let fence = (config.metadata_store.backend == MetadataBackend::Etcd)
+        .then(|| Arc::new(LeaderFence::new()));
+    let election = match &fence {
+        Some(fence) => Some(Arc::new(
+            Election::connect(
+                ElectionConfig {
+                    endpoints: config.metadata_store.endpoints.clone(),
+                    connect_timeout: config.metadata_store.connect_timeout,
+                    key_prefix: config.metadata_store.key_prefix.clone(),
+                    advertise: advertise.clone(),
+                    lease_ttl: server.lease_ttl,
+                },
+                fence.clone(),
+            )
+            .await?,
+        )),
+        None => None,
+    };
+    // redb: opening takes the file's lock; a second server fails here naming the path.
+    let metasrv =
+        Arc::new(Metasrv::open_fenced(config, RedbOpenMode::CreateIfMissing, fence).await?);
+
+    let listener = tokio::net::TcpListener::bind(&server.listen)
+        .await
+        .map_err(|e| {
+            Failure::Refused(format!(
+                "cannot listen on {} ([server] listen or --listen): {e}",
+                server.listen
+            ))
+        })?;
+    let (status_tx, status_rx) = watch::channel(leadership::Status::default());
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let metrics = Arc::new(metrics::Metrics::new());
+    let roles = tokio::spawn(leadership::run(
+        metasrv.clone(),
+        election.clone(),
+        status_tx,
+        metrics.clone(),
+        shutdown_rx.clone(),
+    ));
+    let app = api::router(api::AppState {
+        metasrv: metasrv.clone(),
+        election,
+        status: status_rx,
+        metrics,
+        advertise: advertise.clone(),
+    });
+    tracing::info!(listen = %server.listen, %advertise, "serving");
+    // Printed for scripts and tests that start a server on port 0.
+    let bound = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| server.listen.clone());
+    println!("listening on {bound}");
+
+    let mut http_shutdown = shutdown_rx.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_shutdown.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    wait_for_signal().await?;
+    tracing::info!("shutting down: stepping down and stopping the procedure manager");
+    shutdown_tx.send_replace(true);
+    if let Err(e) = roles.await {
+        tracing::warn!(error = %e, "the leadership task ended abnormally");
+    }
+    match http.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, "the HTTP server ended with an error"),
+        Err(e) => tracing::warn!(error = %e, "the HTTP server task ended abnormally"),
+    }
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT.
+async fn wait_for_signal() -> Result<(), Failure> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())
+        .map_err(|e| Failure::Refused(format!("cannot listen for SIGTERM: {e}")))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(|e| Failure::Refused(format!("cannot listen for SIGINT: {e}")))?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

@@ -1,0 +1,16 @@
+//! `walctl serve` as real processes: three servers on a three-member etcd cluster (started for each test through
+//! `scripts/services.sh start-etcd-cluster`, so a test may kill or stop what it likes), and two servers on one redb
+//! file. They check who leads, what followers answer, failover after kill -9 and after a stalled (SIGSTOPped)
+//! leader, and that client-chosen ids make table creation exactly-once across a failover.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cluster;
+
+mod embedded;
+mod failover;
+mod kafka;
+mod quorum;
+mod redb;
+mod stalled;
