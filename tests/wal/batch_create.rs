@@ -138,8 +138,7 @@ async fn a_resume_with_every_topic_existing_costs_one_metadata_read_and_no_creat
         TopicBootstrapData {
             step: BootstrapStep::CreateMissing,
             spec: wanted,
-            persisted: Default::default(),
-            created: Default::default(),
+            persisted_below: 0,
         },
         kv.clone(),
         admin.clone(),

@@ -202,8 +202,7 @@ async fn two_thousand_topics_bootstrap_in_batches_and_resume_with_one_metadata_r
         TopicBootstrapData {
             step: BootstrapStep::CreateMissing,
             spec,
-            persisted: Default::default(),
-            created: Default::default(),
+            persisted_below: 0,
         },
         kv.clone(),
         admin.clone(),

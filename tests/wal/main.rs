@@ -12,6 +12,7 @@ mod batch_kafka;
 mod bootstrap_crash;
 mod bootstrap_etcd;
 mod bootstrap_kafka;
+mod bootstrap_record;
 mod bootstrap_steps;
 mod config_errors;
 mod kafka_admin;
