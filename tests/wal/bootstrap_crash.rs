@@ -296,12 +296,16 @@ async fn every_first_crash_point_of_a_64_topic_bootstrap_ends_with_each_topic_on
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_crash_point_of_a_bootstrap_persisting_in_chunks_ends_with_each_name_persisted_once() {
+async fn every_crash_point_of_a_bootstrap_persisting_in_chunks_ends_with_each_name_persisted_once()
+{
     // 6 operations a transaction: 3 names a chunk, so 10 names are 4 chunks, each a durable step of its own.
     let scenario = BootstrapScenario::new(10).with_max_txn_ops(6);
     assert_golden_world(&scenario).await;
     let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
-    print("bootstrap 10 topics, names in 4 chunks, two crash levels", &report);
+    print(
+        "bootstrap 10 topics, names in 4 chunks, two crash levels",
+        &report,
+    );
     report.assert_no_mismatch();
     // 10 creations + 4 chunks are side-effect points; every one was crashed at.
     assert_eq!(report.side_effect_points, 14);

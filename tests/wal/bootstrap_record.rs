@@ -119,7 +119,10 @@ fn format1_records_decode_to_their_step_and_spec() {
         assert_eq!(data.spec.topic_name_prefix, "old");
         assert_eq!(data.spec.num_topics, 3);
         assert_eq!(data.spec.ready_poll, fast_poll());
-        assert_eq!(data.persisted_below, 0, "PersistNames restarts from the first name");
+        assert_eq!(
+            data.persisted_below, 0,
+            "PersistNames restarts from the first name"
+        );
         // Re-encoded in this release's shape: no list.
         let again = serde_json::to_value(&data).unwrap();
         assert!(again.get("persisted").is_none() && again.get("created").is_none());
@@ -141,7 +144,12 @@ async fn a_format1_record_at_persist_names_resumes_through_the_loader() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|pair| pair["key"].as_str().unwrap().starts_with("__procedure__/proc/"))
+        .find(|pair| {
+            pair["key"]
+                .as_str()
+                .unwrap()
+                .starts_with("__procedure__/proc/")
+        })
         .expect("the fixture holds the bootstrap's record")["value"]
         .as_str()
         .unwrap()
@@ -189,7 +197,9 @@ async fn a_format1_record_at_persist_names_resumes_through_the_loader() {
         wanted
     );
     let kept = kv
-        .get(&remote_wal::wal::kafka::topic_key::topic_name_key(&created[0]))
+        .get(&remote_wal::wal::kafka::topic_key::topic_name_key(
+            &created[0],
+        ))
         .await
         .unwrap()
         .unwrap();

@@ -196,7 +196,12 @@ async fn create_missing_creates_exactly_the_missing_topics() {
     for t in ["p_0", "p_2"] {
         persist(kv.as_ref(), t, 0).await;
     }
-    let mut p = at_step(BootstrapStep::CreateMissing, spec("p", 4), kv, Arc::new(admin));
+    let mut p = at_step(
+        BootstrapStep::CreateMissing,
+        spec("p", 4),
+        kv,
+        Arc::new(admin),
+    );
     let status = p.execute(&ctx()).await.unwrap();
     assert!(matches!(status, Status::Executing { persist: true }));
     assert_eq!(p.data().step, BootstrapStep::PersistNames);

@@ -18,4 +18,5 @@ mod config_errors;
 mod kafka_admin;
 mod pool_check;
 mod selection;
+mod topic_config;
 mod topic_name_values;

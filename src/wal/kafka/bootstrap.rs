@@ -209,8 +209,7 @@ impl TopicBootstrapProcedure {
     /// The loader to register with the procedure manager under [`Self::TYPE_NAME`].
     pub fn loader(kv: KvBackendRef, admin: TopicAdminRef) -> BoxedProcedureLoader {
         Box::new(move |value| {
-            let data =
-                TopicBootstrapData::decode(value).map_err(procedures::Error::external)?;
+            let data = TopicBootstrapData::decode(value).map_err(procedures::Error::external)?;
             Ok(Box::new(TopicBootstrapProcedure::from_data(
                 data,
                 kv.clone(),
@@ -230,8 +229,7 @@ impl TopicBootstrapProcedure {
         sink: RecreatedTopics,
     ) -> BoxedProcedureLoader {
         Box::new(move |value| {
-            let data =
-                TopicBootstrapData::decode(value).map_err(procedures::Error::external)?;
+            let data = TopicBootstrapData::decode(value).map_err(procedures::Error::external)?;
             let mut procedure = TopicBootstrapProcedure::from_data(data, kv.clone(), admin.clone())
                 .with_recreated_sink(sink.clone());
             procedure.reconcile(&current);
@@ -342,12 +340,19 @@ impl TopicBootstrapProcedure {
             .chunks(self.admin.create_batch_size().max(1))
             .map(<[String]>::to_vec)
             .collect();
+        let settings = Arc::new(spec.clone());
         let mut creations = futures::stream::iter(batches)
             .map(|batch| {
                 let admin = admin.clone();
+                let settings = settings.clone();
                 async move {
                     let answers = admin
-                        .create_topics(&batch, spec.num_partitions, spec.replication_factor)
+                        .create_topics(
+                            &batch,
+                            settings.num_partitions,
+                            settings.replication_factor,
+                            &settings.topic_config,
+                        )
                         .await;
                     (batch, answers)
                 }
@@ -460,7 +465,8 @@ impl TopicBootstrapProcedure {
     }
 
     /// Recreates persisted topics that are missing on the brokers (deleted out of band; they are in the pool's spec),
-    /// at most `max_concurrent_creates` at a time, and records them as recreated.
+    /// with the pool's topic configs, in batches of the admin's batch size (at most `max_concurrent_creates` in
+    /// flight), and records them as recreated.
     async fn recreate(&mut self, lost: Vec<String>) -> Result<()> {
         let spec = self.data.spec.clone();
         warn!(
@@ -471,26 +477,38 @@ impl TopicBootstrapProcedure {
              them lost what their WAL held)"
         );
         let admin = self.admin.clone();
-        let mut creations = futures::stream::iter(lost)
-            .map(|topic| {
+        let settings = Arc::new(spec.clone());
+        let batches: Vec<Vec<String>> = lost
+            .chunks(self.admin.create_batch_size().max(1))
+            .map(<[String]>::to_vec)
+            .collect();
+        let mut creations = futures::stream::iter(batches)
+            .map(|batch| {
                 let admin = admin.clone();
+                let settings = settings.clone();
                 async move {
-                    let outcome = admin
-                        .create_topic(&topic, spec.num_partitions, spec.replication_factor)
-                        .await;
-                    (topic, outcome)
+                    admin
+                        .create_topics(
+                            &batch,
+                            settings.num_partitions,
+                            settings.replication_factor,
+                            &settings.topic_config,
+                        )
+                        .await
                 }
             })
             .buffer_unordered(spec.max_concurrent_creates);
-        while let Some((topic, outcome)) = creations.next().await {
-            outcome?;
-            info!(%topic, "recreated a pool topic missing on the brokers");
-            if let Some(sink) = &self.recreated_sink {
-                sink.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(topic.clone());
+        while let Some(answers) = creations.next().await {
+            for (topic, outcome) in answers? {
+                outcome?;
+                info!(%topic, "recreated a pool topic missing on the brokers");
+                if let Some(sink) = &self.recreated_sink {
+                    sink.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(topic.clone());
+                }
+                self.recreated.insert(topic);
             }
-            self.recreated.insert(topic);
         }
         Ok(())
     }
@@ -526,7 +544,9 @@ impl TopicBootstrapProcedure {
     async fn persist_next_chunk(&mut self) -> Result<(usize, usize)> {
         let spec = self.data.spec.clone();
         let from = self.data.persisted_below;
-        let to = from.saturating_add(self.txn_chunk_len(&spec)).min(spec.num_topics);
+        let to = from
+            .saturating_add(self.txn_chunk_len(&spec))
+            .min(spec.num_topics);
         let mut refused_in_a_row = 0;
         loop {
             let persisted = self.persisted().await?;

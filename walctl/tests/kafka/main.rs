@@ -11,3 +11,4 @@ mod pool;
 mod readonly;
 mod recovery;
 mod spread;
+mod topic_config;
