@@ -12,11 +12,14 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.Properties;
 import java.util.Set;
+import java.util.concurrent.ExecutionException;
 import java.util.stream.Collectors;
 
 import org.apache.kafka.clients.admin.Admin;
 import org.apache.kafka.clients.admin.AdminClientConfig;
 import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.common.KafkaFuture;
+import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
 
 public final class CreateTopicsAnchor {
     public static void main(String[] args) throws Exception {
@@ -54,8 +57,20 @@ public final class CreateTopicsAnchor {
                     Set<String> doomed = all.stream()
                             .filter(t -> prefixes.stream().anyMatch(t::startsWith))
                             .collect(Collectors.toSet());
-                    if (!doomed.isEmpty()) {
-                        admin.deleteTopics(doomed).all().get();
+                    // In requests of 500: one request deleting thousands of topics can fail on the broker.
+                    List<String> pending = new ArrayList<>(doomed);
+                    for (int from = 0; from < pending.size(); from += 500) {
+                        List<String> chunk = pending.subList(from, Math.min(from + 500, pending.size()));
+                        for (KafkaFuture<Void> deleted : admin.deleteTopics(chunk).topicNameValues().values()) {
+                            try {
+                                deleted.get();
+                            } catch (ExecutionException e) {
+                                // Listed while its deletion was under way: gone already.
+                                if (!(e.getCause() instanceof UnknownTopicOrPartitionException)) {
+                                    throw e;
+                                }
+                            }
+                        }
                     }
                     System.out.println(doomed.size());
                     break;
