@@ -36,10 +36,10 @@ use crate::error::{
 use crate::kv::redb::RedbOpenMode;
 use crate::kv::state_store::LeaderFence;
 use crate::kv::{KvBackendRef, RangeRequest};
-use crate::wal::kafka::KafkaTopicManager;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::kafka::topic_key::list_persisted_topics;
+use crate::wal::kafka::{KafkaTopicManager, TopicConfigDrift};
 use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
 pub mod election;
@@ -145,6 +145,9 @@ pub struct BootstrapReport {
     pub ready: bool,
     /// Persisted pool topics this run found missing on the brokers (deleted out of band) and recreated.
     pub recreated_topics: usize,
+    /// Pool topics whose configs differ from `[wal] topic_config` (reported, never changed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub config_drift: Vec<TopicConfigDrift>,
 }
 
 /// One topic and how many regions write to it.
@@ -212,6 +215,8 @@ pub struct TopicsReport {
     pub topics: Vec<TopicUsage>,
     /// Regions per topic over the configured pool's topics (`in_pool`), persisted or not.
     pub spread: RegionSpread,
+    /// Pool topics whose configs differ from `[wal] topic_config` (reported, never changed).
+    pub config_drift: Vec<TopicConfigDrift>,
 }
 
 /// The façade: kv backend, procedure manager, WAL options allocator, DDL manager.
@@ -277,6 +282,37 @@ impl TopicAdmin for LazyTopicAdmin {
             .await?
             .create_topic(name, num_partitions, replication_factor)
             .await
+    }
+
+    // Every batched call goes to the connected admin too: the trait's defaults (topic by topic, a full listing)
+    // would lose the batching.
+    fn create_batch_size(&self) -> usize {
+        self.config.create_batch_size
+    }
+
+    async fn create_topics(
+        &self,
+        names: &[String],
+        num_partitions: i32,
+        replication_factor: i16,
+        topic_config: &crate::wal::TopicConfig,
+    ) -> Result<Vec<crate::wal::kafka::admin::TopicCreation>> {
+        self.get()
+            .await?
+            .create_topics(names, num_partitions, replication_factor, topic_config)
+            .await
+    }
+
+    async fn describe_topics(&self, names: &[String]) -> Result<BTreeMap<String, usize>> {
+        self.get().await?.describe_topics(names).await
+    }
+
+    async fn describe_topic_configs(
+        &self,
+        names: &[String],
+        keys: &[String],
+    ) -> Result<BTreeMap<String, crate::wal::TopicConfig>> {
+        self.get().await?.describe_topic_configs(names, keys).await
     }
 }
 
@@ -563,6 +599,7 @@ impl Metasrv {
                 num_topics: 0,
                 ready: self.wal.is_ready(),
                 recreated_topics: 0,
+                config_drift: Vec::new(),
             });
         };
         let wanted: BTreeSet<String> = kafka.topic_names().into_iter().collect();
@@ -600,6 +637,7 @@ impl Metasrv {
                 WalOptionsAllocator::Kafka(topics) => topics.recreated_topics().len(),
                 WalOptionsAllocator::RaftEngine => 0,
             },
+            config_drift: self.config_drift().await?,
         })
     }
 
@@ -887,7 +925,16 @@ impl Metasrv {
             persisted: wanted.iter().filter(|t| persisted.contains(*t)).count(),
             topics,
             spread,
+            config_drift: self.config_drift().await?,
         })
+    }
+
+    /// The Kafka pool's topics whose configs differ from `[wal] topic_config` (none read when it is empty).
+    async fn config_drift(&self) -> Result<Vec<TopicConfigDrift>> {
+        match self.wal.as_ref() {
+            WalOptionsAllocator::Kafka(topics) => topics.config_drift().await,
+            WalOptionsAllocator::RaftEngine => Ok(Vec::new()),
+        }
     }
 
     /// Regions per Kafka topic, counted over every datanode table value. Values that do not decode are skipped

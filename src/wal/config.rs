@@ -273,6 +273,11 @@ pub struct KafkaConfig {
     pub max_concurrent_creates: usize,
     /// At most this many topics in one CreateTopics request (1–10,000).
     pub create_batch_size: usize,
+    /// Topic-level Kafka configs every pool topic is created with (`"retention.ms" = "604800000"`), names as Kafka
+    /// spells them, values as strings. Applied only at creation: an existing topic whose configs differ is reported
+    /// (`walctl bootstrap`, `walctl topics`), never changed.
+    #[serde(skip_serializing_if = "TopicConfig::is_empty")]
+    pub topic_config: TopicConfig,
     /// Retries of connection and controller errors. Last: TOML writes plain keys before sub-tables, and the
     /// order of the fields is the order an unknown-key error lists them in.
     pub backoff: BackoffConfig,
@@ -291,8 +296,72 @@ impl Default for KafkaConfig {
             backoff: BackoffConfig::default(),
             max_concurrent_creates: 16,
             create_batch_size: DEFAULT_CREATE_BATCH_SIZE,
+            topic_config: TopicConfig::new(),
         }
     }
+}
+
+/// Topic-level Kafka configs by name (`retention.ms` → `604800000`).
+pub type TopicConfig = std::collections::BTreeMap<String, String>;
+
+/// The longest topic config name accepted (Kafka's own are under 60 characters).
+pub const MAX_TOPIC_CONFIG_NAME_LEN: usize = 255;
+/// The longest topic config value accepted.
+pub const MAX_TOPIC_CONFIG_VALUE_LEN: usize = 32 * 1024;
+
+/// Checks one `[wal] topic_config` entry: the name is Kafka's shape of a config name — lowercase words of ASCII
+/// letters and digits joined by single dots (`retention.ms`, `cleanup.policy`), at most
+/// [`MAX_TOPIC_CONFIG_NAME_LEN`] characters; the value has no control character and at most
+/// [`MAX_TOPIC_CONFIG_VALUE_LEN`] bytes. Whether the broker knows the name and accepts the value is the broker's
+/// answer at creation (an error naming the topic and the broker's message).
+pub fn validate_topic_config_entry(name: &str, value: &str) -> Result<()> {
+    let field = format!("topic_config.\"{name}\"");
+    let bad = |reason: String| {
+        InvalidWalConfigSnafu {
+            field: field.clone(),
+            value: value.to_string(),
+            reason,
+        }
+        .fail()
+    };
+    if name.is_empty() {
+        return bad("the config name is empty".to_string());
+    }
+    if name.len() > MAX_TOPIC_CONFIG_NAME_LEN {
+        return bad(format!(
+            "the config name has {} characters; at most {MAX_TOPIC_CONFIG_NAME_LEN}",
+            name.len()
+        ));
+    }
+    let well_formed = name.split('.').all(|word| {
+        !word.is_empty()
+            && word
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    });
+    if !well_formed {
+        return bad(
+            "not a Kafka topic config name: lowercase words of [a-z0-9] joined by single dots, like \
+             'retention.ms'"
+                .to_string(),
+        );
+    }
+    if value.len() > MAX_TOPIC_CONFIG_VALUE_LEN {
+        return bad(format!(
+            "the value has {} bytes; at most {MAX_TOPIC_CONFIG_VALUE_LEN}",
+            value.len()
+        ));
+    }
+    if let Some(c) = value.chars().find(|c| c.is_control()) {
+        // Quoted and escaped, so the message stays on one line.
+        return InvalidWalConfigSnafu {
+            field,
+            value: format!("{value:?}"),
+            reason: format!("the value contains the control character {c:?}"),
+        }
+        .fail();
+    }
+    Ok(())
 }
 
 /// The default of `[wal] create_batch_size`: topics in one CreateTopics request.
@@ -452,6 +521,9 @@ impl KafkaConfig {
                 reason: format!("must be between 1 and {MAX_CREATE_BATCH_SIZE}"),
             }
         );
+        for (name, value) in &self.topic_config {
+            validate_topic_config_entry(name, value)?;
+        }
         self.backoff.validate()
     }
 
@@ -652,6 +724,13 @@ mod tests {
             },
             max_concurrent_creates: 4,
             create_batch_size: 7,
+            topic_config: [
+                ("retention.ms", "604800000"),
+                ("segment.bytes", "268435456"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
         });
         let text = toml::to_string(&custom).unwrap();
         assert_eq!(WalConfig::from_toml_str(&text).unwrap(), custom);
@@ -703,7 +782,12 @@ mod tests {
     #[test]
     fn wal_keys_are_provider_then_every_kafka_field_in_order() {
         // Read from KafkaConfig's derived impl: a field added there is accepted with no other edit.
-        let written: Vec<String> = toml::Table::try_from(KafkaConfig::default())
+        // An empty `topic_config` is not written: set one.
+        let config = KafkaConfig {
+            topic_config: [("retention.ms".to_string(), "1".to_string())].into(),
+            ..KafkaConfig::default()
+        };
+        let written: Vec<String> = toml::Table::try_from(config)
             .unwrap()
             .keys()
             .cloned()

@@ -7,5 +7,5 @@ pub mod kafka;
 pub mod options;
 
 pub use allocator::{WalOptionsAllocator, WalOptionsAllocatorRef};
-pub use config::{BackoffConfig, KafkaConfig, SelectorType, WalConfig};
+pub use config::{BackoffConfig, KafkaConfig, SelectorType, TopicConfig, WalConfig};
 pub use options::{KafkaWalOptions, WAL_OPTIONS_KEY, WalOptions};

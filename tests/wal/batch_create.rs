@@ -71,7 +71,10 @@ async fn the_fake_answers_a_batch_per_topic() {
         FakeFault::Server(ProtocolError::InvalidTopicException),
     );
     let names: Vec<String> = (0..5).map(|i| format!("b_{i}")).collect();
-    let answers = admin.create_topics(&names, 1, 1).await.unwrap();
+    let answers = admin
+        .create_topics(&names, 1, 1, &Default::default())
+        .await
+        .unwrap();
     let by_topic: BTreeMap<_, _> = answers.into_iter().collect();
     assert_eq!(
         by_topic["b_0"].as_ref().unwrap(),
@@ -138,8 +141,7 @@ async fn a_resume_with_every_topic_existing_costs_one_metadata_read_and_no_creat
         TopicBootstrapData {
             step: BootstrapStep::CreateMissing,
             spec: wanted,
-            persisted: Default::default(),
-            created: Default::default(),
+            persisted_below: 0,
         },
         kv.clone(),
         admin.clone(),

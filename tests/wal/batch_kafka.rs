@@ -10,7 +10,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use procedures::{Context, Procedure, ProcedureId, Status};
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
-use remote_wal::wal::KafkaConfig;
 use remote_wal::wal::kafka::TopicPoolSpec;
 use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicCreation};
 use remote_wal::wal::kafka::bootstrap::{
@@ -18,6 +17,7 @@ use remote_wal::wal::kafka::bootstrap::{
 };
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use remote_wal::wal::kafka::topic_key::list_persisted_topics;
+use remote_wal::wal::{KafkaConfig, TopicConfig};
 
 use crate::support;
 
@@ -79,10 +79,11 @@ impl TopicAdmin for Counting {
         names: &[String],
         num_partitions: i32,
         replication_factor: i16,
+        topic_config: &TopicConfig,
     ) -> remote_wal::Result<Vec<TopicCreation>> {
         self.batches.fetch_add(1, Ordering::SeqCst);
         self.inner
-            .create_topics(names, num_partitions, replication_factor)
+            .create_topics(names, num_partitions, replication_factor, topic_config)
             .await
     }
 
@@ -116,7 +117,7 @@ async fn a_batch_on_the_real_broker_is_answered_per_topic() {
     admin.create_topic(&names[2], 2, 1).await.unwrap();
 
     let answers: BTreeMap<String, _> = admin
-        .create_topics(&names, 1, 1)
+        .create_topics(&names, 1, 1, &TopicConfig::new())
         .await
         .unwrap()
         .into_iter()
@@ -145,7 +146,7 @@ async fn a_batch_on_the_real_broker_is_answered_per_topic() {
     // One broker cannot place 3 replicas: the topic's answer names it, the code and the broker's message.
     let lonely = format!("{prefix}_rf3");
     let answers = admin
-        .create_topics(std::slice::from_ref(&lonely), 1, 3)
+        .create_topics(std::slice::from_ref(&lonely), 1, 3, &TopicConfig::new())
         .await
         .unwrap();
     let err = answers[0].1.as_ref().unwrap_err();
@@ -202,8 +203,7 @@ async fn two_thousand_topics_bootstrap_in_batches_and_resume_with_one_metadata_r
         TopicBootstrapData {
             step: BootstrapStep::CreateMissing,
             spec,
-            persisted: Default::default(),
-            created: Default::default(),
+            persisted_below: 0,
         },
         kv.clone(),
         admin.clone(),

@@ -1,5 +1,5 @@
 //! The topic bootstrap procedure under the crash matrix: a crash before and after every durable write and at every
-//! side-effect point (after each single topic creation, after the names are persisted), then recovery — and, in
+//! side-effect point (after each single topic creation, after each chunk of names persisted), then recovery — and, in
 //! the full matrix, a second crash during the recovery. Every case must end like the uncrashed run: each wanted
 //! topic exists exactly once in the (fake) cluster, nothing else exists, every name is persisted once, nothing
 //! else is persisted. Procedure records and topic names share one metadata store (`KvStateStore` over
@@ -15,13 +15,18 @@ use procedures::testing::{
     CrashScenario, MatrixConfig, MatrixReport, StoreDigest, run_crash_matrix, store_digest,
 };
 use procedures::{ProcedureManager, ProcedureWithId, StateStore};
-use remote_wal::kv::{KvStateStore, MemoryKvBackend};
+use remote_wal::kv::{
+    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
+    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
+};
 use remote_wal::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
 
 struct BootstrapScenario {
     spec: TopicPoolSpec,
+    /// The transaction limit (operations) the bootstrap's store advertises; `None`: unbounded (one chunk).
+    max_txn_ops: Option<usize>,
 }
 
 impl BootstrapScenario {
@@ -34,7 +39,94 @@ impl BootstrapScenario {
             factor: 2.0,
             deadline: Duration::from_secs(5),
         };
-        BootstrapScenario { spec }
+        BootstrapScenario {
+            spec,
+            max_txn_ops: None,
+        }
+    }
+
+    /// The same scenario with PersistNames limited to `ops` operations per transaction (`ops / 2` names a chunk).
+    fn with_max_txn_ops(mut self, ops: usize) -> Self {
+        self.max_txn_ops = Some(ops);
+        self
+    }
+
+    /// The store the bootstrap writes names to.
+    fn names_kv(&self, env: &Env) -> KvBackendRef {
+        match self.max_txn_ops {
+            Some(max_txn_ops) => Arc::new(LimitedKv {
+                inner: env.kv.clone(),
+                max_txn_ops,
+            }),
+            None => env.kv.clone(),
+        }
+    }
+}
+
+/// A memory store advertising a transaction limit, so PersistNames writes several chunks (as on etcd).
+#[derive(Debug)]
+struct LimitedKv {
+    inner: Arc<MemoryKvBackend>,
+    max_txn_ops: usize,
+}
+
+#[async_trait]
+impl KvBackend for LimitedKv {
+    fn name(&self) -> String {
+        format!("limited-{}", self.inner.name())
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.max_txn_ops
+    }
+    fn max_request_bytes(&self) -> usize {
+        self.inner.max_request_bytes()
+    }
+    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_get(keys).await
+    }
+    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
+        self.inner.range(req).await
+    }
+    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.put(req).await
+    }
+    async fn batch_put(
+        &self,
+        kvs: Vec<KeyValue>,
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_put(kvs, prev_kv).await
+    }
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::Result<CompareAndPutResponse> {
+        self.inner.compare_and_put(req).await
+    }
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
+        self.inner.delete_range(key, range_end, prev_kv).await
+    }
+    async fn batch_delete(
+        &self,
+        keys: &[Vec<u8>],
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_delete(keys, prev_kv).await
+    }
+    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+        assert!(
+            txn.compare.len().max(txn.success.len()) <= self.max_txn_ops,
+            "a transaction over the advertised limit: {txn:?}"
+        );
+        self.inner.txn(txn).await
     }
 }
 
@@ -83,13 +175,13 @@ impl CrashScenario for BootstrapScenario {
     ) -> procedures::Result<()> {
         manager.register_loader(
             TopicBootstrapProcedure::TYPE_NAME,
-            TopicBootstrapProcedure::loader(env.kv.clone(), env.admin.clone()),
+            TopicBootstrapProcedure::loader(self.names_kv(env), env.admin.clone()),
         )
     }
 
     fn procedures(&self, env: &Env) -> Vec<ProcedureWithId> {
         let procedure =
-            TopicBootstrapProcedure::new(self.spec.clone(), env.kv.clone(), env.admin.clone())
+            TopicBootstrapProcedure::new(self.spec.clone(), self.names_kv(env), env.admin.clone())
                 .expect("valid spec");
         vec![ProcedureWithId::new(
             bootstrap_procedure_id(&self.spec.topic_name_prefix, 0),
@@ -200,5 +292,23 @@ async fn every_first_crash_point_of_a_64_topic_bootstrap_ends_with_each_topic_on
     report.assert_no_mismatch();
     assert_eq!(report.side_effect_points, 65);
     assert_eq!(report.single_crash_cases, 2 * report.transitions + 65);
+    assert_eq!(report.unreached_crash_points, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_of_a_bootstrap_persisting_in_chunks_ends_with_each_name_persisted_once()
+{
+    // 6 operations a transaction: 3 names a chunk, so 10 names are 4 chunks, each a durable step of its own.
+    let scenario = BootstrapScenario::new(10).with_max_txn_ops(6);
+    assert_golden_world(&scenario).await;
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print(
+        "bootstrap 10 topics, names in 4 chunks, two crash levels",
+        &report,
+    );
+    report.assert_no_mismatch();
+    // 10 creations + 4 chunks are side-effect points; every one was crashed at.
+    assert_eq!(report.side_effect_points, 14);
+    assert!(report.double_crash_cases > 0);
     assert_eq!(report.unreached_crash_points, 0);
 }

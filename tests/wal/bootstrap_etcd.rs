@@ -1,15 +1,21 @@
 //! PersistNames on etcd (`ETCD_ENDPOINTS`; fails when unset): 96 names do not fit one transaction under etcd's
 //! 128-operation limit (a compare and a put per name), so they go in the fewest transactions that fit, and a re-run
-//! from stale state writes nothing. Topics come from the fake admin; each test uses its own topic prefix.
+//! from stale state writes nothing; a 100,000-topic pool bootstraps through the procedure engine with its records
+//! on etcd too. Topics come from the fake admin; each test uses its own topic prefix.
 
+use std::io::Write;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use procedures::{Context, Procedure, ProcedureId, Status};
+use procedures::{
+    Context, LocalManager, ManagerConfig, Procedure, ProcedureId, ProcedureManager,
+    ProcedureWithId, Status,
+};
 use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
-use remote_wal::kv::{KvBackendRef, RangeRequest};
+use remote_wal::kv::{KvBackendRef, KvStateStore, RangeRequest};
+use remote_wal::metasrv::NamespacedKvBackend;
 use remote_wal::wal::kafka::bootstrap::{
-    BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure,
+    BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure, bootstrap_procedure_id,
 };
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::topic_key::{
@@ -71,16 +77,18 @@ async fn ninety_six_names_persist_on_etcd_and_a_rerun_writes_nothing() {
         TopicBootstrapData {
             step: BootstrapStep::PersistNames,
             spec: spec.clone(),
-            persisted: Default::default(),
-            created: Default::default(),
+            persisted_below: 0,
         },
         kv.clone(),
         admin,
     );
-    assert!(matches!(
-        rerun.execute(&ctx).await.unwrap(),
-        Status::Done { .. }
-    ));
+    // One chunk (of at most 64 names) per execution, writing nothing; then done.
+    let mut executions = 0;
+    while !matches!(rerun.execute(&ctx).await.unwrap(), Status::Done { .. }) {
+        executions += 1;
+    }
+    assert_eq!(executions, 2, "96 names are two chunks of at most 64");
+    assert_eq!(rerun.data().persisted_below, 96);
     assert_eq!(
         get_topic_value(kv.as_ref(), &spec.topic_name(0))
             .await
@@ -97,4 +105,67 @@ async fn ninety_six_names_persist_on_etcd_and_a_rerun_writes_nothing() {
     kv.delete_range(&range.key, &range.range_end, false)
         .await
         .unwrap();
+}
+
+/// A 100,000-topic pool (the largest `num_topics` allows) bootstraps on etcd through the engine, the records and the
+/// names in one etcd under a unique key prefix: every record write stays under etcd's request limit (the record is
+/// constant-size), every name is persisted once, and the record holds no topic name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100000_topic_pool_bootstraps_on_etcd() {
+    const TOPICS: usize = 100_000;
+    let etcd: KvBackendRef = Arc::new(etcd_from_env().await);
+    let namespace = unique_prefix("pool100k");
+    let kv: KvBackendRef = Arc::new(NamespacedKvBackend::new(etcd.clone(), namespace.clone()));
+    let mut spec = TopicPoolSpec::new("big", TOPICS);
+    spec.ready_poll.init = Duration::from_millis(1);
+    let admin = Arc::new(FakeTopicAdmin::new());
+    admin.set_create_batch_size(1000);
+
+    let started = Instant::now();
+    let manager = LocalManager::new(
+        Arc::new(KvStateStore::new(kv.clone())),
+        ManagerConfig::default(),
+    );
+    manager
+        .register_loader(
+            TopicBootstrapProcedure::TYPE_NAME,
+            TopicBootstrapProcedure::loader(kv.clone(), admin.clone()),
+        )
+        .unwrap();
+    manager.start().await.unwrap();
+    let id = bootstrap_procedure_id("big", 0);
+    let procedure = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
+    let output = manager
+        .submit(ProcedureWithId::new(id.clone(), Box::new(procedure)))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let record = kv
+        .get(format!("__procedure__/proc/{}", id.as_str()).as_bytes())
+        .await
+        .unwrap()
+        .expect("the record is retained");
+    manager.stop().await.unwrap();
+    let _ = writeln!(
+        std::io::stderr(),
+        "bootstrapped {TOPICS} topics on etcd in {took:?}; record {} bytes",
+        record.value.len()
+    );
+    assert_eq!(
+        output,
+        Some(serde_json::json!({"topics": TOPICS, "num_partitions": 1}))
+    );
+    assert_eq!(admin.partitions().len(), TOPICS);
+    let persisted = list_persisted_topics(kv.as_ref(), "big_").await.unwrap();
+    assert_eq!(persisted.len(), TOPICS);
+    assert!(record.value.len() < 4096, "{}", record.value.len());
+    let text = String::from_utf8_lossy(&record.value);
+    assert!(!text.contains("big_0"), "the record names no topic: {text}");
+
+    // Leave etcd as found.
+    let end = remote_wal::kv::prefix_end(&namespace);
+    etcd.delete_range(&namespace, &end, false).await.unwrap();
 }

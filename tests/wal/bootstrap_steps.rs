@@ -86,10 +86,10 @@ fn names(prefix: &str, range: std::ops::Range<usize>) -> BTreeSet<String> {
     range.map(|i| format!("{prefix}_{i}")).collect()
 }
 
+/// A bootstrap resumed at `step`, with the watermark at 0; it reads the persisted names from `kv`.
 fn at_step(
     step: BootstrapStep,
     spec: TopicPoolSpec,
-    persisted: BTreeSet<String>,
     kv: KvBackendRef,
     admin: TopicAdminRef,
 ) -> TopicBootstrapProcedure {
@@ -97,12 +97,24 @@ fn at_step(
         TopicBootstrapData {
             step,
             spec,
-            persisted,
-            created: BTreeSet::new(),
+            persisted_below: 0,
         },
         kv,
         admin,
     )
+}
+
+/// A range answer holding a persisted key (value 0) per topic of `topics`, in key order.
+fn persisted_range(topics: &[&str]) -> RangeResponse {
+    let mut kvs: Vec<KeyValue> = topics
+        .iter()
+        .map(|t| KeyValue {
+            key: topic_name_key(t),
+            value: TopicNameValue::default().encode(),
+        })
+        .collect();
+    kvs.sort_by(|a, b| a.key.cmp(&b.key));
+    RangeResponse { kvs, more: false }
 }
 
 async fn persist(kv: &dyn KvBackend, topic: &str, pruned: u64) {
@@ -150,9 +162,12 @@ async fn load_topics_reads_only_this_pools_names() {
     assert_eq!(p.data().step, BootstrapStep::CreateMissing);
     // p_7 is beyond num_topics (a shrunk pool) but is the pool's: kept, never deleted.
     assert_eq!(
-        p.data().persisted,
-        ["p_0", "p_1", "p_7"].map(String::from).into()
+        p.known_persisted(),
+        Some(&["p_0", "p_1", "p_7"].map(String::from).into())
     );
+    // The record names no topic.
+    let record = p.dump().unwrap().to_string();
+    assert!(!record.contains("p_0"), "{record}");
 }
 
 #[tokio::test]
@@ -178,17 +193,20 @@ async fn create_missing_creates_exactly_the_missing_topics() {
         .in_sequence(&mut seq)
         .returning(|| Ok(listed(&names("p", 0..4), 1)));
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    for t in ["p_0", "p_2"] {
+        persist(kv.as_ref(), t, 0).await;
+    }
     let mut p = at_step(
         BootstrapStep::CreateMissing,
         spec("p", 4),
-        ["p_0", "p_2"].map(String::from).into(),
         kv,
         Arc::new(admin),
     );
     let status = p.execute(&ctx()).await.unwrap();
     assert!(matches!(status, Status::Executing { persist: true }));
     assert_eq!(p.data().step, BootstrapStep::PersistNames);
-    assert_eq!(p.data().created, names("p", 0..4));
+    // PersistNames starts after p_0, the only name persisted in a row from the first.
+    assert_eq!(p.data().persisted_below, 1);
 }
 
 #[tokio::test]
@@ -212,13 +230,11 @@ async fn already_existed_counts_as_created() {
     let mut p = at_step(
         BootstrapStep::CreateMissing,
         spec("p", 3),
-        BTreeSet::new(),
         Arc::new(MemoryKvBackend::new()),
         Arc::new(admin),
     );
     p.execute(&ctx()).await.unwrap();
     assert_eq!(p.data().step, BootstrapStep::PersistNames);
-    assert_eq!(p.data().created, names("p", 0..3));
 }
 
 #[tokio::test]
@@ -235,7 +251,6 @@ async fn a_wrong_partition_count_fails_naming_the_topic() {
     let mut p = at_step(
         BootstrapStep::CreateMissing,
         spec("p", 3),
-        BTreeSet::new(),
         Arc::new(MemoryKvBackend::new()),
         Arc::new(admin),
     );
@@ -265,7 +280,6 @@ async fn admin_errors_keep_whether_they_are_retryable() {
         let mut p = at_step(
             BootstrapStep::CreateMissing,
             spec("p", 1),
-            BTreeSet::new(),
             Arc::new(MemoryKvBackend::new()),
             Arc::new(admin),
         );
@@ -302,7 +316,6 @@ async fn create_missing_waits_for_topics_to_show_up_in_metadata() {
     let mut p = at_step(
         BootstrapStep::CreateMissing,
         spec("p", 2),
-        BTreeSet::new(),
         Arc::new(MemoryKvBackend::new()),
         Arc::new(admin),
     );
@@ -325,7 +338,6 @@ async fn topics_never_visible_fail_at_the_deadline_naming_them_and_the_endpoints
     let mut p = at_step(
         BootstrapStep::CreateMissing,
         spec("p", 2),
-        BTreeSet::new(),
         Arc::new(MemoryKvBackend::new()),
         Arc::new(admin),
     );
@@ -384,14 +396,20 @@ async fn persist_names_writes_every_missing_name_once_in_one_atomic_txn() {
                 responses: vec![TxnOpResponse::Put; txn.success.len()],
             })
         });
+    // The step reads the pool's persisted names once (one page).
+    kv.expect_range()
+        .times(1)
+        .returning(|_| Ok(persisted_range(&["p_0"])));
     // No put, batch_put or any other write is expected: a call would fail the test.
     let mut p = at_step(
         BootstrapStep::PersistNames,
         spec("p", 3),
-        ["p_0"].map(String::from).into(),
         Arc::new(kv),
         Arc::new(MockAdmin::new()),
     );
+    let status = p.execute(&ctx()).await.unwrap();
+    assert!(matches!(status, Status::Executing { persist: true }));
+    assert_eq!(p.data().persisted_below, 3);
     let status = p.execute(&ctx()).await.unwrap();
     match status {
         Status::Done { output } => assert_eq!(
@@ -416,15 +434,26 @@ async fn persist_names_chunks_only_as_the_backend_requires() {
                 responses: vec![TxnOpResponse::Put; txn.success.len()],
             })
         });
+    kv.expect_range()
+        .times(1)
+        .returning(|_| Ok(persisted_range(&[])));
     let mut p = at_step(
         BootstrapStep::PersistNames,
         spec("p", 5),
-        BTreeSet::new(),
         Arc::new(kv),
         Arc::new(MockAdmin::new()),
     );
-    p.execute(&ctx()).await.unwrap();
-    assert_eq!(p.data().persisted, names("p", 0..5));
+    // One chunk per execution, the watermark moving past it; then done.
+    for watermark in [2, 4, 5] {
+        let status = p.execute(&ctx()).await.unwrap();
+        assert!(matches!(status, Status::Executing { persist: true }));
+        assert_eq!(p.data().persisted_below, watermark);
+    }
+    assert!(matches!(
+        p.execute(&ctx()).await.unwrap(),
+        Status::Done { .. }
+    ));
+    assert_eq!(p.known_persisted(), Some(&names("p", 0..5)));
 }
 
 #[tokio::test]
@@ -438,11 +467,10 @@ async fn persist_names_rerun_after_commit_writes_nothing_and_keeps_pruned_ids() 
     let mut p = at_step(
         BootstrapStep::PersistNames,
         spec("p", 3),
-        BTreeSet::new(),
         kv.clone(),
         Arc::new(MockAdmin::new()),
     );
-    p.execute(&ctx()).await.unwrap();
+    run_to_done(&mut p).await.unwrap();
     assert_eq!(
         get_topic_value(kv.as_ref(), "p_1").await.unwrap(),
         Some(TopicNameValue { pruned_entry_id: 7 })
@@ -551,7 +579,6 @@ async fn state_round_trips_through_the_loader() {
     let p = at_step(
         BootstrapStep::PersistNames,
         spec("r", 3),
-        names("r", 0..2),
         kv.clone(),
         admin.clone(),
     );

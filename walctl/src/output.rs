@@ -12,6 +12,7 @@ use remote_wal::metasrv::{
     BootstrapReport, RegionPlacement, RegionSpread, TableRegions, TopicUsage, TopicsReport,
 };
 use remote_wal::wal::WAL_OPTIONS_KEY;
+use remote_wal::wal::kafka::TopicConfigDrift;
 use serde::Serialize;
 
 /// Writes results to stdout; a closed pipe (`walctl ... | head`) ends output quietly.
@@ -87,8 +88,17 @@ pub fn one_line(s: &str) -> String {
         .join(" ")
 }
 
+/// Warns on stderr, one line each, of pool topics whose configs differ from `[wal] topic_config` (in both output
+/// modes: stdout keeps the result).
+fn warn_config_drift(drift: &[TopicConfigDrift]) {
+    for d in drift {
+        eprintln!("warning: {d}");
+    }
+}
+
 /// `walctl bootstrap`'s result.
 pub fn print_bootstrap(out: &mut Output, report: &BootstrapReport) {
+    warn_config_drift(&report.config_drift);
     if out.json {
         out.json_line(report);
     } else if let Some(prefix) = &report.topic_name_prefix {
@@ -560,6 +570,7 @@ struct TopicLine<'a> {
 
 /// `walctl topics`'s result.
 pub fn print_topics(out: &mut Output, report: &TopicsReport) {
+    warn_config_drift(&report.config_drift);
     if out.json {
         for t in &report.topics {
             out.json_line(&TopicLine {

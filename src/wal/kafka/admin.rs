@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::error::{InvalidWalConfigSnafu, Result};
+use crate::wal::config::TopicConfig;
 
 /// What creating one topic did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,17 +43,31 @@ pub trait TopicAdmin: Send + Sync + Debug {
         1
     }
 
-    /// Creates `names` (one batch, at most [`TopicAdmin::create_batch_size`] of them for one request), with one
-    /// answer per topic in the order of `names`; each answer is what [`TopicAdmin::create_topic`] would answer.
-    /// The outer error is a failure of the whole call (nothing is known of any topic).
+    /// Creates `names` (one batch, at most [`TopicAdmin::create_batch_size`] of them for one request) with the
+    /// topic-level configs `topic_config`, with one answer per topic in the order of `names`; each answer is what
+    /// [`TopicAdmin::create_topic`] would answer. A topic that exists keeps its configs (they are not compared
+    /// here; see [`TopicAdmin::describe_topic_configs`]). The outer error is a failure of the whole call (nothing
+    /// is known of any topic).
     ///
-    /// The default creates topic by topic, in order.
+    /// The default creates topic by topic, in order, and refuses any topic config (it cannot apply one).
     async fn create_topics(
         &self,
         names: &[String],
         num_partitions: i32,
         replication_factor: i16,
+        topic_config: &TopicConfig,
     ) -> Result<Vec<TopicCreation>> {
+        if !topic_config.is_empty() {
+            return InvalidWalConfigSnafu {
+                field: "topic_config",
+                value: format!("{topic_config:?}"),
+                reason: format!(
+                    "the topic admin for {:?} creates topics one by one and cannot apply topic configs",
+                    self.endpoints()
+                ),
+            }
+            .fail();
+        }
         let mut answers = Vec::with_capacity(names.len());
         for name in names {
             let outcome = self
@@ -73,6 +88,27 @@ pub trait TopicAdmin: Send + Sync + Debug {
             .iter()
             .filter_map(|n| listed.get(n).map(|&p| (n.clone(), p)))
             .collect())
+    }
+
+    /// The current value of each config named in `keys` for each topic of `names` that exists (a config with no
+    /// value is absent from its map). A topic absent from the answer does not exist.
+    ///
+    /// The default refuses: an admin without DescribeConfigs cannot tell.
+    async fn describe_topic_configs(
+        &self,
+        names: &[String],
+        keys: &[String],
+    ) -> Result<BTreeMap<String, TopicConfig>> {
+        let _ = names;
+        InvalidWalConfigSnafu {
+            field: "topic_config",
+            value: format!("{keys:?}"),
+            reason: format!(
+                "the topic admin for {:?} cannot read topic configs",
+                self.endpoints()
+            ),
+        }
+        .fail()
     }
 }
 

@@ -24,11 +24,13 @@ use std::sync::atomic::{AtomicI16, AtomicI32, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
-use kafka_protocol::messages::create_topics_request::CreatableTopic;
+use kafka_protocol::messages::create_topics_request::{CreatableTopic, CreatableTopicConfig};
+use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
-    ApiKey, CreateTopicsRequest, CreateTopicsResponse, MetadataRequest, MetadataResponse,
-    RequestHeader, ResponseHeader, TopicName,
+    ApiKey, CreateTopicsRequest, CreateTopicsResponse, DescribeConfigsRequest,
+    DescribeConfigsResponse, MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader,
+    TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use rskafka::client::error::{Error as RsKafkaError, ProtocolError, RequestContext};
@@ -44,12 +46,18 @@ use crate::error::{
     InvalidWalConfigSnafu, KafkaConnectSnafu, KafkaRequestSnafu, KafkaTimeoutSnafu, Result,
     TopicNotListedSnafu, TopicPartitionMismatchSnafu,
 };
-use crate::wal::config::{KafkaConfig, validate_topic_name};
+use crate::wal::config::{
+    KafkaConfig, TopicConfig, validate_topic_config_entry, validate_topic_name,
+};
 
 /// The CreateTopics version sent (flexible; Kafka 4.x accepts 2–7).
 const CREATE_TOPICS_VERSION: i16 = 5;
 /// The Metadata version sent (flexible, names topics by name; Kafka 4.x accepts 4–13).
 const METADATA_VERSION: i16 = 9;
+/// The DescribeConfigs version sent (flexible; Kafka 4.x accepts 1–4).
+const DESCRIBE_CONFIGS_VERSION: i16 = 4;
+/// DescribeConfigs' resource type of a topic.
+const TOPIC_RESOURCE: i8 = 2;
 /// Topics named in one Metadata request: a pool of 100,000 topics takes 10 requests.
 pub const METADATA_TOPICS_PER_REQUEST: usize = 10_000;
 /// The longest a TCP connect to one endpoint may take.
@@ -125,9 +133,13 @@ impl BatchAdmin {
         names: &[String],
         num_partitions: i32,
         replication_factor: i16,
+        topic_config: &TopicConfig,
     ) -> Result<Vec<TopicCreation>> {
         for name in names {
             validate_topic_name(name)?;
+        }
+        for (key, value) in topic_config {
+            validate_topic_config_entry(key, value)?;
         }
         ensure!(
             num_partitions >= 1,
@@ -148,20 +160,29 @@ impl BatchAdmin {
         let mut answers = Vec::with_capacity(names.len());
         for batch in names.chunks(self.batch_size.max(1)) {
             answers.extend(
-                self.create_batch(batch, num_partitions, replication_factor)
+                self.create_batch(batch, num_partitions, replication_factor, topic_config)
                     .await?,
             );
         }
         Ok(answers)
     }
 
-    /// One CreateTopics request for `batch`.
+    /// One CreateTopics request for `batch`, each topic with the configs `topic_config`.
     async fn create_batch(
         &self,
         batch: &[String],
         num_partitions: i32,
         replication_factor: i16,
+        topic_config: &TopicConfig,
     ) -> Result<Vec<TopicCreation>> {
+        let configs: Vec<CreatableTopicConfig> = topic_config
+            .iter()
+            .map(|(key, value)| {
+                CreatableTopicConfig::default()
+                    .with_name(StrBytes::from_string(key.clone()))
+                    .with_value(Some(StrBytes::from_string(value.clone())))
+            })
+            .collect();
         // Validated config keeps this in range; saturate rather than fail for a hand-built admin.
         let timeout_ms = i32::try_from(self.create_topic_timeout.as_millis()).unwrap_or(i32::MAX);
         let request = CreateTopicsRequest::default()
@@ -174,6 +195,7 @@ impl BatchAdmin {
                             .with_name(TopicName(StrBytes::from_string(name.clone())))
                             .with_num_partitions(num_partitions)
                             .with_replication_factor(replication_factor)
+                            .with_configs(configs.clone())
                     })
                     .collect(),
             );
@@ -346,6 +368,79 @@ impl BatchAdmin {
                     continue;
                 }
                 found.insert(name.0.as_str().to_string(), topic.partitions.len());
+            }
+        }
+        Ok(found)
+    }
+
+    /// The current values of the configs `keys` of each topic of `names`, from DescribeConfigs requests naming at
+    /// most [`METADATA_TOPICS_PER_REQUEST`] topics each. A topic Kafka does not know is left out; a config with no
+    /// value (a sensitive one) is absent from its topic's map; any other per-topic error code is an error naming
+    /// the topic, the code's name and the broker's message.
+    pub async fn describe_topic_configs(
+        &self,
+        names: &[String],
+        keys: &[String],
+    ) -> Result<BTreeMap<String, TopicConfig>> {
+        let mut found = BTreeMap::new();
+        for chunk in names.chunks(METADATA_TOPICS_PER_REQUEST) {
+            let request = DescribeConfigsRequest::default().with_resources(
+                chunk
+                    .iter()
+                    .map(|name| {
+                        DescribeConfigsResource::default()
+                            .with_resource_type(TOPIC_RESOURCE)
+                            .with_resource_name(StrBytes::from_string(name.clone()))
+                            .with_configuration_keys(Some(
+                                keys.iter()
+                                    .map(|k| StrBytes::from_string(k.clone()))
+                                    .collect(),
+                            ))
+                    })
+                    .collect(),
+            );
+            let operation = describe_batch("DescribeConfigs", chunk);
+            let response: DescribeConfigsResponse = self
+                .round_trip(
+                    &request,
+                    ApiKey::DescribeConfigs,
+                    DESCRIBE_CONFIGS_VERSION,
+                    &operation,
+                )
+                .await?;
+            for result in response.results {
+                let topic = result.resource_name.as_str().to_string();
+                match result.error_code {
+                    0 => {}
+                    UNKNOWN_TOPIC_OR_PARTITION => continue,
+                    code => {
+                        let name = ProtocolError::new(code)
+                            .map_or_else(|| format!("error code {code}"), |e| e.to_string());
+                        return KafkaRequestSnafu {
+                            broker: self.endpoints.join(","),
+                            endpoints: self.endpoints.clone(),
+                            operation: format!("DescribeConfigs of topic '{topic}'"),
+                            reason: format!(
+                                "{name}: {}",
+                                result
+                                    .error_message
+                                    .as_ref()
+                                    .map_or("no message", |m| m.as_str())
+                            ),
+                            retryable: false,
+                        }
+                        .fail();
+                    }
+                }
+                let configs: TopicConfig = result
+                    .configs
+                    .into_iter()
+                    .filter_map(|c| {
+                        c.value
+                            .map(|v| (c.name.as_str().to_string(), v.as_str().to_string()))
+                    })
+                    .collect();
+                found.insert(topic, configs);
             }
         }
         Ok(found)
@@ -580,6 +675,12 @@ pub trait ThrottleTime {
 }
 
 impl ThrottleTime for CreateTopicsResponse {
+    fn throttle_time_ms(&self) -> i32 {
+        self.throttle_time_ms
+    }
+}
+
+impl ThrottleTime for DescribeConfigsResponse {
     fn throttle_time_ms(&self) -> i32 {
         self.throttle_time_ms
     }

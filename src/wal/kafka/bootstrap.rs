@@ -1,17 +1,27 @@
 //! [`TopicBootstrapProcedure`]: creates the Kafka topic pool exactly once and persists its names.
 //!
 //! Steps, in order (each persisted before the next runs):
-//! 1. **LoadTopics** — read the pool's persisted names (`__topic_name/kafka/{prefix}_{i}`) into the state.
+//! 1. **LoadTopics** — read the pool's persisted names (`__topic_name/kafka/{prefix}_{i}`); they are kept in memory
+//!    only (read again after a restart), never in the record.
 //! 2. **CreateMissing** — read which wanted topics exist, with their partition counts, in one metadata read
 //!    naming them (a bounded few requests for huge pools); create those neither persisted nor existing in batches
 //!    of the admin's `create_batch_size`, at most `max_concurrent_creates` batches at a time, with a side-effect
 //!    point after each batch; Kafka's TOPIC_ALREADY_EXISTS counts as created (the admin checks the partition
 //!    count). Then poll the metadata of the wanted topics until every one shows the pool's partition count, up to
 //!    the poll deadline (when nothing was created, the first read is that answer: a resume with every topic
-//!    existing costs one metadata read plus the persists). A persisted topic the list lacks (deleted out of band) is recreated — it is in the pool's
-//!    spec — and reported (the `recreated` count of the output), then waited for like a created one.
-//! 3. **PersistNames** — persist the names that are not persisted yet, in one atomic transaction (chunked only when
-//!    the backend's transaction limits require it).
+//!    existing costs one metadata read plus the persists). A persisted topic the list lacks (deleted out of band)
+//!    is recreated — it is in the pool's spec — and reported (the `recreated` count of the output), then waited
+//!    for like a created one.
+//! 3. **PersistNames** — persist the names that are not persisted yet, one chunk per execution: a chunk is the
+//!    next indices from the watermark `persisted_below` (set by CreateMissing past the names persisted in a row
+//!    from the first), as many as fit one transaction of the backend (a compare and a put per name: 64 names under
+//!    etcd's 128 operations). Each chunk is put-if-absent and atomic, followed by a side-effect point, and moves
+//!    the watermark, which the engine persists with the state before the next chunk.
+//!
+//! **The record is constant-size**: it holds the step, the spec and the watermark, never a topic name (names are
+//! `{prefix}_{i}`, derived from the spec), so it is a few hundred bytes at any `num_topics`. Records written by
+//! the format-1 release listed names (`persisted`, `created`); [`TopicBootstrapData::decode`] still reads them and
+//! drops the lists, which the store and the spec give again.
 //!
 //! Why a crash anywhere is harmless: topic names are deterministic, so re-running CreateMissing after a crash
 //! (even after m of n creations) re-creates nothing — the created ones answer "already exists". A name is
@@ -43,7 +53,8 @@ use crate::error::{
 use crate::kv::KvBackendRef;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdminRef};
 use crate::wal::kafka::topic_key::{
-    TopicNameValue, list_persisted_topics, persist_topics_txn, topic_name_key,
+    TopicNameValue, decode_topic_name_key, list_persisted_topics, persist_topics_txn,
+    topic_name_key,
 };
 use crate::wal::kafka::topic_pool::TopicPoolSpec;
 
@@ -75,17 +86,57 @@ pub enum BootstrapStep {
     PersistNames,
 }
 
-/// The persisted state of a [`TopicBootstrapProcedure`].
+/// The persisted state of a [`TopicBootstrapProcedure`]: constant-size, whatever the pool's size (no topic name;
+/// names are derived from the spec).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TopicBootstrapData {
     /// The next step.
     pub step: BootstrapStep,
     /// What the pool should be.
     pub spec: TopicPoolSpec,
-    /// The pool's names found persisted by LoadTopics (`{prefix}_{i}`, any `i`).
-    pub persisted: BTreeSet<String>,
-    /// The wanted topics confirmed to exist with the right partition count by CreateMissing.
-    pub created: BTreeSet<String>,
+    /// PersistNames' watermark: every wanted name with an index below it is persisted.
+    #[serde(default)]
+    pub persisted_below: usize,
+}
+
+/// The state as the format-1 release persisted it: the same step and spec, with the name lists this release no
+/// longer keeps.
+#[derive(Deserialize)]
+struct TopicBootstrapDataFormat1 {
+    step: BootstrapStep,
+    spec: TopicPoolSpec,
+    #[allow(dead_code)]
+    persisted: BTreeSet<String>,
+    #[allow(dead_code)]
+    created: BTreeSet<String>,
+}
+
+impl TopicBootstrapData {
+    /// A fresh state at LoadTopics.
+    pub fn new(spec: TopicPoolSpec) -> Self {
+        TopicBootstrapData {
+            step: BootstrapStep::LoadTopics,
+            spec,
+            persisted_below: 0,
+        }
+    }
+
+    /// Decodes a persisted state, this release's or the format-1 release's (which listed the persisted and created
+    /// names). A format-1 state keeps its step and spec; its lists are dropped: the steps read the persisted names
+    /// from the store, and the created ones are the spec's (CreateMissing confirmed them before recording
+    /// PersistNames). Its PersistNames restarts from the first name, skipping those the store holds.
+    pub fn decode(value: serde_json::Value) -> serde_json::Result<Self> {
+        let format1 = value.get("persisted").is_some() || value.get("created").is_some();
+        if format1 {
+            let old: TopicBootstrapDataFormat1 = serde_json::from_value(value)?;
+            return Ok(TopicBootstrapData {
+                step: old.step,
+                spec: old.spec,
+                persisted_below: 0,
+            });
+        }
+        serde_json::from_value(value)
+    }
 }
 
 /// Where a bootstrap reports the topics it recreated (shared with the pool's manager, which reports them).
@@ -96,6 +147,9 @@ pub struct TopicBootstrapProcedure {
     data: TopicBootstrapData,
     kv: KvBackendRef,
     admin: TopicAdminRef,
+    /// The pool's persisted names (`{prefix}_{i}`, any `i`) as last read from the store and written since; not part
+    /// of the record (read again when needed after a restart).
+    persisted: Option<BTreeSet<String>>,
     /// Persisted topics this instance found missing on the brokers and recreated (reported in the output).
     recreated: BTreeSet<String>,
     /// Recreated topics are also added here.
@@ -119,16 +173,7 @@ impl TopicBootstrapProcedure {
     /// A bootstrap of the pool `spec` (validated), starting at LoadTopics.
     pub fn new(spec: TopicPoolSpec, kv: KvBackendRef, admin: TopicAdminRef) -> Result<Self> {
         spec.validate()?;
-        Ok(Self::from_data(
-            TopicBootstrapData {
-                step: BootstrapStep::LoadTopics,
-                spec,
-                persisted: BTreeSet::new(),
-                created: BTreeSet::new(),
-            },
-            kv,
-            admin,
-        ))
+        Ok(Self::from_data(TopicBootstrapData::new(spec), kv, admin))
     }
 
     /// A bootstrap resuming from `data`.
@@ -137,6 +182,7 @@ impl TopicBootstrapProcedure {
             data,
             kv,
             admin,
+            persisted: None,
             recreated: BTreeSet::new(),
             recreated_sink: None,
             abandoned_for: None,
@@ -154,11 +200,16 @@ impl TopicBootstrapProcedure {
         &self.data
     }
 
+    /// The pool's persisted names this instance knows of (read by a step, or written by PersistNames); `None`
+    /// before a step read them.
+    pub fn known_persisted(&self) -> Option<&BTreeSet<String>> {
+        self.persisted.as_ref()
+    }
+
     /// The loader to register with the procedure manager under [`Self::TYPE_NAME`].
     pub fn loader(kv: KvBackendRef, admin: TopicAdminRef) -> BoxedProcedureLoader {
         Box::new(move |value| {
-            let data: TopicBootstrapData =
-                serde_json::from_value(value).map_err(procedures::Error::external)?;
+            let data = TopicBootstrapData::decode(value).map_err(procedures::Error::external)?;
             Ok(Box::new(TopicBootstrapProcedure::from_data(
                 data,
                 kv.clone(),
@@ -178,8 +229,7 @@ impl TopicBootstrapProcedure {
         sink: RecreatedTopics,
     ) -> BoxedProcedureLoader {
         Box::new(move |value| {
-            let data: TopicBootstrapData =
-                serde_json::from_value(value).map_err(procedures::Error::external)?;
+            let data = TopicBootstrapData::decode(value).map_err(procedures::Error::external)?;
             let mut procedure = TopicBootstrapProcedure::from_data(data, kv.clone(), admin.clone())
                 .with_recreated_sink(sink.clone());
             procedure.reconcile(&current);
@@ -218,23 +268,32 @@ impl TopicBootstrapProcedure {
             "a recovered bootstrap was started with another pool spec; the configured spec supersedes it and it \
              restarts from its first step"
         );
-        self.data = TopicBootstrapData {
-            step: BootstrapStep::LoadTopics,
-            spec: current.clone(),
-            persisted: BTreeSet::new(),
-            created: BTreeSet::new(),
-        };
+        self.data = TopicBootstrapData::new(current.clone());
     }
 
-    /// Step 1: read the pool's persisted names.
-    async fn load_topics(&mut self) -> Result<Status> {
+    /// The pool's persisted names (`{prefix}_{i}`, any `i`), read from the store on first use.
+    async fn persisted(&mut self) -> Result<&BTreeSet<String>> {
+        if self.persisted.is_none() {
+            self.persisted = Some(self.read_persisted().await?);
+        }
+        Ok(self.persisted.get_or_insert_default())
+    }
+
+    /// Reads the pool's persisted names from the store.
+    async fn read_persisted(&self) -> Result<BTreeSet<String>> {
         let spec = &self.data.spec;
         let prefix = format!("{}_", spec.topic_name_prefix);
-        let persisted: BTreeSet<String> = list_persisted_topics(self.kv.as_ref(), &prefix)
+        Ok(list_persisted_topics(self.kv.as_ref(), &prefix)
             .await?
             .into_iter()
             .filter(|t| spec.pool_index(t).is_some())
-            .collect();
+            .collect())
+    }
+
+    /// Step 1: read the pool's persisted names (kept in memory for the next steps).
+    async fn load_topics(&mut self) -> Result<Status> {
+        let persisted = self.read_persisted().await?;
+        let spec = &self.data.spec;
         let beyond: Vec<&String> = persisted
             .iter()
             .filter(|t| spec.pool_index(t).is_some_and(|i| i >= spec.num_topics))
@@ -249,7 +308,7 @@ impl TopicBootstrapProcedure {
             );
         }
         info!(pool = %spec.topic_name_prefix, persisted = persisted.len(), wanted = spec.num_topics, "loaded persisted topic names");
-        self.data.persisted = persisted;
+        self.persisted = Some(persisted);
         self.data.step = BootstrapStep::CreateMissing;
         Ok(Status::executing(true))
     }
@@ -263,9 +322,10 @@ impl TopicBootstrapProcedure {
         let existing = self.admin.describe_topics(&wanted).await?;
         // A topic made out of band with another partition count fails the bootstrap before anything is created.
         self.check_partitions(&existing)?;
+        let persisted = self.persisted().await?;
         let missing: Vec<String> = wanted
             .iter()
-            .filter(|t| !self.data.persisted.contains(*t) && !existing.contains_key(*t))
+            .filter(|t| !persisted.contains(*t) && !existing.contains_key(*t))
             .cloned()
             .collect();
         info!(
@@ -280,12 +340,19 @@ impl TopicBootstrapProcedure {
             .chunks(self.admin.create_batch_size().max(1))
             .map(<[String]>::to_vec)
             .collect();
+        let settings = Arc::new(spec.clone());
         let mut creations = futures::stream::iter(batches)
             .map(|batch| {
                 let admin = admin.clone();
+                let settings = settings.clone();
                 async move {
                     let answers = admin
-                        .create_topics(&batch, spec.num_partitions, spec.replication_factor)
+                        .create_topics(
+                            &batch,
+                            settings.num_partitions,
+                            settings.replication_factor,
+                            &settings.topic_config,
+                        )
                         .await;
                     (batch, answers)
                 }
@@ -305,7 +372,12 @@ impl TopicBootstrapProcedure {
         // Nothing created: the read above is fresh and answers the visibility check too.
         let listed = missing.is_empty().then_some(existing);
         self.wait_until_visible(&wanted, listed).await?;
-        self.data.created = wanted.into_iter().collect();
+        // PersistNames starts after the names persisted in a row from the first (all of them on a pool that is
+        // complete already: PersistNames then writes nothing).
+        let persisted = self.persisted().await?;
+        self.data.persisted_below = (0..spec.num_topics)
+            .find(|&i| !persisted.contains(&spec.topic_name(i)))
+            .unwrap_or(spec.num_topics);
         self.data.step = BootstrapStep::PersistNames;
         Ok(Status::executing(true))
     }
@@ -357,9 +429,13 @@ impl TopicBootstrapProcedure {
             if missing.is_empty() {
                 return Ok(());
             }
+            self.persisted().await?;
+            let persisted = self.persisted.as_ref();
             let lost: Vec<String> = missing
                 .iter()
-                .filter(|t| self.data.persisted.contains(*t) && !self.recreated.contains(*t))
+                .filter(|t| {
+                    persisted.is_some_and(|p| p.contains(*t)) && !self.recreated.contains(*t)
+                })
                 .cloned()
                 .collect();
             if !lost.is_empty() {
@@ -389,7 +465,8 @@ impl TopicBootstrapProcedure {
     }
 
     /// Recreates persisted topics that are missing on the brokers (deleted out of band; they are in the pool's spec),
-    /// at most `max_concurrent_creates` at a time, and records them as recreated.
+    /// with the pool's topic configs, in batches of the admin's batch size (at most `max_concurrent_creates` in
+    /// flight), and records them as recreated.
     async fn recreate(&mut self, lost: Vec<String>) -> Result<()> {
         let spec = self.data.spec.clone();
         warn!(
@@ -400,34 +477,51 @@ impl TopicBootstrapProcedure {
              them lost what their WAL held)"
         );
         let admin = self.admin.clone();
-        let mut creations = futures::stream::iter(lost)
-            .map(|topic| {
+        let settings = Arc::new(spec.clone());
+        let batches: Vec<Vec<String>> = lost
+            .chunks(self.admin.create_batch_size().max(1))
+            .map(<[String]>::to_vec)
+            .collect();
+        let mut creations = futures::stream::iter(batches)
+            .map(|batch| {
                 let admin = admin.clone();
+                let settings = settings.clone();
                 async move {
-                    let outcome = admin
-                        .create_topic(&topic, spec.num_partitions, spec.replication_factor)
-                        .await;
-                    (topic, outcome)
+                    admin
+                        .create_topics(
+                            &batch,
+                            settings.num_partitions,
+                            settings.replication_factor,
+                            &settings.topic_config,
+                        )
+                        .await
                 }
             })
             .buffer_unordered(spec.max_concurrent_creates);
-        while let Some((topic, outcome)) = creations.next().await {
-            outcome?;
-            info!(%topic, "recreated a pool topic missing on the brokers");
-            if let Some(sink) = &self.recreated_sink {
-                sink.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(topic.clone());
+        while let Some(answers) = creations.next().await {
+            for (topic, outcome) in answers? {
+                outcome?;
+                info!(%topic, "recreated a pool topic missing on the brokers");
+                if let Some(sink) = &self.recreated_sink {
+                    sink.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(topic.clone());
+                }
+                self.recreated.insert(topic);
             }
-            self.recreated.insert(topic);
         }
         Ok(())
     }
 
-    /// Step 3: persist the names not persisted yet, atomically, then finish.
+    /// Step 3: persist the next chunk of names not persisted yet (see [`Self::persist_next_chunk`]); once the
+    /// watermark reaches `num_topics`, finish.
     async fn persist_names(&mut self, ctx: &Context) -> procedures::Result<Status> {
-        self.persist_missing_names().await?;
-        ctx.side_effect_point("persisted names")?;
+        if self.data.persisted_below < self.data.spec.num_topics {
+            let (from, to) = self.persist_next_chunk().await?;
+            ctx.side_effect_point(&format!("persisted names {from}..{to}"))?;
+            return Ok(Status::executing(true));
+        }
+        info!(pool = %self.data.spec.topic_name_prefix, topics = self.data.spec.num_topics, "every name of the pool is persisted");
         let mut output = serde_json::json!({
             "topics": self.data.spec.num_topics,
             "num_partitions": self.data.spec.num_partitions,
@@ -438,60 +532,58 @@ impl TopicBootstrapProcedure {
         Ok(Status::done_with_output(output))
     }
 
-    /// Writes every wanted name missing from `persisted` with one transaction of "absent? then put" per key. When
-    /// the transaction is refused (a name was persisted meanwhile — e.g. this step already ran before a crash),
-    /// nothing was written; the names are read again and only the still-missing ones are written.
-    async fn persist_missing_names(&mut self) -> Result<()> {
-        let wanted = self.data.spec.topic_names();
+    /// Persists one chunk: the indices from the watermark on, as many as fit one transaction, their names not
+    /// persisted yet written in one transaction of "absent? then put" per name; then moves the watermark past the
+    /// chunk. Returns the chunk's index range.
+    ///
+    /// Chunks are fixed index ranges (from the watermark CreateMissing left), so a replay runs the same chunks as
+    /// the first run. Idempotent: names already persisted are skipped and never rewritten, so a replay never resets
+    /// a `pruned_entry_id`. When the transaction is refused (a name of the chunk was persisted meanwhile — this
+    /// chunk ran before a crash, or another writer), nothing was written; the chunk's names are read again and only
+    /// the still-missing ones are written. Refused twice in a row, it is an error.
+    async fn persist_next_chunk(&mut self) -> Result<(usize, usize)> {
+        let spec = self.data.spec.clone();
+        let from = self.data.persisted_below;
+        let to = from
+            .saturating_add(self.txn_chunk_len(&spec))
+            .min(spec.num_topics);
         let mut refused_in_a_row = 0;
         loop {
-            let missing: Vec<String> = wanted
-                .iter()
-                .filter(|t| !self.data.persisted.contains(*t))
-                .cloned()
+            let persisted = self.persisted().await?;
+            let names: Vec<String> = (from..to)
+                .map(|i| spec.topic_name(i))
+                .filter(|name| !persisted.contains(name))
                 .collect();
-            if missing.is_empty() {
-                return Ok(());
-            }
-            let chunk = self.txn_chunk_len(&missing);
-            let mut refused = false;
-            for names in missing.chunks(chunk) {
-                let resp = self.kv.txn(persist_topics_txn(names)).await?;
-                if !resp.succeeded {
-                    refused = true;
-                    break;
-                }
-                self.data.persisted.extend(names.iter().cloned());
-            }
-            if !refused {
-                info!(pool = %self.data.spec.topic_name_prefix, persisted = missing.len(), "persisted topic names");
-                return Ok(());
+            if names.is_empty() || self.kv.txn(persist_topics_txn(&names)).await?.succeeded {
+                debug!(pool = %spec.topic_name_prefix, from, to, written = names.len(), "persisted a chunk of topic names");
+                self.persisted.get_or_insert_default().extend(names);
+                self.data.persisted_below = to;
+                return Ok((from, to));
             }
             refused_in_a_row += 1;
             if refused_in_a_row > 1 {
                 return PersistTopicNamesConflictSnafu {
-                    prefix: self.data.spec.topic_name_prefix.clone(),
+                    prefix: spec.topic_name_prefix.clone(),
                     reason: "another writer keeps persisting the pool's names (is a second metasrv running?)",
                 }
                 .fail();
             }
-            let prefix = format!("{}_", self.data.spec.topic_name_prefix);
-            self.data.persisted = list_persisted_topics(self.kv.as_ref(), &prefix)
-                .await?
-                .into_iter()
-                .collect();
+            let keys: Vec<Vec<u8>> = names.iter().map(|t| topic_name_key(t)).collect();
+            let found = self.kv.batch_get(&keys).await?;
+            let known = self.persisted.get_or_insert_default();
+            for pair in found {
+                known.insert(decode_topic_name_key(&pair.key)?);
+            }
         }
     }
 
     /// How many names fit one transaction of the backend (each name costs a compare and a put).
-    fn txn_chunk_len(&self, names: &[String]) -> usize {
+    fn txn_chunk_len(&self, spec: &TopicPoolSpec) -> usize {
         let by_ops = self.kv.max_txn_ops() / 2;
         let value_len = TopicNameValue::default().encode().len();
-        let largest = names
-            .iter()
-            .map(|t| 2 * topic_name_key(t).len() + value_len)
-            .max()
-            .unwrap_or(1);
+        // The longest name is the one of the largest index.
+        let longest = topic_name_key(&spec.topic_name(spec.num_topics.saturating_sub(1))).len();
+        let largest = 2 * longest + value_len;
         let by_bytes = self.kv.max_request_bytes() / largest;
         by_ops.min(by_bytes).max(1)
     }

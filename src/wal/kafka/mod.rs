@@ -15,4 +15,4 @@ pub use bootstrap::TopicBootstrapProcedure;
 pub use selector::{
     LeastLoadedTopicSelector, RoundRobinTopicSelector, TopicSelector, TopicSelectorRef,
 };
-pub use topic_pool::{KafkaTopicManager, ReadyPoll, TopicPoolSpec};
+pub use topic_pool::{KafkaTopicManager, ReadyPoll, TopicConfigDrift, TopicPoolSpec};

@@ -42,6 +42,7 @@ use crate::error::{
     KafkaBrokersFencedSnafu, KafkaConnectSnafu, KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu,
     ListTopicsSnafu, Result, TopicNotListedSnafu, TopicPartitionMismatchSnafu,
 };
+use crate::wal::config::TopicConfig;
 use crate::wal::config::{KafkaConfig, validate_topic_name};
 
 /// First wait between metadata polls for a topic that was reported as existing but is not listed yet.
@@ -222,14 +223,23 @@ impl TopicAdmin for RsKafkaTopicAdmin {
         names: &[String],
         num_partitions: i32,
         replication_factor: i16,
+        topic_config: &TopicConfig,
     ) -> Result<Vec<TopicCreation>> {
         self.batch
-            .create_topics(names, num_partitions, replication_factor)
+            .create_topics(names, num_partitions, replication_factor, topic_config)
             .await
     }
 
     async fn describe_topics(&self, names: &[String]) -> Result<BTreeMap<String, usize>> {
         self.batch.describe_topics(names).await
+    }
+
+    async fn describe_topic_configs(
+        &self,
+        names: &[String],
+        keys: &[String],
+    ) -> Result<BTreeMap<String, TopicConfig>> {
+        self.batch.describe_topic_configs(names, keys).await
     }
 
     async fn create_topic(

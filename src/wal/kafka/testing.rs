@@ -18,7 +18,7 @@ use snafu::IntoError;
 use super::admin::{CreateTopicOutcome, TopicAdmin, TopicCreation};
 use super::rskafka_admin::{create_topic_error, is_retryable_rskafka_error};
 use crate::error::{KafkaTimeoutSnafu, ListTopicsSnafu, Result, TopicPartitionMismatchSnafu};
-use crate::wal::config::validate_topic_name;
+use crate::wal::config::{TopicConfig, validate_topic_config_entry, validate_topic_name};
 
 /// One topic of the fake cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,6 +29,8 @@ pub struct FakeTopic {
     pub creations: usize,
     /// Create requests refused with TOPIC_ALREADY_EXISTS (answered `AlreadyExisted` or a partition mismatch).
     pub refused: usize,
+    /// The topic-level configs it was created with (or set out of band).
+    pub configs: TopicConfig,
 }
 
 /// A failure to inject, described as the situation the real admin meets; the fake builds the error the real admin
@@ -157,8 +159,17 @@ impl FakeTopicAdmin {
                 partitions,
                 creations: 1,
                 refused: 0,
+                configs: TopicConfig::new(),
             },
         );
+    }
+
+    /// Sets a config of an existing topic out of band (as `kafka-configs --alter` would); nothing for a topic that
+    /// does not exist.
+    pub fn set_config_out_of_band(&self, name: &str, key: &str, value: &str) {
+        if let Some(topic) = self.lock().topics.get_mut(name) {
+            topic.configs.insert(key.to_string(), value.to_string());
+        }
     }
 
     /// Deletes a topic out of band.
@@ -332,7 +343,13 @@ impl TopicAdmin for FakeTopicAdmin {
         if let Some(hook) = hook {
             hook(name).await;
         }
-        apply_create(&mut self.lock(), name, num_partitions, replication_factor)
+        apply_create(
+            &mut self.lock(),
+            name,
+            num_partitions,
+            replication_factor,
+            &TopicConfig::new(),
+        )
     }
 
     fn create_batch_size(&self) -> usize {
@@ -347,9 +364,13 @@ impl TopicAdmin for FakeTopicAdmin {
         names: &[String],
         num_partitions: i32,
         replication_factor: i16,
+        topic_config: &TopicConfig,
     ) -> Result<Vec<TopicCreation>> {
         for name in names {
             validate_topic_name(name)?;
+        }
+        for (key, value) in topic_config {
+            validate_topic_config_entry(key, value)?;
         }
         let (fault, topic_faults) = {
             let mut s = self.lock();
@@ -379,7 +400,13 @@ impl TopicAdmin for FakeTopicAdmin {
             }
             let outcome = match topic_faults.get(name) {
                 Some(&fault) => Err(self.create_error(fault, name, replication_factor)),
-                None => apply_create(&mut self.lock(), name, num_partitions, replication_factor),
+                None => apply_create(
+                    &mut self.lock(),
+                    name,
+                    num_partitions,
+                    replication_factor,
+                    topic_config,
+                ),
             };
             answers.push((name.clone(), outcome));
         }
@@ -393,6 +420,35 @@ impl TopicAdmin for FakeTopicAdmin {
             .filter_map(|n| listed.get(n).map(|&p| (n.clone(), p)))
             .collect())
     }
+
+    /// The configs of `keys` each existing topic of `names` was created with (or set out of band); one metadata
+    /// read.
+    async fn describe_topic_configs(
+        &self,
+        names: &[String],
+        keys: &[String],
+    ) -> Result<BTreeMap<String, TopicConfig>> {
+        let fault = {
+            let mut s = self.lock();
+            s.metadata_reads += 1;
+            s.fail_all
+        };
+        if let Some(fault) = fault {
+            return Err(Self::list_error(fault));
+        }
+        let s = self.lock();
+        Ok(names
+            .iter()
+            .filter_map(|name| {
+                let topic = s.topics.get(name)?;
+                let configs = keys
+                    .iter()
+                    .filter_map(|k| topic.configs.get(k).map(|v| (k.clone(), v.clone())))
+                    .collect();
+                Some((name.clone(), configs))
+            })
+            .collect())
+    }
 }
 
 /// Applies one create request to the cluster with Kafka's semantics and logs it.
@@ -401,6 +457,7 @@ fn apply_create(
     name: &str,
     num_partitions: i32,
     replication_factor: i16,
+    topic_config: &TopicConfig,
 ) -> Result<CreateTopicOutcome> {
     let wanted = usize::try_from(num_partitions).unwrap_or(0);
     let outcome = match s.topics.get_mut(name) {
@@ -424,6 +481,7 @@ fn apply_create(
                     partitions: wanted,
                     creations: 1,
                     refused: 0,
+                    configs: topic_config.clone(),
                 },
             );
             s.proven_replication = s.proven_replication.max(replication_factor);

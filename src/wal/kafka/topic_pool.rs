@@ -13,7 +13,7 @@ use tracing::{info, warn};
 
 use crate::error::{InvalidTopicPoolSnafu, Result, TopicBootstrapSnafu, TopicPoolNotReadySnafu};
 use crate::kv::KvBackendRef;
-use crate::wal::config::{KafkaConfig, SelectorType};
+use crate::wal::config::{KafkaConfig, SelectorType, TopicConfig};
 use crate::wal::kafka::admin::TopicAdminRef;
 use crate::wal::kafka::bootstrap::{
     RecreatedTopics, TopicBootstrapProcedure, bootstrap_procedure_id,
@@ -65,6 +65,9 @@ pub struct TopicPoolSpec {
     pub max_concurrent_creates: usize,
     /// How the bootstrap waits for created topics to show up in metadata.
     pub ready_poll: ReadyPoll,
+    /// Topic-level configs each topic is created with (`[wal] topic_config`); never applied to existing topics.
+    #[serde(default, skip_serializing_if = "TopicConfig::is_empty")]
+    pub topic_config: TopicConfig,
 }
 
 impl TopicPoolSpec {
@@ -77,6 +80,7 @@ impl TopicPoolSpec {
             replication_factor: 1,
             max_concurrent_creates: 8,
             ready_poll: ReadyPoll::default(),
+            topic_config: TopicConfig::new(),
         }
     }
 
@@ -94,6 +98,7 @@ impl TopicPoolSpec {
                 factor: config.backoff.base as f32,
                 deadline: config.backoff.deadline,
             },
+            topic_config: config.topic_config.clone(),
         }
     }
 
@@ -146,6 +151,32 @@ impl TopicPoolSpec {
     }
 }
 
+/// A pool topic whose config differs from `[wal] topic_config`: reported, never changed (the config applies at
+/// creation only).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicConfigDrift {
+    /// The topic.
+    pub topic: String,
+    /// The config's name.
+    pub key: String,
+    /// The value `[wal] topic_config` asks for.
+    pub wanted: String,
+    /// The topic's value (`None`: the broker reports none, e.g. a sensitive config).
+    pub actual: Option<String>,
+}
+
+impl std::fmt::Display for TopicConfigDrift {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let actual = self.actual.as_deref().unwrap_or("(no value)");
+        write!(
+            f,
+            "topic '{}' has {} = {actual}, but [wal] topic_config asks for {}; existing topics are not changed \
+             (alter it with Kafka's tools if intended)",
+            self.topic, self.key, self.wanted
+        )
+    }
+}
+
 /// What the last load of the pool found.
 #[derive(Debug)]
 enum PoolState {
@@ -175,7 +206,7 @@ const METADATA_SETTLE_FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// it loaded the pool.
 #[derive(Debug)]
 pub struct KafkaTopicManager {
-    spec: TopicPoolSpec,
+    spec: Arc<TopicPoolSpec>,
     kv: KvBackendRef,
     admin: TopicAdminRef,
     selector: TopicSelectorRef,
@@ -194,7 +225,7 @@ impl KafkaTopicManager {
     ) -> Result<Self> {
         spec.validate()?;
         Ok(KafkaTopicManager {
-            spec,
+            spec: Arc::new(spec),
             kv,
             admin,
             selector,
@@ -233,7 +264,7 @@ impl KafkaTopicManager {
         manager.register_loader(
             TopicBootstrapProcedure::TYPE_NAME,
             TopicBootstrapProcedure::loader_for(
-                self.spec.clone(),
+                TopicPoolSpec::clone(&self.spec),
                 self.kv.clone(),
                 self.admin.clone(),
                 self.recreated.clone(),
@@ -264,7 +295,7 @@ impl KafkaTopicManager {
         for attempt in 0..MAX_BOOTSTRAP_ATTEMPTS {
             let id = bootstrap_procedure_id(prefix, attempt);
             let procedure = TopicBootstrapProcedure::new(
-                self.spec.clone(),
+                TopicPoolSpec::clone(&self.spec),
                 self.kv.clone(),
                 self.admin.clone(),
             )?
@@ -449,6 +480,37 @@ impl KafkaTopicManager {
             );
         }
         Ok(Ok(Arc::new(wanted)))
+    }
+
+    /// The pool's existing topics whose configs differ from the spec's `topic_config`, in index order then by
+    /// config name: one DescribeConfigs read (a bounded few for huge pools) naming only the configured keys; the
+    /// caller reports them (walctl prints one warning each). Nothing is read when no topic config is configured. Topics missing on the brokers are
+    /// skipped (the pool's check reports them).
+    pub async fn config_drift(&self) -> Result<Vec<TopicConfigDrift>> {
+        let wanted = &self.spec.topic_config;
+        if wanted.is_empty() {
+            return Ok(Vec::new());
+        }
+        let keys: Vec<String> = wanted.keys().cloned().collect();
+        let names = self.spec.topic_names();
+        let actual = self.admin.describe_topic_configs(&names, &keys).await?;
+        let mut drift = Vec::new();
+        for topic in &names {
+            let Some(configs) = actual.get(topic) else {
+                continue;
+            };
+            for (key, value) in wanted {
+                if configs.get(key) != Some(value) {
+                    drift.push(TopicConfigDrift {
+                        topic: topic.clone(),
+                        key: key.clone(),
+                        wanted: value.clone(),
+                        actual: configs.get(key).cloned(),
+                    });
+                }
+            }
+        }
+        Ok(drift)
     }
 
     /// The ready pool's topics, in index order; an error before the pool is ready.

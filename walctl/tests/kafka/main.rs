@@ -12,3 +12,4 @@ mod readonly;
 mod recovery;
 mod replay;
 mod spread;
+mod topic_config;

@@ -1,0 +1,270 @@
+//! Our topic pool bootstrap against Kafka's own Java AdminClient, on the real broker (`KAFKA_ENDPOINTS`) and etcd
+//! (`ETCD_ENDPOINTS`), in the same run. Not part of the test command; run it with
+//!
+//! ```text
+//! KAFKA_ENDPOINTS=… ETCD_ENDPOINTS=… cargo bench --bench bootstrap_vs_adminclient
+//! ```
+//!
+//! For N = 256, 1,024 and 4,096 topics it times:
+//! - **ours**: a `TopicBootstrapProcedure` run by the procedure engine, its records and the topic names on etcd
+//!   (under a fresh key prefix), creating through `RsKafkaTopicAdmin` (batched CreateTopics, `[wal]` defaults): from
+//!   the submission to the procedure's end, names persisted included;
+//! - **anchor**: `benches/java/CreateTopicsAnchor.java` creating N other topics in one `createTopics` call (compiled
+//!   here with `javac` against the jars `scripts/services.sh install` puts in `target/kafka-libs`, or `KAFKA_LIBS`),
+//!   timed inside the JVM from the call to every future completing;
+//!
+//! then **resume**: the 4,096-topic pool's bootstrap resumed after a crash before PersistNames (every topic exists,
+//! no name persisted, a fresh etcd prefix): one metadata read plus persisting the names. It prints a table with the
+//! ratios and deletes every topic and etcd key it made (each size's topics once measured, in requests of 500).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use procedures::{LocalManager, ManagerConfig, ProcedureManager, ProcedureWithId};
+use remote_wal::kv::{EtcdConfig, EtcdKvBackend, KvBackendRef, KvStateStore};
+use remote_wal::metasrv::NamespacedKvBackend;
+use remote_wal::wal::KafkaConfig;
+use remote_wal::wal::kafka::TopicPoolSpec;
+use remote_wal::wal::kafka::admin::TopicAdminRef;
+use remote_wal::wal::kafka::bootstrap::{
+    BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure, bootstrap_procedure_id,
+};
+use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
+
+const SIZES: [usize; 3] = [256, 1_024, 4_096];
+
+fn endpoints(var: &str, what: &str) -> Vec<String> {
+    let raw = std::env::var(var).unwrap_or_default();
+    let endpoints: Vec<String> = raw
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(String::from)
+        .collect();
+    assert!(
+        !endpoints.is_empty(),
+        "{var} is not set: this bench needs {what} (comma-separated host:port)"
+    );
+    endpoints
+}
+
+/// A name part no earlier run used.
+fn run_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_nanos();
+    format!("{:x}", nanos % (1 << 48))
+}
+
+/// Compiles the anchor program into `target/bench-java`; the classpath to run it with.
+fn compile_anchor() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let libs = std::env::var("KAFKA_LIBS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root.join("target/kafka-libs"));
+    assert!(
+        libs.is_dir(),
+        "no Kafka jars in {} (run scripts/services.sh install, or set KAFKA_LIBS)",
+        libs.display()
+    );
+    let classes = root.join("target/bench-java");
+    std::fs::create_dir_all(&classes).expect("create target/bench-java");
+    let jars = format!("{}/*", libs.display());
+    let status = Command::new("javac")
+        .arg("-cp")
+        .arg(&jars)
+        .arg("-d")
+        .arg(&classes)
+        .arg(root.join("benches/java/CreateTopicsAnchor.java"))
+        .status()
+        .expect("run javac (a JDK is needed)");
+    assert!(status.success(), "javac failed: {status}");
+    format!("{jars}:{}", classes.display())
+}
+
+/// Runs the anchor program; its one line of output.
+fn anchor(classpath: &str, args: &[&str]) -> String {
+    let out = Command::new("java")
+        .arg("-cp")
+        .arg(classpath)
+        .arg("CreateTopicsAnchor")
+        .args(args)
+        .output()
+        .expect("run java");
+    assert!(
+        out.status.success(),
+        "CreateTopicsAnchor {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The engine, its records and the names under `namespace` of `etcd`.
+struct Store {
+    kv: KvBackendRef,
+    manager: Arc<LocalManager>,
+}
+
+async fn store(etcd: &KvBackendRef, namespace: &str, admin: &TopicAdminRef) -> Store {
+    let kv: KvBackendRef = Arc::new(NamespacedKvBackend::new(
+        etcd.clone(),
+        namespace.as_bytes().to_vec(),
+    ));
+    let manager = Arc::new(LocalManager::new(
+        Arc::new(KvStateStore::new(kv.clone())),
+        ManagerConfig::default(),
+    ));
+    manager
+        .register_loader(
+            TopicBootstrapProcedure::TYPE_NAME,
+            TopicBootstrapProcedure::loader(kv.clone(), admin.clone()),
+        )
+        .expect("register the loader");
+    manager.start().await.expect("start the engine");
+    Store { kv, manager }
+}
+
+/// Submits `procedure` and waits for it; the time from submission to its end.
+async fn run(store: &Store, prefix: &str, procedure: TopicBootstrapProcedure) -> Duration {
+    let started = Instant::now();
+    store
+        .manager
+        .submit(ProcedureWithId::new(
+            bootstrap_procedure_id(prefix, 0),
+            Box::new(procedure),
+        ))
+        .await
+        .expect("submit")
+        .wait()
+        .await
+        .expect("the bootstrap");
+    started.elapsed()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let brokers = endpoints("KAFKA_ENDPOINTS", "a running Kafka broker");
+    let etcd_endpoints = endpoints("ETCD_ENDPOINTS", "a running etcd");
+    let classpath = compile_anchor();
+    let run_id = run_id();
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let etcd: KvBackendRef = Arc::new(
+        rt.block_on(EtcdKvBackend::connect(EtcdConfig {
+            endpoints: etcd_endpoints,
+            ..EtcdConfig::default()
+        }))
+        .expect("etcd at ETCD_ENDPOINTS is unreachable"),
+    );
+    let brokers_list = brokers.join(",");
+    let mut prefixes = Vec::new();
+    let mut namespaces = Vec::new();
+    let mut rows = Vec::new();
+    let mut largest: Option<(KafkaConfig, TopicAdminRef)> = None;
+    for n in SIZES {
+        // The anchor first, then ours, each on topics of its own.
+        let anchor_prefix = format!("rw_anchor_{run_id}_{n}");
+        prefixes.push(anchor_prefix.clone());
+        let anchor_ms: f64 = anchor(
+            &classpath,
+            &["create", &brokers.join(","), &anchor_prefix, &n.to_string()],
+        )
+        .parse()
+        .expect("the anchor prints milliseconds");
+
+        let prefix = format!("rw_ours_{run_id}_{n}");
+        prefixes.push(prefix.clone());
+        let config = KafkaConfig {
+            broker_endpoints: brokers.clone(),
+            num_topics: n,
+            topic_name_prefix: prefix.clone(),
+            ..KafkaConfig::default()
+        };
+        let ours = rt.block_on(async {
+            let admin: TopicAdminRef = Arc::new(
+                RsKafkaTopicAdmin::connect(&config)
+                    .await
+                    .expect("Kafka at KAFKA_ENDPOINTS is unreachable"),
+            );
+            let namespace = format!("rw-bench-{run_id}-{n}/");
+            namespaces.push(namespace.clone());
+            let store = store(&etcd, &namespace, &admin).await;
+            let spec = TopicPoolSpec::from_config(&config);
+            let procedure =
+                TopicBootstrapProcedure::new(spec, store.kv.clone(), admin.clone()).expect("spec");
+            let took = run(&store, &prefix, procedure).await;
+            store.manager.stop().await.expect("stop the engine");
+            largest = Some((config.clone(), admin));
+            took
+        });
+        rows.push((n, ms(ours), anchor_ms));
+        // Each topic is a partition directory and open files on the broker: drop what the next steps do not need
+        // (the largest pool of ours stays for the resume).
+        let mut done = vec!["delete", &brokers_list, anchor_prefix.as_str()];
+        if n != SIZES[SIZES.len() - 1] {
+            done.push(prefix.as_str());
+        }
+        anchor(&classpath, &done);
+    }
+
+    // Resume after a crash before PersistNames, every topic of the largest pool existing, nothing persisted.
+    let (config, admin) = largest.expect("a pool was bootstrapped");
+    let resume = rt.block_on(async {
+        let namespace = format!("rw-bench-{run_id}-resume/");
+        namespaces.push(namespace.clone());
+        let store = store(&etcd, &namespace, &admin).await;
+        let procedure = TopicBootstrapProcedure::from_data(
+            TopicBootstrapData {
+                step: BootstrapStep::CreateMissing,
+                spec: TopicPoolSpec::from_config(&config),
+                persisted_below: 0,
+            },
+            store.kv.clone(),
+            admin.clone(),
+        );
+        let took = run(&store, &config.topic_name_prefix, procedure).await;
+        store.manager.stop().await.expect("stop the engine");
+        took
+    });
+
+    println!();
+    println!(
+        "| topics | ours (bootstrap, names on etcd) | AdminClient createTopics | ours / AdminClient |"
+    );
+    println!("|---|---|---|---|");
+    for (n, ours, anchor) in &rows {
+        println!(
+            "| {n} | {ours:.0} ms | {anchor:.0} ms | {:.2}x |",
+            ours / anchor
+        );
+    }
+    println!(
+        "| resume, {} existing, none persisted | {:.0} ms | | |",
+        config.num_topics,
+        ms(resume)
+    );
+
+    // Leave the broker and etcd as found.
+    let mut args = vec!["delete".to_string(), brokers.join(",")];
+    args.extend(prefixes);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let deleted = anchor(&classpath, &args);
+    rt.block_on(async {
+        for namespace in &namespaces {
+            let start = namespace.as_bytes().to_vec();
+            let end = remote_wal::kv::prefix_end(&start);
+            etcd.delete_range(&start, &end, false)
+                .await
+                .expect("delete the bench's etcd keys");
+        }
+    });
+    println!(
+        "deleted {deleted} topics and {} etcd key prefixes",
+        namespaces.len()
+    );
+}

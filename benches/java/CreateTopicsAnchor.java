@@ -1,0 +1,84 @@
+// The anchor of benches/bootstrap_vs_adminclient.rs: Kafka's own Java AdminClient creating N topics in one
+// createTopics call, on the same broker and in the same run as remote-wal's bootstrap.
+//
+//   java -cp 'target/kafka-libs/*:target/bench-java' CreateTopicsAnchor create BOOTSTRAP PREFIX N
+//       creates PREFIX_0 .. PREFIX_{N-1} (1 partition, replication factor 1) in one createTopics call and prints
+//       the milliseconds from the call to every topic's future completing (the client is connected first, as the
+//       Rust side's admin is).
+//   java -cp ... CreateTopicsAnchor delete BOOTSTRAP PREFIX...
+//       deletes every topic whose name starts with one of PREFIX_ and prints how many.
+
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Properties;
+import java.util.Set;
+import java.util.concurrent.ExecutionException;
+import java.util.stream.Collectors;
+
+import org.apache.kafka.clients.admin.Admin;
+import org.apache.kafka.clients.admin.AdminClientConfig;
+import org.apache.kafka.clients.admin.NewTopic;
+import org.apache.kafka.common.KafkaFuture;
+import org.apache.kafka.common.errors.UnknownTopicOrPartitionException;
+
+public final class CreateTopicsAnchor {
+    public static void main(String[] args) throws Exception {
+        if (args.length < 3) {
+            System.err.println("usage: CreateTopicsAnchor create BOOTSTRAP PREFIX N | delete BOOTSTRAP PREFIX...");
+            System.exit(2);
+        }
+        Properties props = new Properties();
+        props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, args[1]);
+        props.put(AdminClientConfig.REQUEST_TIMEOUT_MS_CONFIG, "120000");
+        props.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "300000");
+        try (Admin admin = Admin.create(props)) {
+            // Connect (and learn the cluster) before timing.
+            admin.describeCluster().nodes().get();
+            switch (args[0]) {
+                case "create": {
+                    String prefix = args[2];
+                    int n = Integer.parseInt(args[3]);
+                    List<NewTopic> topics = new ArrayList<>(n);
+                    for (int i = 0; i < n; i++) {
+                        topics.add(new NewTopic(prefix + "_" + i, 1, (short) 1));
+                    }
+                    long start = System.nanoTime();
+                    admin.createTopics(topics).all().get();
+                    long micros = (System.nanoTime() - start) / 1_000;
+                    System.out.println(micros / 1000.0);
+                    break;
+                }
+                case "delete": {
+                    Set<String> all = admin.listTopics().names().get();
+                    List<String> prefixes = new ArrayList<>();
+                    for (int i = 2; i < args.length; i++) {
+                        prefixes.add(args[i] + "_");
+                    }
+                    Set<String> doomed = all.stream()
+                            .filter(t -> prefixes.stream().anyMatch(t::startsWith))
+                            .collect(Collectors.toSet());
+                    // In requests of 500: one request deleting thousands of topics can fail on the broker.
+                    List<String> pending = new ArrayList<>(doomed);
+                    for (int from = 0; from < pending.size(); from += 500) {
+                        List<String> chunk = pending.subList(from, Math.min(from + 500, pending.size()));
+                        for (KafkaFuture<Void> deleted : admin.deleteTopics(chunk).topicNameValues().values()) {
+                            try {
+                                deleted.get();
+                            } catch (ExecutionException e) {
+                                // Listed while its deletion was under way: gone already.
+                                if (!(e.getCause() instanceof UnknownTopicOrPartitionException)) {
+                                    throw e;
+                                }
+                            }
+                        }
+                    }
+                    System.out.println(doomed.size());
+                    break;
+                }
+                default:
+                    System.err.println("unknown mode " + args[0]);
+                    System.exit(2);
+            }
+        }
+    }
+}
