@@ -11,6 +11,7 @@ mod api;
 mod error;
 mod leadership;
 mod metrics;
+mod page;
 
 use std::path::Path;
 use std::sync::Arc;
