@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The one command that runs every test of remote-wal (what .ci/run calls).
 #
-# It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc; Maven Central: the
-# Apache Kafka jars, cached under target/kafka-libs), runs clippy and rustdoc with warnings denied (the lint gates
+# It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc, chromium; Maven Central:
+# the Apache Kafka jars, cached under target/kafka-libs), runs clippy and rustdoc with warnings denied (the lint gates
 # all run before any service starts, so they fail fast), starts one Kafka broker (KRaft) and one etcd on free
 # loopback ports, waits until both answer, runs the whole workspace's tests (and builds the benchmarks), and stops
 # the services again — also when tests fail, in which case it prints the services' logs.
@@ -45,6 +45,13 @@ trap cleanup EXIT INT TERM
 
 # Compiling needs protoc (the etcd client generates its gRPC code at build time), so install before clippy.
 "$SERVICES" install
+# The server's page test loads / in headless Chromium (Debian's package); it fails, never skips, without it.
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "[test] installing Debian's chromium"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq chromium >/dev/null
+fi
 
 echo "[test] cargo clippy --workspace --all-targets --all-features -- -D warnings"
 cargo clippy --workspace --all-targets --all-features -- -D warnings

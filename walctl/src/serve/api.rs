@@ -36,6 +36,7 @@ pub struct AppState {
 /// Every route.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .route("/", get(crate::serve::page::page))
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -61,7 +62,7 @@ impl AppState {
     }
 
     /// The current leader's address and epoch (etcd: as the election says; otherwise this server once started).
-    async fn leader(&self) -> Result<(Option<String>, Option<u64>), ApiError> {
+    pub(super) async fn leader(&self) -> Result<(Option<String>, Option<u64>), ApiError> {
         match &self.election {
             Some(election) => {
                 let leader = election.leader().await?;

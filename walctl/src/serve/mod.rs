@@ -5,12 +5,16 @@
 //! (`docs/ha.md`). Followers answer reads from the store and writes with 503 and the leader's address. On redb the
 //! process holds the file alone and leads from the start; a second server refuses to open it.
 //!
+//! Every server, leader or follower, also renders the procedures page at `GET /` (`page`): who leads, the procedures
+//! with stuck ones first, the locks, and the WAL pool's regions per topic.
+//!
 //! SIGTERM or SIGINT: the leader resigns, the manager stops (every task joined), the HTTP server drains, exit 0.
 
 mod api;
 mod error;
 mod leadership;
 mod metrics;
+mod page;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -152,6 +152,13 @@ impl Servers {
 
     /// [`Servers::on_etcd`] with more sections (a `[wal]`) appended to the config.
     pub fn on_etcd_with(endpoints: &[String], extra_toml: &str, n: usize) -> Self {
+        let (metasrv_toml, _) = Self::etcd_toml(endpoints, extra_toml);
+        Self::start(metasrv_toml, n)
+    }
+
+    /// The config [`Servers::on_etcd_with`] starts servers with, and its fresh key prefix (for a test that writes
+    /// into the store before any server starts).
+    pub fn etcd_toml(endpoints: &[String], extra_toml: &str) -> (String, String) {
         let prefix = format!("{}/", unique("serve"));
         let eps: Vec<String> = endpoints.iter().map(|e| format!("{e:?}")).collect();
         let metasrv_toml = format!(
@@ -160,7 +167,7 @@ impl Servers {
              [procedure]\nretry_delay = \"50ms\"\nmax_retry_delay = \"500ms\"\n{extra_toml}",
             eps.join(", ")
         );
-        Self::start(metasrv_toml, n)
+        (metasrv_toml, prefix)
     }
 
     /// `n` servers on one redb file.
@@ -169,7 +176,8 @@ impl Servers {
         Self::start(metasrv_toml, n)
     }
 
-    fn start(metasrv_toml: String, n: usize) -> Self {
+    /// `n` servers on `metasrv_toml` (each gets its own `[server]` section).
+    pub fn start(metasrv_toml: String, n: usize) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut servers = Servers {
             dir,

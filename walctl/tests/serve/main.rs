@@ -11,6 +11,7 @@ mod cluster;
 mod embedded;
 mod failover;
 mod kafka;
+mod page;
 mod quorum;
 mod redb;
 mod stalled;

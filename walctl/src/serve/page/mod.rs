@@ -1,0 +1,142 @@
+//! The procedures page at `GET /`: server-rendered HTML in the manner of HBase's "Procedures & Locks" — who leads
+//! and at which epoch, every procedure (stuck ones first) with its state, step, attempts, age and last error, the
+//! locks held and awaited, and the WAL: the provider, and for Kafka the regions per pool topic as an SVG bar chart.
+//!
+//! Gathering ([`PageData::gather`]) and rendering ([`render::render`]) are apart, so the rendering is a pure
+//! function of what was read. Each section that cannot be read says why in its place; the page itself always
+//! answers 200. Every value is HTML-escaped ([`escape::escape`]): procedure ids, type names and errors come from
+//! clients and stores.
+
+mod chart;
+mod escape;
+mod render;
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use procedures::ProcedureInfo;
+use procedures::manager::ProcedureLocks;
+use remote_wal::metasrv::TopicsReport;
+use remote_wal::wal::WalConfig;
+
+use crate::serve::api::AppState;
+use crate::serve::leadership::Status;
+
+/// How long the page waits for the topic pool's report (it asks the brokers for topic configs) before showing the
+/// section as unavailable: a page must answer while Kafka does not.
+const TOPICS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Who leads, as this server could read it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Leader {
+    /// A server leads: its advertised address and epoch.
+    Elected {
+        /// The leader's advertised address.
+        address: String,
+        /// Its fencing epoch.
+        epoch: u64,
+    },
+    /// No server leads now.
+    None,
+    /// The election could not be read (etcd unreachable); the reason.
+    Unknown(String),
+}
+
+/// Where the procedure list came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProcedureSource {
+    /// The running manager of this server (the leader): live states, attempts, next retries.
+    Manager,
+    /// The records in the store, as the leader last wrote them (a follower, or a leader still recovering).
+    Store,
+}
+
+/// The WAL section's content.
+#[derive(Clone, Debug)]
+pub enum WalSection {
+    /// raft-engine: local to each datanode, no pool.
+    RaftEngine,
+    /// Kafka: the pool's report, or why it could not be read.
+    Kafka(Result<TopicsReport, String>),
+}
+
+/// Everything the page shows, read once per request.
+#[derive(Clone, Debug)]
+pub struct PageData {
+    /// This server's advertised address.
+    pub this_server: String,
+    /// What this server is now (leading with which epoch, manager started, pool ready).
+    pub status: Status,
+    /// Who leads.
+    pub leader: Leader,
+    /// The procedures, or why they could not be read.
+    pub procedures: Result<Vec<ProcedureInfo>, String>,
+    /// Where `procedures` came from.
+    pub source: ProcedureSource,
+    /// The locks each procedure holds or waits for; `None` off the leader (locks live in its memory).
+    pub locks: Option<Vec<ProcedureLocks>>,
+    /// The WAL provider and, for Kafka, the pool.
+    pub wal: WalSection,
+    /// When the page was read (ms since the Unix epoch); ages are counted to it.
+    pub now_ms: u64,
+}
+
+impl PageData {
+    /// Reads what the page shows from the server's state; a part that cannot be read is kept as its error text.
+    pub async fn gather(state: &AppState) -> PageData {
+        let status = state.status.borrow().clone();
+        let leader = match state.leader().await {
+            Ok((Some(address), Some(epoch))) => Leader::Elected { address, epoch },
+            Ok(_) => Leader::None,
+            Err(e) => Leader::Unknown(e.message),
+        };
+        let metasrv = &state.metasrv;
+        let (procedures, source) = if metasrv.is_started() {
+            (
+                metasrv.list_procedures().await.map_err(|e| e.to_string()),
+                ProcedureSource::Manager,
+            )
+        } else {
+            (
+                metasrv.stored_procedures().await.map_err(|e| e.to_string()),
+                ProcedureSource::Store,
+            )
+        };
+        let locks = (status.leading.is_some() && metasrv.is_started()).then(|| metasrv.locks());
+        let wal = match &metasrv.config().wal {
+            WalConfig::RaftEngine => WalSection::RaftEngine,
+            WalConfig::Kafka(_) => WalSection::Kafka(
+                match tokio::time::timeout(TOPICS_TIMEOUT, metasrv.topics()).await {
+                    Ok(Ok(report)) => Ok(report),
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err(format!(
+                        "the topic pool's report did not come within {}",
+                        humantime::format_duration(TOPICS_TIMEOUT)
+                    )),
+                },
+            ),
+        };
+        PageData {
+            this_server: state.advertise.clone(),
+            status,
+            leader,
+            procedures,
+            source,
+            locks,
+            wal,
+            now_ms: procedures::record::now_ms(),
+        }
+    }
+}
+
+/// `GET /`: the page, always 200 (a section that cannot be read says so).
+pub async fn page(State(state): State<AppState>) -> Response {
+    let data = PageData::gather(&state).await;
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        render::render(&data),
+    )
+        .into_response()
+}

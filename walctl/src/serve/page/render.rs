@@ -1,0 +1,538 @@
+//! The page's HTML, built from [`PageData`] with `write!` and [`escape`] on every value. No script: the page
+//! refreshes itself with a meta refresh.
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use procedures::ProcedureInfo;
+use procedures::manager::ProcedureLocks;
+use remote_wal::metasrv::TopicsReport;
+
+use super::chart::{Bar, bar_chart};
+use super::escape::escape;
+use super::{Leader, PageData, ProcedureSource, WalSection};
+
+/// Seconds between the page's own reloads.
+pub const REFRESH_SECS: u64 = 5;
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}\
+h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}\
+table{border-collapse:collapse}th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}\
+th{background:#f2f2f2}td.error{max-width:40em;white-space:pre-wrap;word-break:break-word}\
+tr.stuck td{background:#fff1f0}tr.state-retrying td{background:#fffbe6}\
+p.error{color:#a8071a}code{font-size:.95em}\
+rect.bar{fill:#4e79a7}rect.outside-pool{fill:#e15759}text{font-size:12px;font-family:monospace}";
+
+/// The whole page.
+pub fn render(data: &PageData) -> String {
+    let mut html = String::with_capacity(8 * 1024);
+    let _ = write!(
+        html,
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta http-equiv=\"refresh\" content=\"{REFRESH_SECS}\">\n\
+         <title>walctl serve {}: procedures &amp; locks</title>\n<style>{STYLE}</style>\n</head>\n<body>\n\
+         <h1>Procedures &amp; Locks</h1>\n",
+        escape(&data.this_server)
+    );
+    cluster(&mut html, data);
+    procedures(&mut html, data);
+    locks(&mut html, data);
+    wal(&mut html, &data.wal);
+    let _ = write!(
+        html,
+        "<p class=\"footer\">Read at {} ms since the Unix epoch; this page reloads every {REFRESH_SECS} s. \
+         The same data as JSON: <a href=\"/v1/procedures\">/v1/procedures</a>, <a href=\"/v1/locks\">/v1/locks</a>, \
+         <a href=\"/v1/topics\">/v1/topics</a>, <a href=\"/v1/leader\">/v1/leader</a>.</p>\n</body>\n</html>\n",
+        data.now_ms
+    );
+    html
+}
+
+/// Who this server is, who leads, and whether this server is ready.
+fn cluster(html: &mut String, data: &PageData) {
+    html.push_str("<section id=\"cluster\">\n");
+    let role = match data.status.leading {
+        Some(epoch) => format!("<strong id=\"role\">leader</strong> (epoch {epoch})"),
+        None => "<strong id=\"role\">follower</strong>".to_string(),
+    };
+    let _ = writeln!(
+        html,
+        "<p id=\"this-server\">This server: <code>{}</code>, {role}</p>",
+        escape(&data.this_server)
+    );
+    match &data.leader {
+        Leader::Elected { address, epoch } => {
+            let _ = writeln!(
+                html,
+                "<p id=\"leader\">Leader: <a href=\"http://{a}/\"><code>{a}</code></a>, epoch {epoch}</p>",
+                a = escape(address)
+            );
+        }
+        Leader::None => html.push_str("<p id=\"leader\">Leader: none elected now</p>\n"),
+        Leader::Unknown(reason) => {
+            let _ = writeln!(
+                html,
+                "<p id=\"leader\" class=\"error\">Leader: unknown, the election could not be read: {}</p>",
+                escape(reason)
+            );
+        }
+    }
+    let readiness = if data.status.ready() {
+        "ready: writes are served here"
+    } else if data.status.leading.is_none() {
+        "following: writes go to the leader"
+    } else if !data.status.manager_started {
+        "not ready: the procedure manager is recovering"
+    } else {
+        "not ready: the WAL topic pool is being readied"
+    };
+    let _ = writeln!(html, "<p id=\"readiness\">{readiness}</p>\n</section>");
+}
+
+/// Where a state sorts: stuck ones (stalled, failed, retrying) first, then rolling back, running, done.
+fn rank(info: &ProcedureInfo) -> u8 {
+    match info.state.as_str() {
+        "stalled" => 0,
+        "failed" => 1,
+        "retrying" => 2,
+        "rolling_back" => 3,
+        "running" => 4,
+        _ => 5,
+    }
+}
+
+/// Whether a procedure needs an operator's look.
+fn is_stuck(info: &ProcedureInfo) -> bool {
+    rank(info) <= 2
+}
+
+fn format_ms(ms: u64) -> String {
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    humantime::format_duration(Duration::from_secs(ms / 1000)).to_string()
+}
+
+/// The procedure table, stuck ones first (then by state, newest first).
+fn procedures(html: &mut String, data: &PageData) {
+    html.push_str("<section id=\"procedures-section\">\n<h2>Procedures</h2>\n");
+    let list = match &data.procedures {
+        Ok(list) => list,
+        Err(reason) => {
+            let _ = writeln!(
+                html,
+                "<p class=\"error\">The procedures could not be read: {}</p>\n</section>",
+                escape(reason)
+            );
+            return;
+        }
+    };
+    match data.source {
+        ProcedureSource::Manager => {
+            html.push_str("<p class=\"source\">Live, from this server's procedure manager.</p>\n")
+        }
+        ProcedureSource::Store => {
+            let leader = match &data.leader {
+                Leader::Elected { address, .. } if data.status.leading.is_none() => format!(
+                    "; attempts, next retries and stalls are on <a href=\"http://{a}/\">the leader's page</a>",
+                    a = escape(address)
+                ),
+                _ => String::new(),
+            };
+            let _ = writeln!(
+                html,
+                "<p class=\"source\">From the store, as the leader last wrote them{leader}.</p>"
+            );
+        }
+    }
+    let count = |state: &str| list.iter().filter(|i| i.state.as_str() == state).count();
+    let stuck = list.iter().filter(|i| is_stuck(i)).count();
+    let _ = writeln!(
+        html,
+        "<p id=\"procedure-summary\">{} procedures, {stuck} stuck ({} stalled, {} failed, {} retrying)</p>",
+        list.len(),
+        count("stalled"),
+        count("failed"),
+        count("retrying"),
+    );
+    if list.is_empty() {
+        html.push_str("<p id=\"no-procedures\">No procedures.</p>\n</section>\n");
+        return;
+    }
+    let mut sorted: Vec<&ProcedureInfo> = list.iter().collect();
+    sorted.sort_by(|a, b| {
+        rank(a)
+            .cmp(&rank(b))
+            .then(b.created_at_ms.cmp(&a.created_at_ms))
+            .then(a.id.as_str().cmp(b.id.as_str()))
+    });
+    html.push_str(
+        "<table id=\"procedures\">\n<thead><tr><th>id</th><th>type</th><th>state</th><th>step</th>\
+         <th>attempts</th><th>age</th><th>last error</th></tr></thead>\n<tbody>\n",
+    );
+    for info in sorted {
+        procedure_row(html, info, data);
+    }
+    html.push_str("</tbody>\n</table>\n</section>\n");
+}
+
+fn procedure_row(html: &mut String, info: &ProcedureInfo, data: &PageData) {
+    let state = info.state.as_str();
+    let stuck = if is_stuck(info) { "stuck " } else { "" };
+    let id = escape(info.id.as_str());
+    let parent = info
+        .parent_id
+        .as_ref()
+        .map(|p| {
+            format!(
+                "<div class=\"parent\">child of <code>{}</code></div>",
+                escape(p.as_str())
+            )
+        })
+        .unwrap_or_default();
+    let step = match &info.step_name {
+        Some(name) => format!("{} (#{})", escape(name), info.step),
+        None => format!("#{}", info.step),
+    };
+    // A record read from the store does not know how often its step was tried.
+    let attempts = match data.source {
+        ProcedureSource::Manager => info.attempt.to_string(),
+        ProcedureSource::Store => "–".to_string(),
+    };
+    let age = format_ms(data.now_ms.saturating_sub(info.created_at_ms));
+    let retry = info
+        .next_retry_at_ms
+        .map(|at| {
+            format!(
+                "<div class=\"retry\">next attempt in {}</div>",
+                format_ms(at.saturating_sub(data.now_ms))
+            )
+        })
+        .unwrap_or_default();
+    let error = info
+        .last_error
+        .as_deref()
+        .or(info.error.as_deref())
+        .map(|e| escape(e).to_string())
+        .unwrap_or_default();
+    let _ = writeln!(
+        html,
+        "<tr class=\"{stuck}state-{state}\" data-id=\"{id}\" data-state=\"{state}\"><td class=\"id\"><code>{id}</code>\
+         {parent}</td><td class=\"type\">{}</td><td class=\"state\">{state}</td><td class=\"step\">{step}</td>\
+         <td class=\"attempts\">{attempts}</td><td class=\"age\">{age}</td><td class=\"error\">{error}{retry}</td></tr>",
+        escape(&info.type_name),
+    );
+}
+
+/// Held and awaited locks (the leader only: they live in its memory).
+fn locks(html: &mut String, data: &PageData) {
+    html.push_str("<section id=\"locks-section\">\n<h2>Locks</h2>\n");
+    let Some(locks) = &data.locks else {
+        let where_ = match &data.leader {
+            Leader::Elected { address, .. } => format!(
+                "; see <a href=\"http://{a}/\">the leader's page</a>",
+                a = escape(address)
+            ),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            html,
+            "<p id=\"locks-elsewhere\">Locks live in the leader's memory{where_}.</p>\n</section>"
+        );
+        return;
+    };
+    let rows: Vec<&ProcedureLocks> = locks
+        .iter()
+        .filter(|l| !l.held.is_empty() || l.waiting.is_some())
+        .collect();
+    if rows.is_empty() {
+        html.push_str(
+            "<p id=\"no-locks\">No procedure holds or waits for a lock.</p>\n</section>\n",
+        );
+        return;
+    }
+    html.push_str(
+        "<table id=\"locks\">\n<thead><tr><th>procedure</th><th>key</th><th>mode</th><th>status</th></tr></thead>\n\
+         <tbody>\n",
+    );
+    let mode = |exclusive: bool| if exclusive { "exclusive" } else { "shared" };
+    for l in rows {
+        let id = escape(l.id.as_str());
+        for key in &l.held {
+            let _ = writeln!(
+                html,
+                "<tr class=\"held\" data-id=\"{id}\"><td><code>{id}</code></td><td><code>{}</code></td>\
+                 <td>{}</td><td>held</td></tr>",
+                escape(&key.key),
+                mode(key.exclusive)
+            );
+        }
+        if let Some(wait) = &l.waiting {
+            let blocker = if wait.blocker_holds {
+                "which holds it"
+            } else {
+                "queued ahead"
+            };
+            let _ = writeln!(
+                html,
+                "<tr class=\"waiting\" data-id=\"{id}\"><td><code>{id}</code></td><td><code>{}</code></td>\
+                 <td>{}</td><td>waiting, behind <code>{}</code> ({blocker})</td></tr>",
+                escape(&wait.key),
+                mode(wait.exclusive),
+                escape(wait.blocked_by.as_str()),
+            );
+        }
+    }
+    html.push_str("</tbody>\n</table>\n</section>\n");
+}
+
+/// The WAL provider, and for Kafka the regions per pool topic.
+fn wal(html: &mut String, wal: &WalSection) {
+    html.push_str("<section id=\"wal-section\">\n<h2>WAL</h2>\n");
+    match wal {
+        WalSection::RaftEngine => html.push_str(
+            "<p id=\"wal-provider\">Provider: raft-engine (each datanode's local log; no topic pool).</p>\n",
+        ),
+        WalSection::Kafka(Err(reason)) => {
+            let _ = writeln!(
+                html,
+                "<p id=\"wal-provider\">Provider: Kafka.</p>\n\
+                 <p class=\"error\">The topic pool could not be read: {}</p>",
+                escape(reason)
+            );
+        }
+        WalSection::Kafka(Ok(report)) => kafka_pool(html, report),
+    }
+    html.push_str("</section>\n");
+}
+
+fn kafka_pool(html: &mut String, report: &TopicsReport) {
+    let _ = writeln!(
+        html,
+        "<p id=\"wal-provider\">Provider: Kafka, topic pool <code>{}</code>: {} topics configured, {} persisted; \
+         regions per topic: min {}, max {}, mean {:.2}.</p>",
+        escape(&report.topic_name_prefix),
+        report.num_topics,
+        report.persisted,
+        report.spread.min,
+        report.spread.max,
+        report.spread.mean,
+    );
+    let bars: Vec<Bar<'_>> = report
+        .topics
+        .iter()
+        .map(|t| Bar {
+            topic: &t.topic,
+            regions: t.regions,
+            outside_pool: !t.in_pool,
+        })
+        .collect();
+    html.push_str(&bar_chart(&bars));
+    html.push('\n');
+    if report.topics.iter().any(|t| !t.in_pool) {
+        html.push_str("<p class=\"legend\">Red bars: topics regions use that the configured pool does not contain.</p>\n");
+    }
+    if !report.config_drift.is_empty() {
+        let _ = writeln!(
+            html,
+            "<p id=\"config-drift\">{} pool topics have configs that differ from <code>[wal] topic_config</code> \
+             (see <a href=\"/v1/topics\">/v1/topics</a>).</p>",
+            report.config_drift.len()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use procedures::ProcedureInfo;
+    use procedures::manager::ProcedureLocks;
+    use remote_wal::metasrv::{RegionSpread, TopicUsage, TopicsReport};
+    use serde_json::json;
+
+    use super::render;
+    use crate::serve::leadership::Status;
+    use crate::serve::page::{Leader, PageData, ProcedureSource, WalSection};
+
+    const NOW: u64 = 1_000_000;
+
+    fn info(id: &str, state: &str, created_at_ms: u64, error: Option<&str>) -> ProcedureInfo {
+        serde_json::from_value(json!({
+            "id": id, "type_name": "remote_wal::CreateTable", "parent_id": null, "state": state, "step": 2,
+            "output": null, "error": error, "created_at_ms": created_at_ms, "updated_at_ms": created_at_ms,
+            "step_name": "allocate", "attempt": 3, "last_error": null,
+        }))
+        .expect("a ProcedureInfo")
+    }
+
+    fn leader_data(procedures: Vec<ProcedureInfo>, locks: Vec<ProcedureLocks>) -> PageData {
+        PageData {
+            this_server: "10.0.0.1:3002".to_string(),
+            status: Status {
+                leading: Some(7),
+                manager_started: true,
+                pool_ready: true,
+            },
+            leader: Leader::Elected {
+                address: "10.0.0.1:3002".to_string(),
+                epoch: 7,
+            },
+            procedures: Ok(procedures),
+            source: ProcedureSource::Manager,
+            locks: Some(locks),
+            wal: WalSection::RaftEngine,
+            now_ms: NOW,
+        }
+    }
+
+    /// The `data-id` of each procedure row, in page order.
+    fn row_ids(html: &str) -> Vec<String> {
+        html.split("<tr class=\"")
+            .skip(1)
+            .filter_map(|row| {
+                let start = row.find("data-id=\"")? + "data-id=\"".len();
+                let end = row[start..].find('"')? + start;
+                Some(row[start..end].to_string())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stuck_procedures_come_first_then_by_state_newest_first() {
+        let html = render(&leader_data(
+            vec![
+                info("done-old", "done", 10, None),
+                info("running", "running", 20, None),
+                info("retrying", "retrying", 30, Some("broker down")),
+                info("done-new", "done", 40, None),
+                info("failed", "failed", 50, Some("boom")),
+                info("stalled", "stalled", 60, Some("no loader")),
+            ],
+            vec![],
+        ));
+        assert_eq!(
+            row_ids(&html),
+            [
+                "stalled", "failed", "retrying", "running", "done-new", "done-old"
+            ]
+        );
+        assert!(
+            html.contains("6 procedures, 3 stuck (1 stalled, 1 failed, 1 retrying)"),
+            "{html}"
+        );
+        assert!(
+            html.contains(
+                "<tr class=\"stuck state-stalled\" data-id=\"stalled\" data-state=\"stalled\"><td class=\"id\">\
+                 <code>stalled</code></td><td class=\"type\">remote_wal::CreateTable</td><td class=\"state\">stalled\
+                 </td><td class=\"step\">allocate (#2)</td><td class=\"attempts\">3</td><td class=\"age\">16m 39s</td>\
+                 <td class=\"error\">no loader</td></tr>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains("<strong id=\"role\">leader</strong> (epoch 7)"));
+        assert!(html.contains("<meta http-equiv=\"refresh\" content=\"5\">"));
+        assert!(html.contains("<p id=\"no-locks\">"), "{html}");
+        assert!(html.contains(
+            "<p id=\"wal-provider\">Provider: raft-engine (each datanode's local log; no topic pool).</p>"
+        ));
+    }
+
+    #[test]
+    fn every_client_value_is_escaped() {
+        let html = render(&leader_data(
+            vec![info(
+                "<script>alert('id')</script>",
+                "failed",
+                10,
+                Some("table \"<img src=x onerror=alert(1)>\" & more"),
+            )],
+            vec![],
+        ));
+        assert!(!html.contains("<script"), "{html}");
+        assert!(!html.contains("<img"), "{html}");
+        assert!(html.contains(
+            "data-id=\"&lt;script&gt;alert(&#39;id&#39;)&lt;/script&gt;\" data-state=\"failed\""
+        ));
+        assert!(html.contains(
+            "<td class=\"error\">table &quot;&lt;img src=x onerror=alert(1)&gt;&quot; &amp; more</td>"
+        ));
+    }
+
+    #[test]
+    fn held_and_awaited_locks_are_listed() {
+        let locks: Vec<ProcedureLocks> = serde_json::from_value(json!([
+            {"id": "a", "held": [{"key": "__table_name_lock/g/p/t", "exclusive": true},
+                                 {"key": "__catalog_lock/g", "exclusive": false}], "waiting": null},
+            {"id": "b", "held": [], "waiting": {"key": "__table_name_lock/g/p/t", "exclusive": true,
+                                                "blocked_by": "a", "blocker_holds": true}},
+            {"id": "idle", "held": [], "waiting": null},
+        ]))
+        .expect("locks");
+        let html = render(&leader_data(vec![], locks));
+        assert!(html.contains(
+            "<tr class=\"held\" data-id=\"a\"><td><code>a</code></td><td><code>__table_name_lock/g/p/t</code></td>\
+             <td>exclusive</td><td>held</td></tr>"
+        ), "{html}");
+        assert!(html.contains(
+            "<tr class=\"held\" data-id=\"a\"><td><code>a</code></td><td><code>__catalog_lock/g</code></td>\
+             <td>shared</td><td>held</td></tr>"
+        ));
+        assert!(html.contains(
+            "<tr class=\"waiting\" data-id=\"b\"><td><code>b</code></td><td><code>__table_name_lock/g/p/t</code>\
+             </td><td>exclusive</td><td>waiting, behind <code>a</code> (which holds it)</td></tr>"
+        ));
+        assert!(!html.contains("data-id=\"idle\""), "{html}");
+        assert!(html.contains("<p id=\"no-procedures\">No procedures.</p>"));
+    }
+
+    #[test]
+    fn a_follower_names_the_leader_and_reads_from_the_store() {
+        let mut data = leader_data(vec![info("p", "running", 10, None)], vec![]);
+        data.status = Status::default();
+        data.this_server = "10.0.0.2:3002".to_string();
+        data.source = ProcedureSource::Store;
+        data.locks = None;
+        let html = render(&data);
+        assert!(html.contains(
+            "<p id=\"this-server\">This server: <code>10.0.0.2:3002</code>, <strong id=\"role\">follower</strong></p>"
+        ));
+        assert!(html.contains(
+            "<p id=\"leader\">Leader: <a href=\"http://10.0.0.1:3002/\"><code>10.0.0.1:3002</code></a>, epoch 7</p>"
+        ));
+        assert!(html.contains("<p id=\"readiness\">following: writes go to the leader</p>"));
+        assert!(html.contains("<td class=\"attempts\">–</td>"), "{html}");
+        assert!(html.contains("<p id=\"locks-elsewhere\">Locks live in the leader's memory; see"));
+    }
+
+    #[test]
+    fn the_kafka_pool_is_drawn_one_bar_per_topic_and_an_unreadable_one_says_why() {
+        let mut data = leader_data(vec![], vec![]);
+        let topic = |topic: &str, regions: usize| TopicUsage {
+            topic: topic.to_string(),
+            regions,
+            persisted: true,
+            in_pool: true,
+        };
+        data.wal = WalSection::Kafka(Ok(TopicsReport {
+            topic_name_prefix: "wal".to_string(),
+            num_topics: 3,
+            persisted: 3,
+            topics: vec![topic("wal_0", 2), topic("wal_1", 2), topic("wal_2", 1)],
+            spread: RegionSpread {
+                min: 1,
+                max: 2,
+                mean: 5.0 / 3.0,
+            },
+            config_drift: vec![],
+        }));
+        let html = render(&data);
+        assert_eq!(html.matches("<rect class=\"bar\"").count(), 3, "{html}");
+        assert!(html.contains("data-topic=\"wal_2\" data-regions=\"1\""));
+        assert!(html.contains(
+            "topic pool <code>wal</code>: 3 topics configured, 3 persisted; regions per topic: min 1, max 2, mean 1.67."
+        ));
+        data.wal = WalSection::Kafka(Err("brokers <down>".to_string()));
+        let html = render(&data);
+        assert!(html.contains("The topic pool could not be read: brokers &lt;down&gt;"));
+        assert!(!html.contains("<svg"));
+    }
+}
