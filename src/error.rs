@@ -853,6 +853,35 @@ pub enum Error {
         /// Attempts made.
         attempts: usize,
     },
+    /// A WAL prune named a topic with no `__topic_name/kafka/{topic}` key: it is not a topic of the pool.
+    #[snafu(display(
+        "cannot prune topic '{topic}': it has no key '{key}' (not a topic of the Kafka pool)"
+    ))]
+    PruneTopicUnknown {
+        /// The topic.
+        topic: String,
+        /// The missing key.
+        key: String,
+    },
+    /// A WAL prune procedure failed or could not be submitted.
+    #[snafu(display("WAL prune of topic '{topic}' failed: {source}"))]
+    WalPrune {
+        /// The topic.
+        topic: String,
+        /// The engine's error (the procedure's failure text when it failed).
+        #[snafu(source(from(procedures::Error, Box::new)))]
+        source: Box<procedures::Error>,
+    },
+    /// The compare-and-put advancing a topic's `pruned_entry_id` kept losing to other writers. Retryable.
+    #[snafu(display(
+        "pruned entry id of key '{key}' changed under {attempts} compare-and-put attempts in a row"
+    ))]
+    PruneWatermarkContention {
+        /// The key.
+        key: String,
+        /// Attempts made.
+        attempts: usize,
+    },
     /// A region's WAL could not be replayed (its topic or engine directory failed); other regions are not
     /// affected. Carries the cause's text, since one cause is reported for every region it concerns.
     #[snafu(display("region {region_id}: WAL replay failed: {reason}"))]
@@ -1031,6 +1060,7 @@ impl Error {
             // ---- retryable: datanode log store (decided where built, src/datanode/log_store) ----
             Error::LogKafka { retryable, .. } => *retryable,
             Error::LogFetchStalled { .. } | Error::CheckpointContention { .. } => true,
+            Error::PruneWatermarkContention { .. } => true,
             // ---- retryable: ddl ----
             Error::DatanodeUnavailable { .. } => true,
             Error::SequenceContention { .. } => true,

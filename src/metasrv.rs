@@ -22,6 +22,7 @@ use snafu::{ResultExt, ensure};
 use tokio::sync::OnceCell;
 
 use crate::config::{MetadataBackend, MetasrvConfig};
+use crate::datanode::prune_deleter::LazyRecordDeleter;
 use crate::datanode::{OpenRegions, RegionOpener, WalProviderKind};
 use crate::ddl::{
     CreateTableTask, DatanodeManagerRef, DatanodeTableValue, DdlContext, DdlManager,
@@ -40,10 +41,12 @@ use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::kafka::{KafkaTopicManager, TopicConfigDrift};
+use crate::wal::prune::{RecordDeleterRef, WalPruneProcedure};
 use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
 pub mod election;
 mod namespace;
+mod wal_prune;
 
 pub use namespace::NamespacedKvBackend;
 
@@ -228,6 +231,8 @@ pub struct Metasrv {
     local: Arc<LocalManager>,
     wal: Arc<WalOptionsAllocator>,
     topic_admin: Option<TopicAdminRef>,
+    /// What a WAL prune deletes records with (Kafka only).
+    record_deleter: Option<RecordDeleterRef>,
     table_metadata: TableMetadataManagerRef,
     ddl: DdlManager,
     datanodes: DatanodeManagerRef,
@@ -428,6 +433,17 @@ impl Metasrv {
             },
         );
         ddl.register_loaders()?;
+        let record_deleter = match &config.wal {
+            WalConfig::RaftEngine => None,
+            WalConfig::Kafka(kafka) => {
+                let deleter: RecordDeleterRef = Arc::new(LazyRecordDeleter::new(kafka.clone()));
+                procedures.register_loader(
+                    WalPruneProcedure::TYPE_NAME,
+                    WalPruneProcedure::loader(kv.clone(), deleter.clone()),
+                )?;
+                Some(deleter)
+            }
+        };
 
         Ok(Metasrv {
             config,
@@ -437,6 +453,7 @@ impl Metasrv {
             local,
             wal,
             topic_admin,
+            record_deleter,
             table_metadata,
             ddl,
             datanodes,

@@ -5,6 +5,7 @@ pub mod checkpoint;
 pub mod log_store;
 pub mod open_request;
 pub mod opener;
+pub mod prune_deleter;
 pub mod replay;
 
 pub use open_request::RegionOpenRequest;

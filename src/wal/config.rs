@@ -278,6 +278,9 @@ pub struct KafkaConfig {
     /// (`walctl bootstrap`, `walctl topics`), never changed.
     #[serde(skip_serializing_if = "TopicConfig::is_empty")]
     pub topic_config: TopicConfig,
+    /// How a WAL prune drops a topic's old entries: `"delete_records"` (Kafka's DeleteRecords, then the stored
+    /// watermark) or `"logical"` (only the stored watermark; for brokers without DeleteRecords).
+    pub prune_mode: crate::wal::prune::PruneMode,
     /// Retries of connection and controller errors. Last: TOML writes plain keys before sub-tables, and the
     /// order of the fields is the order an unknown-key error lists them in.
     pub backoff: BackoffConfig,
@@ -297,6 +300,7 @@ impl Default for KafkaConfig {
             max_concurrent_creates: 16,
             create_batch_size: DEFAULT_CREATE_BATCH_SIZE,
             topic_config: TopicConfig::new(),
+            prune_mode: crate::wal::prune::PruneMode::default(),
         }
     }
 }
@@ -724,6 +728,7 @@ mod tests {
             },
             max_concurrent_creates: 4,
             create_batch_size: 7,
+            prune_mode: crate::wal::prune::PruneMode::Logical,
             topic_config: [
                 ("retention.ms", "604800000"),
                 ("segment.bytes", "268435456"),

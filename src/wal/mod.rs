@@ -5,6 +5,7 @@ pub mod allocator;
 pub mod config;
 pub mod kafka;
 pub mod options;
+pub mod prune;
 
 pub use allocator::{WalOptionsAllocator, WalOptionsAllocatorRef};
 pub use config::{BackoffConfig, KafkaConfig, SelectorType, TopicConfig, WalConfig};

@@ -13,6 +13,7 @@ mod fragments;
 mod kafka_broker;
 mod offset_zero;
 mod produce;
+mod prune_crash;
 mod pruned;
 mod raft_engine;
 mod replay;

@@ -10,6 +10,7 @@ mod cli;
 mod output;
 mod progress;
 mod serve;
+mod wal;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
@@ -204,6 +205,15 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
         }
         // Handled by `run` before a metasrv is opened.
         Command::Serve { .. } => Ok(()),
+        Command::Wal(command) => {
+            match kafka_wait(metasrv) {
+                Some(what) => Waiting::new(what).run(metasrv.start()).await?,
+                None => metasrv.start().await?,
+            }
+            finish_recovered(metasrv).await?;
+            wal::execute(metasrv, command, out).await?;
+            Ok(())
+        }
         Command::Topics => {
             let topics = metasrv.topics().await?;
             output::print_topics(out, &topics);

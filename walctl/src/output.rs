@@ -30,6 +30,11 @@ impl Output {
         }
     }
 
+    /// Whether results are printed as JSON lines (`--json`).
+    pub fn is_json(&self) -> bool {
+        self.json
+    }
+
     /// One line of text.
     pub fn line(&mut self, s: &str) {
         if self.closed {

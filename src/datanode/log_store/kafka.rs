@@ -408,6 +408,21 @@ impl RsKafkaPartition {
     }
 }
 
+impl RsKafkaPartition {
+    /// Deletes the partition's records below `offset` (Kafka's DeleteRecords); a low watermark already at or
+    /// above it stays. `offset` must not exceed the high watermark.
+    pub async fn delete_records_before(&self, offset: i64) -> Result<()> {
+        let timeout_ms = i32::try_from(self.bound.as_millis()).unwrap_or(i32::MAX);
+        guard(
+            &self.topic,
+            &format!("delete records below offset {offset}"),
+            self.bound,
+            self.client.delete_records(offset, timeout_ms),
+        )
+        .await
+    }
+}
+
 /// Runs one rskafka call under `bound`, mapping its error (retryability decided from rskafka's error) and its
 /// timeout (final: rskafka's own retries ran inside the bound).
 async fn guard<T>(

@@ -13,3 +13,4 @@ mod recovery;
 mod replay;
 mod spread;
 mod topic_config;
+mod wal_prune;

@@ -1,0 +1,443 @@
+//! [`WalPruneProcedure`]: drops the entries of one Kafka topic that no region needs any more, and advances the
+//! topic's `pruned_entry_id` (`__topic_name/kafka/{topic}`).
+//!
+//! Steps, in order (each persisted before the next runs), under an exclusive lock on the topic
+//! ([`prune_lock_key`]):
+//! 1. **ComputePrunable** — read the topic's watermark and every `__topic_region/{topic}/{region_id}` key. The
+//!    prunable entry id is the lowest flushed entry id among the regions; a region without a checkpoint pins the
+//!    topic (nothing is pruned), and so does a topic without regions. The target is the higher of it and the
+//!    current watermark (the watermark never moves backwards); it is persisted in the record, so a resumed prune
+//!    deletes exactly what the first run decided.
+//! 2. **DeleteRecords** — in `prune_mode = "delete_records"`, ask the brokers to delete the records below the
+//!    target's successor (entry id `e` is Kafka offset `e - 1`, so the offset `target` is the first one kept).
+//!    Kafka's DeleteRecords only ever raises a partition's low watermark: repeating it after a crash is harmless.
+//!    In `"logical"` mode (brokers without DeleteRecords) nothing is asked of the brokers.
+//! 3. **AdvanceWatermark** — compare-and-put `pruned_entry_id` to the target, leaving a higher stored value alone.
+//!
+//! Why a needed entry is never deleted: a region needs the entries after its checkpoint, and checkpoints only move
+//! forward, so an entry at or below the lowest checkpoint read in step 1 stays unneeded by those regions forever.
+//! A region that step 1 did not see recorded its checkpoint after step 1's read, at the topic's end at that
+//! moment, which is at or above every checkpoint step 1 read (a checkpoint never exceeds the end of the topic it
+//! was recorded on), and it writes its first entry only after recording it. The full argument: `docs/wal.md`.
+//!
+//! `__topic_region` values are read here without naming the datanode module (which sits above this one): only
+//! the checkpoint's `entry_id` and `metadata_entry_id` are decoded, the lower of the two being the flushed id.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, ProcedureId, Status};
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use crate::error::{
+    InvalidTopicRegionKeySnafu, PruneTopicUnknownSnafu, PruneWatermarkContentionSnafu, Result,
+};
+use crate::kv::{CompareAndPutRequest, KvBackendRef, RangeRequest, range_all};
+use crate::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
+
+/// Compare-and-put attempts before advancing the watermark gives up (another writer kept changing the key).
+const MAX_CAS_ATTEMPTS: usize = 16;
+
+/// How a prune drops entries, `[wal] prune_mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PruneMode {
+    /// Delete the records from the brokers (Kafka's DeleteRecords), then advance the watermark.
+    #[default]
+    DeleteRecords,
+    /// Only advance the watermark (for brokers without DeleteRecords); replay skips what it covers.
+    Logical,
+}
+
+impl fmt::Display for PruneMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PruneMode::DeleteRecords => "delete_records",
+            PruneMode::Logical => "logical",
+        })
+    }
+}
+
+/// Deletes a topic's old records on the brokers.
+#[async_trait]
+pub trait RecordDeleter: Send + Sync + fmt::Debug {
+    /// Deletes the records of partition 0 of `topic` below Kafka offset `offset` (records at or above it stay).
+    /// Idempotent: a low watermark already at or above `offset` is left as it is.
+    async fn delete_records_before(&self, topic: &str, offset: i64) -> Result<()>;
+}
+
+/// A shared [`RecordDeleter`].
+pub type RecordDeleterRef = Arc<dyn RecordDeleter>;
+
+/// The procedure id of a prune of `topic`: `wal_prune/{topic}/{unique}`.
+pub fn prune_procedure_id(topic: &str) -> ProcedureId {
+    ProcedureId::new(format!("wal_prune/{topic}")).child(ProcedureId::random())
+}
+
+/// The lock key every prune of `topic` holds exclusively: `wal/kafka/topic/{topic}`.
+pub fn prune_lock_key(topic: &str) -> LockKey {
+    LockKey::exclusive(format!("wal/kafka/topic/{topic}"))
+}
+
+/// `__topic_region/{topic}/`: the prefix of the topic's region checkpoints.
+fn topic_region_prefix(topic: &str) -> Vec<u8> {
+    format!("__topic_region/{topic}/").into_bytes()
+}
+
+/// The step the procedure runs next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PruneStep {
+    /// Read the watermark and the regions' checkpoints; decide the target.
+    ComputePrunable,
+    /// Delete the records up to the target on the brokers.
+    DeleteRecords,
+    /// Move the stored watermark up to the target.
+    AdvanceWatermark,
+}
+
+/// The persisted state of a [`WalPruneProcedure`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalPruneData {
+    /// The next step.
+    pub step: PruneStep,
+    /// The topic.
+    pub topic: String,
+    /// How entries are dropped.
+    pub mode: PruneMode,
+    /// The watermark ComputePrunable read.
+    #[serde(default)]
+    pub old_pruned_entry_id: u64,
+    /// The watermark this prune moves to (set by ComputePrunable, never below `old_pruned_entry_id`).
+    #[serde(default)]
+    pub target: u64,
+    /// Regions on the topic when ComputePrunable read them.
+    #[serde(default)]
+    pub regions: usize,
+    /// A region without a checkpoint that pinned the topic, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_by: Option<u64>,
+}
+
+/// What a finished prune reports (its output).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneOutput {
+    /// The topic.
+    pub topic: String,
+    /// How entries were dropped.
+    pub mode: PruneMode,
+    /// The watermark before.
+    pub old_pruned_entry_id: u64,
+    /// The watermark after.
+    pub new_pruned_entry_id: u64,
+    /// Regions on the topic.
+    pub regions: usize,
+    /// A region without a checkpoint that pinned the topic, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_by: Option<u64>,
+}
+
+/// Prunes one topic; see the module documentation.
+pub struct WalPruneProcedure {
+    data: WalPruneData,
+    kv: KvBackendRef,
+    deleter: RecordDeleterRef,
+}
+
+impl fmt::Debug for WalPruneProcedure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WalPruneProcedure")
+            .field("data", &self.data)
+            .finish_non_exhaustive()
+    }
+}
+
+impl WalPruneProcedure {
+    /// The type name the loader is registered under.
+    pub const TYPE_NAME: &'static str = "remote_wal::WalPrune";
+
+    /// A prune of `topic` in `mode`, starting at ComputePrunable.
+    pub fn new(
+        topic: impl Into<String>,
+        mode: PruneMode,
+        kv: KvBackendRef,
+        deleter: RecordDeleterRef,
+    ) -> Self {
+        let data = WalPruneData {
+            step: PruneStep::ComputePrunable,
+            topic: topic.into(),
+            mode,
+            old_pruned_entry_id: 0,
+            target: 0,
+            regions: 0,
+            pinned_by: None,
+        };
+        Self::from_data(data, kv, deleter)
+    }
+
+    /// A prune resuming from `data`.
+    pub fn from_data(data: WalPruneData, kv: KvBackendRef, deleter: RecordDeleterRef) -> Self {
+        WalPruneProcedure { data, kv, deleter }
+    }
+
+    /// The current state.
+    pub fn data(&self) -> &WalPruneData {
+        &self.data
+    }
+
+    /// The loader to register with the procedure manager under [`Self::TYPE_NAME`].
+    pub fn loader(kv: KvBackendRef, deleter: RecordDeleterRef) -> BoxedProcedureLoader {
+        Box::new(move |value| {
+            let data: WalPruneData =
+                serde_json::from_value(value).map_err(procedures::Error::external)?;
+            Ok(Box::new(WalPruneProcedure::from_data(
+                data,
+                kv.clone(),
+                deleter.clone(),
+            )))
+        })
+    }
+
+    /// Reads the topic's stored watermark; an error when the topic has no key.
+    async fn read_watermark(&self) -> Result<(Vec<u8>, TopicNameValue)> {
+        let key = topic_name_key(&self.data.topic);
+        match self.kv.get(&key).await? {
+            Some(found) => Ok((
+                found.value.clone(),
+                TopicNameValue::decode(&key, &found.value)?,
+            )),
+            None => PruneTopicUnknownSnafu {
+                topic: self.data.topic.clone(),
+                key: String::from_utf8_lossy(&key).into_owned(),
+            }
+            .fail(),
+        }
+    }
+
+    /// Step 1: read the watermark and the regions' checkpoints, and persist the target.
+    async fn compute_prunable(&mut self) -> Result<Status> {
+        let (_, watermark) = self.read_watermark().await?;
+        let prefix = topic_region_prefix(&self.data.topic);
+        let kvs = range_all(self.kv.as_ref(), RangeRequest::prefix(prefix.clone()), 1024).await?;
+        let mut lowest: Option<u64> = None;
+        let mut pinned_by = None;
+        for kv in &kvs {
+            let region_id = region_id_of(&prefix, &kv.key)?;
+            match flushed_entry_id(&kv.key, &kv.value)? {
+                Some(flushed) => lowest = Some(lowest.map_or(flushed, |l| l.min(flushed))),
+                None => {
+                    pinned_by = Some(region_id);
+                    break;
+                }
+            }
+        }
+        let prunable = if pinned_by.is_some() {
+            0
+        } else {
+            lowest.unwrap_or(0)
+        };
+        self.data.old_pruned_entry_id = watermark.pruned_entry_id;
+        self.data.target = prunable.max(watermark.pruned_entry_id);
+        self.data.regions = kvs.len();
+        self.data.pinned_by = pinned_by;
+        info!(
+            topic = %self.data.topic,
+            regions = kvs.len(),
+            ?pinned_by,
+            old = watermark.pruned_entry_id,
+            target = self.data.target,
+            "computed the prunable entry id"
+        );
+        self.data.step = PruneStep::DeleteRecords;
+        Ok(Status::executing(true))
+    }
+
+    /// Step 2: delete the records up to the target (nothing in logical mode, or when the target is 0).
+    async fn delete_records(&mut self, ctx: &Context) -> procedures::Result<Status> {
+        if self.data.mode == PruneMode::DeleteRecords && self.data.target > 0 {
+            // Entry id e is offset e - 1: the first offset kept is `target`.
+            let offset = i64::try_from(self.data.target).unwrap_or(i64::MAX);
+            self.deleter
+                .delete_records_before(&self.data.topic, offset)
+                .await?;
+            ctx.side_effect_point(&format!(
+                "deleted records of {} below offset {offset}",
+                self.data.topic
+            ))?;
+        }
+        self.data.step = PruneStep::AdvanceWatermark;
+        Ok(Status::executing(true))
+    }
+
+    /// Step 3: compare-and-put the watermark up to the target; a stored value at or above it is kept.
+    async fn advance_watermark(&mut self, ctx: &Context) -> procedures::Result<Status> {
+        let key = topic_name_key(&self.data.topic);
+        let mut new = None;
+        for _ in 0..MAX_CAS_ATTEMPTS {
+            let (raw, current) = self.read_watermark().await?;
+            if current.pruned_entry_id >= self.data.target {
+                new = Some(current.pruned_entry_id);
+                break;
+            }
+            let next = TopicNameValue {
+                pruned_entry_id: self.data.target,
+            };
+            let response = self
+                .kv
+                .compare_and_put(CompareAndPutRequest {
+                    key: key.clone(),
+                    expect: Some(raw),
+                    value: next.encode(),
+                })
+                .await
+                .map_err(procedures::Error::from)?;
+            if response.success {
+                ctx.side_effect_point(&format!(
+                    "advanced the pruned entry id of {} to {}",
+                    self.data.topic, self.data.target
+                ))?;
+                new = Some(self.data.target);
+                break;
+            }
+        }
+        let Some(new) = new else {
+            return Err(PruneWatermarkContentionSnafu {
+                key: String::from_utf8_lossy(&key).into_owned(),
+                attempts: MAX_CAS_ATTEMPTS,
+            }
+            .build()
+            .into());
+        };
+        let output = PruneOutput {
+            topic: self.data.topic.clone(),
+            mode: self.data.mode,
+            old_pruned_entry_id: self.data.old_pruned_entry_id,
+            new_pruned_entry_id: new,
+            regions: self.data.regions,
+            pinned_by: self.data.pinned_by,
+        };
+        info!(topic = %output.topic, old = output.old_pruned_entry_id, new, "pruned the topic");
+        let output = serde_json::to_value(&output).map_err(procedures::Error::external)?;
+        Ok(Status::done_with_output(output))
+    }
+}
+
+/// The region id ending a topic-region key; an error naming the key otherwise.
+fn region_id_of(prefix: &[u8], key: &[u8]) -> Result<u64> {
+    key.get(prefix.len()..)
+        .and_then(|rest| std::str::from_utf8(rest).ok())
+        .and_then(|rest| rest.parse::<u64>().ok())
+        .ok_or_else(|| {
+            InvalidTopicRegionKeySnafu {
+                key: String::from_utf8_lossy(key).into_owned(),
+                reason: "it does not end in a region id",
+            }
+            .build()
+        })
+}
+
+/// The checkpoint part of a topic-region value that a prune needs.
+#[derive(Deserialize)]
+struct CheckpointOnly {
+    #[serde(default)]
+    checkpoint: Option<CheckpointIds>,
+}
+
+#[derive(Deserialize)]
+struct CheckpointIds {
+    #[serde(default)]
+    entry_id: u64,
+    #[serde(default)]
+    metadata_entry_id: Option<u64>,
+}
+
+/// The flushed entry id of a topic-region value: `None` for an empty value or one without a checkpoint, the lower
+/// of `entry_id` and `metadata_entry_id` otherwise; an error naming the key when it does not decode.
+fn flushed_entry_id(key: &[u8], value: &[u8]) -> Result<Option<u64>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let decoded: CheckpointOnly = serde_json::from_slice(value).map_err(|e| {
+        InvalidTopicRegionKeySnafu {
+            key: String::from_utf8_lossy(key).into_owned(),
+            reason: format!(
+                "value '{}' is not a topic region value: {e}",
+                String::from_utf8_lossy(value)
+            ),
+        }
+        .build()
+    })?;
+    Ok(decoded.checkpoint.map(|c| match c.metadata_entry_id {
+        Some(m) => c.entry_id.min(m),
+        None => c.entry_id,
+    }))
+}
+
+#[async_trait]
+impl Procedure for WalPruneProcedure {
+    fn type_name(&self) -> &str {
+        Self::TYPE_NAME
+    }
+
+    async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
+        match self.data.step {
+            PruneStep::ComputePrunable => Ok(self.compute_prunable().await?),
+            PruneStep::DeleteRecords => self.delete_records(ctx).await,
+            PruneStep::AdvanceWatermark => self.advance_watermark(ctx).await,
+        }
+    }
+
+    fn dump(&self) -> procedures::Result<serde_json::Value> {
+        serde_json::to_value(&self.data).map_err(procedures::Error::external)
+    }
+
+    fn lock_key(&self) -> LockKey {
+        prune_lock_key(&self.data.topic)
+    }
+
+    /// The step `execute` runs next: `ComputePrunable`, `DeleteRecords`, `AdvanceWatermark`.
+    fn step_name(&self) -> Option<String> {
+        let name = match self.data.step {
+            PruneStep::ComputePrunable => "ComputePrunable",
+            PruneStep::DeleteRecords => "DeleteRecords",
+            PruneStep::AdvanceWatermark => "AdvanceWatermark",
+        };
+        Some(name.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flushed_ids_follow_the_lower_checkpoint() {
+        assert_eq!(flushed_entry_id(b"k", b"").unwrap(), None);
+        assert_eq!(flushed_entry_id(b"k", b"{}").unwrap(), None);
+        assert_eq!(
+            flushed_entry_id(b"k", br#"{"checkpoint":{"entry_id":9}}"#).unwrap(),
+            Some(9)
+        );
+        assert_eq!(
+            flushed_entry_id(
+                b"k",
+                br#"{"checkpoint":{"entry_id":9,"metadata_entry_id":4}}"#
+            )
+            .unwrap(),
+            Some(4)
+        );
+        let err = flushed_entry_id(b"__topic_region/t/1", b"nope").unwrap_err();
+        assert!(err.to_string().contains("__topic_region/t/1"), "{err}");
+    }
+
+    #[test]
+    fn modes_are_snake_case() {
+        assert_eq!(
+            serde_json::to_string(&PruneMode::DeleteRecords).unwrap(),
+            r#""delete_records""#
+        );
+        assert_eq!(PruneMode::Logical.to_string(), "logical");
+    }
+}

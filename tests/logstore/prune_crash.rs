@@ -1,0 +1,506 @@
+//! The WAL prune procedure under the crash matrix, on a memory metadata store and an in-memory partition (the fake
+//! log): a crash before and after every durable write and at every side-effect point (after the records are
+//! deleted, after the watermark moved), then recovery, and in the full matrix a second crash during recovery.
+//! Every case must end like the uncrashed run: the same records deleted, the same watermark, every region still
+//! replaying exactly the entries after its checkpoint; and across every case the stored watermark never moved
+//! backwards (every value written to the topic's key is recorded by the store wrapper below).
+//!
+//! Also: a region created while a prune runs (between ComputePrunable and DeleteRecords) keeps its entries, and
+//! the next prune is pinned at its start.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use procedures::testing::{
+    CrashScenario, MatrixConfig, MatrixReport, StoreDigest, run_crash_matrix, store_digest,
+};
+use procedures::{ProcedureManager, ProcedureWithId, StateStore};
+use remote_wal::datanode::checkpoint::{CheckpointStore, TopicRegionValue, start_kafka_region};
+use remote_wal::datanode::log_store::memory_partition::MemoryPartition;
+use remote_wal::datanode::log_store::{KafkaLogStore, LogStore};
+use remote_wal::datanode::replay::replay_topic;
+use remote_wal::kv::{
+    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
+    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
+};
+use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
+use remote_wal::wal::prune::{
+    PruneMode, PruneOutput, RecordDeleter, WalPruneProcedure, prune_procedure_id,
+};
+
+use crate::common::{memory_store, write};
+
+const TOPIC: &str = "memory_topic";
+
+/// A memory store that records every `pruned_entry_id` written to the topic's name key, in order.
+#[derive(Debug)]
+struct WatchedKv {
+    inner: Arc<MemoryKvBackend>,
+    watermarks: Arc<Mutex<Vec<u64>>>,
+}
+
+impl WatchedKv {
+    fn note(&self, key: &[u8], value: &[u8]) {
+        if key == topic_name_key(TOPIC).as_slice()
+            && let Ok(v) = TopicNameValue::decode(key, value)
+        {
+            self.watermarks.lock().unwrap().push(v.pruned_entry_id);
+        }
+    }
+}
+
+#[async_trait]
+impl KvBackend for WatchedKv {
+    fn name(&self) -> String {
+        format!("watched-{}", self.inner.name())
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.inner.max_txn_ops()
+    }
+    fn max_request_bytes(&self) -> usize {
+        self.inner.max_request_bytes()
+    }
+    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_get(keys).await
+    }
+    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
+        self.inner.range(req).await
+    }
+    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+        self.note(&req.key, &req.value);
+        self.inner.put(req).await
+    }
+    async fn batch_put(
+        &self,
+        kvs: Vec<KeyValue>,
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        for kv in &kvs {
+            self.note(&kv.key, &kv.value);
+        }
+        self.inner.batch_put(kvs, prev_kv).await
+    }
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::Result<CompareAndPutResponse> {
+        let (key, value) = (req.key.clone(), req.value.clone());
+        let response = self.inner.compare_and_put(req).await?;
+        if response.success {
+            self.note(&key, &value);
+        }
+        Ok(response)
+    }
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
+        self.inner.delete_range(key, range_end, prev_kv).await
+    }
+    async fn batch_delete(
+        &self,
+        keys: &[Vec<u8>],
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_delete(keys, prev_kv).await
+    }
+    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+        self.inner.txn(txn).await
+    }
+}
+
+/// Deletes records of the in-memory partition, noting each call's offset.
+#[derive(Debug)]
+struct MemoryDeleter {
+    log: Arc<KafkaLogStore<MemoryPartition>>,
+    calls: Mutex<Vec<i64>>,
+}
+
+#[async_trait]
+impl RecordDeleter for MemoryDeleter {
+    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+        assert_eq!(topic, TOPIC);
+        self.calls.lock().unwrap().push(offset);
+        self.log.partition().delete_below(offset);
+        Ok(())
+    }
+}
+
+struct Env {
+    kv: Arc<MemoryKvBackend>,
+    watched: KvBackendRef,
+    watermarks: Arc<Mutex<Vec<u64>>>,
+    store: Arc<dyn StateStore>,
+    log: Arc<KafkaLogStore<MemoryPartition>>,
+    deleter: Arc<MemoryDeleter>,
+}
+
+/// Regions 1, 2, 3 write 30 entries in turn; their checkpoints are 24, 11 and (24, metadata 17); the topic
+/// starts pruned at 3 (records below offset 3 deleted). `pinned` adds region 4 without a checkpoint.
+struct PruneScenario {
+    mode: PruneMode,
+    pinned: bool,
+}
+
+const REGIONS: [u64; 3] = [1, 2, 3];
+
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    store: StoreDigest,
+    watermark: u64,
+    /// The partition's first offset still held.
+    low_offset: Option<i64>,
+    /// Region → entry ids a replay gives it now.
+    replayed: BTreeMap<u64, Vec<u64>>,
+    /// Every value the watermark was written with was at least the one before it.
+    monotonic: bool,
+}
+
+async fn new_env(pinned: bool) -> Env {
+    let kv = Arc::new(MemoryKvBackend::new());
+    let watermarks = Arc::new(Mutex::new(Vec::new()));
+    let watched: KvBackendRef = Arc::new(WatchedKv {
+        inner: kv.clone(),
+        watermarks: watermarks.clone(),
+    });
+    let log = Arc::new(memory_store(1024));
+    let entries = (0..30u64)
+        .map(|i| write(REGIONS[(i % 3) as usize], format!("e{i}").as_bytes()))
+        .collect();
+    log.append(entries).await.unwrap();
+    log.partition().delete_below(3);
+    watched
+        .put(PutRequest {
+            key: topic_name_key(TOPIC),
+            value: TopicNameValue { pruned_entry_id: 3 }.encode(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+    let checkpoints = CheckpointStore::new(watched.clone());
+    checkpoints.record_flushed(TOPIC, 1, 24).await.unwrap();
+    checkpoints.record_flushed(TOPIC, 2, 11).await.unwrap();
+    kv.put(PutRequest {
+        key: b"__topic_region/memory_topic/3".to_vec(),
+        value: br#"{"checkpoint":{"entry_id":24,"metadata_entry_id":17}}"#.to_vec(),
+        prev_kv: false,
+    })
+    .await
+    .unwrap();
+    if pinned {
+        kv.put(PutRequest {
+            key: b"__topic_region/memory_topic/4".to_vec(),
+            value: TopicRegionValue::default().encode(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+    }
+    Env {
+        store: Arc::new(KvStateStore::new(kv.clone())),
+        kv,
+        watched,
+        watermarks,
+        deleter: Arc::new(MemoryDeleter {
+            log: log.clone(),
+            calls: Mutex::new(Vec::new()),
+        }),
+        log,
+    }
+}
+
+async fn outcome_of(env: &Env, regions: &[u64]) -> Outcome {
+    let value = env.kv.get(&topic_name_key(TOPIC)).await.unwrap().unwrap();
+    let watermarks = env.watermarks.lock().unwrap().clone();
+    let replay = replay_topic(env.log.as_ref(), &env.watched, regions)
+        .await
+        .unwrap();
+    assert!(replay.errors.is_empty(), "{:?}", replay.errors);
+    Outcome {
+        store: store_digest(env.store.as_ref()).await.unwrap(),
+        watermark: TopicNameValue::decode(b"k", &value.value)
+            .unwrap()
+            .pruned_entry_id,
+        low_offset: env.log.partition().records().first().map(|r| r.offset),
+        replayed: replay
+            .regions
+            .into_iter()
+            .map(|(r, rr)| (r, rr.entries.iter().map(|e| e.entry_id).collect()))
+            .collect(),
+        monotonic: watermarks.windows(2).all(|w| w[0] <= w[1]),
+    }
+}
+
+#[async_trait]
+impl CrashScenario for PruneScenario {
+    type Env = Env;
+    type Outcome = Outcome;
+
+    async fn new_env(&self) -> Env {
+        new_env(self.pinned).await
+    }
+
+    fn state_store(&self, env: &Env) -> Arc<dyn StateStore> {
+        env.store.clone()
+    }
+
+    fn register_loaders(
+        &self,
+        env: &Env,
+        manager: &dyn ProcedureManager,
+    ) -> procedures::Result<()> {
+        manager.register_loader(
+            WalPruneProcedure::TYPE_NAME,
+            WalPruneProcedure::loader(env.watched.clone(), env.deleter.clone()),
+        )
+    }
+
+    fn procedures(&self, env: &Env) -> Vec<ProcedureWithId> {
+        let procedure =
+            WalPruneProcedure::new(TOPIC, self.mode, env.watched.clone(), env.deleter.clone());
+        vec![ProcedureWithId::new(
+            procedures::ProcedureId::new("wal_prune/memory_topic/1"),
+            Box::new(procedure),
+        )]
+    }
+
+    async fn outcome(&self, env: &Env) -> Outcome {
+        outcome_of(env, &REGIONS).await
+    }
+}
+
+/// Runs one prune of the topic to its end without crashes; its report.
+async fn prune_once(env: &Env, mode: PruneMode) -> PruneOutput {
+    let manager = procedures::LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    manager
+        .register_loader(
+            WalPruneProcedure::TYPE_NAME,
+            WalPruneProcedure::loader(env.watched.clone(), env.deleter.clone()),
+        )
+        .unwrap();
+    manager.start().await.unwrap();
+    let procedure = WalPruneProcedure::new(TOPIC, mode, env.watched.clone(), env.deleter.clone());
+    let output = manager
+        .submit(ProcedureWithId::new(
+            prune_procedure_id(TOPIC),
+            Box::new(procedure),
+        ))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    manager.stop().await.unwrap();
+    serde_json::from_value(output.unwrap()).unwrap()
+}
+
+fn print(name: &str, report: &MatrixReport) {
+    let _ = writeln!(std::io::stderr(), "crash matrix '{name}': {report}");
+}
+
+/// Entry ids 1..=30 were written round robin: region r wrote ids r, r + 3, …
+fn written_by(region: u64) -> Vec<u64> {
+    (1..=30u64)
+        .filter(|id| (id - 1) % 3 == region - 1)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_of_a_delete_records_prune_ends_pruned_at_the_lowest_checkpoint() {
+    let scenario = PruneScenario {
+        mode: PruneMode::DeleteRecords,
+        pinned: false,
+    };
+    let golden = {
+        let env = scenario.new_env().await;
+        let report = prune_once(&env, PruneMode::DeleteRecords).await;
+        // The lowest flushed id is region 2's 11 (region 3's metadata checkpoint 17 is above it).
+        assert_eq!(
+            (report.old_pruned_entry_id, report.new_pruned_entry_id),
+            (3, 11)
+        );
+        assert_eq!(*env.deleter.calls.lock().unwrap(), vec![11]);
+        outcome_of(&env, &REGIONS).await
+    };
+    assert_eq!(golden.watermark, 11);
+    assert_eq!(golden.low_offset, Some(11));
+    assert!(golden.monotonic);
+    // Every region still replays every entry it wrote after its checkpoint.
+    for (region, flushed) in [(1, 24), (2, 11), (3, 17)] {
+        let wanted: Vec<u64> = written_by(region)
+            .into_iter()
+            .filter(|id| *id > flushed)
+            .collect();
+        assert_eq!(golden.replayed[&region], wanted, "region {region}");
+    }
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print("wal prune, delete_records, two crash levels", &report);
+    report.assert_no_mismatch();
+    // After the deletion and after the watermark moved.
+    assert_eq!(report.side_effect_points, 2);
+    assert!(report.double_crash_cases > 0);
+    assert_eq!(report.unreached_crash_points, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_of_a_logical_prune_moves_only_the_watermark() {
+    let scenario = PruneScenario {
+        mode: PruneMode::Logical,
+        pinned: false,
+    };
+    let env = scenario.new_env().await;
+    let report = prune_once(&env, PruneMode::Logical).await;
+    assert_eq!(report.new_pruned_entry_id, 11);
+    assert!(env.deleter.calls.lock().unwrap().is_empty());
+    assert_eq!(
+        env.log.partition().records().first().map(|r| r.offset),
+        Some(3)
+    );
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print("wal prune, logical, two crash levels", &report);
+    report.assert_no_mismatch();
+    assert_eq!(report.side_effect_points, 1);
+    assert_eq!(report.unreached_crash_points, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_region_without_a_checkpoint_pins_the_topic_at_every_crash_point() {
+    let scenario = PruneScenario {
+        mode: PruneMode::DeleteRecords,
+        pinned: true,
+    };
+    let env = scenario.new_env().await;
+    let report = prune_once(&env, PruneMode::DeleteRecords).await;
+    assert_eq!(report.pinned_by, Some(4));
+    assert_eq!(
+        (report.old_pruned_entry_id, report.new_pruned_entry_id),
+        (3, 3)
+    );
+    // Nothing new is deleted: the watermark's records were already gone.
+    assert_eq!(
+        env.log.partition().records().first().map(|r| r.offset),
+        Some(3)
+    );
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print("wal prune, pinned, two crash levels", &report);
+    report.assert_no_mismatch();
+    assert_eq!(report.unreached_crash_points, 0);
+}
+
+/// A deleter that creates region 9 on the topic and writes its entries before deleting, as a create-table and
+/// its first writes landing between ComputePrunable and DeleteRecords would.
+#[derive(Debug)]
+struct CreatingDeleter {
+    inner: Arc<MemoryDeleter>,
+    checkpoints: CheckpointStore,
+    kv: KvBackendRef,
+    created: Mutex<bool>,
+}
+
+#[async_trait]
+impl RecordDeleter for CreatingDeleter {
+    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+        let first = !std::mem::replace(&mut *self.created.lock().unwrap(), true);
+        if first {
+            let log = &self.inner.log;
+            // The region records its checkpoint (the topic's end) before its first append.
+            start_kafka_region(log.as_ref(), &self.checkpoints, 9)
+                .await
+                .unwrap();
+            log.append(vec![write(9, b"n1"), write(1, b"x"), write(9, b"n2")])
+                .await
+                .unwrap();
+            // The old regions flush everything so far (region 3's metric engine too).
+            let end = log.last_entry_id(1).await.unwrap();
+            for region in [1, 2] {
+                self.checkpoints
+                    .record_flushed(TOPIC, region, end)
+                    .await
+                    .unwrap();
+            }
+            self.kv
+                .put(PutRequest {
+                    key: b"__topic_region/memory_topic/3".to_vec(),
+                    value: TopicRegionValue::at(end).encode(),
+                    prev_kv: false,
+                })
+                .await
+                .unwrap();
+        }
+        self.inner.delete_records_before(topic, offset).await
+    }
+}
+
+#[tokio::test]
+async fn a_region_created_during_a_prune_keeps_its_entries_and_pins_the_next_prune() {
+    let env = new_env(false).await;
+    let checkpoints = CheckpointStore::new(env.watched.clone());
+    let deleter: Arc<CreatingDeleter> = Arc::new(CreatingDeleter {
+        inner: env.deleter.clone(),
+        checkpoints: checkpoints.clone(),
+        kv: env.watched.clone(),
+        created: Mutex::new(false),
+    });
+    let manager = procedures::LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    manager
+        .register_loader(
+            WalPruneProcedure::TYPE_NAME,
+            WalPruneProcedure::loader(env.watched.clone(), deleter.clone()),
+        )
+        .unwrap();
+    manager.start().await.unwrap();
+    let mut reports = Vec::new();
+    for _ in 0..2 {
+        let procedure = WalPruneProcedure::new(
+            TOPIC,
+            PruneMode::DeleteRecords,
+            env.watched.clone(),
+            deleter.clone(),
+        );
+        let output = manager
+            .submit(ProcedureWithId::new(
+                prune_procedure_id(TOPIC),
+                Box::new(procedure),
+            ))
+            .await
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        reports.push(serde_json::from_value::<PruneOutput>(output.unwrap()).unwrap());
+    }
+    manager.stop().await.unwrap();
+    // The first prune decided 11 before region 9 existed; the second is bounded by region 9's start (30, the
+    // topic's end when it was created), below the old regions' new checkpoints (33).
+    assert_eq!(reports[0].new_pruned_entry_id, 11);
+    assert_eq!(reports[1].new_pruned_entry_id, 30);
+    assert_eq!(reports[1].regions, 4);
+    assert_eq!(
+        checkpoints.get(TOPIC, 9).await.unwrap(),
+        Some(TopicRegionValue::at(30))
+    );
+    let replay = replay_topic(env.log.as_ref(), &env.watched, &[9])
+        .await
+        .unwrap();
+    assert!(replay.errors.is_empty(), "{:?}", replay.errors);
+    let region9: Vec<Vec<u8>> = replay.regions[&9]
+        .entries
+        .iter()
+        .map(|e| e.data.clone())
+        .collect();
+    assert_eq!(region9, vec![b"n1".to_vec(), b"n2".to_vec()]);
+    assert!(
+        env.watermarks
+            .lock()
+            .unwrap()
+            .windows(2)
+            .all(|w| w[0] <= w[1])
+    );
+}
