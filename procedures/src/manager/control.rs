@@ -167,6 +167,19 @@ pub(crate) async fn run(inner: Weak<Inner>) {
 
 /// One poll (see [`run`]).
 pub(crate) async fn poll(inner: &Arc<Inner>) {
+    // Finished before the scan: a key the scan then finds for one of them is stale (a request that arrived as it
+    // finished). A procedure finishing during the scan is left for the next poll: its own last write may be the one
+    // deleting its key.
+    let (epoch, finished): (Option<u64>, std::collections::BTreeSet<ProcedureId>) = {
+        let state = inner.state();
+        let finished = state
+            .procedures
+            .iter()
+            .filter(|(_, e)| e.info.state.is_finished() && !e.unrecoverable)
+            .map(|(id, _)| id.clone())
+            .collect();
+        (state.epoch, finished)
+    };
     let requests = match ControlRequests::read(inner.store.as_ref()).await {
         Ok(requests) => requests,
         Err(e) => {
@@ -174,28 +187,17 @@ pub(crate) async fn poll(inner: &Arc<Inner>) {
             return;
         }
     };
-    let (epoch, stale): (Option<u64>, Vec<String>) = {
-        let state = inner.state();
-        let stale = requests
-            .procedures
-            .keys()
-            .filter(|id| {
-                state
-                    .procedures
-                    .get(*id)
-                    .is_some_and(|e| e.info.state.is_finished() && !e.unrecoverable)
-            })
-            .map(control_key)
-            .collect();
-        (state.epoch, stale)
-    };
+    let stale: Vec<WriteOp> = requests
+        .procedures
+        .keys()
+        .filter(|id| finished.contains(*id))
+        .map(|id| WriteOp::Delete {
+            key: control_key(id),
+        })
+        .collect();
     inner.set_controls(requests);
     if let (Some(epoch), false) = (epoch, stale.is_empty()) {
-        let ops = stale
-            .into_iter()
-            .map(|key| WriteOp::Delete { key })
-            .collect();
-        if let Err(e) = inner.write(epoch, Vec::new(), ops, &[]).await {
+        if let Err(e) = inner.write(epoch, Vec::new(), stale, &[]).await {
             if e.is_fatal() {
                 inner.halt_on(&e);
             } else {
