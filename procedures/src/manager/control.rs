@@ -196,13 +196,13 @@ pub(crate) async fn poll(inner: &Arc<Inner>) {
         })
         .collect();
     inner.set_controls(requests);
-    if let (Some(epoch), false) = (epoch, stale.is_empty()) {
-        if let Err(e) = inner.write(epoch, Vec::new(), stale, &[]).await {
-            if e.is_fatal() {
-                inner.halt_on(&e);
-            } else {
-                tracing::warn!(error = %e, "cannot delete the control keys of finished procedures");
-            }
+    if let (Some(epoch), false) = (epoch, stale.is_empty())
+        && let Err(e) = inner.write(epoch, Vec::new(), stale, &[]).await
+    {
+        if e.is_fatal() {
+            inner.halt_on(&e);
+        } else {
+            tracing::warn!(error = %e, "cannot delete the control keys of finished procedures");
         }
     }
 }
