@@ -58,7 +58,8 @@ pub enum ProcedureState {
     /// resumed (or cancelled). Persisted: it stays paused across a restart.
     Paused,
     /// Finished because an operator cancelled it. The error text says whether its rollback completed
-    /// (`cancelled (rolled back)`), failed (`cancelled; rollback failed: …`) or was not needed or not supported.
+    /// (`cancelled (rolled back)`), failed (`cancelled; rollback failed: …`), or did not run (`cancelled (no rollback: …)`,
+    /// `cancelled before its first step (nothing to roll back)`).
     Cancelled,
 }
 

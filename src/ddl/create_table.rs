@@ -344,9 +344,11 @@ impl Procedure for CreateTableProcedure {
         ])
     }
 
-    /// Create-table rolls back: see [`CreateTableProcedure::roll_back`].
+    /// Create-table rolls back from Allocate on (see [`CreateTableProcedure::roll_back`]). In Prepare nothing
+    /// exists to undo (Prepare itself removes a reservation an earlier run may have left), so a request refused
+    /// there fails with its own text, without a rollback.
     fn rollback_supported(&self) -> bool {
-        true
+        self.data.state != CreateTableState::Prepare
     }
 
     async fn rollback(&mut self, ctx: &Context) -> procedures::Result<()> {

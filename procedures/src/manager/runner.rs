@@ -919,7 +919,7 @@ impl Runner {
         }
         if !self.procedure.rollback_supported() {
             let text = format!(
-                "cancelled (no rollback: procedure type '{}' does not support it)",
+                "cancelled (no rollback: procedure type '{}' has none at this step)",
                 self.record.type_name
             );
             return self.persist_cancelled_with(text).await;

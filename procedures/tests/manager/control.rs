@@ -234,7 +234,7 @@ async fn a_cancel_of_a_procedure_without_rollback_says_so() {
     assert_eq!(
         err.to_string(),
         format!(
-            "procedure p was cancelled: cancelled (no rollback: procedure type '{TYPE}' does not support it)"
+            "procedure p was cancelled: cancelled (no rollback: procedure type '{TYPE}' has none at this step)"
         )
     );
     assert_eq!(env.rollbacks.load(Ordering::SeqCst), 0);
