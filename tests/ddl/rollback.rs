@@ -1,5 +1,6 @@
-//! Create-table rollback: a create-table cancelled in the middle of CreateRegions drops the regions it created,
-//! releases its reservation and leaves no table metadata behind, on the memory and the redb backends.
+//! What a cancel undoes. Create-table: cancelled in the middle of CreateRegions, it drops the regions it created,
+//! releases its reservation and leaves no table metadata behind, on the memory and the redb backends. The topic
+//! bootstrap: it undoes nothing (no topic is deleted), and the next bootstrap completes the pool.
 
 use crate::support::{ddl as support, kv_snapshot};
 
@@ -160,4 +161,97 @@ async fn a_cancelled_create_table_leaves_no_key_behind_on_redb() {
     let dir = tempfile::tempdir().unwrap();
     let kv: KvBackendRef = Arc::new(RedbKvBackend::open(dir.path().join("meta.redb")).unwrap());
     cancelled_mid_create_leaves_nothing(kv).await;
+}
+
+/// The topic bootstrap has no rollback: cancelled while it waits to retry a topic's creation, it ends cancelled and
+/// deletes nothing; the next bootstrap of the pool (its next attempt id) resumes from the topics that exist.
+#[tokio::test]
+async fn a_cancelled_bootstrap_deletes_no_topic_and_the_next_bootstrap_completes_the_pool() {
+    use remote_wal::wal::kafka::bootstrap::bootstrap_procedure_id;
+    use remote_wal::wal::kafka::testing::{FakeFault, FakeTopicAdmin};
+    use remote_wal::wal::kafka::{
+        KafkaTopicManager, ReadyPoll, RoundRobinTopicSelector, TopicPoolSpec,
+    };
+
+    let mut spec = TopicPoolSpec::new("cancel_pool", 4);
+    spec.ready_poll = ReadyPoll {
+        init: Duration::from_millis(1),
+        max: Duration::from_millis(5),
+        factor: 2.0,
+        deadline: Duration::from_secs(5),
+    };
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let pool = Arc::new(
+        KafkaTopicManager::new(
+            spec,
+            kv.clone(),
+            admin.clone(),
+            Arc::new(RoundRobinTopicSelector::new()),
+        )
+        .unwrap(),
+    );
+    // The retry delay is an hour: only the cancel ends the wait before the test's bound.
+    let config = ManagerConfig {
+        step_retry: RetryPolicy {
+            max_retries: 3,
+            initial_delay: Duration::from_secs(3600),
+            max_delay: Duration::from_secs(3600),
+            factor: 2.0,
+        },
+        ..ManagerConfig::default()
+    };
+    let manager = LocalManager::new(Arc::new(KvStateStore::new(kv.clone())), config);
+    pool.register_loader(&manager).unwrap();
+    manager.start().await.unwrap();
+    let manager: procedures::ProcedureManagerRef = Arc::new(manager);
+
+    // The third create call breaks (retryable): two topics exist, the bootstrap waits to retry.
+    admin.fail_nth_create(3, FakeFault::ConnectionBroken);
+    let first = {
+        let (pool, manager) = (pool.clone(), manager.clone());
+        tokio::spawn(async move { pool.start(&manager).await })
+    };
+    let id = bootstrap_procedure_id("cancel_pool", 0);
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if let Some(info) = manager.procedure_state(&id).await.unwrap()
+                && info.state == procedures::ProcedureState::Retrying
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await
+    .expect("the bootstrap waits to retry");
+    let made = admin.topics().len();
+    assert_eq!(made, 2, "{:?}", admin.topics());
+
+    manager.cancel(&id).await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(30), first)
+        .await
+        .expect("the bootstrap ends")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("was cancelled: cancelled (no rollback"),
+        "{err}"
+    );
+    assert_eq!(admin.topics().len(), made, "no topic deleted");
+
+    // The next bootstrap: a new attempt completes the pool, creating only the missing topics.
+    tokio::time::timeout(Duration::from_secs(30), pool.start(&manager))
+        .await
+        .expect("the next bootstrap ends")
+        .unwrap();
+    assert!(pool.is_ready());
+    assert_eq!(admin.topics().len(), 4);
+    assert!(
+        admin.created_counts().values().all(|n| *n == 1),
+        "{:?}",
+        admin.created_counts()
+    );
+    manager.stop().await.unwrap();
 }
