@@ -3,7 +3,7 @@
 //! A request is a key under [`CONTROL_PREFIX`]: `control/proc/{id}` holds the request for one procedure
 //! (`{"action":"cancel"|"pause","requested_at_ms":…}`), [`CONTROL_ALL_KEY`] pauses every procedure of the store. A
 //! manager reads a procedure's key at each step boundary and polls the prefix while procedures wait (for a retry, a
-//! lock, or a resume), so a request written by any process — the manager's own [`crate::LocalManager::cancel`], or
+//! lock, or a resume), so a request written by any process — the manager's own [`crate::ProcedureManager::cancel`], or
 //! `walctl` while a manager runs elsewhere or none runs — is honoured by whichever manager runs the procedure, now
 //! or after a restart. Resuming deletes the pause key; a cancel key is deleted in the same write as the procedure's
 //! `cancelled` record, so a cancel requested before a crash is honoured on recovery.

@@ -344,9 +344,9 @@ impl Procedure for CreateTableProcedure {
         ])
     }
 
-    /// Create-table rolls back from Allocate on (see [`CreateTableProcedure::roll_back`]). In Prepare nothing
-    /// exists to undo (Prepare itself removes a reservation an earlier run may have left), so a request refused
-    /// there fails with its own text, without a rollback.
+    /// Create-table rolls back from Allocate on (its metadata, regions and reservation; see `docs/procedures.md`,
+    /// "Cancel, pause and resume"). In Prepare nothing exists to undo (Prepare itself removes a reservation an
+    /// earlier run may have left), so a request refused there fails with its own text, without a rollback.
     fn rollback_supported(&self) -> bool {
         self.data.state != CreateTableState::Prepare
     }
