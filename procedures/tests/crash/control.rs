@@ -258,12 +258,13 @@ async fn cancel_pause_and_resume_survive_every_single_and_double_crash() {
     let report = run_crash_matrix(&ControlScenario, config()).await;
     eprintln!(
         "crash matrix 'control': {} transitions, {} side-effect points, {} cases run ({} single crash, {} double \
-         crash), {} unreached, {} mismatches",
+         crash), {} lost-answer cases, {} unreached, {} mismatches",
         report.transitions,
         report.side_effect_points,
         report.cases_run,
         report.single_crash_cases,
         report.double_crash_cases,
+        report.lost_answer_cases,
         report.unreached_crash_points,
         report.mismatches.len()
     );
@@ -272,6 +273,8 @@ async fn cancel_pause_and_resume_survive_every_single_and_double_crash() {
     // running (resumed), step 1, done; resumer: submission, its step, done.
     assert_eq!(report.transitions, 14, "{report}");
     assert_eq!(report.single_crash_cases, 34, "{report}");
+    // And the answer of each write lost (applied, then a retryable error): the manager retries and finishes alike.
+    assert_eq!(report.lost_answer_cases, 14, "{report}");
     // Three roots run at once, so which root's write is the k-th of a recovery varies between runs, and a second
     // crash point counted in one run may lie past the end of another: such a case still runs to the end and is
     // compared (it is not a mismatch).
