@@ -973,6 +973,55 @@ impl Metasrv {
         }
         Ok(counts)
     }
+
+    // ---- procedure control (cancel, pause, resume) ----
+
+    /// Cancels, pauses or resumes procedure `id` (`Some`), or pauses or resumes every procedure (`None`; a cancel
+    /// of every procedure is refused). With the procedure manager of this process started, through it: a write
+    /// fenced by its epoch, honoured at once. Without, the request is written to the state store without claiming
+    /// an epoch (`procedures::control::request`), so a manager running in another process is not fenced: it reads
+    /// the request at the procedure's next step boundary, or within its `control_poll_interval` while the procedure
+    /// waits; with no manager running, the next one to start honours it.
+    pub async fn control_procedure(
+        &self,
+        id: Option<&str>,
+        op: procedures::ControlOp,
+    ) -> Result<()> {
+        let here = self.started.load(Ordering::SeqCst);
+        match (id, op) {
+            (Some(id), op) => {
+                let id = ProcedureId::new(id);
+                if here {
+                    match op {
+                        procedures::ControlOp::Cancel => self.procedures.cancel(&id).await?,
+                        procedures::ControlOp::Pause => self.procedures.pause(&id).await?,
+                        procedures::ControlOp::Resume => self.procedures.resume(&id).await?,
+                    }
+                } else {
+                    procedures::control::request(self.state_store.as_ref(), &id, op).await?;
+                }
+            }
+            (None, procedures::ControlOp::Cancel) => {
+                return Err(procedures::Error::ControlRefused {
+                    action: "cancel",
+                    id: ProcedureId::new("*"),
+                    reason: "cancelling every procedure at once is not supported; cancel them one by one".to_string(),
+                }
+                .into());
+            }
+            (None, op) => {
+                let pause = op == procedures::ControlOp::Pause;
+                match (here, pause) {
+                    (true, true) => self.procedures.pause_all().await?,
+                    (true, false) => self.procedures.resume_all().await?,
+                    (false, pause) => {
+                        procedures::control::request_all(self.state_store.as_ref(), pause).await?
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Opens the configured kv backend; a redb file is opened in `mode` (its directory is created only when the file

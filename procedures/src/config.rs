@@ -1,4 +1,4 @@
-//! [`ManagerConfig`]: retries, admission, retention.
+//! [`ManagerConfig`]: retries, admission, retention, control polling.
 
 use std::time::Duration;
 
@@ -40,6 +40,9 @@ pub struct ManagerConfig {
     pub retention: Duration,
     /// How often finished records are checked against `retention`.
     pub retention_check_interval: Duration,
+    /// How often the control keys (cancel, pause, resume written by any process) are read for procedures that
+    /// wait — for a retry, a lock, or a resume. A running procedure reads its own key at each step boundary.
+    pub control_poll_interval: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -50,6 +53,7 @@ impl Default for ManagerConfig {
             store_retry: RetryPolicy::default(),
             retention: Duration::from_secs(24 * 3600),
             retention_check_interval: Duration::from_secs(60),
+            control_poll_interval: Duration::from_millis(250),
         }
     }
 }

@@ -165,6 +165,28 @@ pub enum Error {
         reason: String,
     },
 
+    /// What a [`crate::Watcher`] returns for a procedure an operator cancelled; `message` says whether its rollback
+    /// completed.
+    #[snafu(display("procedure {id} was cancelled: {message}"))]
+    ProcedureCancelled {
+        /// The procedure.
+        id: ProcedureId,
+        /// The text recorded for it (`cancelled (rolled back)`, …).
+        message: String,
+    },
+
+    /// A cancel, pause or resume names a procedure the store does not hold, or one it cannot apply to (finished,
+    /// or a resume of a procedure whose cancel is already requested).
+    #[snafu(display("cannot {action} procedure {id}: {reason}"))]
+    ControlRefused {
+        /// `cancel`, `pause` or `resume`.
+        action: &'static str,
+        /// The procedure.
+        id: ProcedureId,
+        /// Why.
+        reason: String,
+    },
+
     /// The procedure asked for a rollback it does not implement.
     #[snafu(display("procedure type '{type_name}' does not support rollback"))]
     RollbackNotSupported {

@@ -31,7 +31,7 @@ pub struct ProcedureEvent {
 /// What happened. Stored with the tag `event` and the variant's fields next to it, e.g.
 /// `{"at_ms":…,"event":"retry","step":"Allocate","attempt":2,"error":"…","delay_ms":200}`.
 ///
-/// Non-exhaustive: events such as `paused` or `cancel_requested` may be added.
+/// Non-exhaustive: more events may be added.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "event", rename_all = "snake_case")]
 #[non_exhaustive]
@@ -112,6 +112,22 @@ pub enum EventKind {
         /// The newer epoch.
         epoch: u64,
     },
+    /// An operator paused it; it runs no step until resumed (written in its `paused` record).
+    Paused,
+    /// An operator resumed it (written in the record that sets it `running` again).
+    Resumed,
+    /// An operator's cancel reached it (written in the `rolling_back` or `cancelled` record it leads to).
+    CancelRequested,
+    /// Its rollback ended: `completed` when every undo succeeded, else with the rollback's error.
+    RolledBack {
+        /// Whether the rollback completed.
+        completed: bool,
+        /// The rollback's error, when it did not complete.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+    /// It ended cancelled (written in the `cancelled` record).
+    Cancelled,
 }
 
 impl fmt::Display for EventKind {
@@ -151,6 +167,18 @@ impl fmt::Display for EventKind {
             EventKind::Failed { error } => write!(f, "failed: {error}"),
             EventKind::Stalled { reason } => write!(f, "stalled: {reason}"),
             EventKind::Fenced { epoch } => write!(f, "fenced by epoch {epoch}"),
+            EventKind::Paused => write!(f, "paused"),
+            EventKind::Resumed => write!(f, "resumed"),
+            EventKind::CancelRequested => write!(f, "cancel requested"),
+            EventKind::RolledBack {
+                completed: true, ..
+            } => write!(f, "rolled back"),
+            EventKind::RolledBack { error, .. } => write!(
+                f,
+                "rollback failed: {}",
+                error.as_deref().unwrap_or("unknown error")
+            ),
+            EventKind::Cancelled => write!(f, "cancelled"),
         }
     }
 }

@@ -12,6 +12,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod control;
 pub mod error;
 pub mod event;
 pub mod manager;
@@ -25,6 +26,7 @@ pub mod testing;
 pub mod watcher;
 
 pub use config::{ManagerConfig, RetryPolicy};
+pub use control::{ControlAction, ControlOp, ControlRequests};
 pub use error::{BoxedError, Error, Result};
 pub use event::{EventKind, ProcedureEvent};
 pub use manager::{

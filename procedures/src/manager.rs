@@ -50,6 +50,47 @@ pub trait ProcedureManager: Send + Sync {
 
     /// The epoch this manager claimed at `start`, if started.
     fn epoch(&self) -> Option<u64>;
+
+    /// Requests the cancel of procedure `id` (a fenced write of its control key, see [`crate::control`]): a
+    /// running procedure stops at its next step boundary, one waiting for a retry at once; it rolls back if it
+    /// supports rollback and ends [`crate::ProcedureState::Cancelled`]. Returns once the request is stored, not
+    /// once the procedure ended (watch it for that). The default refuses: a manager without control.
+    async fn cancel(&self, id: &ProcedureId) -> Result<()> {
+        Err(no_control(id, "cancel"))
+    }
+
+    /// Requests a pause of `id`: at its next step boundary it is persisted `paused` and runs no step, keeping its
+    /// lock keys, until [`ProcedureManager::resume`] (or a cancel). Persisted: it stays paused across a restart.
+    async fn pause(&self, id: &ProcedureId) -> Result<()> {
+        Err(no_control(id, "pause"))
+    }
+
+    /// Withdraws the pause request of `id`; it continues from where it paused.
+    async fn resume(&self, id: &ProcedureId) -> Result<()> {
+        Err(no_control(id, "resume"))
+    }
+
+    /// Pauses every procedure of the store (running ones at their next step boundary), in any manager on it.
+    async fn pause_all(&self) -> Result<()> {
+        Err(crate::Error::ManagerNotRunning {
+            reason: "this procedure manager does not support pause".to_string(),
+        })
+    }
+
+    /// Withdraws [`ProcedureManager::pause_all`]; procedures paused by their own request stay paused.
+    async fn resume_all(&self) -> Result<()> {
+        Err(crate::Error::ManagerNotRunning {
+            reason: "this procedure manager does not support resume".to_string(),
+        })
+    }
+}
+
+fn no_control(id: &ProcedureId, action: &'static str) -> crate::Error {
+    crate::Error::ControlRefused {
+        action,
+        id: id.clone(),
+        reason: "this procedure manager does not support it".to_string(),
+    }
 }
 
 /// Shared handle to a manager.
@@ -119,6 +160,7 @@ impl LocalManager {
 
 pub use lock::{HeldKey, LockWait, ProcedureLocks};
 
+mod control;
 mod local;
 mod lock;
 mod retention;

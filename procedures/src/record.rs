@@ -54,15 +54,26 @@ pub enum ProcedureState {
     /// written: its record stays at its last persisted step, so a later manager (with the loader, a store that takes
     /// the write) resumes it.
     Stalled,
+    /// Paused by an operator at a step boundary: it keeps its lock keys and its state and runs no step until it is
+    /// resumed (or cancelled). Persisted: it stays paused across a restart.
+    Paused,
+    /// Finished because an operator cancelled it. The error text says whether its rollback completed
+    /// (`cancelled (rolled back)`), failed (`cancelled; rollback failed: …`), or did not run (`cancelled (no rollback: …)`,
+    /// `cancelled before its first step (nothing to roll back)`).
+    Cancelled,
 }
 
 impl ProcedureState {
-    /// Done or failed.
+    /// Done, failed or cancelled.
     pub fn is_finished(self) -> bool {
-        matches!(self, ProcedureState::Done | ProcedureState::Failed)
+        matches!(
+            self,
+            ProcedureState::Done | ProcedureState::Failed | ProcedureState::Cancelled
+        )
     }
 
-    /// The state's name as shown and stored (`running`, `retrying`, `rolling_back`, `done`, `failed`, `stalled`).
+    /// The state's name as shown and stored (`running`, `retrying`, `rolling_back`, `done`, `failed`, `stalled`,
+    /// `paused`, `cancelled`).
     pub fn as_str(self) -> &'static str {
         match self {
             ProcedureState::Running => "running",
@@ -71,6 +82,8 @@ impl ProcedureState {
             ProcedureState::Done => "done",
             ProcedureState::Failed => "failed",
             ProcedureState::Stalled => "stalled",
+            ProcedureState::Paused => "paused",
+            ProcedureState::Cancelled => "cancelled",
         }
     }
 }

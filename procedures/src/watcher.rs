@@ -30,7 +30,8 @@ impl Watcher {
     }
 
     /// Waits until the procedure is done (its output) or failed ([`Error::ProcedureFailed`] with the recorded
-    /// error), or stalls ([`Error::ProcedureStalled`] with the reason). If the manager stops first (stopped, fenced,
+    /// error), is cancelled ([`Error::ProcedureCancelled`]), or stalls ([`Error::ProcedureStalled`] with the reason).
+    /// If the manager stops first (stopped, fenced,
     /// crashed), returns [`Error::ManagerNotRunning`]; the procedure then resumes in the next manager started on the
     /// store (a stalled one too).
     pub async fn wait(&mut self) -> Result<Option<Output>> {
@@ -46,6 +47,15 @@ impl Watcher {
                                 .error
                                 .clone()
                                 .unwrap_or_else(|| "unknown error".to_string()),
+                        });
+                    }
+                    ProcedureState::Cancelled => {
+                        return Err(Error::ProcedureCancelled {
+                            id: self.id.clone(),
+                            message: info
+                                .error
+                                .clone()
+                                .unwrap_or_else(|| "cancelled".to_string()),
                         });
                     }
                     _ => {}

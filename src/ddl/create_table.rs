@@ -217,6 +217,67 @@ impl CreateTableProcedure {
         )))
     }
 
+    /// Rollback (after a failure, or a cancel): removes what this procedure made, in the reverse order of its
+    /// steps, each part idempotent. Runs under the procedure's lock keys, so no other procedure creates the same
+    /// table meanwhile.
+    ///
+    /// 1. The table's metadata, when the name maps to this procedure's table id (its last step ran; the `done`
+    ///    record did not land): every key of its metadata transaction, deleted together.
+    /// 2. Every region of the allocation, dropped on its datanode (absent ones count as dropped), with a
+    ///    side-effect point after each.
+    /// 3. The allocation's reservation (`__table_allocation/{procedure id}`).
+    ///
+    /// The table id stays consumed (ids are never reused). A datanode manager that cannot drop regions fails the
+    /// rollback before anything is touched, naming the regions left on the datanodes.
+    async fn roll_back(&mut self, ctx: &Context) -> procedures::Result<()> {
+        let procedure_id = ctx.procedure_id().as_str();
+        if let Some(allocation) = self.data.allocation.clone() {
+            let requests = region_create_requests(&self.data.task, &allocation);
+            if !requests.is_empty() && !self.context.datanodes.can_drop_regions() {
+                let regions: Vec<String> = requests
+                    .iter()
+                    .map(|(dn, r)| format!("{} on datanode {dn}", r.region_id))
+                    .collect();
+                return Err(procedures::Error::external(format!(
+                    "create-table {procedure_id} of {} cannot drop its regions ({}): the datanode manager does not drop regions",
+                    self.data.task.name,
+                    regions.join(", ")
+                )));
+            }
+            let metadata = TableMetadata::new(&self.data.task, &allocation);
+            if self.context.metadata.table_id(&self.data.task.name).await?
+                == Some(allocation.table_id)
+            {
+                let keys: Vec<Vec<u8>> = metadata
+                    .encode()?
+                    .into_iter()
+                    .map(|(key, _)| key.into_bytes())
+                    .collect();
+                self.context
+                    .metadata
+                    .kv()
+                    .batch_delete(&keys, false)
+                    .await?;
+                ctx.side_effect_point(&format!(
+                    "deleted the metadata of table {}",
+                    allocation.table_id
+                ))?;
+            }
+            for (datanode_id, request) in requests {
+                let region_id = request.region_id;
+                self.context
+                    .datanodes
+                    .drop_region(datanode_id, region_id)
+                    .await?;
+                ctx.side_effect_point(&format!(
+                    "dropped region {region_id} on datanode {datanode_id}"
+                ))?;
+            }
+        }
+        self.context.allocator.release(procedure_id).await?;
+        Ok(())
+    }
+
     fn allocation(&self) -> Result<TableAllocation> {
         self.data.allocation.clone().ok_or_else(|| {
             crate::error::InvalidCreateTableSnafu {
@@ -281,6 +342,17 @@ impl Procedure for CreateTableProcedure {
                 name.catalog, name.schema, name.table
             )),
         ])
+    }
+
+    /// Create-table rolls back from Allocate on (its metadata, regions and reservation; see `docs/procedures.md`,
+    /// "Cancel, pause and resume"). In Prepare nothing exists to undo (Prepare itself removes a reservation an
+    /// earlier run may have left), so a request refused there fails with its own text, without a rollback.
+    fn rollback_supported(&self) -> bool {
+        self.data.state != CreateTableState::Prepare
+    }
+
+    async fn rollback(&mut self, ctx: &Context) -> procedures::Result<()> {
+        self.roll_back(ctx).await
     }
 
     /// The step `execute` runs next, named after its state: `Prepare`, `Allocate`, `CreateRegions`,

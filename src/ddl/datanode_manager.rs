@@ -31,6 +31,25 @@ pub trait DatanodeManager: Send + Sync + Debug {
     /// Creates a region on `datanode_id`. A region that exists with exactly this request counts as created; one
     /// that exists with other options is an error. An unreachable datanode is a retryable error.
     async fn create_region(&self, datanode_id: u64, request: RegionCreateRequest) -> Result<()>;
+
+    /// Whether [`DatanodeManager::drop_region`] is implemented. A create-table rollback (after a failure, or a
+    /// cancel) drops the regions it created only when it is; otherwise the rollback fails, naming the regions it
+    /// leaves on the datanodes. Default: `false`.
+    fn can_drop_regions(&self) -> bool {
+        false
+    }
+
+    /// Drops region `region_id` on `datanode_id`, closing it first; a region that does not exist counts as dropped
+    /// (so a rollback can run again). An unreachable datanode is a retryable error. The default refuses (see
+    /// [`DatanodeManager::can_drop_regions`]).
+    async fn drop_region(&self, datanode_id: u64, region_id: u64) -> Result<()> {
+        crate::error::DatanodeUnavailableSnafu {
+            datanode_id,
+            action: format!("dropping region {region_id}"),
+            reason: "this datanode manager cannot drop regions",
+        }
+        .fail()
+    }
 }
 
 /// A shared [`DatanodeManager`].
@@ -47,6 +66,7 @@ pub struct MemoryDatanodeManager {
 struct MemoryDatanodes {
     regions: BTreeMap<u64, BTreeMap<u64, RegionCreateRequest>>,
     creations: BTreeMap<u64, usize>,
+    drops: BTreeMap<u64, usize>,
     calls: usize,
     #[cfg(any(test, feature = "testing"))]
     unavailable: BTreeMap<u64, usize>,
@@ -76,6 +96,11 @@ impl MemoryDatanodeManager {
     /// How many `create_region` calls arrived (including repeats and refused ones).
     pub fn calls(&self) -> usize {
         self.lock().calls
+    }
+
+    /// How many times each region was actually dropped (a drop of an absent region is not counted).
+    pub fn drops(&self) -> BTreeMap<u64, usize> {
+        self.lock().drops.clone()
     }
 
     /// Makes the next `times` calls to `datanode_id` fail as unavailable (retryable). Fault injection for tests:
@@ -121,6 +146,43 @@ impl DatanodeManager for MemoryDatanodeManager {
             }
         }
     }
+
+    fn can_drop_regions(&self) -> bool {
+        true
+    }
+
+    async fn drop_region(&self, datanode_id: u64, region_id: u64) -> Result<()> {
+        let mut inner = self.lock();
+        inner.calls += 1;
+        #[cfg(any(test, feature = "testing"))]
+        if let Some(left) = inner.unavailable.get_mut(&datanode_id)
+            && *left > 0
+        {
+            *left -= 1;
+            return crate::error::DatanodeUnavailableSnafu {
+                datanode_id,
+                action: format!("dropping region {region_id}"),
+                reason: "injected unavailability",
+            }
+            .fail();
+        }
+        let dropped = inner
+            .regions
+            .get_mut(&datanode_id)
+            .and_then(|regions| regions.remove(&region_id))
+            .is_some();
+        if inner
+            .regions
+            .get(&datanode_id)
+            .is_some_and(|r| r.is_empty())
+        {
+            inner.regions.remove(&datanode_id);
+        }
+        if dropped {
+            *inner.drops.entry(region_id).or_default() += 1;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -144,6 +206,22 @@ mod tests {
         assert_eq!(m.creations(), BTreeMap::from([(7, 1)]));
         assert_eq!(m.calls(), 2);
         assert_eq!(m.regions()[&1][&7], req(7, "a"));
+    }
+
+    #[tokio::test]
+    async fn a_dropped_region_is_gone_and_dropping_it_again_is_fine() {
+        let m = MemoryDatanodeManager::new();
+        m.create_region(1, req(7, "a")).await.unwrap();
+        m.create_region(1, req(8, "a")).await.unwrap();
+        m.drop_region(1, 7).await.unwrap();
+        m.drop_region(1, 7).await.unwrap();
+        assert_eq!(m.drops(), BTreeMap::from([(7, 1)]));
+        assert_eq!(m.regions()[&1].keys().copied().collect::<Vec<_>>(), [8]);
+        m.drop_region(1, 8).await.unwrap();
+        assert!(m.regions().is_empty(), "no datanode left without regions");
+        // Recreated after a drop: the same request creates it again.
+        m.create_region(1, req(7, "a")).await.unwrap();
+        assert_eq!(m.creations()[&7], 2);
     }
 
     #[tokio::test]

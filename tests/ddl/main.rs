@@ -12,4 +12,5 @@ mod idempotent_create;
 mod lifecycle;
 mod metadata_compat;
 mod reliability;
+mod rollback;
 mod upgrade_format1;

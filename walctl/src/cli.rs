@@ -90,6 +90,30 @@ pub enum ProceduresCommand {
     },
     /// The lock keys of unfinished procedures, read from the store (held/awaited is known to a running manager).
     Locks,
+    /// Cancel a procedure: it stops at its next step boundary (at once while it waits for a retry or a lock),
+    /// rolls back if it can and ends `cancelled`. Writes a request a running manager picks up; see docs/walctl.md.
+    Cancel {
+        /// The procedure id.
+        id: String,
+    },
+    /// Pause a procedure (or every one with --all): it runs no step, keeps its locks, stays paused across restarts.
+    Pause {
+        /// The procedure id.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<String>,
+        /// Every procedure of the store.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Resume a paused procedure (or withdraw `pause --all` with --all).
+    Resume {
+        /// The procedure id.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        id: Option<String>,
+        /// Every procedure of the store.
+        #[arg(long)]
+        all: bool,
+    },
     /// Remove a finished, failed or damaged procedure's record from the state store (asks first).
     Purge {
         /// The procedure id.

@@ -183,6 +183,29 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             output::print_locks(out, &list);
             Ok(())
         }
+        // Control commands write one request into the store without starting a manager here (no epoch claimed,
+        // so a manager running elsewhere is not fenced; it honours the request, or the next one to start does).
+        Command::Procedures(ProceduresCommand::Cancel { id }) => {
+            metasrv
+                .control_procedure(Some(id), procedures::ControlOp::Cancel)
+                .await?;
+            output::print_control(out, Some(id), procedures::ControlOp::Cancel);
+            Ok(())
+        }
+        Command::Procedures(ProceduresCommand::Pause { id, .. }) => {
+            metasrv
+                .control_procedure(id.as_deref(), procedures::ControlOp::Pause)
+                .await?;
+            output::print_control(out, id.as_deref(), procedures::ControlOp::Pause);
+            Ok(())
+        }
+        Command::Procedures(ProceduresCommand::Resume { id, .. }) => {
+            metasrv
+                .control_procedure(id.as_deref(), procedures::ControlOp::Resume)
+                .await?;
+            output::print_control(out, id.as_deref(), procedures::ControlOp::Resume);
+            Ok(())
+        }
         Command::Procedures(ProceduresCommand::Purge { id, yes }) => {
             metasrv.start_procedures().await?;
             let info = metasrv.procedure(id).await?;

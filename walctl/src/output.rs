@@ -551,6 +551,37 @@ pub fn print_locks(out: &mut Output, list: &[ProcedureInfo]) {
     out.table(&["KEY", "MODE", "PROCEDURE", "STATE"], rows);
 }
 
+/// A control request written: `{"requested":"cancel","id":"…"}` (`"id":null` for every procedure).
+pub fn print_control(out: &mut Output, id: Option<&str>, op: procedures::ControlOp) {
+    #[derive(Serialize)]
+    struct Requested<'a> {
+        requested: &'a str,
+        id: Option<&'a str>,
+    }
+    if out.json {
+        out.json_line(&Requested {
+            requested: op.as_str(),
+            id,
+        });
+        return;
+    }
+    let what = match id {
+        Some(id) => format!("procedure {id}"),
+        None => "every procedure".to_string(),
+    };
+    let when = match op {
+        procedures::ControlOp::Cancel => {
+            "its manager stops it at its next step boundary and rolls it back if it can"
+        }
+        procedures::ControlOp::Pause => "its manager pauses it at its next step boundary",
+        procedures::ControlOp::Resume => "its manager resumes it",
+    };
+    out.line(&format!(
+        "{} of {what} requested: {when} (a manager running now, or the next one to start)",
+        op.as_str()
+    ));
+}
+
 /// `walctl procedures purge`'s result.
 pub fn print_purged(out: &mut Output, id: &str) {
     #[derive(Serialize)]

@@ -11,11 +11,12 @@ use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::{AbortHandle, JoinSet};
 
 use crate::config::{ManagerConfig, RetryPolicy};
+use crate::control::{ControlOp, ControlRequests};
 use crate::error::{Error, Result};
 use crate::event::{EventKind, push_event, truncate_text};
 use crate::manager::lock::{LockTable, ProcedureLocks};
 use crate::manager::runner::{Resume, Runner};
-use crate::manager::{LocalManager, ProcedureManager, retention};
+use crate::manager::{LocalManager, ProcedureManager, control, retention};
 use crate::procedure::{
     BoxedProcedure, BoxedProcedureLoader, ProcedureId, ProcedureWithId, SideEffectHook,
 };
@@ -162,6 +163,10 @@ pub(crate) struct Inner {
     /// Serialises `start` and `stop`: a `stop` returns only once every task is gone, also when another `stop` or a
     /// restarting `start` took the tasks first.
     lifecycle: tokio::sync::Mutex<()>,
+    /// The control requests (cancel, pause) as last read from the store or made by this manager.
+    controls: Mutex<ControlRequests>,
+    /// Bumped whenever `controls` changes: runners waiting for a resume, a retry or a lock watch it.
+    pub(crate) control_changed: watch::Sender<u64>,
 }
 
 impl Inner {
@@ -188,7 +193,15 @@ impl Inner {
             stalled_total: AtomicU64::new(0),
             failed_total: AtomicU64::new(0),
             lifecycle: tokio::sync::Mutex::new(()),
+            controls: Mutex::new(ControlRequests::default()),
+            control_changed: watch::channel(0).0,
         })
+    }
+
+    /// The control requests as this manager knows them.
+    pub(crate) fn controls(&self) -> MutexGuard<'_, ControlRequests> {
+        // Changes under this lock are a map insert/remove or a whole replacement: they cannot panic half-way.
+        self.controls.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The admission slots of the current run.
@@ -206,7 +219,7 @@ impl Inner {
     }
 
     /// The claimed epoch; an error when the manager is not running.
-    fn running_epoch(&self) -> Result<u64> {
+    pub(crate) fn running_epoch(&self) -> Result<u64> {
         let state = self.state();
         match (&state.phase, state.epoch) {
             (Phase::Running, Some(epoch)) => Ok(epoch),
@@ -404,7 +417,7 @@ impl Inner {
     }
 
     /// A read, retried like a write.
-    async fn read<T, F, Fut>(&self, f: F) -> Result<T>
+    pub(crate) async fn read<T, F, Fut>(&self, f: F) -> Result<T>
     where
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
@@ -515,10 +528,13 @@ impl Inner {
         let loaded = async {
             let epoch = self.claim_epoch().await?;
             let records = self.read(|| self.store.scan(RECORD_PREFIX)).await?;
-            Ok::<_, Error>((epoch, records))
+            let controls = self
+                .read(|| ControlRequests::read(self.store.as_ref()))
+                .await?;
+            Ok::<_, Error>((epoch, records, controls))
         }
         .await;
-        let (epoch, records) = match loaded {
+        let (epoch, records, controls) = match loaded {
             Ok(loaded) => loaded,
             Err(e) => {
                 let mut state = self.state();
@@ -530,6 +546,7 @@ impl Inner {
             }
         };
 
+        self.set_controls(controls);
         let mut runners = Vec::new();
         {
             let mut state = self.state();
@@ -636,6 +653,7 @@ impl Inner {
                 self.spawn_locked(&mut state, epoch, record, procedure, resume, true);
             }
             state.spawn(retention::run(Arc::downgrade(self)));
+            state.spawn(control::run(Arc::downgrade(self)));
         }
         Ok(())
     }
@@ -1223,6 +1241,26 @@ impl ProcedureManager for LocalManager {
 
     fn epoch(&self) -> Option<u64> {
         self.inner.state().epoch
+    }
+
+    async fn cancel(&self, id: &ProcedureId) -> Result<()> {
+        self.inner.control(id, ControlOp::Cancel).await
+    }
+
+    async fn pause(&self, id: &ProcedureId) -> Result<()> {
+        self.inner.control(id, ControlOp::Pause).await
+    }
+
+    async fn resume(&self, id: &ProcedureId) -> Result<()> {
+        self.inner.control(id, ControlOp::Resume).await
+    }
+
+    async fn pause_all(&self) -> Result<()> {
+        self.inner.control_all(true).await
+    }
+
+    async fn resume_all(&self) -> Result<()> {
+        self.inner.control_all(false).await
     }
 }
 

@@ -9,6 +9,7 @@ use futures::FutureExt;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
+use crate::control::control_key;
 use crate::error::{Error, Result};
 use crate::event::{EventKind, ProcedureEvent, push_event, truncate_text};
 use crate::manager::local::{Inner, NewProcedure, backoff};
@@ -38,6 +39,27 @@ fn descendant_of(id: ProcedureId, inner: &Inner, record: &ProcedureRecord) -> Re
     Requester { id, ancestors }
 }
 
+/// Resolves once `inner` knows a cancel of `id` is requested (never otherwise).
+async fn cancel_requested(inner: Arc<Inner>, id: ProcedureId) {
+    let mut changed = inner.control_changed.subscribe();
+    while !inner.control_of(&id).cancel {
+        if changed.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The admission slot kept through a boundary, or a new one of `admission` after a pause gave it back.
+async fn take_slot(
+    admission: Arc<tokio::sync::Semaphore>,
+    slot: Option<OwnedSemaphorePermit>,
+) -> Result<OwnedSemaphorePermit, Stopped> {
+    match slot {
+        Some(permit) => Ok(permit),
+        None => admission.acquire_owned().await.map_err(|_| Stopped),
+    }
+}
+
 /// Where a runner picks a procedure up.
 #[derive(Debug)]
 pub(crate) enum Resume {
@@ -49,6 +71,17 @@ pub(crate) enum Resume {
 
 /// The runner stopped the procedure without finishing it (halted, or a store write failed for good).
 struct Stopped;
+
+/// The error text of a rollback an operator's cancel caused.
+const CANCELLED_BY_REQUEST: &str = "cancelled by request";
+
+/// What a step boundary decided.
+enum Boundary {
+    /// Run the next step (with this admission slot).
+    Run(OwnedSemaphorePermit),
+    /// End the procedure cancelled.
+    Cancel(OwnedSemaphorePermit),
+}
 
 /// What the runner knows of its procedure beyond its last record: the introspection of [`ProcedureInfo`].
 #[derive(Default)]
@@ -228,8 +261,8 @@ impl Runner {
         // cannot starve the procedures (children included) that would release them.
         let requester = self.requester();
         let table = Arc::clone(&self.inner.locks);
-        let acquire = table.acquire(&requester, &keys);
-        tokio::pin!(acquire);
+        // Boxed, so a cancel while waiting can drop the request (leaving the lock queues) before it writes.
+        let mut acquire = Box::pin(table.acquire(&requester, &keys));
         let acquired = match futures::poll!(&mut acquire) {
             std::task::Poll::Ready(acquired) => acquired,
             std::task::Poll::Pending => {
@@ -247,7 +280,16 @@ impl Runner {
                     });
                     self.publish(self.record.state, self.record.error.clone());
                 }
-                let acquired = (&mut acquire).await;
+                let acquired = tokio::select! {
+                    acquired = &mut acquire => acquired,
+                    () = self.cancel_requested(), if self.may_cancel_without_locks() => {
+                        // Nothing of it ran (or it cannot undo anything): it ends cancelled without its keys. Dropping
+                        // the request leaves the lock queues.
+                        drop(acquire);
+                        let _ = self.cancel_run(true).await;
+                        return;
+                    }
+                };
                 if let (Some(wait), Ok(_)) = (waiting, &acquired) {
                     self.event(EventKind::LockWaitEnded {
                         key: wait.key,
@@ -296,6 +338,13 @@ impl Runner {
             if self.inner.is_halted() {
                 return Err(Stopped);
             }
+            permit = match self.boundary(permit).await? {
+                Boundary::Run(permit) => permit,
+                Boundary::Cancel(permit) => {
+                    let _permit = permit;
+                    return self.cancel_run(false).await;
+                }
+            };
             let step = self.procedure.step_name();
             let started = Instant::now();
             let attempt = {
@@ -398,7 +447,11 @@ impl Runner {
                             delay_ms: delay.as_millis() as u64,
                         });
                         self.publish(ProcedureState::Retrying, Some(text));
-                        tokio::time::sleep(delay).await;
+                        // A cancel ends the wait at once; the boundary then honours it.
+                        tokio::select! {
+                            () = tokio::time::sleep(delay) => {}
+                            () = self.cancel_requested() => {}
+                        }
                     }
                     None => {
                         let cause = format!(
@@ -645,7 +698,8 @@ impl Runner {
             let child_id = watcher.id().clone();
             match watcher.wait().await {
                 Ok(_) => {}
-                Err(Error::ProcedureFailed { message, .. }) => {
+                Err(Error::ProcedureFailed { message, .. })
+                | Err(Error::ProcedureCancelled { message, .. }) => {
                     failed.get_or_insert(Error::SubprocedureFailed {
                         parent: self.record.id.clone(),
                         child: child_id,
@@ -726,18 +780,34 @@ impl Runner {
         Ok(())
     }
 
-    /// Runs the rollback (retrying retryable errors), then persists the failed state.
+    /// Runs the rollback (retrying retryable errors), then persists the failed state — or the cancelled state when
+    /// an operator's cancel caused it (its control key is still there until the `cancelled` record is written, so a
+    /// manager that recovers the `rolling_back` record ends it the same way).
     async fn roll_back_and_fail(&mut self, cause: String) -> Result<(), Stopped> {
+        let rolled_back = self.roll_back(&cause).await?;
+        if self.inner.control_now(self.id()).await.cancel {
+            return self.persist_cancelled(rolled_back).await;
+        }
+        let text = match rolled_back {
+            Ok(()) => format!("{cause} (rolled back)"),
+            Err(e) => format!("{cause}; rollback failed: {e}"),
+        };
+        self.persist_failed(text).await
+    }
+
+    /// Runs the rollback, retrying its retryable errors; `Err(text)` when it did not complete. Its outcome is added
+    /// to the history (a `rolled_back` event, written with the next record).
+    async fn roll_back(&mut self, cause: &str) -> Result<Result<(), String>, Stopped> {
         let inner = Arc::clone(&self.inner);
         let ctx = Context::with_hook(self.id().clone(), self.inner.hook.clone())
             .run_by(self.epoch, Arc::new(move || inner.is_halted()));
         let mut retry = backoff(&self.inner.config.step_retry);
-        let text = loop {
+        let outcome = loop {
             if self.inner.is_halted() {
                 return Err(Stopped);
             }
             match self.procedure.rollback(&ctx).await {
-                Ok(()) => break format!("{cause} (rolled back)"),
+                Ok(()) => break Ok(()),
                 Err(e) if e.is_fatal() => {
                     self.halt_on(&e);
                     return Err(Stopped);
@@ -760,13 +830,144 @@ impl Runner {
                         self.publish(ProcedureState::RollingBack, Some(text));
                         tokio::time::sleep(delay).await;
                     }
-                    None => break format!("{cause}; rollback failed: {e}"),
+                    None => break Err(e.to_string()),
                 },
-                Err(e) => break format!("{cause}; rollback failed: {e}"),
+                Err(e) => break Err(e.to_string()),
             }
         };
+        if self.inner.is_halted() {
+            return Err(Stopped);
+        }
         self.live().next_retry_at_ms = None;
-        self.persist_failed(text).await
+        self.event(EventKind::RolledBack {
+            completed: outcome.is_ok(),
+            error: outcome.as_ref().err().map(|e| truncate_text(e)),
+        });
+        Ok(outcome)
+    }
+
+    /// What the control keys ask at a step boundary. A cancel is returned at once. A pause is persisted (a
+    /// `paused` record with its event, unless the record is `paused` already, as after a restart) and the
+    /// procedure waits — keeping its locks, giving its admission slot back — until the pause is withdrawn (then a
+    /// `running` record with a `resumed` event) or a cancel arrives.
+    async fn boundary(&mut self, permit: OwnedSemaphorePermit) -> Result<Boundary, Stopped> {
+        let mut slot = Some(permit);
+        loop {
+            // Subscribed before reading, so a change between the read and the wait is not missed.
+            let mut changed = self.inner.control_changed.subscribe();
+            let control = self.inner.control_now(self.id()).await;
+            if self.inner.is_halted() {
+                return Err(Stopped);
+            }
+            if control.cancel {
+                let permit = take_slot(self.inner.admission(), slot).await?;
+                return Ok(Boundary::Cancel(permit));
+            }
+            if !control.paused {
+                let permit = take_slot(self.inner.admission(), slot).await?;
+                if self.record.state == ProcedureState::Paused {
+                    tracing::info!(id = %self.id(), "procedure resumed");
+                    self.persist(
+                        ProcedureState::Running,
+                        None,
+                        None,
+                        Some(EventKind::Resumed),
+                    )
+                    .await?;
+                }
+                return Ok(Boundary::Run(permit));
+            }
+            if self.record.state != ProcedureState::Paused {
+                tracing::info!(id = %self.id(), "procedure paused");
+                self.persist(ProcedureState::Paused, None, None, Some(EventKind::Paused))
+                    .await?;
+            }
+            slot = None;
+            if changed.changed().await.is_err() {
+                return Err(Stopped);
+            }
+        }
+    }
+
+    /// Resolves once this manager knows a cancel of the procedure is requested (never otherwise).
+    fn cancel_requested(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        cancel_requested(Arc::clone(&self.inner), self.id().clone())
+    }
+
+    /// Whether a cancel may end the procedure while it waits for its lock keys: when it has nothing to undo (a new
+    /// submission whose first step never ran) or cannot undo anything. A recovered procedure that supports rollback
+    /// waits for its keys and rolls back under them.
+    fn may_cancel_without_locks(&self) -> bool {
+        !self.procedure.rollback_supported()
+            || (self.recovered_by.is_none()
+                && self.record.step == 0
+                && self.record.state == ProcedureState::Running)
+    }
+
+    /// Ends the procedure cancelled: rolls back first when it supports rollback and may have done something (a
+    /// `rolling_back` record with the cancel's event, then the rollback), then writes the `cancelled` record and
+    /// deletes the control key in the same write.
+    ///
+    /// `before_locks`: it is cancelled while waiting for its lock keys (see [`Runner::may_cancel_without_locks`]):
+    /// no rollback runs without the keys; a procedure that supports rollback has done nothing yet.
+    async fn cancel_run(&mut self, before_locks: bool) -> Result<(), Stopped> {
+        tracing::info!(id = %self.id(), "procedure cancelled by request");
+        self.event(EventKind::CancelRequested);
+        if before_locks && self.procedure.rollback_supported() {
+            let text = "cancelled before its first step (nothing to roll back)".to_string();
+            return self.persist_cancelled_with(text).await;
+        }
+        if !self.procedure.rollback_supported() {
+            let text = format!(
+                "cancelled (no rollback: procedure type '{}' has none at this step)",
+                self.record.type_name
+            );
+            return self.persist_cancelled_with(text).await;
+        }
+        if !self.may_roll_back_nothing() {
+            self.persist(
+                ProcedureState::RollingBack,
+                None,
+                Some(CANCELLED_BY_REQUEST.to_string()),
+                Some(EventKind::RollingBack {
+                    error: CANCELLED_BY_REQUEST.to_string(),
+                }),
+            )
+            .await?;
+        }
+        let rolled_back = self.roll_back(CANCELLED_BY_REQUEST).await?;
+        self.persist_cancelled(rolled_back).await
+    }
+
+    /// Whether the `rolling_back` record can be skipped: it is one already.
+    fn may_roll_back_nothing(&self) -> bool {
+        self.record.state == ProcedureState::RollingBack
+    }
+
+    /// Writes the `cancelled` record saying how its rollback went.
+    async fn persist_cancelled(&mut self, rolled_back: Result<(), String>) -> Result<(), Stopped> {
+        let text = match rolled_back {
+            Ok(()) => "cancelled (rolled back)".to_string(),
+            Err(e) => format!("cancelled; rollback failed: {e}"),
+        };
+        self.persist_cancelled_with(text).await
+    }
+
+    /// Writes the `cancelled` record with `text` and deletes the control key, in one write.
+    async fn persist_cancelled_with(&mut self, text: String) -> Result<(), Stopped> {
+        let delete = WriteOp::Delete {
+            key: control_key(self.id()),
+        };
+        self.persist_with(
+            ProcedureState::Cancelled,
+            None,
+            Some(text),
+            Some(EventKind::Cancelled),
+            vec![delete],
+        )
+        .await?;
+        self.inner.set_control(self.id(), None);
+        Ok(())
     }
 
     async fn finish(&mut self, output: Option<Output>) -> Result<(), Stopped> {
@@ -849,17 +1050,32 @@ impl Runner {
         error: Option<String>,
         event: Option<EventKind>,
     ) -> Result<(), Stopped> {
+        self.persist_with(state, output, error, event, Vec::new())
+            .await
+    }
+
+    /// [`Runner::persist`], with `extra` ops in the same atomic write.
+    async fn persist_with(
+        &mut self,
+        state: ProcedureState,
+        output: Option<Output>,
+        error: Option<String>,
+        event: Option<EventKind>,
+        extra: Vec<WriteOp>,
+    ) -> Result<(), Stopped> {
         if self.inner.is_halted() {
             return Err(Stopped);
         }
         let (record, value) = self.next_record(state, output, error, Vec::new(), event)?;
         let key = record_key(&record.id);
+        let mut ops = vec![WriteOp::Put { key, value }];
+        ops.extend(extra);
         match self
             .inner
             .write(
                 self.epoch,
                 Vec::new(),
-                vec![WriteOp::Put { key, value }],
+                ops,
                 std::slice::from_ref(&record.id),
             )
             .await

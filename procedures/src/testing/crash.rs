@@ -24,6 +24,10 @@ pub enum CrashPoint {
     /// The m-th side-effect point ([`crate::Context::side_effect_point`]) reached by any procedure of the manager
     /// returns an [`injected_crash`]: the process died right after that outside effect.
     SideEffect(usize),
+    /// The k-th durable write is applied, then the store answers with a **retryable** error (the answer was lost on
+    /// the way back, e.g. an etcd leader change after the commit). Not a crash: the manager lives on and retries the
+    /// write, which must cope with finding it already applied.
+    LostAnswer(usize),
 }
 
 impl fmt::Display for CrashPoint {
@@ -32,6 +36,7 @@ impl fmt::Display for CrashPoint {
             CrashPoint::BeforeWrite(k) => write!(f, "before write #{k}"),
             CrashPoint::AfterWrite(k) => write!(f, "after write #{k}"),
             CrashPoint::SideEffect(m) => write!(f, "at side-effect point #{m}"),
+            CrashPoint::LostAnswer(k) => write!(f, "answer of write #{k} lost"),
         }
     }
 }
@@ -73,6 +78,7 @@ struct Counters {
     writes: usize,
     side_effects: usize,
     crashed: Option<CrashRecord>,
+    lost_answer: Option<CrashRecord>,
 }
 
 /// The shared state of one simulated process: it counts durable writes and side-effect points, decides when to
@@ -180,7 +186,25 @@ impl CrashController {
             let mut c = self.lock();
             return Err(crash(&mut c, CrashPoint::AfterWrite(index), what));
         }
+        if self.plan.point == Some(CrashPoint::LostAnswer(index)) {
+            let point = CrashPoint::LostAnswer(index);
+            self.lock().lost_answer = Some(CrashRecord {
+                point,
+                detail: what.to_string(),
+            });
+            return Err(Error::Store {
+                action: "write",
+                key: what.to_string(),
+                source: format!("injected: {point}, the write was applied").into(),
+                retryable: true,
+            });
+        }
         Ok(())
+    }
+
+    /// Where the answer of a write was lost, once the planned [`CrashPoint::LostAnswer`] was reached.
+    pub fn lost_answer(&self) -> Option<CrashRecord> {
+        self.lock().lost_answer.clone()
     }
 
     fn side_effect(&self, procedure_id: &ProcedureId, label: &str) -> Result<()> {
@@ -400,6 +424,24 @@ mod tests {
         assert!(matches!(rejected, WriteOutcome::Rejected { .. }));
         assert_eq!(s.controller().writes(), 5);
         assert!(!s.controller().is_crashed());
+    }
+
+    #[tokio::test]
+    async fn a_lost_answer_applies_the_write_and_answers_a_retryable_error_without_a_crash() {
+        let (inner, s) = store(CrashPlan::at(CrashPoint::LostAnswer(1)));
+        s.put("a", b"1".to_vec()).await.unwrap();
+        let err = s.put("b", b"2".to_vec()).await.unwrap_err();
+        assert!(err.is_retryable() && !err.is_fatal(), "{err}");
+        assert!(err.to_string().contains("answer of write #1 lost"), "{err}");
+        assert_eq!(inner.get("b").await.unwrap(), Some(b"2".to_vec()));
+        assert_eq!(
+            s.controller().lost_answer().map(|c| c.point),
+            Some(CrashPoint::LostAnswer(1))
+        );
+        // Alive: the retry goes through.
+        assert!(!s.controller().is_crashed());
+        s.put("b", b"2".to_vec()).await.unwrap();
+        assert_eq!(s.controller().writes(), 3);
     }
 
     #[tokio::test]

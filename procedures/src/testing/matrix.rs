@@ -102,6 +102,9 @@ pub struct MatrixReport {
     pub single_crash_cases: usize,
     /// Cases with a second crash during recovery.
     pub double_crash_cases: usize,
+    /// Cases where one write's answer was lost (applied, then a retryable error: [`CrashPoint::LostAnswer`]), one
+    /// per write of the golden run: N. Counted apart from `cases_run`, which counts crash cases.
+    pub lost_answer_cases: usize,
     /// Cases whose planned crash point was never reached (the run made fewer writes or side effects than counted
     /// before: the procedures are not deterministic). Such a case still finishes and is compared.
     pub unreached_crash_points: usize,
@@ -123,12 +126,13 @@ impl fmt::Display for MatrixReport {
         write!(
             f,
             "{} transitions, {} side-effect points, {} cases ({} single crash, {} double crash), \
-             {} unreached crash points, {} mismatches",
+             {} lost-answer cases, {} unreached crash points, {} mismatches",
             self.transitions,
             self.side_effect_points,
             self.cases_run,
             self.single_crash_cases,
             self.double_crash_cases,
+            self.lost_answer_cases,
             self.unreached_crash_points,
             self.mismatches.len()
         )?;
@@ -186,6 +190,8 @@ struct CaseReport {
 ///    its results and the outcome must equal the golden ones.
 /// 3. Unless [`MatrixConfig::second_crash`] is off: for every case of 2, the same again with a second crash at
 ///    every write (before, after) and side-effect point that its recovery made, then a third manager finishes.
+/// 4. For every k in 0..N: one manager whose k-th write is applied but answered with a retryable error (a lost
+///    answer); it retries and finishes without a crash, and its end must equal the golden one.
 ///
 /// Waits are bounded by [`MatrixConfig::phase_timeout`]; a hang is a mismatch, never a stuck test.
 pub async fn run_crash_matrix<S: CrashScenario>(
@@ -246,7 +252,13 @@ pub async fn run_crash_matrix<S: CrashScenario>(
     report.double_crash_cases = second.len();
     report.cases_run = first.len() + second.len();
 
-    for case in first.into_iter().chain(second) {
+    let lost: Vec<Vec<CrashPoint>> = (0..report.transitions)
+        .map(|k| vec![CrashPoint::LostAnswer(k)])
+        .collect();
+    let lost = run_cases(scenario, &config, &golden, lost).await;
+    report.lost_answer_cases = lost.len();
+
+    for case in first.into_iter().chain(second).chain(lost) {
         if case.unreached {
             report.unreached_crash_points += 1;
         }
@@ -323,8 +335,10 @@ async fn run_case<S: CrashScenario>(
         match phase.end {
             PhaseEnd::Crashed(_) => {}
             PhaseEnd::Finished(results) => {
-                // The run ended before reaching its crash point; what it produced is the end of this case.
-                report.unreached = true;
+                // The run ended before reaching its crash point (or, for a lost answer, went on past it as it
+                // should); what it produced is the end of this case.
+                report.unreached = !matches!(point, CrashPoint::LostAnswer(_))
+                    || phase.controller.lost_answer().is_none();
                 finished = Some(results);
                 break;
             }

@@ -128,4 +128,24 @@ impl ProcedureManager for TrackingManager {
     fn epoch(&self) -> Option<u64> {
         self.inner.epoch()
     }
+
+    async fn cancel(&self, id: &ProcedureId) -> Result<()> {
+        self.inner.cancel(id).await
+    }
+
+    async fn pause(&self, id: &ProcedureId) -> Result<()> {
+        self.inner.pause(id).await
+    }
+
+    async fn resume(&self, id: &ProcedureId) -> Result<()> {
+        self.inner.resume(id).await
+    }
+
+    async fn pause_all(&self) -> Result<()> {
+        self.inner.pause_all().await
+    }
+
+    async fn resume_all(&self) -> Result<()> {
+        self.inner.resume_all().await
+    }
 }

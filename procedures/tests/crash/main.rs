@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod control;
 mod hang;
 mod non_idempotent;
 mod rollback;

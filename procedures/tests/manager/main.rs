@@ -5,6 +5,7 @@
 mod support;
 
 mod behaviour;
+mod control;
 mod epoch;
 mod introspection;
 mod lifecycle;

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
+use procedures::control::CONTROL_PREFIX;
 use procedures::record::{EPOCH_KEY, RECORD_PREFIX};
 use procedures::{
     Condition, Error, LocalManager, ManagerConfig, ProcedureId, ProcedureManager, ProcedureRecord,
@@ -38,12 +39,63 @@ enum Reply {
 
 type Writes = Arc<Mutex<Vec<(Vec<Condition>, Vec<WriteOp>)>>>;
 
+/// The control keys of a mocked store (`control/…`): the mock answers their reads from here, and applied writes
+/// update them, so the manager's control reads and polls see what was written.
+type Controls = Arc<Mutex<std::collections::BTreeMap<String, Vec<u8>>>>;
+
+/// Lets `mock` answer the manager's reads of control keys (a runner's `get` at each step boundary, the poll's
+/// `scan`) from `controls`.
+fn expect_control_reads(mock: &mut MockStore, controls: &Controls) {
+    let read = controls.clone();
+    mock.expect_get()
+        .withf(|key| key.starts_with(CONTROL_PREFIX))
+        .returning(move |key| Ok(read.lock().unwrap().get(key).cloned()));
+    let scanned = controls.clone();
+    mock.expect_scan()
+        .withf(|prefix| prefix == CONTROL_PREFIX)
+        .returning(move |_| {
+            Ok(scanned
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect())
+        });
+}
+
+/// Applies the control-key ops of an applied write to `controls`.
+fn apply_controls(controls: &Controls, ops: &[WriteOp]) {
+    let mut controls = controls.lock().unwrap();
+    for op in ops {
+        match op {
+            WriteOp::Put { key, value } if key.starts_with(CONTROL_PREFIX) => {
+                controls.insert(key.clone(), value.clone());
+            }
+            WriteOp::Delete { key } if key.starts_with(CONTROL_PREFIX) => {
+                controls.remove(key);
+            }
+            _ => {}
+        }
+    }
+}
+
 /// A mocked store that holds epoch `previous`, no records, answers writes in `replies` order (then `Applied`),
 /// and records every write.
 fn store(previous: Option<u64>, replies: Vec<Reply>) -> (Arc<MockStore>, Writes) {
+    let (mock, writes, _) = store_with_controls(previous, replies);
+    (mock, writes)
+}
+
+/// [`store`], also returning its control keys.
+fn store_with_controls(
+    previous: Option<u64>,
+    replies: Vec<Reply>,
+) -> (Arc<MockStore>, Writes, Controls) {
     let writes: Writes = Arc::default();
+    let controls: Controls = Arc::default();
     let replies = Arc::new(Mutex::new(VecDeque::from(replies)));
     let mut mock = MockStore::new();
+    expect_control_reads(&mut mock, &controls);
     mock.expect_get()
         .withf(|key| key == EPOCH_KEY)
         .returning(move |_| Ok(previous.map(|e| e.to_string().into_bytes())));
@@ -52,15 +104,19 @@ fn store(previous: Option<u64>, replies: Vec<Reply>) -> (Arc<MockStore>, Writes)
         .times(1)
         .returning(|_| Ok(Vec::new()));
     let recorded = writes.clone();
+    let applied = controls.clone();
     mock.expect_write().returning(move |conditions, ops| {
-        recorded.lock().unwrap().push((conditions, ops));
+        recorded.lock().unwrap().push((conditions, ops.clone()));
         match replies
             .lock()
             .unwrap()
             .pop_front()
             .unwrap_or(Reply::Applied)
         {
-            Reply::Applied => Ok(WriteOutcome::Applied),
+            Reply::Applied => {
+                apply_controls(&applied, &ops);
+                Ok(WriteOutcome::Applied)
+            }
             Reply::RejectEpoch(epoch) => Ok(WriteOutcome::Rejected {
                 current: vec![(EPOCH_KEY.into(), Some(epoch.to_string().into_bytes()))],
             }),
@@ -73,7 +129,7 @@ fn store(previous: Option<u64>, replies: Vec<Reply>) -> (Arc<MockStore>, Writes)
             }),
         }
     });
-    (Arc::new(mock), writes)
+    (Arc::new(mock), writes, controls)
 }
 
 async fn started(store: &Arc<MockStore>, config: ManagerConfig, env: &Arc<Env>) -> LocalManager {
@@ -496,6 +552,7 @@ async fn a_persisted_suspension_writes_the_parent_and_its_children_in_one_write(
 fn switchable_store(down: Arc<std::sync::atomic::AtomicBool>) -> (Arc<MockStore>, Writes) {
     let writes: Writes = Arc::default();
     let mut mock = MockStore::new();
+    expect_control_reads(&mut mock, &Controls::default());
     mock.expect_get()
         .withf(|key| key == EPOCH_KEY)
         .returning(|_| Ok(Some(b"1".to_vec())));
@@ -613,4 +670,122 @@ async fn a_retried_store_write_shows_the_procedure_retrying_with_the_store_error
         .unwrap();
     assert_eq!((done.step, done.state), (2, ProcedureState::Done));
     assert_eq!(done.error, None);
+}
+
+/// Each write after the epoch claim, as text: its ops (`put proc/p 2 paused`, `put control/proc/p pause`,
+/// `delete control/proc/p`), each write checked to be conditional on the epoch (and a submission on its key
+/// being absent) and on nothing else.
+fn described_writes(writes: &Writes, epoch: u64) -> Vec<String> {
+    let writes = writes.lock().unwrap();
+    writes[1..]
+        .iter()
+        .map(|(conditions, ops)| {
+            let mut expected = vec![epoch_condition(epoch)];
+            let text: Vec<String> = ops
+                .iter()
+                .map(|op| match op {
+                    WriteOp::Put { key, value } if key.starts_with(RECORD_PREFIX) => {
+                        let r: ProcedureRecord = serde_json::from_slice(value).unwrap();
+                        if r.step == 0 {
+                            expected.push(Condition::Absent { key: key.clone() });
+                        }
+                        format!("put {key} {} {}", r.step, r.state)
+                    }
+                    WriteOp::Put { key, value } => {
+                        let v: serde_json::Value = serde_json::from_slice(value).unwrap();
+                        format!("put {key} {}", v["action"].as_str().unwrap())
+                    }
+                    WriteOp::Delete { key } => format!("delete {key}"),
+                })
+                .collect();
+            assert_eq!(conditions, &expected, "conditions of {text:?}");
+            text.join(" + ")
+        })
+        .collect()
+}
+
+fn gated_plan(rollback: bool) -> Plan {
+    Plan {
+        steps: 2,
+        persist: true,
+        block_at: Some(1),
+        rollback,
+        ..Plan::default()
+    }
+}
+
+/// Waits until the step at `at` of `p` is entered (it blocks at the closed gate).
+async fn until_entered(env: &Env, at: u32) {
+    let entered = format!("enter p at {at}");
+    within(async {
+        while !env.events().contains(&entered) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn pause_and_resume_write_the_control_key_then_the_paused_and_running_records() {
+    let env = Env::new(false);
+    let (store, writes, _) = store_with_controls(Some(1), vec![]);
+    let m = started(&store, fast_config(), &env).await;
+    let id = ProcedureId::new("p");
+    let mut w = m.submit(env.with_id("p", gated_plan(false))).await.unwrap();
+    until_entered(&env, 1).await;
+    m.pause(&id).await.unwrap();
+    env.gate.add_permits(10);
+    until_state(&m, "p", ProcedureState::Paused).await;
+    m.resume(&id).await.unwrap();
+    within(w.wait()).await.unwrap();
+    assert_eq!(
+        described_writes(&writes, 2),
+        [
+            "put proc/p 0 running",
+            "put proc/p 1 running",
+            "put control/proc/p pause",
+            "put proc/p 2 running",
+            "put proc/p 3 paused",
+            "delete control/proc/p",
+            "put proc/p 4 running",
+            "put proc/p 5 done",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn cancel_writes_the_control_key_then_rolling_back_then_cancelled_with_the_key_deleted() {
+    let env = Env::new(false);
+    let (store, writes, controls) = store_with_controls(Some(1), vec![]);
+    let m = started(&store, fast_config(), &env).await;
+    let mut w = m.submit(env.with_id("p", gated_plan(true))).await.unwrap();
+    until_entered(&env, 1).await;
+    m.cancel(&ProcedureId::new("p")).await.unwrap();
+    env.gate.add_permits(10);
+    within(w.wait()).await.unwrap_err();
+    assert_eq!(
+        described_writes(&writes, 2),
+        [
+            "put proc/p 0 running",
+            "put proc/p 1 running",
+            "put control/proc/p cancel",
+            "put proc/p 2 running",
+            "put proc/p 3 rolling_back",
+            "put proc/p 4 cancelled + delete control/proc/p",
+        ]
+    );
+    assert!(controls.lock().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn pause_all_and_resume_all_write_one_key() {
+    let env = Env::new(true);
+    let (store, writes, _) = store_with_controls(Some(1), vec![]);
+    let m = started(&store, fast_config(), &env).await;
+    m.pause_all().await.unwrap();
+    m.resume_all().await.unwrap();
+    assert_eq!(
+        described_writes(&writes, 2),
+        ["put control/all pause", "delete control/all"]
+    );
 }

@@ -156,12 +156,13 @@ pub async fn run_matrix(name: &str, scenario: &WorldScenario) -> MatrixReport {
     let _ = writeln!(
         std::io::stderr(),
         "crash matrix '{name}': {} transitions, {} side-effect points, {} cases run ({} single crash, {} double \
-         crash), {} unreached, {} mismatches",
+         crash), {} lost-answer cases, {} unreached, {} mismatches",
         report.transitions,
         report.side_effect_points,
         report.cases_run,
         report.single_crash_cases,
         report.double_crash_cases,
+        report.lost_answer_cases,
         report.unreached_crash_points,
         report.mismatches.len()
     );

@@ -336,8 +336,11 @@ impl KafkaTopicManager {
                             }
                             info!(%id, "an earlier bootstrap of the pool finished but the pool is incomplete, has another partition count or lost topics on the brokers; running the next one");
                         }
-                        Err(procedures::Error::ProcedureFailed { message, .. }) => {
-                            warn!(%id, %message, "an earlier bootstrap of the pool failed; running the next one");
+                        // A cancelled bootstrap made some topics and names and stopped (it deletes no topic): the
+                        // next one resumes the pool from them.
+                        Err(procedures::Error::ProcedureFailed { message, .. })
+                        | Err(procedures::Error::ProcedureCancelled { message, .. }) => {
+                            warn!(%id, %message, "an earlier bootstrap of the pool failed or was cancelled; running the next one");
                         }
                         Err(source) => {
                             return Err(source).context(TopicBootstrapSnafu { prefix });

@@ -6,6 +6,7 @@
 mod support;
 
 mod commands;
+mod control;
 mod idempotent;
 mod introspection;
 mod purge;

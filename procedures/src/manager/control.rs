@@ -1,0 +1,208 @@
+//! Control of running procedures: the manager's view of the control keys (cancel, pause, resume), its own
+//! `cancel`/`pause`/`resume` (fenced writes of those keys), and the task that polls the keys written by other
+//! processes.
+//!
+//! The keys are the truth (see [`crate::control`]); the manager keeps a copy in memory that runners consult while
+//! they wait, refreshed by the poll every `control_poll_interval` and at once by the manager's own requests. A
+//! runner reads its own key from the store at each step boundary, so a request written anywhere is honoured at the
+//! very next boundary.
+
+use std::sync::{Arc, Weak};
+
+use crate::control::{
+    CONTROL_ALL_KEY, ControlAction, ControlOp, ControlRequest, ControlRequests, control_key,
+    decide, read_one,
+};
+use crate::error::{Error, Result};
+use crate::manager::local::Inner;
+use crate::procedure::ProcedureId;
+use crate::store::{WriteOp, WriteOutcome};
+
+/// What the control keys ask of one procedure now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Control {
+    /// Its cancel is requested.
+    pub(crate) cancel: bool,
+    /// It is paused (by its own request or with every procedure).
+    pub(crate) paused: bool,
+}
+
+impl Inner {
+    /// What the control keys ask of `id`, as this manager last saw them.
+    pub(crate) fn control_of(&self, id: &ProcedureId) -> Control {
+        let controls = self.controls();
+        let own = controls.procedures.get(id).copied();
+        Control {
+            cancel: own == Some(ControlAction::Cancel),
+            paused: controls.all_paused || own == Some(ControlAction::Pause),
+        }
+    }
+
+    /// [`Inner::control_of`] after reading `id`'s key from the store (a step boundary). A store that cannot be
+    /// read leaves the last known requests in force (logged); the poll tries again.
+    pub(crate) async fn control_now(&self, id: &ProcedureId) -> Control {
+        match self.read(|| read_one(self.store.as_ref(), id)).await {
+            Ok(action) => self.set_control(id, action),
+            Err(e) => tracing::warn!(%id, error = %e, "cannot read the procedure's control key"),
+        }
+        self.control_of(id)
+    }
+
+    /// Records the request of `id` (`None`: none) and wakes the waiting runners if it changed.
+    pub(crate) fn set_control(&self, id: &ProcedureId, action: Option<ControlAction>) {
+        let changed = {
+            let mut controls = self.controls();
+            let before = controls.procedures.get(id).copied();
+            match action {
+                Some(action) => controls.procedures.insert(id.clone(), action),
+                None => controls.procedures.remove(id),
+            };
+            before != action
+        };
+        if changed {
+            self.control_changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Replaces every request with what the store holds, waking the waiting runners if anything changed.
+    pub(crate) fn set_controls(&self, requests: ControlRequests) {
+        let changed = {
+            let mut controls = self.controls();
+            let changed = *controls != requests;
+            *controls = requests;
+            changed
+        };
+        if changed {
+            self.control_changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Cancels, pauses or resumes `id`: one write of its control key, conditional on this manager's epoch, then
+    /// the procedure's runner is woken at once. Refused ([`Error::ControlRefused`]) for an id this manager does not
+    /// know or that is finished.
+    pub(crate) async fn control(&self, id: &ProcedureId, op: ControlOp) -> Result<()> {
+        let epoch = self.running_epoch()?;
+        let Some(state) = self.with_entry(id, |e| e.info.state) else {
+            return Err(Error::ControlRefused {
+                action: op.as_str(),
+                id: id.clone(),
+                reason: "this manager does not know it".to_string(),
+            });
+        };
+        let current = self.read(|| read_one(self.store.as_ref(), id)).await?;
+        let Some(write) = decide(op, id, state, current)? else {
+            self.set_control(id, current);
+            return Ok(());
+        };
+        let action = match &write {
+            WriteOp::Put { value, .. } => ControlRequest::from_bytes(value).map(|r| r.action),
+            WriteOp::Delete { .. } => None,
+        };
+        self.fenced_control_write(epoch, write).await?;
+        self.set_control(id, action);
+        Ok(())
+    }
+
+    /// Pauses (`true`) or resumes every procedure: one fenced write of [`CONTROL_ALL_KEY`].
+    pub(crate) async fn control_all(&self, pause: bool) -> Result<()> {
+        let epoch = self.running_epoch()?;
+        let write = if pause {
+            WriteOp::Put {
+                key: CONTROL_ALL_KEY.to_string(),
+                value: ControlRequest::now(ControlAction::Pause).to_bytes(),
+            }
+        } else {
+            WriteOp::Delete {
+                key: CONTROL_ALL_KEY.to_string(),
+            }
+        };
+        self.fenced_control_write(epoch, write).await?;
+        let changed = {
+            let mut controls = self.controls();
+            let changed = controls.all_paused != pause;
+            controls.all_paused = pause;
+            changed
+        };
+        if changed {
+            self.control_changed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+        Ok(())
+    }
+
+    async fn fenced_control_write(&self, epoch: u64, write: WriteOp) -> Result<()> {
+        match self.write(epoch, Vec::new(), vec![write], &[]).await {
+            Ok(WriteOutcome::Applied) => Ok(()),
+            // Only the epoch condition can refuse it, and that comes back as `Fenced`.
+            Ok(WriteOutcome::Rejected { current }) => Err(Error::ManagerNotRunning {
+                reason: format!("the state store refused a control write: {current:?}"),
+            }),
+            Err(e) => {
+                if e.is_fatal() {
+                    self.halt_on(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+/// The poll task: every `control_poll_interval`, reads every control key, hands the requests to the runners, and
+/// deletes the keys left for procedures this manager knows as finished (a request that arrived as it finished).
+pub(crate) async fn run(inner: Weak<Inner>) {
+    let interval = match inner.upgrade() {
+        Some(inner) => inner.config.control_poll_interval,
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(inner) = inner.upgrade() else {
+            return;
+        };
+        if inner.is_halted() {
+            return;
+        }
+        poll(&inner).await;
+    }
+}
+
+/// One poll (see [`run`]).
+pub(crate) async fn poll(inner: &Arc<Inner>) {
+    // Finished before the scan: a key the scan then finds for one of them is stale (a request that arrived as it
+    // finished). A procedure finishing during the scan is left for the next poll: its own last write may be the one
+    // deleting its key.
+    let (epoch, finished): (Option<u64>, std::collections::BTreeSet<ProcedureId>) = {
+        let state = inner.state();
+        let finished = state
+            .procedures
+            .iter()
+            .filter(|(_, e)| e.info.state.is_finished() && !e.unrecoverable)
+            .map(|(id, _)| id.clone())
+            .collect();
+        (state.epoch, finished)
+    };
+    let requests = match ControlRequests::read(inner.store.as_ref()).await {
+        Ok(requests) => requests,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the control keys; keeping the last ones");
+            return;
+        }
+    };
+    let stale: Vec<WriteOp> = requests
+        .procedures
+        .keys()
+        .filter(|id| finished.contains(*id))
+        .map(|id| WriteOp::Delete {
+            key: control_key(id),
+        })
+        .collect();
+    inner.set_controls(requests);
+    if let (Some(epoch), false) = (epoch, stale.is_empty())
+        && let Err(e) = inner.write(epoch, Vec::new(), stale, &[]).await
+    {
+        if e.is_fatal() {
+            inner.halt_on(&e);
+        } else {
+            tracing::warn!(error = %e, "cannot delete the control keys of finished procedures");
+        }
+    }
+}
