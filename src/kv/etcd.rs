@@ -10,6 +10,8 @@
 //! - `Compare::Absent` / `Present` compare the key's create revision with 0; `ValueEquals` compares the value
 //!   (which fails on an absent key, as etcd does).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -85,7 +87,10 @@ impl EtcdConfig {
 /// A [`KvBackend`] on etcd.
 #[derive(Clone)]
 pub struct EtcdKvBackend {
-    kv: KvClient,
+    /// One client per endpoint (a member each), in the configured order.
+    members: Arc<Vec<KvClient>>,
+    /// The member the last call reached: calls start there and move on only when it refuses connections.
+    preferred: Arc<AtomicUsize>,
     config: EtcdConfig,
     endpoints: String,
 }
@@ -120,35 +125,51 @@ impl EtcdKvBackend {
         let options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_timeout(config.request_timeout);
+        // One client per member rather than one balancing over all: a balanced channel keeps sending requests to a
+        // member that went down (it fails fast, so it looks least loaded), while a client of our own moves to the
+        // next member as soon as its member refuses the connection.
         let connecting = async {
-            let mut client = Client::connect(&config.endpoints, Some(options)).await?;
-            // Connecting is lazy: a status call proves a member answers.
-            client.status().await?;
-            Ok::<_, etcd_client::Error>(client)
-        };
-        let client = match tokio::time::timeout(config.connect_timeout, connecting).await {
-            Err(_) => {
-                return EtcdConnectTimeoutSnafu {
-                    endpoints,
-                    timeout: config.connect_timeout,
-                }
-                .fail();
+            let mut members = Vec::with_capacity(config.endpoints.len());
+            for endpoint in &config.endpoints {
+                members.push(Client::connect([endpoint], Some(options.clone())).await?);
             }
-            Ok(Err(source)) => {
-                return Err(EtcdConnectSnafu {
-                    endpoints,
-                    detail: describe(&source),
-                    retryable: is_retryable(&source),
+            // Connecting is lazy: a status call proves a member answers; the first that does is preferred.
+            let mut last = None;
+            for (i, member) in members.iter_mut().enumerate() {
+                match member.status().await {
+                    Ok(_) => return Ok((members, i)),
+                    Err(e) if is_connection_refused(&e) => last = Some(e),
+                    Err(e) => return Err(e),
                 }
-                .into_error(source));
             }
-            Ok(Ok(client)) => client,
+            Err(last.unwrap_or_else(|| etcd_client::Error::InvalidArgs("no endpoints".into())))
         };
-        let kv = client
-            .kv_client()
-            .max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let (clients, preferred) =
+            match tokio::time::timeout(config.connect_timeout, connecting).await {
+                Err(_) => {
+                    return EtcdConnectTimeoutSnafu {
+                        endpoints,
+                        timeout: config.connect_timeout,
+                    }
+                    .fail();
+                }
+                Ok(Err(source)) => {
+                    return Err(EtcdConnectSnafu {
+                        endpoints,
+                        detail: describe(&source),
+                        retryable: is_retryable(&source),
+                    }
+                    .into_error(source));
+                }
+                Ok(Ok(connected)) => connected,
+            };
+        let members = clients
+            .iter()
+            .map(|c| c.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES))
+            .collect();
         Ok(EtcdKvBackend {
-            kv,
+            members: Arc::new(members),
+            preferred: Arc::new(AtomicUsize::new(preferred)),
             config,
             endpoints,
         })
@@ -159,12 +180,41 @@ impl EtcdKvBackend {
         &self.config
     }
 
-    /// Runs one etcd call under the request timeout.
-    async fn call<T, F>(&self, action: &'static str, key: &[u8], f: F) -> Result<T>
+    /// Runs one etcd call, `f` on a member's client, under the request timeout. It starts at the member the last
+    /// call reached; when that member refuses the connection (the request never reached it, so sending it to
+    /// another member is safe, writes included) the next member is tried, each at most once.
+    async fn call<T, F, Fut>(&self, action: &'static str, key: &[u8], f: F) -> Result<T>
     where
-        F: Future<Output = Result<T, etcd_client::Error>>,
+        F: Fn(KvClient) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        match tokio::time::timeout(self.config.request_timeout, f).await {
+        let n = self.members.len();
+        let start = self.preferred.load(Ordering::Relaxed);
+        let mut outcome = None;
+        for step in 0..n {
+            let i = (start + step) % n;
+            match tokio::time::timeout(self.config.request_timeout, f(self.members[i].clone()))
+                .await
+            {
+                Ok(Err(e)) if is_connection_refused(&e) && step + 1 < n => continue,
+                Ok(Ok(out)) => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    outcome = Some(Ok(Ok(out)));
+                    break;
+                }
+                other => {
+                    outcome = Some(other);
+                    break;
+                }
+            }
+        }
+        let Some(outcome) = outcome else {
+            return EtcdConfigSnafu {
+                reason: "no endpoints given",
+            }
+            .fail();
+        };
+        match outcome {
             Err(_) => EtcdTimeoutSnafu {
                 endpoints: self.endpoints.clone(),
                 action,
@@ -191,9 +241,12 @@ impl EtcdKvBackend {
         key: &[u8],
         ops: Vec<EtcdTxnOp>,
     ) -> Result<Vec<EtcdTxnOpResponse>> {
-        let mut kv = self.kv.clone();
+        let txn = EtcdTxn::new().and_then(ops);
         let resp = self
-            .call(action, key, kv.txn(EtcdTxn::new().and_then(ops)))
+            .call(action, key, |mut kv| {
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
             .await?;
         Ok(resp.op_responses())
     }
@@ -316,6 +369,24 @@ pub fn describe(e: &etcd_client::Error) -> String {
 }
 
 /// Whether an etcd client error may clear up on retry (the cluster was unreachable, overloaded or timed out).
+/// Whether `e` is a member refusing the connection: the request was never sent to it.
+fn is_connection_refused(e: &etcd_client::Error) -> bool {
+    use std::error::Error as _;
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(status) => status.source(),
+        other => other.source(),
+    };
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 pub(crate) fn is_retryable(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
     match e {
@@ -343,8 +414,9 @@ impl KvBackend for EtcdKvBackend {
         if key.is_empty() {
             return Ok(None);
         }
-        let mut kv = self.kv.clone();
-        let resp = self.call("get", key, kv.get(key, None)).await?;
+        let resp = self
+            .call("get", key, |mut kv| async move { kv.get(key, None).await })
+            .await?;
         Ok(resp.kvs().first().map(to_kv))
     }
 
@@ -380,9 +452,11 @@ impl KvBackend for EtcdKvBackend {
         if req.keys_only {
             options = options.with_keys_only();
         }
-        let mut kv = self.kv.clone();
         let resp = self
-            .call("range", &req.key, kv.get(req.key.clone(), Some(options)))
+            .call("range", &req.key, |mut kv| {
+                let (key, options) = (req.key.clone(), options.clone());
+                async move { kv.get(key, Some(options)).await }
+            })
             .await?;
         Ok(RangeResponse {
             kvs: resp.kvs().iter().map(to_kv).collect(),
@@ -394,9 +468,11 @@ impl KvBackend for EtcdKvBackend {
         check::key(&self.name(), &req.key)?;
         self.check_size(&req.key, req.key.len() + req.value.len())?;
         let options = req.prev_kv.then(|| PutOptions::new().with_prev_key());
-        let mut kv = self.kv.clone();
         let resp = self
-            .call("put", &req.key, kv.put(req.key.clone(), req.value, options))
+            .call("put", &req.key, |mut kv| {
+                let (key, value, options) = (req.key.clone(), req.value.clone(), options.clone());
+                async move { kv.put(key, value, options).await }
+            })
             .await?;
         Ok(resp.prev_key().filter(|_| req.prev_kv).map(to_kv))
     }
@@ -446,8 +522,12 @@ impl KvBackend for EtcdKvBackend {
                 Some(PutOptions::new().with_prev_key()),
             )])
             .or_else(vec![EtcdTxnOp::get(req.key.clone(), None)]);
-        let mut kv = self.kv.clone();
-        let resp = self.call("compare_and_put", &req.key, kv.txn(txn)).await?;
+        let resp = self
+            .call("compare_and_put", &req.key, |mut kv| {
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await?;
         let prev_kv = resp.op_responses().into_iter().find_map(|r| match r {
             EtcdTxnOpResponse::Put(put) => put.prev_key().map(to_kv),
             EtcdTxnOpResponse::Get(get) => get.kvs().first().map(to_kv),
@@ -477,9 +557,11 @@ impl KvBackend for EtcdKvBackend {
         if prev_kv {
             options = options.with_prev_key();
         }
-        let mut kv = self.kv.clone();
         let resp = self
-            .call("delete_range", key, kv.delete(key, Some(options)))
+            .call("delete_range", key, |mut kv| {
+                let options = options.clone();
+                async move { kv.delete(key, Some(options)).await }
+            })
             .await?;
         Ok((
             resp.deleted().max(0) as u64,
@@ -530,8 +612,12 @@ impl KvBackend for EtcdKvBackend {
             .when(txn.compare.into_iter().map(to_compare).collect::<Vec<_>>())
             .and_then(txn.success.into_iter().map(to_op).collect::<Vec<_>>())
             .or_else(txn.failure.into_iter().map(to_op).collect::<Vec<_>>());
-        let mut kv = self.kv.clone();
-        let resp = self.call("txn", &first, kv.txn(etcd_txn)).await?;
+        let resp = self
+            .call("txn", &first, |mut kv| {
+                let txn = etcd_txn.clone();
+                async move { kv.txn(txn).await }
+            })
+            .await?;
         Ok(TxnResponse {
             succeeded: resp.succeeded(),
             responses: resp

@@ -6,8 +6,10 @@ use std::time::Duration;
 use remote_wal::Error;
 use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
 use remote_wal::kv::{
-    EtcdConfig, EtcdKvBackend, KeyValue, KvBackend, RangeRequest, Txn, TxnOp, range_all,
+    EtcdConfig, EtcdKvBackend, KeyValue, KvBackend, PutRequest, RangeRequest, Txn, TxnOp, range_all,
 };
+
+use crate::support::Service;
 
 fn config(endpoint: &str) -> EtcdConfig {
     EtcdConfig {
@@ -151,4 +153,69 @@ async fn a_batch_of_1000_puts_is_split_and_fully_applied() {
             .kvs
             .is_empty()
     );
+}
+
+#[tokio::test]
+async fn an_endpoint_refusing_connections_is_passed_over_at_connect() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let live = etcd_from_env().await;
+    let kv = bounded(EtcdKvBackend::connect(EtcdConfig {
+        connect_timeout: Duration::from_secs(10),
+        ..EtcdConfig::new([closed, live.config().endpoints[0].clone()])
+    }))
+    .await
+    .expect("the second member answers");
+    let mut key = unique_prefix("kv_etcd");
+    key.extend_from_slice(b"refused-first");
+    for i in 0..5u8 {
+        kv.put(PutRequest {
+            key: key.clone(),
+            value: vec![i],
+            prev_kv: false,
+        })
+        .await
+        .expect("every call reaches the member that answers");
+    }
+    assert_eq!(kv.get(&key).await.unwrap().unwrap().value, vec![4]);
+    kv.delete_range(&key, &[], false).await.unwrap();
+}
+
+/// A member of a 3-member cluster going down (its port then refuses connections) must not fail a single call: the
+/// client moves to the next member. A balanced channel over all members kept routing requests to the dead one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_going_down_fails_no_call() {
+    let cluster = Service::etcd_cluster("kv-member-down", 3);
+    let kv = bounded(EtcdKvBackend::connect(EtcdConfig {
+        connect_timeout: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(10),
+        ..EtcdConfig::new(cluster.endpoints.clone())
+    }))
+    .await
+    .expect("connect to the cluster");
+    kv.put(PutRequest {
+        key: b"k".to_vec(),
+        value: b"before".to_vec(),
+        prev_kv: false,
+    })
+    .await
+    .unwrap();
+
+    // The client prefers the first member that answered at connect, the first endpoint: stop that one.
+    cluster.stop(0);
+    for i in 0..30u32 {
+        let value = i.to_string().into_bytes();
+        bounded(kv.put(PutRequest {
+            key: b"k".to_vec(),
+            value: value.clone(),
+            prev_kv: false,
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("put {i} with a member down: {e}"));
+        let read = bounded(kv.get(b"k"))
+            .await
+            .unwrap_or_else(|e| panic!("get {i} with a member down: {e}"));
+        assert_eq!(read.map(|kv| kv.value), Some(value));
+    }
 }

@@ -102,6 +102,17 @@ impl Service {
         }
     }
 
+    /// An `n`-member etcd cluster of this test's own.
+    pub fn etcd_cluster(tag: &str, n: usize) -> Service {
+        let name = unique(tag).replace('_', "-");
+        let eps = run(&["start-etcd-cluster", &name, &n.to_string()]);
+        Service {
+            kind: "etcd",
+            names: (1..=n).map(|i| format!("{name}-{i}")).collect(),
+            endpoints: eps.split(',').map(str::to_string).collect(),
+        }
+    }
+
     /// Stops node `i` (data kept).
     pub fn stop(&self, i: usize) {
         run(&["stop", self.kind, &self.names[i]]);
