@@ -157,7 +157,7 @@ async fn unknown_config_section() {
     assert_config_refused(
         "[metasrv]\nport = 3002\n",
         "invalid config file 'metasrv.toml', line 1, column 2, key `metasrv`: unknown field `metasrv`, expected \
-         one of `metadata_store`, `wal`, `datanodes`, `procedure`",
+         one of `metadata_store`, `wal`, `datanodes`, `procedure`, `server`",
     )
     .await;
 }
