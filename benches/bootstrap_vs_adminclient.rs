@@ -5,17 +5,21 @@
 //! KAFKA_ENDPOINTS=… ETCD_ENDPOINTS=… cargo bench --bench bootstrap_vs_adminclient
 //! ```
 //!
-//! For N = 256, 1,024 and 4,096 topics it times:
+//! For N = 256, 1,024 and 4,096 topics (or the counts in `BENCH_SIZES`, e.g. `BENCH_SIZES=1024`) it times:
 //! - **ours**: a `TopicBootstrapProcedure` run by the procedure engine, its records and the topic names on etcd
 //!   (under a fresh key prefix), creating through `RsKafkaTopicAdmin` (batched CreateTopics, `[wal]` defaults): from
 //!   the submission to the procedure's end, names persisted included;
 //! - **anchor**: `benches/java/CreateTopicsAnchor.java` creating N other topics in one `createTopics` call (compiled
 //!   here with `javac` against the jars `scripts/services.sh install` puts in `target/kafka-libs`, or `KAFKA_LIBS`),
-//!   timed inside the JVM from the call to every future completing;
+//!   timed inside the JVM from the call to every future completing (the controller acknowledged), and to
+//!   `describeTopics` finding every topic (the broker lists them: what our bootstrap waits for before persisting);
 //!
 //! then **resume**: the 4,096-topic pool's bootstrap resumed after a crash before PersistNames (every topic exists,
-//! no name persisted, a fresh etcd prefix): one metadata read plus persisting the names. It prints a table with the
+//! no name persisted, a fresh etcd prefix): one metadata read plus persisting the names; and the same resume once
+//! every name is persisted (one metadata read and one range read of the names). It prints a table with the
 //! ratios and deletes every topic and etcd key it made (each size's topics once measured, in requests of 500).
+//! `BENCH_TRACE=1` (or `=debug`) prints the bootstrap's info (or debug) logs with timestamps on stderr (each
+//! phase's duration).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,7 +37,27 @@ use remote_wal::wal::kafka::bootstrap::{
 };
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 
+/// The pool sizes measured when `BENCH_SIZES` (comma-separated topic counts) is not set.
 const SIZES: [usize; 3] = [256, 1_024, 4_096];
+
+/// The sizes to measure: `BENCH_SIZES`, or [`SIZES`]. The resume runs on the largest.
+fn sizes() -> Vec<usize> {
+    match std::env::var("BENCH_SIZES") {
+        Ok(raw) => {
+            let sizes: Vec<usize> = raw
+                .split(',')
+                .map(|n| {
+                    n.trim()
+                        .parse()
+                        .expect("BENCH_SIZES holds comma-separated topic counts")
+                })
+                .collect();
+            assert!(!sizes.is_empty(), "BENCH_SIZES is empty");
+            sizes
+        }
+        Err(_) => SIZES.to_vec(),
+    }
+}
 
 fn endpoints(var: &str, what: &str) -> Vec<String> {
     let raw = std::env::var(var).unwrap_or_default();
@@ -128,12 +152,17 @@ async fn store(etcd: &KvBackendRef, namespace: &str, admin: &TopicAdminRef) -> S
 }
 
 /// Submits `procedure` and waits for it; the time from submission to its end.
-async fn run(store: &Store, prefix: &str, procedure: TopicBootstrapProcedure) -> Duration {
+async fn run(
+    store: &Store,
+    prefix: &str,
+    attempt: u32,
+    procedure: TopicBootstrapProcedure,
+) -> Duration {
     let started = Instant::now();
     store
         .manager
         .submit(ProcedureWithId::new(
-            bootstrap_procedure_id(prefix, 0),
+            bootstrap_procedure_id(prefix, attempt),
             Box::new(procedure),
         ))
         .await
@@ -149,6 +178,21 @@ fn ms(d: Duration) -> f64 {
 }
 
 fn main() {
+    // BENCH_TRACE=1 (or =debug) prints the bootstrap's and the engine's info (or debug) logs, timestamped, on
+    // stderr: how long each phase (metadata read, creates, visibility wait, each step) took.
+    if let Some(trace) = std::env::var_os("BENCH_TRACE") {
+        let level = if trace == "debug" {
+            tracing::Level::DEBUG
+        } else {
+            tracing::Level::INFO
+        };
+        tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let sizes = sizes();
+    let largest_size = sizes.iter().copied().max().unwrap_or_default();
     let brokers = endpoints("KAFKA_ENDPOINTS", "a running Kafka broker");
     let etcd_endpoints = endpoints("ETCD_ENDPOINTS", "a running etcd");
     let classpath = compile_anchor();
@@ -166,16 +210,21 @@ fn main() {
     let mut namespaces = Vec::new();
     let mut rows = Vec::new();
     let mut largest: Option<(KafkaConfig, TopicAdminRef)> = None;
-    for n in SIZES {
+    for &n in &sizes {
         // The anchor first, then ours, each on topics of its own.
         let anchor_prefix = format!("rw_anchor_{run_id}_{n}");
         prefixes.push(anchor_prefix.clone());
-        let anchor_ms: f64 = anchor(
+        let figures = anchor(
             &classpath,
             &["create", &brokers.join(","), &anchor_prefix, &n.to_string()],
-        )
-        .parse()
-        .expect("the anchor prints milliseconds");
+        );
+        let figures: Vec<f64> = figures
+            .split_whitespace()
+            .map(|f| f.parse().expect("the anchor prints milliseconds"))
+            .collect();
+        let [acked_ms, listed_ms] = figures[..] else {
+            panic!("the anchor prints two figures, got {figures:?}");
+        };
 
         let prefix = format!("rw_ours_{run_id}_{n}");
         prefixes.push(prefix.clone());
@@ -197,16 +246,18 @@ fn main() {
             let spec = TopicPoolSpec::from_config(&config);
             let procedure =
                 TopicBootstrapProcedure::new(spec, store.kv.clone(), admin.clone()).expect("spec");
-            let took = run(&store, &prefix, procedure).await;
+            let took = run(&store, &prefix, 0, procedure).await;
             store.manager.stop().await.expect("stop the engine");
-            largest = Some((config.clone(), admin));
+            if n == largest_size {
+                largest = Some((config.clone(), admin));
+            }
             took
         });
-        rows.push((n, ms(ours), anchor_ms));
+        rows.push((n, ms(ours), acked_ms, listed_ms));
         // Each topic is a partition directory and open files on the broker: drop what the next steps do not need
         // (the largest pool of ours stays for the resume).
         let mut done = vec!["delete", &brokers_list, anchor_prefix.as_str()];
-        if n != SIZES[SIZES.len() - 1] {
+        if n != largest_size {
             done.push(prefix.as_str());
         }
         anchor(&classpath, &done);
@@ -214,39 +265,55 @@ fn main() {
 
     // Resume after a crash before PersistNames, every topic of the largest pool existing, nothing persisted.
     let (config, admin) = largest.expect("a pool was bootstrapped");
-    let resume = rt.block_on(async {
+    let (resume, complete) = rt.block_on(async {
         let namespace = format!("rw-bench-{run_id}-resume/");
         namespaces.push(namespace.clone());
         let store = store(&etcd, &namespace, &admin).await;
+        let at_create_missing = || TopicBootstrapData {
+            step: BootstrapStep::CreateMissing,
+            spec: TopicPoolSpec::from_config(&config),
+            persisted_below: 0,
+        };
         let procedure = TopicBootstrapProcedure::from_data(
-            TopicBootstrapData {
-                step: BootstrapStep::CreateMissing,
-                spec: TopicPoolSpec::from_config(&config),
-                persisted_below: 0,
-            },
+            at_create_missing(),
             store.kv.clone(),
             admin.clone(),
         );
-        let took = run(&store, &config.topic_name_prefix, procedure).await;
+        let resume = run(&store, &config.topic_name_prefix, 0, procedure).await;
+        // Then the same crash once every name is persisted (before the record said so): one metadata read and one
+        // range read of the names, nothing written but the engine's records.
+        let procedure = TopicBootstrapProcedure::from_data(
+            at_create_missing(),
+            store.kv.clone(),
+            admin.clone(),
+        );
+        let complete = run(&store, &config.topic_name_prefix, 1, procedure).await;
         store.manager.stop().await.expect("stop the engine");
-        took
+        (resume, complete)
     });
 
     println!();
     println!(
-        "| topics | ours (bootstrap, names on etcd) | AdminClient createTopics | ours / AdminClient |"
+        "| topics | ours (bootstrap, names on etcd) | AdminClient createTopics acknowledged | ours / acknowledged \
+         | AdminClient createTopics + every topic listed | ours / listed |"
     );
-    println!("|---|---|---|---|");
-    for (n, ours, anchor) in &rows {
+    println!("|---|---|---|---|---|---|");
+    for (n, ours, acked, listed) in &rows {
         println!(
-            "| {n} | {ours:.0} ms | {anchor:.0} ms | {:.2}x |",
-            ours / anchor
+            "| {n} | {ours:.0} ms | {acked:.0} ms | {:.2}x | {listed:.0} ms | {:.2}x |",
+            ours / acked,
+            ours / listed
         );
     }
     println!(
-        "| resume, {} existing, none persisted | {:.0} ms | | |",
+        "| resume, {} existing, none persisted | {:.0} ms | | | | |",
         config.num_topics,
         ms(resume)
+    );
+    println!(
+        "| resume, {} existing, all persisted | {:.0} ms | | | | |",
+        config.num_topics,
+        ms(complete)
     );
 
     // Leave the broker and etcd as found.

@@ -3,8 +3,10 @@
 //
 //   java -cp 'target/kafka-libs/*:target/bench-java' CreateTopicsAnchor create BOOTSTRAP PREFIX N
 //       creates PREFIX_0 .. PREFIX_{N-1} (1 partition, replication factor 1) in one createTopics call and prints
-//       the milliseconds from the call to every topic's future completing (the client is connected first, as the
-//       Rust side's admin is).
+//       two figures in milliseconds from the call: until every topic's future completed (the controller
+//       acknowledged the creation), then until describeTopics finds every topic (the broker lists them, which is
+//       what remote-wal's bootstrap waits for before persisting a name; polled after 10 ms, doubling up to 1 s, as
+//       the bootstrap polls). The client is connected first, as the Rust side's admin is.
 //   java -cp ... CreateTopicsAnchor delete BOOTSTRAP PREFIX...
 //       deletes every topic whose name starts with one of PREFIX_ and prints how many.
 
@@ -42,10 +44,25 @@ public final class CreateTopicsAnchor {
                     for (int i = 0; i < n; i++) {
                         topics.add(new NewTopic(prefix + "_" + i, 1, (short) 1));
                     }
+                    List<String> names = topics.stream().map(NewTopic::name).collect(Collectors.toList());
                     long start = System.nanoTime();
                     admin.createTopics(topics).all().get();
-                    long micros = (System.nanoTime() - start) / 1_000;
-                    System.out.println(micros / 1000.0);
+                    long acked = System.nanoTime() - start;
+                    long delayMs = 10;
+                    while (true) {
+                        try {
+                            admin.describeTopics(names).allTopicNames().get();
+                            break;
+                        } catch (ExecutionException e) {
+                            if (!(e.getCause() instanceof UnknownTopicOrPartitionException)) {
+                                throw e;
+                            }
+                        }
+                        Thread.sleep(delayMs);
+                        delayMs = Math.min(delayMs * 2, 1000);
+                    }
+                    long listed = System.nanoTime() - start;
+                    System.out.println((acked / 1_000) / 1000.0 + " " + (listed / 1_000) / 1000.0);
                     break;
                 }
                 case "delete": {

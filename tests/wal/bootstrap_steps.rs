@@ -15,8 +15,8 @@ use remote_wal::kv::{
 };
 use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use remote_wal::wal::kafka::bootstrap::{
-    BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure, bootstrap_procedure_id,
-    pool_lock_key,
+    BootstrapStep, CHUNKS_PER_STEP, TopicBootstrapData, TopicBootstrapProcedure,
+    bootstrap_procedure_id, pool_lock_key,
 };
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::topic_key::{
@@ -426,7 +426,7 @@ async fn persist_names_chunks_only_as_the_backend_requires() {
     kv.expect_max_txn_ops().return_const(4usize); // 2 names (compare + put each) per txn
     kv.expect_max_request_bytes().return_const(usize::MAX);
     kv.expect_txn()
-        .times(3)
+        .times(18) // 35 names, 2 per txn
         .withf(|txn| txn.compare.len() == txn.success.len() && txn.success.len() <= 2)
         .returning(|txn| {
             Ok(TxnResponse {
@@ -439,12 +439,13 @@ async fn persist_names_chunks_only_as_the_backend_requires() {
         .returning(|_| Ok(persisted_range(&[])));
     let mut p = at_step(
         BootstrapStep::PersistNames,
-        spec("p", 5),
+        spec("p", 35),
         Arc::new(kv),
         Arc::new(MockAdmin::new()),
     );
-    // One chunk per execution, the watermark moving past it; then done.
-    for watermark in [2, 4, 5] {
+    // Up to CHUNKS_PER_STEP (16) chunks per execution, the watermark moving past them; then done.
+    assert_eq!(CHUNKS_PER_STEP, 16);
+    for watermark in [32, 35] {
         let status = p.execute(&ctx()).await.unwrap();
         assert!(matches!(status, Status::Executing { persist: true }));
         assert_eq!(p.data().persisted_below, watermark);
@@ -453,7 +454,7 @@ async fn persist_names_chunks_only_as_the_backend_requires() {
         p.execute(&ctx()).await.unwrap(),
         Status::Done { .. }
     ));
-    assert_eq!(p.known_persisted(), Some(&names("p", 0..5)));
+    assert_eq!(p.known_persisted(), Some(&names("p", 0..35)));
 }
 
 #[tokio::test]
@@ -662,4 +663,35 @@ async fn topics_that_already_exist_are_success_and_logged_at_debug_only() {
         !text.to_lowercase().contains("already"),
         "'already exists' is not logged above debug: {text}"
     );
+}
+
+#[tokio::test]
+async fn a_resume_on_a_complete_pool_costs_one_metadata_read_and_one_range_read() {
+    // Every topic exists and every name is persisted: a crash after the last chunk, before the record said so.
+    const TOPICS: usize = 4096;
+    let admin = Arc::new(FakeTopicAdmin::new());
+    for i in 0..TOPICS {
+        admin.create_out_of_band(&format!("full_{i}"), 1);
+    }
+    let all: Vec<String> = (0..TOPICS).map(|i| format!("full_{i}")).collect();
+    let all_refs: Vec<&str> = all.iter().map(String::as_str).collect();
+    let listing = persisted_range(&all_refs);
+    let mut kv = MockKv::new();
+    kv.expect_max_txn_ops().return_const(128usize);
+    kv.expect_max_request_bytes().return_const(usize::MAX);
+    // One range read of the names (one answer holding all of them); no txn, put or any other call is expected:
+    // one would fail the test.
+    kv.expect_range()
+        .times(1)
+        .returning(move |_| Ok(listing.clone()));
+    let mut p = at_step(
+        BootstrapStep::CreateMissing,
+        spec("full", TOPICS),
+        Arc::new(kv),
+        admin.clone(),
+    );
+    run_to_done(&mut p).await.unwrap();
+    assert_eq!(admin.metadata_reads(), 1);
+    assert_eq!(admin.total_create_calls(), 0);
+    assert_eq!(p.data().persisted_below, TOPICS);
 }

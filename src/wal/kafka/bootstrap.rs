@@ -12,11 +12,12 @@
 //!    existing costs one metadata read plus the persists). A persisted topic the list lacks (deleted out of band)
 //!    is recreated — it is in the pool's spec — and reported (the `recreated` count of the output), then waited
 //!    for like a created one.
-//! 3. **PersistNames** — persist the names that are not persisted yet, one chunk per execution: a chunk is the
-//!    next indices from the watermark `persisted_below` (set by CreateMissing past the names persisted in a row
-//!    from the first), as many as fit one transaction of the backend (a compare and a put per name: 64 names under
-//!    etcd's 128 operations). Each chunk is put-if-absent and atomic, followed by a side-effect point, and moves
-//!    the watermark, which the engine persists with the state before the next chunk.
+//! 3. **PersistNames** — persist the names that are not persisted yet, up to [`CHUNKS_PER_STEP`] chunks per
+//!    execution: a chunk is the next indices from the watermark `persisted_below` (set by CreateMissing past the
+//!    names persisted in a row from the first), as many as fit one transaction of the backend (a compare and a put
+//!    per name: 64 names under etcd's 128 operations). Each chunk is put-if-absent and atomic, followed by a
+//!    side-effect point; the chunks of one execution are in flight together, and the execution moves the watermark
+//!    past them, which the engine persists with the state before the next execution.
 //!
 //! **The record is constant-size**: it holds the step, the spec and the watermark, never a topic name (names are
 //! `{prefix}_{i}`, derived from the spec), so it is a few hundred bytes at any `num_topics`. Records written by
@@ -319,7 +320,9 @@ impl TopicBootstrapProcedure {
     async fn create_missing(&mut self, ctx: &Context) -> procedures::Result<Status> {
         let spec = self.data.spec.clone();
         let wanted = spec.topic_names();
+        let started = Instant::now();
         let existing = self.admin.describe_topics(&wanted).await?;
+        let read_took = started.elapsed();
         // A topic made out of band with another partition count fails the bootstrap before anything is created.
         self.check_partitions(&existing)?;
         let persisted = self.persisted().await?;
@@ -333,8 +336,10 @@ impl TopicBootstrapProcedure {
             existing = existing.len(),
             missing = missing.len(),
             batch_size = self.admin.create_batch_size(),
+            ?read_took,
             "read the pool's topics; creating the missing ones"
         );
+        let creating = Instant::now();
         let admin = self.admin.clone();
         let batches: Vec<Vec<String>> = missing
             .chunks(self.admin.create_batch_size().max(1))
@@ -368,10 +373,20 @@ impl TopicBootstrapProcedure {
             ctx.side_effect_point(&created_label(&batch))?;
         }
         drop(creations);
+        let create_took = creating.elapsed();
 
         // Nothing created: the read above is fresh and answers the visibility check too.
         let listed = missing.is_empty().then_some(existing);
-        self.wait_until_visible(&wanted, listed).await?;
+        let waiting = Instant::now();
+        let polls = self.wait_until_visible(&wanted, listed).await?;
+        info!(
+            pool = %spec.topic_name_prefix,
+            created = missing.len(),
+            ?create_took,
+            polls,
+            wait_took = ?waiting.elapsed(),
+            "every wanted topic is listed"
+        );
         // PersistNames starts after the names persisted in a row from the first (all of them on a pool that is
         // complete already: PersistNames then writes nothing).
         let persisted = self.persisted().await?;
@@ -401,12 +416,13 @@ impl TopicBootstrapProcedure {
     /// Polls the broker's metadata of `wanted` until every topic shows the pool's partition count (`listed`, when
     /// given, is a fresh first answer); a wrong count is an error at once. A persisted topic that is missing (it
     /// existed once: it was deleted out of band) is recreated once, then waited for like a created one; a topic
-    /// still missing at the deadline is an error naming it.
+    /// still missing at the deadline is an error naming it. Returns how many metadata reads it made.
     async fn wait_until_visible(
         &mut self,
         wanted: &[String],
         mut listed: Option<BTreeMap<String, usize>>,
-    ) -> Result<()> {
+    ) -> Result<usize> {
+        let mut polls = 0;
         let poll = self.data.spec.ready_poll.clone();
         let started = Instant::now();
         let mut delays = ExponentialBuilder::default()
@@ -418,7 +434,10 @@ impl TopicBootstrapProcedure {
         loop {
             let listed = match listed.take() {
                 Some(listed) => listed,
-                None => self.admin.describe_topics(wanted).await?,
+                None => {
+                    polls += 1;
+                    self.admin.describe_topics(wanted).await?
+                }
             };
             self.check_partitions(&listed)?;
             let missing: Vec<String> = wanted
@@ -427,7 +446,7 @@ impl TopicBootstrapProcedure {
                 .cloned()
                 .collect();
             if missing.is_empty() {
-                return Ok(());
+                return Ok(polls);
             }
             self.persisted().await?;
             let persisted = self.persisted.as_ref();
@@ -456,8 +475,10 @@ impl TopicBootstrapProcedure {
                 .unwrap_or(poll.max)
                 .min(poll.deadline - waited);
             debug!(
+                listed = listed.len(),
                 missing = missing.len(),
                 ?delay,
+                ?waited,
                 "waiting for created topics to show up in metadata"
             );
             tokio::time::sleep(delay).await;
@@ -513,12 +534,11 @@ impl TopicBootstrapProcedure {
         Ok(())
     }
 
-    /// Step 3: persist the next chunk of names not persisted yet (see [`Self::persist_next_chunk`]); once the
+    /// Step 3: persist the next chunks of names not persisted yet (see [`Self::persist_next_chunks`]); once the
     /// watermark reaches `num_topics`, finish.
     async fn persist_names(&mut self, ctx: &Context) -> procedures::Result<Status> {
         if self.data.persisted_below < self.data.spec.num_topics {
-            let (from, to) = self.persist_next_chunk().await?;
-            ctx.side_effect_point(&format!("persisted names {from}..{to}"))?;
+            self.persist_next_chunks(ctx).await?;
             return Ok(Status::executing(true));
         }
         info!(pool = %self.data.spec.topic_name_prefix, topics = self.data.spec.num_topics, "every name of the pool is persisted");
@@ -532,49 +552,56 @@ impl TopicBootstrapProcedure {
         Ok(Status::done_with_output(output))
     }
 
-    /// Persists one chunk: the indices from the watermark on, as many as fit one transaction, their names not
-    /// persisted yet written in one transaction of "absent? then put" per name; then moves the watermark past the
-    /// chunk. Returns the chunk's index range.
+    /// Persists up to [`CHUNKS_PER_STEP`] chunks from the watermark on, their transactions in flight together, with a
+    /// side-effect point after each chunk (in index order); then moves the watermark past the last one, so the
+    /// engine writes the record once per group of chunks rather than once per chunk.
     ///
-    /// Chunks are fixed index ranges (from the watermark CreateMissing left), so a replay runs the same chunks as
-    /// the first run. Idempotent: names already persisted are skipped and never rewritten, so a replay never resets
-    /// a `pruned_entry_id`. When the transaction is refused (a name of the chunk was persisted meanwhile — this
-    /// chunk ran before a crash, or another writer), nothing was written; the chunk's names are read again and only
-    /// the still-missing ones are written. Refused twice in a row, it is an error.
-    async fn persist_next_chunk(&mut self) -> Result<(usize, usize)> {
+    /// A chunk is a fixed index range (as many indices as fit one transaction, from the watermark CreateMissing
+    /// left), so a replay runs the same chunks as the first run; its names not persisted yet are written in one
+    /// transaction of "absent? then put" per name (see [`persist_chunk`]). A crash in the middle of a group leaves
+    /// the watermark before the group: the replay finds the committed chunks' names present and writes only the
+    /// others, never resetting a `pruned_entry_id`.
+    async fn persist_next_chunks(&mut self, ctx: &Context) -> procedures::Result<()> {
         let spec = self.data.spec.clone();
-        let from = self.data.persisted_below;
-        let to = from
-            .saturating_add(self.txn_chunk_len(&spec))
-            .min(spec.num_topics);
-        let mut refused_in_a_row = 0;
-        loop {
-            let persisted = self.persisted().await?;
+        let chunk_len = self.txn_chunk_len(&spec);
+        let persisted = self.persisted().await?.clone();
+        let mut chunks = Vec::new();
+        let mut from = self.data.persisted_below;
+        while from < spec.num_topics && chunks.len() < CHUNKS_PER_STEP {
+            let to = from.saturating_add(chunk_len).min(spec.num_topics);
             let names: Vec<String> = (from..to)
                 .map(|i| spec.topic_name(i))
                 .filter(|name| !persisted.contains(name))
                 .collect();
-            if names.is_empty() || self.kv.txn(persist_topics_txn(&names)).await?.succeeded {
-                debug!(pool = %spec.topic_name_prefix, from, to, written = names.len(), "persisted a chunk of topic names");
-                self.persisted.get_or_insert_default().extend(names);
-                self.data.persisted_below = to;
-                return Ok((from, to));
-            }
-            refused_in_a_row += 1;
-            if refused_in_a_row > 1 {
-                return PersistTopicNamesConflictSnafu {
-                    prefix: spec.topic_name_prefix.clone(),
-                    reason: "another writer keeps persisting the pool's names (is a second metasrv running?)",
-                }
-                .fail();
-            }
-            let keys: Vec<Vec<u8>> = names.iter().map(|t| topic_name_key(t)).collect();
-            let found = self.kv.batch_get(&keys).await?;
-            let known = self.persisted.get_or_insert_default();
-            for pair in found {
-                known.insert(decode_topic_name_key(&pair.key)?);
-            }
+            chunks.push((from, to, names));
+            from = to;
         }
+        let kv = self.kv.clone();
+        let prefix = spec.topic_name_prefix.clone();
+        let started = Instant::now();
+        let first = self.data.persisted_below;
+        let mut writes = futures::stream::iter(chunks)
+            .map(|(from, to, names)| {
+                let kv = kv.clone();
+                let prefix = prefix.clone();
+                async move { (from, to, persist_chunk(&kv, &prefix, names).await) }
+            })
+            .buffered(CHUNKS_PER_STEP);
+        while let Some((from, to, written)) = writes.next().await {
+            let written = written?;
+            debug!(pool = %prefix, from, to, written = written.len(), "persisted a chunk of topic names");
+            self.persisted.get_or_insert_default().extend(written);
+            ctx.side_effect_point(&format!("persisted names {from}..{to}"))?;
+            self.data.persisted_below = to;
+        }
+        info!(
+            pool = %prefix,
+            from = first,
+            to = self.data.persisted_below,
+            took = ?started.elapsed(),
+            "persisted chunks of topic names"
+        );
+        Ok(())
     }
 
     /// How many names fit one transaction of the backend (each name costs a compare and a put).
@@ -586,6 +613,42 @@ impl TopicBootstrapProcedure {
         let largest = 2 * longest + value_len;
         let by_bytes = self.kv.max_request_bytes() / largest;
         by_ops.min(by_bytes).max(1)
+    }
+}
+
+/// How many chunks of names one PersistNames execution writes (their transactions in flight together) before the
+/// engine persists the watermark: 16 chunks of 64 names on etcd, so 1,024 names per record write.
+pub const CHUNKS_PER_STEP: usize = 16;
+
+/// Writes `names` (of the pool `prefix`) put-if-absent in one transaction; the names now known persisted.
+///
+/// When the transaction is refused (a name was persisted meanwhile — the chunk ran before a crash, or another
+/// writer), nothing was written; the names are read again and only the still-missing ones are written. Refused twice
+/// in a row, it is an error naming the pool.
+async fn persist_chunk(kv: &KvBackendRef, prefix: &str, names: Vec<String>) -> Result<Vec<String>> {
+    let mut known = Vec::new();
+    let mut names = names;
+    let mut refused_in_a_row = 0;
+    loop {
+        if names.is_empty() || kv.txn(persist_topics_txn(&names)).await?.succeeded {
+            known.extend(names);
+            return Ok(known);
+        }
+        refused_in_a_row += 1;
+        if refused_in_a_row > 1 {
+            return PersistTopicNamesConflictSnafu {
+                prefix: prefix.to_string(),
+                reason: "another writer keeps persisting the pool's names (is a second metasrv running?)",
+            }
+            .fail();
+        }
+        let keys: Vec<Vec<u8>> = names.iter().map(|t| topic_name_key(t)).collect();
+        let mut found = BTreeSet::new();
+        for pair in kv.batch_get(&keys).await? {
+            found.insert(decode_topic_name_key(&pair.key)?);
+        }
+        names.retain(|name| !found.contains(name));
+        known.extend(found);
     }
 }
 

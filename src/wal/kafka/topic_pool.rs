@@ -39,11 +39,20 @@ pub struct ReadyPoll {
     pub deadline: Duration,
 }
 
+/// The delay before the second visibility poll. A created topic is usually listed within tens of milliseconds on
+/// one broker, so the poll starts fast instead of at the admin's retry backoff (500 ms by default), which made the
+/// wait the largest part of a bootstrap.
+pub const READY_POLL_INIT: Duration = Duration::from_millis(10);
+
+/// The largest delay between two visibility polls: a slow cluster is asked once a second, not every 10 s.
+pub const READY_POLL_MAX: Duration = Duration::from_secs(1);
+
 impl Default for ReadyPoll {
+    /// Polls after 10 ms, doubling up to 1 s, for at most 5 minutes.
     fn default() -> Self {
         ReadyPoll {
-            init: Duration::from_millis(500),
-            max: Duration::from_secs(10),
+            init: READY_POLL_INIT,
+            max: READY_POLL_MAX,
             factor: 2.0,
             deadline: Duration::from_secs(300),
         }
@@ -84,7 +93,8 @@ impl TopicPoolSpec {
         }
     }
 
-    /// The pool a Kafka WAL config asks for (polling for created topics uses the config's backoff).
+    /// The pool a Kafka WAL config asks for. Polling for created topics starts at [`READY_POLL_INIT`] and doubles up
+    /// to [`READY_POLL_MAX`] (or the config's `backoff.max`, if smaller), until the config's `backoff.deadline`.
     pub fn from_config(config: &KafkaConfig) -> Self {
         TopicPoolSpec {
             topic_name_prefix: config.topic_name_prefix.clone(),
@@ -93,9 +103,9 @@ impl TopicPoolSpec {
             replication_factor: config.replication_factor,
             max_concurrent_creates: config.max_concurrent_creates,
             ready_poll: ReadyPoll {
-                init: config.backoff.init,
-                max: config.backoff.max,
-                factor: config.backoff.base as f32,
+                init: READY_POLL_INIT.min(config.backoff.max),
+                max: READY_POLL_MAX.min(config.backoff.max),
+                factor: 2.0,
                 deadline: config.backoff.deadline,
             },
             topic_config: config.topic_config.clone(),
@@ -607,6 +617,9 @@ mod tests {
         assert_eq!(spec.replication_factor, config.replication_factor);
         assert_eq!(spec.max_concurrent_creates, 5);
         assert_eq!(spec.ready_poll.deadline, config.backoff.deadline);
+        // Visibility polls start fast, whatever the admin's retry backoff.
+        assert_eq!(spec.ready_poll.init, READY_POLL_INIT);
+        assert_eq!(spec.ready_poll.max, READY_POLL_MAX);
     }
 
     #[test]
