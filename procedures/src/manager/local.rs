@@ -547,6 +547,12 @@ impl Inner {
         };
 
         self.set_controls(controls);
+        // Records are decoded and loaders run before the manager's state is locked: a loader may call the manager
+        // (its epoch, a watcher) without deadlocking it.
+        let recovered: Vec<Recovered> = records
+            .iter()
+            .map(|(key, value)| self.recover(key, value))
+            .collect();
         let mut runners = Vec::new();
         {
             let mut state = self.state();
@@ -556,8 +562,8 @@ impl Inner {
             }
             state.epoch = Some(epoch);
             state.phase = Phase::Running;
-            for (key, value) in records {
-                match self.recover(&key, &value) {
+            for recovered in recovered {
+                match recovered {
                     Recovered::Finished(record) => {
                         let info = ProcedureInfo::from(&record);
                         state

@@ -135,3 +135,66 @@ async fn a_stopped_manager_starts_again_with_a_new_epoch_and_recovers() {
     assert_eq!(m.epoch(), Some(first_epoch + 1));
     m.stop().await.unwrap();
 }
+
+/// Before, `start` held the manager's state lock around every loader call, so this deadlocked its thread: the
+/// body runs on a thread of its own, so that a regression fails this test instead of hanging the run.
+#[test]
+fn a_loader_that_calls_the_manager_does_not_deadlock_its_start() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(loader_calls_the_manager_while_it_starts());
+        let _ = done.send(());
+    });
+    finished
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the manager's start returned: a loader calling the manager must not deadlock it");
+}
+
+async fn loader_calls_the_manager_while_it_starts() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{OnceLock, Weak};
+
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(false);
+    // A first manager leaves a procedure unfinished in the store.
+    let first = LocalManager::new(store.clone(), fast_config());
+    first.register_loader(TYPE, env.loader()).unwrap();
+    first.start().await.unwrap();
+    let _left = first.submit(env.with_id("left", blocked(2))).await.unwrap();
+    until_entered(&env, 1).await;
+    first.stop().await.unwrap();
+
+    // The next manager's loader calls back into it while it recovers that procedure: its epoch and a watcher
+    // both take the manager's state lock, which start held around every loader call before.
+    let second = Arc::new(LocalManager::new(store.clone(), fast_config()));
+    let handle: Arc<OnceLock<Weak<LocalManager>>> = Arc::default();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let inner = env.loader();
+    let (h, c) = (handle.clone(), calls.clone());
+    second
+        .register_loader(
+            TYPE,
+            Box::new(move |data| {
+                if let Some(m) = h.get().and_then(Weak::upgrade) {
+                    let _ = m.epoch();
+                    let _ = m.watch(&ProcedureId::new("left"));
+                    c.fetch_add(1, Ordering::SeqCst);
+                }
+                inner(data)
+            }),
+        )
+        .unwrap();
+    assert!(handle.set(Arc::downgrade(&second)).is_ok());
+    second.start().await.unwrap();
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the loader ran once, for the unfinished procedure, and called the manager"
+    );
+    assert!(second.watch(&ProcedureId::new("left")).is_some());
+    second.stop().await.unwrap();
+}
