@@ -413,14 +413,6 @@ impl TopicAdmin for FakeTopicAdmin {
         Ok(answers)
     }
 
-    async fn describe_topics(&self, names: &[String]) -> Result<BTreeMap<String, usize>> {
-        let listed = self.list_topics().await?;
-        Ok(names
-            .iter()
-            .filter_map(|n| listed.get(n).map(|&p| (n.clone(), p)))
-            .collect())
-    }
-
     /// The configs of `keys` each existing topic of `names` was created with (or set out of band); one metadata
     /// read.
     async fn describe_topic_configs(
