@@ -321,7 +321,7 @@ fn topics_used(golden: &Outcome) -> BTreeSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn create_table_survives_every_crash_point_kafka_pool_in_memory() {
     let spec = TopicPoolSpec::new("greptimedb_wal_topic", 4);
-    let admin: TopicAdminRef = Arc::new(support::MemoryTopicAdmin::default());
+    let admin: TopicAdminRef = Arc::new(remote_wal::wal::kafka::testing::FakeTopicAdmin::new());
     let pool = support::bootstrap_pool(spec.clone(), admin.clone()).await;
     assert_eq!(pool.len(), 4);
     let golden = run(Provider::Kafka { spec, admin, pool }, false).await;

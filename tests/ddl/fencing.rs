@@ -1,9 +1,9 @@
 //! Issue 16, F3: no stale execution of a create-table another manager has advanced. Two procedure managers on one
-//! kv (the procedure store in it, as a metasrv runs): the first is held inside its Allocate step while a second
-//! claims the epoch, recovers the procedure and runs it (to the end, or until it is killed at any point, a third
-//! manager then finishing it). When the first is let go, its stale Allocate must write nothing: no
-//! `__table_allocation/…` reservation outlives the procedure, the table exists once, no region is created by the
-//! stale manager, and that manager halts.
+//! kv (the procedure store in it, as a metasrv runs): the first is held inside its Allocate step — before it writes
+//! its `__table_allocation/…` reservation, or just after — while a second claims the epoch, recovers the procedure
+//! and runs it (to the end, or until it is killed at any point, a third manager then finishing it). The first is
+//! then let go, or killed where it stands. Whatever the interleaving, no reservation outlives the procedure, the
+//! table exists once, no region is created by the stale manager, and a stale manager let go halts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,32 +20,140 @@ use remote_wal::ddl::{
     MemoryDatanodeManager, RaftEngineWalSource, RoundRobinPeerSelector, TableMetadataAllocator,
     TableMetadataManager, TableName, WalOptionsSource, WalOptionsSourceRef,
 };
-use remote_wal::kv::{KvBackendRef, KvStateStore, MemoryKvBackend};
+use remote_wal::kv::{
+    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
+    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnOp, TxnResponse,
+};
 use remote_wal::wal::WalOptions;
 use tokio::sync::Semaphore;
 
 const EPOCH_KEY: &str = "__procedure__/epoch";
 const WAIT: Duration = Duration::from_secs(30);
 
-/// A WAL source that holds every caller in `load_if_needed` until the test lets it go.
+/// Holds the stale manager's Allocate step at one point until the test lets it go.
 #[derive(Debug)]
 struct Gate {
     entered: Semaphore,
     release: Semaphore,
 }
 
-#[async_trait]
-impl WalOptionsSource for Gate {
-    async fn load_if_needed(&self) -> remote_wal::Result<()> {
+impl Gate {
+    fn new() -> Arc<Self> {
+        Arc::new(Gate {
+            entered: Semaphore::new(0),
+            release: Semaphore::new(0),
+        })
+    }
+
+    async fn pass(&self) {
         self.entered.add_permits(1);
         if let Ok(permit) = self.release.acquire().await {
             permit.forget();
         }
+    }
+}
+
+/// Where the stale manager is held in Allocate.
+#[derive(Clone, Copy, Debug)]
+enum Pause {
+    /// In `load_if_needed`, before anything is allocated or reserved.
+    BeforeReservation,
+    /// Right after its `__table_allocation/…` reservation was written, before its state is stored.
+    AfterReservation,
+}
+
+/// What happens to the stale manager once the newer one has run.
+#[derive(Clone, Copy, Debug)]
+enum Then {
+    /// It is let go and goes on with its step.
+    Released,
+    /// It is killed where it stands.
+    Killed,
+}
+
+/// A WAL source that holds every caller in `load_if_needed` at the gate.
+#[derive(Debug)]
+struct GatedWal(Arc<Gate>);
+
+#[async_trait]
+impl WalOptionsSource for GatedWal {
+    async fn load_if_needed(&self) -> remote_wal::Result<()> {
+        self.0.pass().await;
         Ok(())
     }
 
     fn alloc_batch(&self, n: usize) -> remote_wal::Result<Vec<WalOptions>> {
         Ok(vec![WalOptions::RaftEngine; n])
+    }
+}
+
+/// The allocator's kv, holding the caller at the gate right after a transaction that wrote a reservation.
+#[derive(Debug)]
+struct GatedKv {
+    inner: KvBackendRef,
+    gate: Arc<Gate>,
+}
+
+#[async_trait]
+impl KvBackend for GatedKv {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.inner.max_txn_ops()
+    }
+    fn max_request_bytes(&self) -> usize {
+        self.inner.max_request_bytes()
+    }
+    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_get(keys).await
+    }
+    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
+        self.inner.range(req).await
+    }
+    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.put(req).await
+    }
+    async fn batch_put(
+        &self,
+        kvs: Vec<KeyValue>,
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_put(kvs, prev_kv).await
+    }
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::Result<CompareAndPutResponse> {
+        self.inner.compare_and_put(req).await
+    }
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
+        self.inner.delete_range(key, range_end, prev_kv).await
+    }
+    async fn batch_delete(
+        &self,
+        keys: &[Vec<u8>],
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_delete(keys, prev_kv).await
+    }
+    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+        let reserves = txn.success.iter().any(|op| {
+            matches!(op, TxnOp::Put(key, _) if key.starts_with(b"__table_allocation/"))
+        });
+        let resp = self.inner.txn(txn).await?;
+        if reserves && resp.succeeded {
+            self.gate.pass().await;
+        }
+        Ok(resp)
     }
 }
 
@@ -69,11 +177,21 @@ fn context(
     wal: WalOptionsSourceRef,
     dns: Arc<MemoryDatanodeManager>,
 ) -> DdlContext {
+    context_with_allocator_kv(kv, kv.clone(), wal, dns)
+}
+
+/// [`context`] whose allocator reads and writes through `allocator_kv` (a gated view of `kv`).
+fn context_with_allocator_kv(
+    kv: &KvBackendRef,
+    allocator_kv: KvBackendRef,
+    wal: WalOptionsSourceRef,
+    dns: Arc<MemoryDatanodeManager>,
+) -> DdlContext {
     DdlContext {
         metadata: Arc::new(TableMetadataManager::new(kv.clone())),
         allocator: Arc::new(
             TableMetadataAllocator::new(
-                kv.clone(),
+                allocator_kv,
                 Arc::new(RoundRobinPeerSelector::new(vec![1, 2])),
                 wal,
             )
@@ -108,13 +226,23 @@ struct Stale {
     watcher: procedures::Watcher,
 }
 
-async fn stale_manager_in_allocate(kv: &KvBackendRef, id: &ProcedureId) -> Stale {
-    let gate = Arc::new(Gate {
-        entered: Semaphore::new(0),
-        release: Semaphore::new(0),
-    });
+async fn stale_manager_in_allocate(kv: &KvBackendRef, id: &ProcedureId, pause: Pause) -> Stale {
+    let gate = Gate::new();
     let datanodes = Arc::new(MemoryDatanodeManager::new());
-    let ctx = context(kv, gate.clone(), datanodes.clone());
+    let ctx = match pause {
+        Pause::BeforeReservation => {
+            context(kv, Arc::new(GatedWal(gate.clone())), datanodes.clone())
+        }
+        Pause::AfterReservation => context_with_allocator_kv(
+            kv,
+            Arc::new(GatedKv {
+                inner: kv.clone(),
+                gate: gate.clone(),
+            }),
+            Arc::new(RaftEngineWalSource),
+            datanodes.clone(),
+        ),
+    };
     let manager = manager(Arc::new(KvStateStore::new(kv.clone())), None, &ctx);
     manager.start().await.unwrap();
     let task = CreateTableTask::new(TableName::new("greptime", "public", "fenced"), 3);
@@ -207,7 +335,7 @@ async fn check_end(kv: &KvBackendRef, id: &ProcedureId, stale: &Stale, label: &s
 async fn a_stale_allocate_after_another_manager_finished_the_table_writes_nothing() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let id = ProcedureId::new("create-t");
-    let mut stale = stale_manager_in_allocate(&kv, &id).await;
+    let mut stale = stale_manager_in_allocate(&kv, &id, Pause::BeforeReservation).await;
 
     // A second manager claims the epoch, recovers the procedure and finishes it.
     let ctx = context(
@@ -230,6 +358,9 @@ async fn a_stale_allocate_after_another_manager_finished_the_table_writes_nothin
     check_end(&kv, &id, &stale, "finished by the second manager").await;
 }
 
+/// Every interleaving of the matrix: the stale manager held before or after its reservation; the newer manager run
+/// to the end or killed before or after each of its first 8 durable writes or at each of its first 4 side-effect
+/// points; then the stale manager let go or killed; a third manager finishes what is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_allocate_leaves_no_reservation_whatever_point_the_newer_manager_is_killed_at() {
     let mut plans = vec![CrashPlan::none()];
@@ -240,47 +371,65 @@ async fn a_stale_allocate_leaves_no_reservation_whatever_point_the_newer_manager
     for m in 0..4 {
         plans.push(CrashPlan::at(CrashPoint::SideEffect(m)));
     }
-    for plan in plans {
-        let label = format!("{plan:?}");
-        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-        let id = ProcedureId::new("create-t");
-        let mut stale = stale_manager_in_allocate(&kv, &id).await;
-
-        // The second manager claims the epoch and runs the procedure until it is killed at `plan`.
-        let crashing = Arc::new(CrashingStore::with_plan(
-            Arc::new(KvStateStore::new(kv.clone())),
-            plan,
-        ));
-        let ctx = context(
-            &kv,
-            Arc::new(RaftEngineWalSource),
-            Arc::new(MemoryDatanodeManager::new()),
-        );
-        let b = manager(crashing.clone(), Some(&crashing), &ctx);
-        if b.start().await.is_ok()
-            && let Some(mut w) = b.watch(&id)
-        {
-            let _ = tokio::time::timeout(WAIT, w.wait())
-                .await
-                .expect("the second manager stops");
+    let mut cases = 0;
+    for pause in [Pause::BeforeReservation, Pause::AfterReservation] {
+        for then in [Then::Released, Then::Killed] {
+            for plan in &plans {
+                interleaving(pause, *plan, then).await;
+                cases += 1;
+            }
         }
-        // Dead or done: it writes no more.
-        let _ = b.stop().await;
-
-        // The stale manager goes on; then a third manager recovers whatever is left.
-        let epoch_moved = kv
-            .get(EPOCH_KEY.as_bytes())
-            .await
-            .unwrap()
-            .map(|kv| kv.value)
-            != Some(b"1".to_vec());
-        if epoch_moved {
-            release(&mut stale).await;
-        } else {
-            // Killed before it claimed the epoch: the first manager is not stale; stop it like a kill.
-            stale.manager.stop().await.unwrap();
-            stale.gate.release.add_permits(1);
-        }
-        check_end(&kv, &id, &stale, &label).await;
     }
+    assert_eq!(cases, 84);
+}
+
+async fn interleaving(pause: Pause, plan: CrashPlan, then: Then) {
+    let label = format!("stale held {pause:?}, newer manager {plan:?}, stale then {then:?}");
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let id = ProcedureId::new("create-t");
+    let mut stale = stale_manager_in_allocate(&kv, &id, pause).await;
+    if matches!(pause, Pause::AfterReservation) {
+        assert_eq!(
+            kv_keys(kv.as_ref(), "__table_allocation/").await,
+            vec!["__table_allocation/create-t".to_string()],
+            "{label}: the stale manager is held after its reservation"
+        );
+    }
+
+    // The second manager claims the epoch and runs the procedure until it is killed at `plan`.
+    let crashing = Arc::new(CrashingStore::with_plan(
+        Arc::new(KvStateStore::new(kv.clone())),
+        plan,
+    ));
+    let ctx = context(
+        &kv,
+        Arc::new(RaftEngineWalSource),
+        Arc::new(MemoryDatanodeManager::new()),
+    );
+    let b = manager(crashing.clone(), Some(&crashing), &ctx);
+    if b.start().await.is_ok()
+        && let Some(mut w) = b.watch(&id)
+    {
+        let _ = tokio::time::timeout(WAIT, w.wait())
+            .await
+            .expect("the second manager stops");
+    }
+    // Dead or done: it writes no more.
+    let _ = b.stop().await;
+
+    // The stale manager goes on (or dies); then a third manager recovers whatever is left.
+    let epoch_moved = kv
+        .get(EPOCH_KEY.as_bytes())
+        .await
+        .unwrap()
+        .map(|kv| kv.value)
+        != Some(b"1".to_vec());
+    if epoch_moved && matches!(then, Then::Released) {
+        release(&mut stale).await;
+    } else {
+        // Killed (or, killed before the newer one claimed the epoch, not stale at all): stop it like a kill.
+        stale.manager.stop().await.unwrap();
+        stale.gate.release.add_permits(1);
+    }
+    check_end(&kv, &id, &stale, &label).await;
 }

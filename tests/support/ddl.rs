@@ -102,38 +102,6 @@ pub async fn metadata_snapshot(kv: &KvBackendRef) -> BTreeMap<String, String> {
     out
 }
 
-/// Topics in memory, as a Kafka cluster would hold them (for bootstrapping a pool without a broker).
-#[derive(Debug, Default)]
-pub struct MemoryTopicAdmin {
-    topics: std::sync::Mutex<BTreeMap<String, usize>>,
-}
-
-#[async_trait::async_trait]
-impl remote_wal::wal::kafka::admin::TopicAdmin for MemoryTopicAdmin {
-    fn endpoints(&self) -> Vec<String> {
-        vec!["memory".to_string()]
-    }
-
-    async fn list_topics(&self) -> remote_wal::Result<BTreeMap<String, usize>> {
-        Ok(self.topics.lock().unwrap().clone())
-    }
-
-    async fn create_topic(
-        &self,
-        name: &str,
-        num_partitions: i32,
-        _replication_factor: i16,
-    ) -> remote_wal::Result<remote_wal::wal::kafka::admin::CreateTopicOutcome> {
-        use remote_wal::wal::kafka::admin::CreateTopicOutcome;
-        let mut topics = self.topics.lock().unwrap();
-        if topics.contains_key(name) {
-            return Ok(CreateTopicOutcome::AlreadyExisted);
-        }
-        topics.insert(name.to_string(), num_partitions as usize);
-        Ok(CreateTopicOutcome::Created)
-    }
-}
-
 /// Bootstraps the pool `spec` through `admin` with the real bootstrap procedure, and returns the persisted topic
 /// keys (what every later metasrv finds in its kv).
 pub async fn bootstrap_pool(
