@@ -146,9 +146,10 @@ impl KvBackend for GatedKv {
         self.inner.batch_delete(keys, prev_kv).await
     }
     async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
-        let reserves = txn.success.iter().any(|op| {
-            matches!(op, TxnOp::Put(key, _) if key.starts_with(b"__table_allocation/"))
-        });
+        let reserves = txn
+            .success
+            .iter()
+            .any(|op| matches!(op, TxnOp::Put(key, _) if key.starts_with(b"__table_allocation/")));
         let resp = self.inner.txn(txn).await?;
         if reserves && resp.succeeded {
             self.gate.pass().await;
