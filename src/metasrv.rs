@@ -861,10 +861,22 @@ impl Metasrv {
             .into_iter()
             .map(|(key, _)| WriteOp::Delete { key })
             .collect();
+        let expected: Vec<(String, Option<Vec<u8>>)> = conditions
+            .iter()
+            .map(|c| match c {
+                Condition::Equals { key, value } => (key.clone(), Some(value.clone())),
+                Condition::Absent { key } => (key.clone(), None),
+            })
+            .collect();
         match self.state_store.write(conditions, ops).await? {
             WriteOutcome::Applied => Ok(()),
             WriteOutcome::Rejected { current } => {
-                let changed: Vec<&str> = current.iter().map(|(k, _)| k.as_str()).collect();
+                // Name only the keys whose value is not the one read.
+                let changed: Vec<&str> = current
+                    .iter()
+                    .filter(|(key, value)| !expected.contains(&(key.clone(), value.clone())))
+                    .map(|(key, _)| key.as_str())
+                    .collect();
                 ProcedurePurgeSnafu {
                     id,
                     reason: format!(
@@ -1070,7 +1082,7 @@ mod tests {
 
     use super::*;
     use crate::config::MetadataStoreConfig;
-    use crate::kv::MemoryKvBackend;
+    use crate::kv::{KvBackend, MemoryKvBackend};
     use crate::wal::kafka::testing::FakeTopicAdmin;
 
     /// The shared in-memory Kafka cluster.
@@ -1323,6 +1335,131 @@ mod tests {
         ) -> Result<()> {
             std::future::pending().await
         }
+    }
+
+    /// A kv that, once armed, rewrites a procedure record just before the transaction deleting it runs: another
+    /// process writing the record between a purge's read and its delete.
+    #[derive(Debug)]
+    struct RacingKv {
+        inner: MemoryKvBackend,
+        armed: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl KvBackend for RacingKv {
+        fn name(&self) -> String {
+            self.inner.name()
+        }
+        fn max_txn_ops(&self) -> usize {
+            self.inner.max_txn_ops()
+        }
+        fn max_request_bytes(&self) -> usize {
+            self.inner.max_request_bytes()
+        }
+        async fn get(&self, key: &[u8]) -> Result<Option<crate::kv::KeyValue>> {
+            self.inner.get(key).await
+        }
+        async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<crate::kv::KeyValue>> {
+            self.inner.batch_get(keys).await
+        }
+        async fn range(&self, req: RangeRequest) -> Result<crate::kv::RangeResponse> {
+            self.inner.range(req).await
+        }
+        async fn put(&self, req: crate::kv::PutRequest) -> Result<Option<crate::kv::KeyValue>> {
+            self.inner.put(req).await
+        }
+        async fn batch_put(
+            &self,
+            kvs: Vec<crate::kv::KeyValue>,
+            prev_kv: bool,
+        ) -> Result<Vec<crate::kv::KeyValue>> {
+            self.inner.batch_put(kvs, prev_kv).await
+        }
+        async fn compare_and_put(
+            &self,
+            req: crate::kv::CompareAndPutRequest,
+        ) -> Result<crate::kv::CompareAndPutResponse> {
+            self.inner.compare_and_put(req).await
+        }
+        async fn delete_range(
+            &self,
+            key: &[u8],
+            range_end: &[u8],
+            prev_kv: bool,
+        ) -> Result<(u64, Vec<crate::kv::KeyValue>)> {
+            self.inner.delete_range(key, range_end, prev_kv).await
+        }
+        async fn batch_delete(
+            &self,
+            keys: &[Vec<u8>],
+            prev_kv: bool,
+        ) -> Result<Vec<crate::kv::KeyValue>> {
+            self.inner.batch_delete(keys, prev_kv).await
+        }
+        async fn txn(&self, txn: crate::kv::Txn) -> Result<crate::kv::TxnResponse> {
+            let deleted_record = txn.success.iter().find_map(|op| match op {
+                crate::kv::TxnOp::Delete(key) if key.starts_with(b"__procedure__/proc/") => {
+                    Some(key.clone())
+                }
+                _ => None,
+            });
+            if let Some(key) = deleted_record
+                && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+                && let Some(record) = self.inner.get(&key).await?
+            {
+                let mut value = record.value;
+                value.push(b' ');
+                self.inner
+                    .put(crate::kv::PutRequest {
+                        key,
+                        value,
+                        prev_kv: false,
+                    })
+                    .await?;
+            }
+            self.inner.txn(txn).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_purge_racing_another_writer_deletes_nothing_and_names_the_changed_key() {
+        let kv = Arc::new(RacingKv {
+            inner: MemoryKvBackend::new(),
+            armed: std::sync::atomic::AtomicBool::new(false),
+        });
+        let metasrv = Metasrv::with_parts(
+            memory_config(WalConfig::RaftEngine, vec![1]),
+            kv.clone(),
+            None,
+            Arc::new(MemoryDatanodeManager::new()),
+        )
+        .unwrap();
+        metasrv.start().await.unwrap();
+        metasrv
+            .create_table(TableName::new("greptime", "public", "raced"), 1, false)
+            .await
+            .unwrap();
+        let id = metasrv.list_procedures().await.unwrap()[0].id.to_string();
+        let key = format!("__procedure__/{RECORD_PREFIX}{id}").into_bytes();
+        let before = kv.get(&key).await.unwrap().expect("the record").value;
+
+        kv.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+        let err = metasrv.purge_procedure(&id).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot purge procedure '{id}': the state store changed while purging (keys {RECORD_PREFIX}{id}); run the command again"
+            )
+        );
+        // Nothing deleted: the record stays as the other writer left it.
+        let mut raced = before.clone();
+        raced.push(b' ');
+        assert_eq!(kv.get(&key).await.unwrap().expect("kept").value, raced);
+
+        // Run again, it purges.
+        metasrv.purge_procedure(&id).await.unwrap();
+        assert!(kv.get(&key).await.unwrap().is_none());
+        metasrv.stop().await.unwrap();
     }
 
     #[tokio::test]
