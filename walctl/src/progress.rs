@@ -4,7 +4,9 @@
 use std::future::Future;
 use std::io::IsTerminal;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use remote_wal::metasrv::BootstrapProgress;
@@ -36,6 +38,8 @@ pub struct Waiting {
     started: Instant,
     bar: Option<ProgressBar>,
     progress: Mutex<Option<BootstrapProgress>>,
+    /// Where a "still waiting" line goes: stderr (a test collects them instead).
+    say: Box<dyn Fn(String) + Send + Sync>,
 }
 
 impl Waiting {
@@ -59,6 +63,7 @@ impl Waiting {
             started: Instant::now(),
             bar,
             progress: Mutex::new(None),
+            say: Box::new(|line| eprintln!("{line}")),
         }
     }
 
@@ -89,13 +94,13 @@ impl Waiting {
     /// after [`FIRST`] and then every [`REPEAT`].
     pub async fn run<T>(&self, work: impl Future<Output = T>) -> T {
         tokio::pin!(work);
-        let mut tick = tokio::time::interval_at((Instant::now() + FIRST).into(), REPEAT);
+        let mut tick = tokio::time::interval_at(Instant::now() + FIRST, REPEAT);
         loop {
             tokio::select! {
                 result = &mut work => return result,
                 _ = tick.tick() => {
                     if self.bar.is_none() {
-                        eprintln!("{}", self.line());
+                        (self.say)(self.line());
                     }
                 }
             }
@@ -122,5 +127,70 @@ impl Drop for Waiting {
         if let Some(bar) = self.bar.take() {
             bar.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A waiting reporter as on a non-terminal stderr, collecting its lines.
+    fn collecting(what: &str) -> (Waiting, Arc<Mutex<Vec<String>>>) {
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        let waiting = Waiting {
+            what: what.to_string(),
+            started: Instant::now(),
+            bar: None,
+            progress: Mutex::new(None),
+            say: Box::new(move |line| sink.lock().unwrap().push(line)),
+        };
+        (waiting, lines)
+    }
+
+    // On tokio's paused clock, so the 30 s wait is simulated: the assertion is about when lines are printed.
+    #[tokio::test(start_paused = true)]
+    async fn a_long_wait_says_what_it_waits_for_after_2_s_and_then_every_5_s() {
+        let what = "Kafka at 127.0.0.1:1 to create the topic pool 'p' of 4 topics";
+        let (waiting, lines) = collecting(what);
+        let out = waiting
+            .run(async {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                7
+            })
+            .await;
+        assert_eq!(out, 7);
+        let lines = lines.lock().unwrap().clone();
+        let want: Vec<String> = [2, 7, 12, 17, 22, 27]
+            .iter()
+            .map(|s| format!("walctl: waiting for {what} ({s}s)"))
+            .collect();
+        assert_eq!(lines, want);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_short_wait_prints_nothing_and_a_line_carries_the_bootstrap_progress() {
+        let (waiting, lines) = collecting("x");
+        waiting
+            .run(tokio::time::sleep(Duration::from_millis(1900)))
+            .await;
+        assert!(lines.lock().unwrap().is_empty());
+
+        waiting.bootstrap_progress(BootstrapProgress {
+            wanted: 64,
+            on_broker: 10,
+            persisted: 3,
+        });
+        waiting
+            .run(tokio::time::sleep(Duration::from_secs(3)))
+            .await;
+        let lines = lines.lock().unwrap().clone();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].ends_with(": 10 of 64 topics on the brokers, 3 persisted"),
+            "{lines:?}"
+        );
     }
 }
