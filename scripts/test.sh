@@ -59,6 +59,16 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 echo "[test] cargo doc --workspace --no-deps --all-features (rustdoc warnings denied)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --all-features
 
+# The library compiles no CLI crate: they belong to walctl. (axum is checked as a direct dependency only: the etcd
+# client's gRPC crate, tonic, pulls it in through its default features.)
+echo "[test] cargo tree -p remote-wal -e normal: no CLI crate"
+cli_crates='clap|indicatif|comfy-table|tabled|tracing-subscriber|prometheus-client'
+if cargo tree -p remote-wal -e normal --prefix none | grep -E "^($cli_crates) " ||
+  cargo tree -p remote-wal -e normal --prefix none --depth 1 | grep -E '^axum '; then
+  echo "[test] remote-wal depends on the CLI crates above; they belong in walctl/Cargo.toml" >&2
+  exit 1
+fi
+
 if [[ -z ${ETCD_ENDPOINTS:-} ]]; then
   "$SERVICES" start etcd
   started+=(etcd)
