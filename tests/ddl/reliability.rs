@@ -2,12 +2,16 @@
 //! below 1024 are never handed out, and a region count outside 1..=1024 is refused before anything is written.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::support::kv_keys;
 use remote_wal::config::{DatanodesConfig, MetadataBackend, MetadataStoreConfig, MetasrvConfig};
 use remote_wal::ddl::allocator::MIN_USER_TABLE_ID;
 use remote_wal::ddl::{MemoryDatanodeManager, TableName};
-use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest};
+use remote_wal::kv::{
+    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef,
+    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
+};
 use remote_wal::metasrv::Metasrv;
 use remote_wal::wal::WalConfig;
 
@@ -134,4 +138,118 @@ async fn the_metadata_write_names_the_key_that_clashed_not_the_absent_name() {
         .to_string();
     assert!(err.contains("'__table_info/2048'"), "{err}");
     assert!(err.contains("greptime.public.b"), "{err}");
+}
+
+/// The metadata kv of a metasrv whose reads of `__table_info/…` time out as etcd's would (a retryable error), while
+/// `failing` is set; everything else goes through.
+#[derive(Debug)]
+struct TableInfoReadsTimeOut {
+    inner: KvBackendRef,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl KvBackend for TableInfoReadsTimeOut {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.inner.max_txn_ops()
+    }
+    fn max_request_bytes(&self) -> usize {
+        self.inner.max_request_bytes()
+    }
+    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst)
+            && key.starts_with(b"__table_info/")
+        {
+            return Err(remote_wal::Error::EtcdTimeout {
+                endpoints: "127.0.0.1:2379".into(),
+                action: "get",
+                key: String::from_utf8_lossy(key).into_owned(),
+                timeout: Duration::from_secs(1),
+            });
+        }
+        self.inner.get(key).await
+    }
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_get(keys).await
+    }
+    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
+        self.inner.range(req).await
+    }
+    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.put(req).await
+    }
+    async fn batch_put(
+        &self,
+        kvs: Vec<KeyValue>,
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_put(kvs, prev_kv).await
+    }
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::Result<CompareAndPutResponse> {
+        self.inner.compare_and_put(req).await
+    }
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
+        self.inner.delete_range(key, range_end, prev_kv).await
+    }
+    async fn batch_delete(
+        &self,
+        keys: &[Vec<u8>],
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_delete(keys, prev_kv).await
+    }
+    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+        self.inner.txn(txn).await
+    }
+}
+
+/// Issue 16, F3: a reservation written by Allocate does not outlive a procedure whose Allocate then failed
+/// retryably until the step's retries ran out — the procedure fails through its rollback, which deletes it.
+#[tokio::test]
+async fn an_allocate_whose_retries_run_out_leaves_no_reservation() {
+    let kv: KvBackendRef = Arc::new(TableInfoReadsTimeOut {
+        inner: Arc::new(MemoryKvBackend::new()),
+        failing: true.into(),
+    });
+    let mut config = config();
+    config.procedure.max_retries = 2;
+    config.procedure.retry_delay = Duration::from_millis(1);
+    config.procedure.max_retry_delay = Duration::from_millis(5);
+    let datanodes = Arc::new(MemoryDatanodeManager::new());
+    let m = Metasrv::with_parts(config, kv.clone(), None, datanodes.clone()).unwrap();
+    m.start().await.unwrap();
+
+    let err = m
+        .create_table(name("flaky"), 2, false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("retries ran out"), "{err}");
+    assert!(
+        err.contains(&format!("__table_info/{MIN_USER_TABLE_ID}")),
+        "{err}"
+    );
+    // Allocate did reserve (its check ran after the reservation), and the rollback removed it.
+    assert_eq!(
+        kv_keys(kv.as_ref(), "__table_allocation/").await,
+        Vec::<String>::new(),
+        "a reservation outlived its failed procedure"
+    );
+    assert_eq!(
+        kv_keys(kv.as_ref(), "__table_name/").await,
+        Vec::<String>::new()
+    );
+    assert_eq!(datanodes.calls(), 0);
+    m.stop().await.unwrap();
 }
