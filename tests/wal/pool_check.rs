@@ -133,7 +133,12 @@ async fn the_allocator_never_hands_out_a_topic_it_has_not_seen_on_the_brokers_si
         .load_ready()
         .await
         .expect_err("seen_2 is persisted but not on the brokers");
-    assert!(err.to_string().contains("seen_2"), "{err}");
+    // The text docs/errors.md quotes.
+    assert_eq!(
+        err.to_string(),
+        "Kafka topic pool 'seen' is not ready: 1 of 3 persisted topics are not on the brokers \
+         [\"fake-broker:9092\"] with 1 partition(s) (first: [\"seen_2\"]); run the bootstrap again to recreate them"
+    );
     for err in [pool.alloc().unwrap_err(), pool.alloc_batch(3).unwrap_err()] {
         let text = err.to_string();
         assert!(
