@@ -1,6 +1,6 @@
 //! Control of running procedures: the manager's view of the control keys (cancel, pause, resume), its own
 //! `cancel`/`pause`/`resume` (fenced writes of those keys), and the task that polls the keys written by other
-//! processes.
+//! processes — and the store's epoch, halting the manager as fenced as soon as a newer one claimed the store.
 //!
 //! The keys are the truth (see [`crate::control`]); the manager keeps a copy in memory that runners consult while
 //! they wait, refreshed by the poll every `control_poll_interval` and at once by the manager's own requests. A
@@ -14,8 +14,9 @@ use crate::control::{
     decide, read_one,
 };
 use crate::error::{Error, Result};
-use crate::manager::local::Inner;
+use crate::manager::local::{Inner, parse_epoch};
 use crate::procedure::ProcedureId;
+use crate::record::EPOCH_KEY;
 use crate::store::{WriteOp, WriteOutcome};
 
 /// What the control keys ask of one procedure now.
@@ -180,6 +181,19 @@ pub(crate) async fn poll(inner: &Arc<Inner>) {
             .collect();
         (state.epoch, finished)
     };
+    // A newer manager claimed the store: halt now, not only at this manager's next write, so a step with several
+    // outside effects (a bootstrap creating topics batch after batch) stops at its next side-effect point or await.
+    if let Some(own) = epoch
+        && let Ok(Some(bytes)) = inner.store.get(EPOCH_KEY).await
+        && let Some(current) = parse_epoch(&bytes)
+        && current > own
+    {
+        inner.halt_on(&Error::Fenced {
+            epoch: current,
+            own,
+        });
+        return;
+    }
     let requests = match ControlRequests::read(inner.store.as_ref()).await {
         Ok(requests) => requests,
         Err(e) => {

@@ -245,6 +245,10 @@ impl Inner {
             }
             HaltReason::Fatal(text) => tracing::warn!(error = %text, "procedure manager halted"),
         }
+        let fenced_by = match &reason {
+            HaltReason::Fenced { epoch, .. } => Some(*epoch),
+            _ => None,
+        };
         state.phase = Phase::Halted(reason);
         self.halted.store(true, Ordering::Release);
         self.admission().close();
@@ -254,10 +258,19 @@ impl Inner {
                 task.abort();
             }
             if !entry.info.state.is_finished() {
+                let mut info = entry.info.clone();
                 // `retrying` is never persisted: the last persisted state of a retrying procedure is `running`.
-                if entry.info.state == ProcedureState::Retrying {
-                    let mut info = entry.info.clone();
+                if info.state == ProcedureState::Retrying {
                     info.state = ProcedureState::Running;
+                }
+                // The fence in each unfinished procedure's history (in memory; a runner that met it noted it).
+                if let Some(epoch) = fenced_by {
+                    let kind = EventKind::Fenced { epoch };
+                    if !info.events.iter().any(|e| e.kind == kind) {
+                        push_event(&mut info.events, now_ms(), kind);
+                    }
+                }
+                if info != entry.info {
                     entry.publish(info);
                 }
                 entry.tx = None;

@@ -4,8 +4,13 @@
 
 use std::sync::Arc;
 
-use procedures::record::EPOCH_KEY;
-use procedures::{LocalManager, ManagerConfig, MemoryStateStore, ProcedureManager, StateStore};
+use procedures::record::{EPOCH_KEY, record_key};
+use procedures::{
+    EventKind, LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
+    StateStore,
+};
+
+use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
 
 #[tokio::test]
 async fn a_manager_refuses_to_start_past_the_largest_epoch() {
@@ -36,4 +41,65 @@ async fn a_manager_refuses_to_start_past_the_largest_epoch() {
         Some(u64::MAX.to_string().into_bytes())
     );
     manager.stop().await.unwrap();
+}
+
+/// Issue 16, F11 ("a fenced process keeps creating topics"): a manager whose step is busy with outside effects, and
+/// writes nothing meanwhile, halts as fenced once a newer manager claims the store — from its control poll, not
+/// only at its next write — so the step stops at once and nothing more is written by it.
+#[tokio::test]
+async fn a_manager_busy_in_a_step_halts_as_soon_as_a_newer_one_claims_the_store() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(false);
+    let m1 = LocalManager::new(store.clone(), fast_config());
+    m1.register_loader(TYPE, env.loader()).unwrap();
+    m1.start().await.unwrap();
+    let plan = Plan {
+        block_at: Some(0),
+        ..Plan::steps(1, true)
+    };
+    let mut watcher = m1.submit(env.with_id("busy", plan)).await.unwrap();
+    let id = ProcedureId::new("busy");
+    // The step is running (held at its gate: it writes nothing until it returns).
+    within(async {
+        while m1.procedure_state(&id).await.unwrap().map(|i| i.attempt) != Some(1) {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+
+    // A newer manager claims the store; it has no loader, so it runs nothing itself.
+    let m2 = LocalManager::new(store.clone(), fast_config());
+    m2.start().await.unwrap();
+    let newer = m2.epoch().unwrap();
+    let before = store.snapshot()[&record_key(&id)].clone();
+
+    // The busy manager halts with its step still held: its watcher resolves without an output.
+    let outcome = within(watcher.wait()).await;
+    assert!(outcome.is_err(), "{outcome:?}");
+    let info = m1.procedure_state(&id).await.unwrap().expect("known");
+    assert!(
+        info.events
+            .iter()
+            .any(|e| e.kind == EventKind::Fenced { epoch: newer }),
+        "{:?}",
+        info.events
+    );
+    let err = m1
+        .submit(env.with_id("after", Plan::steps(1, true)))
+        .await
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&format!("fenced by epoch {newer}")), "{err}");
+
+    // Let the held step go: it was stopped, so the record stays as it was.
+    env.gate.add_permits(10);
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(
+        store.snapshot()[&record_key(&id)],
+        before,
+        "a fenced manager wrote"
+    );
+    m1.stop().await.unwrap();
+    m2.stop().await.unwrap();
 }
