@@ -20,6 +20,22 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// Send the command to the `walctl serve` that leads, among these servers (`URL` or `host:port`, comma
+    /// separated), and print its answer as the command prints its own result. Without it, the command runs here.
+    #[arg(
+        long,
+        global = true,
+        env = "WALCTL_SERVER",
+        value_name = "URL[,URL...]",
+        value_delimiter = ','
+    )]
+    pub server: Vec<String>,
+
+    /// With --server: how long to look for a leader that takes the request (servers down, an election under way)
+    /// before giving up.
+    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub wait: std::time::Duration,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

@@ -7,6 +7,7 @@
 //! ones (`procedures list/show/locks`, `topics`, `open-regions`) only read the store. See `docs/walctl.md`.
 
 mod cli;
+mod client;
 mod output;
 mod progress;
 mod serve;
@@ -35,6 +36,19 @@ fn main() -> ExitCode {
         Err(e) => return cli::usage_error(e),
     };
     progress::init_tracing();
+    if !cli.server.is_empty() {
+        // Client mode: plain blocking HTTP, no runtime needed.
+        let result = client::Client::new(&cli.server, cli.wait).and_then(|mut client| {
+            client::execute(&mut client, &cli.command, &mut Output::new(cli.json))
+        });
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {}", one_line(&e.to_string()));
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -165,7 +179,7 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             } else {
                 None
             };
-            output::print_open_regions(out, *datanode, &open, replayed.as_ref());
+            output::print_open_regions(out, *datanode, &(&open).into(), replayed.as_ref());
             Ok(())
         }
         Command::Procedures(ProceduresCommand::List) => {
@@ -210,17 +224,7 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             metasrv.start_procedures().await?;
             let info = metasrv.procedure(id).await?;
             if !*yes {
-                let what = format!(
-                    "procedure {} ({}, {}{})",
-                    info.id,
-                    info.type_name,
-                    info.state,
-                    info.error
-                        .as_deref()
-                        .map(|e| format!(": {}", one_line(e)))
-                        .unwrap_or_default()
-                );
-                confirm_purge(id, &what)?;
+                confirm_purge(id, &purge_subject(&info))?;
             }
             metasrv.purge_procedure(id).await?;
             output::print_purged(out, id);
@@ -243,6 +247,20 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             Ok(())
         }
     }
+}
+
+/// How the purge confirmation names procedure `info`.
+fn purge_subject(info: &procedures::ProcedureInfo) -> String {
+    format!(
+        "procedure {} ({}, {}{})",
+        info.id,
+        info.type_name,
+        info.state,
+        info.error
+            .as_deref()
+            .map(|e| format!(": {}", one_line(e)))
+            .unwrap_or_default()
+    )
 }
 
 /// Asks on the terminal before a purge; without a terminal on stdin it refuses (pass `--yes`).
