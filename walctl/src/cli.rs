@@ -31,8 +31,8 @@ pub struct Cli {
     )]
     pub server: Vec<String>,
 
-    /// With --server: how long to look for a leader that takes the request (servers down, an election under way)
-    /// before giving up.
+    /// How long to look for a leader that takes the request with --server (servers down, an election under way),
+    /// and how long a command that writes on etcd waits for its turn to lead, before giving up.
     #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     pub wait: std::time::Duration,
 
@@ -91,6 +91,17 @@ impl Command {
     /// Whether the command may write the first metadata there is, and so create a missing metadata file.
     pub fn creates_metadata(&self) -> bool {
         matches!(self, Command::Bootstrap | Command::CreateTable { .. })
+    }
+
+    /// Whether the command starts the procedure manager, claiming the store (on etcd: it joins the election).
+    pub fn claims_store(&self) -> bool {
+        matches!(
+            self,
+            Command::Bootstrap
+                | Command::CreateTable { .. }
+                | Command::Wal(_)
+                | Command::Procedures(ProceduresCommand::Purge { .. })
+        )
     }
 }
 

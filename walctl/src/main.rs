@@ -8,6 +8,7 @@
 
 mod cli;
 mod client;
+mod election;
 mod output;
 mod progress;
 mod serve;
@@ -17,8 +18,11 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use remote_wal::config::MetasrvConfig;
+use std::sync::Arc;
+
+use remote_wal::config::{MetadataBackend, MetasrvConfig};
 use remote_wal::kv::redb::RedbOpenMode;
+use remote_wal::kv::state_store::LeaderFence;
 use remote_wal::metasrv::{Metasrv, parse_table_name};
 use remote_wal::wal::WalConfig;
 
@@ -106,8 +110,35 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     } else {
         RedbOpenMode::MustExist
     };
-    let metasrv = Metasrv::open(config, mode).await?;
     let mut out = Output::new(cli.json);
+    // On etcd, a command that claims the store joins the servers' election rather than fencing whoever leads.
+    if config.metadata_store.backend == MetadataBackend::Etcd
+        && cli.command.claims_store()
+        && let Some(path) = &cli.config
+    {
+        let (_, server) = MetasrvConfig::from_file_with_server(path)?;
+        let fence = Arc::new(LeaderFence::new());
+        let election = election::connect(&config, &server, fence.clone()).await?;
+        return match election::join(&election, cli.wait).await? {
+            election::Joined::Server(address) => tokio::task::block_in_place(|| {
+                let mut client = client::Client::new(&[address], cli.wait)?;
+                client::execute(&mut client, &cli.command, &mut out)
+            }),
+            election::Joined::Term(term) => {
+                let result = async {
+                    let metasrv = Metasrv::open_fenced(config, mode, Some(fence)).await?;
+                    let result = execute(&metasrv, &cli.command, &mut out).await;
+                    let stopped = metasrv.stop().await;
+                    result?;
+                    Ok::<(), Failure>(stopped?)
+                }
+                .await;
+                election.resign(term).await;
+                result
+            }
+        };
+    }
+    let metasrv = Metasrv::open(config, mode).await?;
     let result = execute(&metasrv, &cli.command, &mut out).await;
     let stopped = metasrv.stop().await;
     result?;
