@@ -17,7 +17,7 @@ use procedures::{
     Condition, LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef, StateStore, WriteOp,
     WriteOutcome,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use snafu::{ResultExt, ensure};
 use tokio::sync::OnceCell;
 
@@ -101,7 +101,7 @@ pub fn parse_table_name(name: &str) -> Result<TableName> {
 }
 
 /// One region of a table: where it lives and which WAL it writes to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RegionPlacement {
     /// The region's number in its table.
     pub region_number: u32,
@@ -114,7 +114,7 @@ pub struct RegionPlacement {
 }
 
 /// A table and its regions.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TableRegions {
     /// `catalog.schema.table`.
     pub table: String,
@@ -136,10 +136,10 @@ pub struct BootstrapProgress {
 }
 
 /// The outcome of [`Metasrv::bootstrap`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BootstrapReport {
     /// `kafka` or `raft_engine`.
-    pub provider: &'static str,
+    pub provider: String,
     /// The pool's topic name prefix (Kafka only).
     pub topic_name_prefix: Option<String>,
     /// Topics in the pool (0 for raft-engine).
@@ -149,12 +149,12 @@ pub struct BootstrapReport {
     /// Persisted pool topics this run found missing on the brokers (deleted out of band) and recreated.
     pub recreated_topics: usize,
     /// Pool topics whose configs differ from `[wal] topic_config` (reported, never changed).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub config_drift: Vec<TopicConfigDrift>,
 }
 
 /// One topic and how many regions write to it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicUsage {
     /// The topic.
     pub topic: String,
@@ -169,7 +169,7 @@ pub struct TopicUsage {
 
 /// How evenly regions spread over the configured pool's topics: the fewest, the most and the mean regions per
 /// topic (all 0 for a pool of no region). Load-aware selection keeps `max - min` at most 1 for regions it placed.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RegionSpread {
     /// Regions on the least loaded topic of the pool.
     pub min: usize,
@@ -205,7 +205,7 @@ impl RegionSpread {
 }
 
 /// The Kafka topic pool as recorded in the metadata store.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TopicsReport {
     /// The pool's topic name prefix.
     pub topic_name_prefix: String,
@@ -611,7 +611,7 @@ impl Metasrv {
         let WalConfig::Kafka(kafka) = &self.config.wal else {
             self.wal.start(&self.procedures).await?;
             return Ok(BootstrapReport {
-                provider: "raft_engine",
+                provider: "raft_engine".to_string(),
                 topic_name_prefix: None,
                 num_topics: 0,
                 ready: self.wal.is_ready(),
@@ -646,7 +646,7 @@ impl Metasrv {
             persisted: wanted.len(),
         });
         Ok(BootstrapReport {
-            provider: "kafka",
+            provider: "kafka".to_string(),
             topic_name_prefix: Some(kafka.topic_name_prefix.clone()),
             num_topics: kafka.num_topics,
             ready: self.wal.is_ready(),
@@ -1003,7 +1003,9 @@ impl Metasrv {
         match (id, op) {
             (Some(id), op) => {
                 let id = ProcedureId::new(id);
-                if here {
+                // A procedure this manager does not know goes to the store like a request from outside: the
+                // same answer (the record's state, or that there is none) as without a manager here.
+                if here && self.procedures.procedure_state(&id).await?.is_some() {
                     match op {
                         procedures::ControlOp::Cancel => self.procedures.cancel(&id).await?,
                         procedures::ControlOp::Pause => self.procedures.pause(&id).await?,

@@ -20,6 +20,22 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// Send the command to the `walctl serve` that leads, among these servers (`URL` or `host:port`, comma
+    /// separated), and print its answer as the command prints its own result. Without it, the command runs here.
+    #[arg(
+        long,
+        global = true,
+        env = "WALCTL_SERVER",
+        value_name = "URL[,URL...]",
+        value_delimiter = ','
+    )]
+    pub server: Vec<String>,
+
+    /// How long to look for a leader that takes the request with --server (servers down, an election under way),
+    /// and how long a command that writes on etcd waits for its turn to lead, before giving up.
+    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub wait: std::time::Duration,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -75,6 +91,17 @@ impl Command {
     /// Whether the command may write the first metadata there is, and so create a missing metadata file.
     pub fn creates_metadata(&self) -> bool {
         matches!(self, Command::Bootstrap | Command::CreateTable { .. })
+    }
+
+    /// Whether the command starts the procedure manager, claiming the store (on etcd: it joins the election).
+    pub fn claims_store(&self) -> bool {
+        matches!(
+            self,
+            Command::Bootstrap
+                | Command::CreateTable { .. }
+                | Command::Wal(_)
+                | Command::Procedures(ProceduresCommand::Purge { .. })
+        )
     }
 }
 

@@ -7,6 +7,8 @@
 //! ones (`procedures list/show/locks`, `topics`, `open-regions`) only read the store. See `docs/walctl.md`.
 
 mod cli;
+mod client;
+mod election;
 mod output;
 mod progress;
 mod serve;
@@ -16,8 +18,11 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 
 use clap::Parser;
-use remote_wal::config::MetasrvConfig;
+use std::sync::Arc;
+
+use remote_wal::config::{MetadataBackend, MetasrvConfig};
 use remote_wal::kv::redb::RedbOpenMode;
+use remote_wal::kv::state_store::LeaderFence;
 use remote_wal::metasrv::{Metasrv, parse_table_name};
 use remote_wal::wal::WalConfig;
 
@@ -35,6 +40,19 @@ fn main() -> ExitCode {
         Err(e) => return cli::usage_error(e),
     };
     progress::init_tracing();
+    if !cli.server.is_empty() {
+        // Client mode: plain blocking HTTP, no runtime needed.
+        let result = client::Client::new(&cli.server, cli.wait).and_then(|mut client| {
+            client::execute(&mut client, &cli.command, &mut Output::new(cli.json))
+        });
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {}", one_line(&e.to_string()));
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -92,8 +110,35 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     } else {
         RedbOpenMode::MustExist
     };
-    let metasrv = Metasrv::open(config, mode).await?;
     let mut out = Output::new(cli.json);
+    // On etcd, a command that claims the store joins the servers' election rather than fencing whoever leads.
+    if config.metadata_store.backend == MetadataBackend::Etcd
+        && cli.command.claims_store()
+        && let Some(path) = &cli.config
+    {
+        let (_, server) = MetasrvConfig::from_file_with_server(path)?;
+        let fence = Arc::new(LeaderFence::new());
+        let election = election::connect(&config, &server, fence.clone()).await?;
+        return match election::join(&election, cli.wait).await? {
+            election::Joined::Server(address) => tokio::task::block_in_place(|| {
+                let mut client = client::Client::new(&[address], cli.wait)?;
+                client::execute(&mut client, &cli.command, &mut out)
+            }),
+            election::Joined::Term(term) => {
+                let result = async {
+                    let metasrv = Metasrv::open_fenced(config, mode, Some(fence)).await?;
+                    let result = execute(&metasrv, &cli.command, &mut out).await;
+                    let stopped = metasrv.stop().await;
+                    result?;
+                    Ok::<(), Failure>(stopped?)
+                }
+                .await;
+                election.resign(term).await;
+                result
+            }
+        };
+    }
+    let metasrv = Metasrv::open(config, mode).await?;
     let result = execute(&metasrv, &cli.command, &mut out).await;
     let stopped = metasrv.stop().await;
     result?;
@@ -165,7 +210,7 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             } else {
                 None
             };
-            output::print_open_regions(out, *datanode, &open, replayed.as_ref());
+            output::print_open_regions(out, *datanode, &(&open).into(), replayed.as_ref());
             Ok(())
         }
         Command::Procedures(ProceduresCommand::List) => {
@@ -210,17 +255,7 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             metasrv.start_procedures().await?;
             let info = metasrv.procedure(id).await?;
             if !*yes {
-                let what = format!(
-                    "procedure {} ({}, {}{})",
-                    info.id,
-                    info.type_name,
-                    info.state,
-                    info.error
-                        .as_deref()
-                        .map(|e| format!(": {}", one_line(e)))
-                        .unwrap_or_default()
-                );
-                confirm_purge(id, &what)?;
+                confirm_purge(id, &purge_subject(&info))?;
             }
             metasrv.purge_procedure(id).await?;
             output::print_purged(out, id);
@@ -243,6 +278,20 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             Ok(())
         }
     }
+}
+
+/// How the purge confirmation names procedure `info`.
+fn purge_subject(info: &procedures::ProcedureInfo) -> String {
+    format!(
+        "procedure {} ({}, {}{})",
+        info.id,
+        info.type_name,
+        info.state,
+        info.error
+            .as_deref()
+            .map(|e| format!(": {}", one_line(e)))
+            .unwrap_or_default()
+    )
 }
 
 /// Asks on the terminal before a purge; without a terminal on stdin it refuses (pass `--yes`).

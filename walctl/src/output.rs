@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use comfy_table::{CellAlignment, ColumnConstraint, Table};
 use procedures::{HeldKey, LockWait, ProcedureEvent, ProcedureInfo};
-use remote_wal::datanode::OpenRegions;
 use remote_wal::datanode::replay::RegionReplayOutcome;
+use remote_wal::datanode::{OpenRegions, RegionOpenRequest};
 use remote_wal::metasrv::{
     BootstrapReport, RegionPlacement, RegionSpread, TableRegions, TopicUsage, TopicsReport,
 };
@@ -193,11 +193,49 @@ enum OpenLine<'a> {
     },
 }
 
+/// A region (or record) that cannot be opened, its error as text: what `open-regions` prints, from the store
+/// (embedded) or from a server's answer (`--server`).
+#[derive(Debug, serde::Deserialize)]
+pub struct OpenError {
+    /// The datanode table key of the record.
+    pub key: String,
+    /// The region, when the record decoded far enough to name it.
+    pub region_id: Option<u64>,
+    /// What is wrong.
+    pub error: String,
+}
+
+/// What `open-regions` prints: the open requests of a datanode and the regions that cannot be opened.
+#[derive(Debug, serde::Deserialize)]
+pub struct OpenRequests {
+    /// One request per openable region.
+    pub requests: Vec<RegionOpenRequest>,
+    /// One error per region (or record) that cannot be opened.
+    pub errors: Vec<OpenError>,
+}
+
+impl From<&OpenRegions> for OpenRequests {
+    fn from(open: &OpenRegions) -> Self {
+        OpenRequests {
+            requests: open.requests.clone(),
+            errors: open
+                .errors
+                .iter()
+                .map(|e| OpenError {
+                    key: e.key.clone(),
+                    region_id: e.region_id,
+                    error: e.error.to_string(),
+                })
+                .collect(),
+        }
+    }
+}
+
 /// `walctl open-regions`'s result; with `--replay`, each region's replay outcome and the time the replay took.
 pub fn print_open_regions(
     out: &mut Output,
     datanode_id: u64,
-    open: &OpenRegions,
+    open: &OpenRequests,
     replayed: Option<&(Vec<RegionReplayOutcome>, Duration)>,
 ) {
     let outcome = |region_id: u64| {
@@ -223,7 +261,7 @@ pub fn print_open_regions(
                 datanode_id,
                 key: &e.key,
                 region_id: e.region_id,
-                error: one_line(&e.error.to_string()),
+                error: one_line(&e.error),
             });
         }
         return;
@@ -277,11 +315,7 @@ pub fn print_open_regions(
             .region_id
             .map(|r| format!(" region {r}"))
             .unwrap_or_default();
-        out.line(&format!(
-            "error: {}{region}: {}",
-            e.key,
-            one_line(&e.error.to_string())
-        ));
+        out.line(&format!("error: {}{region}: {}", e.key, one_line(&e.error)));
     }
 }
 

@@ -36,7 +36,7 @@ pub async fn execute(
 
 /// One line per topic: `topic T: pruned entry id A -> B (mode, R regions[, pinned by region N])`, or with
 /// `--json` one object per topic (the procedure's output).
-fn print_prune(out: &mut Output, reports: &[PruneOutput]) {
+pub fn print_prune(out: &mut Output, reports: &[PruneOutput]) {
     let json = out.is_json();
     for r in reports {
         if json {

@@ -43,10 +43,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/leader", get(leader))
         .route("/v1/tables", post(create_table))
         .route("/v1/procedures", get(list_procedures))
-        .route("/v1/procedures/{*id}", get(show_procedure))
+        .route(
+            "/v1/procedures/{*id}",
+            get(show_procedure).post(control).delete(purge),
+        )
         .route("/v1/locks", get(locks))
         .route("/v1/bootstrap", post(bootstrap))
         .route("/v1/topics", get(topics))
+        .route("/v1/wal/prune", post(prune_wal))
         .route("/v1/datanodes/{id}/open-requests", get(open_requests))
         .with_state(state)
 }
@@ -349,4 +353,58 @@ async fn open_requests(State(state): State<AppState>, Path(id): Path<String>) ->
         Json(json!({"datanode_id": datanode, "requests": open.requests, "errors": errors}))
             .into_response(),
     )
+}
+
+/// `POST /v1/procedures/{id}/cancel|pause|resume`, and `POST /v1/procedures/pause|resume` for every procedure.
+/// The leader applies it through its manager (a write fenced by its epoch); a follower answers 503.
+async fn control(State(state): State<AppState>, Path(path): Path<String>) -> ApiResult {
+    let (id, action) = match path.rsplit_once('/') {
+        Some((id, action)) if !id.is_empty() => (Some(id), action),
+        Some((_, action)) => (None, action),
+        None => (None, path.as_str()),
+    };
+    let op = match action {
+        "cancel" => procedures::ControlOp::Cancel,
+        "pause" => procedures::ControlOp::Pause,
+        "resume" => procedures::ControlOp::Resume,
+        _ => {
+            return Err(ApiError::not_found(format!(
+                "no procedure action '{action}' (cancel, pause or resume)"
+            )));
+        }
+    };
+    state.ensure_leader().await?;
+    state.metasrv.control_procedure(id, op).await?;
+    Ok(Json(json!({ "requested": op.as_str(), "id": id })).into_response())
+}
+
+/// `DELETE /v1/procedures/{id}`: purges a finished, failed or damaged procedure's record (the leader only).
+async fn purge(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    state.ensure_leader().await?;
+    state.metasrv.purge_procedure(&id).await?;
+    Ok(Json(json!({ "purged": id })).into_response())
+}
+
+/// The body of `POST /v1/wal/prune`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PruneBody {
+    #[serde(default)]
+    topic: Option<String>,
+}
+
+/// `POST /v1/wal/prune` `{"topic": null | "T"}`: runs the WAL prune (the leader only); one report per topic.
+async fn prune_wal(State(state): State<AppState>, body: axum::body::Bytes) -> ApiResult {
+    let body: PruneBody = if body.is_empty() {
+        PruneBody::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid wal prune body: {e}")))?
+    };
+    if body.topic.as_deref().is_some_and(|t| t.trim().is_empty()) {
+        return Err(ApiError::bad_request("topic: must not be empty"));
+    }
+    state.ensure_leader().await?;
+    let reports = state.metasrv.prune_wal(body.topic.as_deref()).await?;
+    Ok(Json(json!({ "topics": reports })).into_response())
 }

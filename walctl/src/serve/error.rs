@@ -11,7 +11,7 @@ use serde_json::json;
 pub struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
-    /// A stable machine-readable kind (`bad_request`, `not_found`, `already_exists`, `not_leader`, `not_ready`,
+    /// A stable machine-readable kind (`bad_request`, `not_found`, `already_exists`, `conflict`, `not_leader`, `not_ready`,
     /// `internal`).
     pub kind: &'static str,
     /// What went wrong, for people; names the field, table, procedure id or leader concerned.
@@ -28,6 +28,17 @@ impl ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             kind: "bad_request",
+            message: message.into(),
+            retryable: false,
+            leader: None,
+        }
+    }
+
+    /// 404: nothing by that name (a route's action, a procedure).
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::NOT_FOUND,
+            kind: "not_found",
             message: message.into(),
             retryable: false,
             leader: None,
@@ -120,6 +131,15 @@ impl From<remote_wal::Error> for ApiError {
                     }
                     procedures::Error::ManagerNotRunning { .. } => {
                         return ApiError::not_ready(message);
+                    }
+                    procedures::Error::ControlRefused { .. } => {
+                        return ApiError {
+                            status: StatusCode::CONFLICT,
+                            kind: "conflict",
+                            message,
+                            retryable: false,
+                            leader: None,
+                        };
                     }
                     _ => {}
                 }

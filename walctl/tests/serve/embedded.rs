@@ -1,70 +1,159 @@
-//! An embedded `walctl create-table` on the etcd the servers use: it claims an epoch the old way and supersedes
-//! the leader's, so the leader's next write is refused; the leader steps down, wins a newer term and serves again.
-//! (Issue 14 item 5 will make embedded writers join the election instead.)
+//! Embedded `walctl create-table` on the etcd the servers use: the command joins the servers' election instead of
+//! claiming an epoch of its own. Beside a leading server it is sent to that server (the leader keeps its term); with
+//! no server it campaigns, runs once it leads, and resigns. Six at once, either way: all succeed, each table once.
 
+use std::collections::BTreeSet;
 use std::process::Command;
 
-use serde_json::json;
+use serde_json::Value;
 
-use crate::cluster::{Servers, create_table_following_the_leader, get, get_text};
-use crate::support::{endpoints, walctl_path};
+use crate::cluster::{Servers, get};
+use crate::support::{endpoints, json_lines, walctl_path};
 
-#[test]
-fn an_embedded_writer_supersedes_the_leader_which_steps_down_and_serves_again() {
-    let etcd = endpoints("ETCD_ENDPOINTS");
-    let servers = Servers::on_etcd(&etcd, 2);
-    let leader = servers.wait_for_leader(&[0, 1]);
-    let addresses: Vec<String> = servers.servers.iter().map(|s| s.address.clone()).collect();
-    let (_, first) = get(&servers.servers[leader].url("/v1/leader"));
-    let first_epoch = first["epoch"].as_u64().expect("an epoch");
-    create_table_following_the_leader(&addresses, "served_1", "served-1", None);
+/// Runs `walctl --config CONFIG --json create-table NAME --regions 1` six times at once; returns each table id.
+fn six_at_once(servers: &Servers, tag: &str) -> Vec<u64> {
+    let config = servers.dir.path().join("embedded.toml");
+    // The servers' file without [server]: an embedded command reads the same store and election.
+    std::fs::write(&config, &servers.metasrv_toml).expect("write config");
+    let children: Vec<_> = (0..6)
+        .map(|i| {
+            Command::new(walctl_path())
+                .arg("--config")
+                .arg(&config)
+                .args(["--json", "create-table"])
+                .arg(format!("{tag}_{i}"))
+                .args(["--regions", "1"])
+                .current_dir(servers.dir.path())
+                .env_remove("RUST_LOG")
+                .spawn_output()
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|child| {
+            let out = child.join().expect("a walctl thread");
+            assert!(
+                out.status.success(),
+                "embedded create-table failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+            lines[0]["table_id"].as_u64().expect("a table id")
+        })
+        .collect()
+}
 
-    // The embedded command reads the same file (it ignores [server]).
+trait SpawnOutput {
+    fn spawn_output(self) -> std::thread::JoinHandle<std::process::Output>;
+}
+
+impl SpawnOutput for &mut Command {
+    fn spawn_output(self) -> std::thread::JoinHandle<std::process::Output> {
+        let child = self
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn walctl");
+        std::thread::spawn(move || child.wait_with_output().expect("walctl output"))
+    }
+}
+
+/// The create-table procedures the store holds (read embedded: a read claims nothing), each done; their outputs.
+fn tables_created(servers: &Servers) -> Vec<String> {
     let out = Command::new(walctl_path())
         .arg("--config")
-        .arg(&servers.servers[0].config)
-        .args([
-            "create-table",
-            "embedded_1",
-            "--regions",
-            "1",
-            "--id",
-            "embedded-1",
-        ])
+        .arg(servers.dir.path().join("embedded.toml"))
+        .args(["--json", "procedures", "list"])
         .current_dir(servers.dir.path())
+        .env_remove("RUST_LOG")
         .output()
-        .expect("run walctl create-table");
+        .expect("run walctl procedures list");
     assert!(
         out.status.success(),
-        "embedded create-table failed: {}",
+        "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-
-    // The next write through the servers succeeds (after the leader noticed and was elected again, if need be).
-    create_table_following_the_leader(&addresses, "served_2", "served-2", None);
-    let now = servers.wait_for_leader(&[0, 1]);
-    let (_, leader_now) = get(&servers.servers[now].url("/v1/leader"));
-    let epoch = leader_now["epoch"].as_u64().expect("an epoch");
-    assert!(epoch > first_epoch, "epoch {epoch} after {first_epoch}");
-    let fenced: u64 = servers
-        .servers
-        .iter()
-        .map(|s| {
-            get_text(&s.url("/metrics"))
-                .lines()
-                .find_map(|l| l.strip_prefix("walctl_fenced_writes_total "))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0)
+    json_lines(&String::from_utf8_lossy(&out.stdout))
+        .into_iter()
+        .filter(|p| p["type"] == "remote_wal::CreateTable")
+        .map(|p| {
+            assert_eq!(p["state"], Value::from("done"), "{p}");
+            p["output"].to_string()
         })
-        .sum();
-    assert!(fenced >= 1, "no server counted a fenced write");
-    for table in ["served_1", "embedded_1", "served_2"] {
-        let (status, body) =
-            get(&servers.servers[now].url(&format!("/v1/procedures/{}", table.replace('_', "-"))));
-        assert_eq!(
-            (status, &body["state"]),
-            (200, &json!("done")),
-            "{table}: {body}"
-        );
+        .collect()
+}
+
+#[test]
+fn six_embedded_writers_beside_a_server_and_six_alone_all_succeed_each_table_once() {
+    let etcd = endpoints("ETCD_ENDPOINTS");
+    let mut servers = Servers::on_etcd(&etcd, 2);
+    let leader = servers.wait_for_leader(&[0, 1]);
+    let (_, before) = get(&servers.servers[leader].url("/v1/leader"));
+
+    let beside = six_at_once(&servers, "beside");
+    // They went through the leader: it kept its term (an embedded writer of old would have fenced it).
+    let (_, after) = get(&servers.servers[leader].url("/v1/leader"));
+    assert_eq!(after["epoch"], before["epoch"], "{before} -> {after}");
+    assert_eq!(after["self"], Value::from(true), "{after}");
+
+    // No server now: SIGTERM resigns, so the commands campaign among themselves.
+    for server in &mut servers.servers {
+        server.signal("-TERM");
+        assert_eq!(server.wait(), Some(0));
     }
+    let alone = six_at_once(&servers, "alone");
+
+    let ids: BTreeSet<u64> = beside.iter().chain(&alone).copied().collect();
+    assert_eq!(ids.len(), 12, "distinct table ids: {beside:?} {alone:?}");
+    // The store holds twelve create-table procedures, each done, none twice.
+    let created = tables_created(&servers);
+    let distinct: BTreeSet<&String> = created.iter().collect();
+    assert_eq!(created.len(), 12, "{created:?}");
+    assert_eq!(distinct.len(), 12, "{created:?}");
+}
+
+#[test]
+fn an_embedded_writer_that_cannot_lead_within_wait_fails_naming_the_leader() {
+    let etcd = endpoints("ETCD_ENDPOINTS");
+    let (metasrv_toml, prefix) = Servers::etcd_toml(&etcd, "");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("embedded.toml");
+    std::fs::write(&config, metasrv_toml).expect("write config");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        // Another command leads (a candidate without an address) and keeps leading.
+        let mut etcd = etcd_client::Client::connect(&etcd, None)
+            .await
+            .expect("connect to etcd");
+        let lease = etcd.lease_grant(60, None).await.expect("a lease").id();
+        let won = etcd
+            .campaign(
+                format!("{prefix}__metasrv/election"),
+                r#"{"address":""}"#,
+                lease,
+            )
+            .await
+            .expect("campaign");
+        let epoch = won.leader().expect("a leader key").rev();
+        let out = Command::new(walctl_path())
+            .arg("--config")
+            .arg(&config)
+            .args(["create-table", "t", "--regions", "1", "--wait", "1s"])
+            .current_dir(dir.path())
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run walctl");
+        etcd.lease_revoke(lease).await.expect("revoke the lease");
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stderr).trim_end(),
+            format!(
+                "error: this command did not become the leader within 1s (--wait); the leader is another walctl \
+                 command (epoch {epoch})"
+            )
+        );
+    });
 }

@@ -17,9 +17,8 @@ use crate::cluster::{
 
 /// Burst tables submitted without waiting just before the leader is killed.
 const BURST: usize = 20;
-/// Tables a client creates with its own ids while the leader is killed under it (the issue asks for 200; this
-/// slice runs a smaller count to keep the test short).
-const CLIENT_TABLES: usize = 60;
+/// Tables a client creates with its own ids while the leader is killed under it.
+const CLIENT_TABLES: usize = 200;
 /// Leader kills while the client runs.
 const KILLS: usize = 3;
 

@@ -8,6 +8,7 @@ mod support;
 
 mod cluster;
 
+mod client;
 mod embedded;
 mod failover;
 mod kafka;

@@ -59,6 +59,38 @@ fn a_second_server_on_one_redb_file_refuses_and_the_first_serves_and_stops_on_si
         missing["error"]["message"],
         "no procedure with id 'nope' (finished procedures are kept for the retention period only)"
     );
+    // Control: an unknown action names itself; a finished procedure refuses a pause (409 conflict); purge deletes.
+    let (status, bad) = post(
+        &servers.servers[first].url("/v1/procedures/t-1/explode"),
+        &json!({}),
+    );
+    assert_eq!(
+        (status, &bad["error"]["message"]),
+        (
+            404,
+            &json!("no procedure action 'explode' (cancel, pause or resume)")
+        )
+    );
+    let (status, refused) = post(
+        &servers.servers[first].url("/v1/procedures/t-1/pause"),
+        &json!({}),
+    );
+    assert_eq!(
+        (status, &refused["error"]["kind"]),
+        (409, &json!("conflict")),
+        "{refused}"
+    );
+    let (status, paused) = post(
+        &servers.servers[first].url("/v1/procedures/pause"),
+        &json!({}),
+    );
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused, json!({"requested": "pause", "id": null}));
+    let (status, resumed) = post(
+        &servers.servers[first].url("/v1/procedures/resume"),
+        &json!({}),
+    );
+    assert_eq!(status, 200, "{resumed}");
     let (status, open) = get(&servers.servers[first].url("/v1/datanodes/1/open-requests"));
     assert_eq!(status, 200, "{open}");
     assert_eq!(open["requests"].as_array().map(Vec::len), Some(1), "{open}");

@@ -1,0 +1,177 @@
+//! `walctl --server`: every command sent to a running server prints exactly what the same command prints when it
+//! runs embedded on the same store (stdout byte for byte, the error line, the exit code), in text and with --json.
+//! The server runs on a redb file; the commands run through it first, then the server stops and the same commands
+//! run embedded on its file. Ages (time since a procedure was created) are the only values masked.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::cluster::{Servers, free_port};
+use crate::support::walctl_path;
+
+/// The commands, in the order they run in both modes. Commands that would leave a different trace in each mode
+/// (an embedded create-table that fails still records its failed procedure; the server refuses before submitting)
+/// come after the ones that list procedures.
+const COMMANDS: &[&[&str]] = &[
+    &["create-table", "t", "--regions", "2", "--id", "t-1"],
+    &["create-table", "t", "--regions", "2", "--id", "t-1"],
+    &["create-table", "bad name", "--regions", "1"],
+    &["procedures", "list"],
+    &["procedures", "show", "t-1"],
+    &["procedures", "show", "nope"],
+    &["procedures", "locks"],
+    &["open-regions", "--datanode", "1"],
+    &["topics"],
+    &["bootstrap"],
+    &["wal", "prune"],
+    &["procedures", "cancel", "t-1"],
+    &["procedures", "cancel", "nope"],
+    &["procedures", "pause", "--all"],
+    &["procedures", "resume", "--all"],
+    &["procedures", "purge", "nope", "--yes"],
+];
+
+/// One run: exit code, stdout, and the `error:` lines of stderr.
+#[derive(Debug, PartialEq)]
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    errors: Vec<String>,
+}
+
+fn run(dir: &std::path::Path, global: &[&str], args: &[&str]) -> Run {
+    let out = Command::new(walctl_path())
+        .args(global)
+        .args(args)
+        .current_dir(dir)
+        .env_remove("RUST_LOG")
+        .env_remove("WALCTL_SERVER")
+        .output()
+        .expect("run walctl");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let errors = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter(|l| l.starts_with("error:"))
+        .map(str::to_string)
+        .collect();
+    Run {
+        code: out.status.code(),
+        stdout,
+        errors,
+    }
+}
+
+/// A duration as humantime prints it (`3s`, `1m 2s`, `12ms`).
+fn is_duration(token: &str) -> bool {
+    let digits = token.trim_start_matches(|c: char| c.is_ascii_digit());
+    digits.len() < token.len() && ["ms", "s", "m", "h", "d", "us", "ns"].contains(&digits)
+}
+
+/// `run` with what depends on the moment masked: `age_ms` in JSON lines, durations (the AGE column, the age line)
+/// in text, whose columns are then compared as words.
+fn masked(args: &[&str], json: bool, mut run: Run) -> Run {
+    if args[0] != "procedures" || run.code != Some(0) {
+        return run;
+    }
+    run.stdout = run
+        .stdout
+        .lines()
+        .map(|line| {
+            if json {
+                let mut value: Value = serde_json::from_str(line).expect("a JSON line");
+                if let Some(object) = value.as_object_mut() {
+                    object.remove("age_ms");
+                }
+                value.to_string()
+            } else {
+                line.split_whitespace()
+                    .map(|w| if is_duration(w) { "<duration>" } else { w })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    run
+}
+
+#[test]
+fn every_command_through_a_server_prints_what_it_prints_embedded() {
+    let mut servers = Servers::on_redb(1);
+    servers.wait_for_leader(&[0]);
+    // A server that does not answer comes first: the client moves on to the next.
+    let list = format!(
+        "http://127.0.0.1:{},{}",
+        free_port(),
+        servers.servers[0].address
+    );
+    let config = servers.servers[0].config.to_string_lossy().to_string();
+    let dir = servers.dir.path().to_path_buf();
+
+    let mut through_server = Vec::new();
+    for args in COMMANDS {
+        for json in [false, true] {
+            let mut global = vec!["--server", list.as_str()];
+            if json {
+                global.push("--json");
+            }
+            through_server.push(masked(args, json, run(&dir, &global, args)));
+        }
+    }
+    servers.servers[0].signal("-TERM");
+    assert_eq!(servers.servers[0].wait(), Some(0));
+
+    let mut embedded = Vec::new();
+    for args in COMMANDS {
+        for json in [false, true] {
+            let mut global = vec!["--config", config.as_str()];
+            if json {
+                global.push("--json");
+            }
+            embedded.push(masked(args, json, run(&dir, &global, args)));
+        }
+    }
+    let mut differences = Vec::new();
+    let mut i = 0;
+    for args in COMMANDS {
+        for json in [false, true] {
+            let (s, e) = (&through_server[i], &embedded[i]);
+            if s != e {
+                differences.push(format!(
+                    "walctl {}{}:\n  --server: {s:?}\n  embedded: {e:?}",
+                    if json { "--json " } else { "" },
+                    args.join(" ")
+                ));
+            }
+            i += 1;
+        }
+    }
+    assert!(differences.is_empty(), "{}", differences.join("\n"));
+    // The commands did run: a table was printed, and errors were errors in both modes.
+    assert!(
+        through_server[0].stdout.contains("greptime.public.t"),
+        "{:?}",
+        through_server[0]
+    );
+    assert_eq!(through_server[4].code, Some(1), "{:?}", through_server[4]);
+}
+
+#[test]
+fn a_client_with_no_server_answering_gives_up_after_wait_naming_the_servers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dead = format!("127.0.0.1:{}", free_port());
+    let out = run(
+        dir.path(),
+        &["--server", &dead, "--wait", "1s"],
+        &["procedures", "list"],
+    );
+    assert_eq!(out.code, Some(1), "{out:?}");
+    assert_eq!(out.errors.len(), 1, "{out:?}");
+    assert!(
+        out.errors[0].starts_with(&format!(
+            "error: no server took '/v1/procedures' within 1s (--wait): http://{dead}: "
+        )),
+        "{out:?}"
+    );
+}
