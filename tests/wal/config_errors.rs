@@ -100,7 +100,7 @@ fn an_unknown_wal_key_lists_every_key_of_the_kafka_config() {
         "invalid config file 'metasrv.toml', line 3, column 1, key `wal.num_topicz`: unknown field \
          `num_topicz`, expected one of `provider`, `broker_endpoints`, `num_topics`, `topic_name_prefix`, \
          `num_partitions`, `replication_factor`, `create_topic_timeout`, `selector_type`, \
-         `max_concurrent_creates`, `create_batch_size`, `topic_config`, `prune_mode`, `backoff`"
+         `max_concurrent_creates`, `create_batch_size`, `topic_config`, `prune_mode`, `prune_interval`, `backoff`"
     );
     // The list is KafkaConfig's own fields: every one of them is accepted as a key.
     let defaults = toml::Table::try_from(KafkaConfig::default()).unwrap();
