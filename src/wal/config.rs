@@ -752,6 +752,7 @@ mod tests {
             max_concurrent_creates: 4,
             create_batch_size: 7,
             prune_mode: crate::wal::prune::PruneMode::Logical,
+            prune_interval: Duration::from_secs(30),
             topic_config: [
                 ("retention.ms", "604800000"),
                 ("segment.bytes", "268435456"),
