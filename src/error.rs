@@ -904,6 +904,21 @@ pub enum Error {
         /// Offsets the broker answered with.
         acknowledged: usize,
     },
+    /// A flush asked to record a checkpoint above the end of the region's WAL: the region's next entries would
+    /// look flushed and never be replayed. Nothing is recorded.
+    #[snafu(display(
+        "cannot flush region {region_id} up to entry id {entry_id}: its WAL ({wal}) ends at entry id {end}"
+    ))]
+    WalFlushBeyondEnd {
+        /// The region.
+        region_id: u64,
+        /// The WAL: `topic 'T'` or `raft-engine 'DIR'`.
+        wal: String,
+        /// The entry id asked for.
+        entry_id: u64,
+        /// The last entry id the WAL gave out.
+        end: u64,
+    },
     // ---- end datanode ----
 
     // ---- metasrv and config (src/metasrv.rs, src/config.rs) ----
@@ -986,6 +1001,43 @@ pub enum Error {
         /// What was asked.
         operation: String,
     },
+    /// A WAL command named a table that does not exist.
+    #[snafu(display("{operation}: table {table} does not exist"))]
+    WalTableNotFound {
+        /// What was asked (`wal write`).
+        operation: String,
+        /// The table's full name.
+        table: String,
+    },
+    /// A WAL command named a region number the table does not have.
+    #[snafu(display(
+        "{operation}: table {table} has no region {region_number} (its regions: {regions})"
+    ))]
+    WalRegionNotFound {
+        /// What was asked (`wal flush`).
+        operation: String,
+        /// The table's full name.
+        table: String,
+        /// The region number given.
+        region_number: u32,
+        /// The table's region numbers.
+        regions: String,
+    },
+    /// A WAL command failed on one region's WAL; the source says why, this names the table, region and WAL.
+    #[snafu(display("{operation}: table {table}, region {region_id} ({wal}): {source}"))]
+    WalRegion {
+        /// What was asked (`wal write`).
+        operation: String,
+        /// The table's full name.
+        table: String,
+        /// The region.
+        region_id: u64,
+        /// The WAL: `topic 'T'` or `raft-engine 'DIR'`.
+        wal: String,
+        /// The cause.
+        #[snafu(source(from(Error, Box::new)))]
+        source: Box<Error>,
+    },
     /// The directory of the redb metadata file could not be created.
     #[snafu(display("cannot create directory '{path}' for the metadata store: {source}"))]
     CreateDataDir {
@@ -1065,6 +1117,7 @@ impl Error {
             Error::DatanodeUnavailable { .. } => true,
             Error::SequenceContention { .. } => true,
             Error::CreateTable { source, .. } => source.is_retryable(),
+            Error::WalRegion { source, .. } => source.is_retryable(),
             _ => false,
         }
     }

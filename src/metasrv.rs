@@ -46,7 +46,11 @@ use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
 pub mod election;
 mod namespace;
+mod table_wal;
+pub mod wal_flush;
 mod wal_prune;
+pub mod wal_stats;
+pub mod wal_write;
 
 pub use namespace::NamespacedKvBackend;
 

@@ -8,6 +8,7 @@
 //! num_topics = 64
 //! topic_name_prefix = "greptimedb_wal_topic"
 //! create_topic_timeout = "30s"
+//! prune_interval = "10m"  # walctl serve prunes every topic this often; "0s" = off
 //!
 //! [wal.backoff]
 //! init = "500ms"
@@ -281,6 +282,11 @@ pub struct KafkaConfig {
     /// How a WAL prune drops a topic's old entries: `"delete_records"` (Kafka's DeleteRecords, then the stored
     /// watermark) or `"logical"` (only the stored watermark; for brokers without DeleteRecords).
     pub prune_mode: crate::wal::prune::PruneMode,
+    /// How often `walctl serve`'s leader prunes every topic of the pool by itself (`"10m"` by default); `"0s"`
+    /// turns the periodic prune off (`walctl wal prune` still prunes on demand). Otherwise between
+    /// [`MIN_PRUNE_INTERVAL`] and [`MAX_PRUNE_INTERVAL`].
+    #[serde(with = "humantime_serde")]
+    pub prune_interval: Duration,
     /// Retries of connection and controller errors. Last: TOML writes plain keys before sub-tables, and the
     /// order of the fields is the order an unknown-key error lists them in.
     pub backoff: BackoffConfig,
@@ -301,9 +307,17 @@ impl Default for KafkaConfig {
             create_batch_size: DEFAULT_CREATE_BATCH_SIZE,
             topic_config: TopicConfig::new(),
             prune_mode: crate::wal::prune::PruneMode::default(),
+            prune_interval: DEFAULT_PRUNE_INTERVAL,
         }
     }
 }
+
+/// The default `[wal] prune_interval`.
+pub const DEFAULT_PRUNE_INTERVAL: Duration = Duration::from_secs(10 * 60);
+/// The shortest `[wal] prune_interval` besides `0s` (off).
+pub const MIN_PRUNE_INTERVAL: Duration = Duration::from_secs(1);
+/// The longest `[wal] prune_interval`.
+pub const MAX_PRUNE_INTERVAL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Topic-level Kafka configs by name (`retention.ms` → `604800000`).
 pub type TopicConfig = std::collections::BTreeMap<String, String>;
@@ -461,6 +475,15 @@ impl KafkaConfig {
                 field: "num_topics",
                 value: self.num_topics.to_string(),
                 reason: format!("a pool has at most {MAX_NUM_TOPICS} topics"),
+            }
+        );
+        ensure!(
+            self.prune_interval.is_zero()
+                || (MIN_PRUNE_INTERVAL..=MAX_PRUNE_INTERVAL).contains(&self.prune_interval),
+            InvalidWalConfigSnafu {
+                field: "prune_interval",
+                value: format!("{:?}", self.prune_interval),
+                reason: "must be 0s (off) or within 1s and 7days",
             }
         );
         self.validate_prefix()?;
@@ -729,6 +752,7 @@ mod tests {
             max_concurrent_creates: 4,
             create_batch_size: 7,
             prune_mode: crate::wal::prune::PruneMode::Logical,
+            prune_interval: Duration::from_secs(30),
             topic_config: [
                 ("retention.ms", "604800000"),
                 ("segment.bytes", "268435456"),

@@ -78,3 +78,51 @@ async fn a_directory_that_cannot_be_created_is_an_error_naming_it() {
     );
     assert!(!err.is_retryable());
 }
+
+#[tokio::test]
+async fn a_flush_deletes_up_to_the_checkpoint_and_ids_go_on_above_it_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("wal/1");
+    let store = RaftEngineLogStore::open(&path).await.unwrap();
+    store
+        .append((0..4).map(|i| write(7, &bytes(i, 10))).collect())
+        .await
+        .unwrap();
+    store.append(vec![write(8, b"other")]).await.unwrap();
+
+    assert_eq!(store.flush(7, 2).await.unwrap(), 2);
+    assert_eq!(
+        store
+            .read(7, 0)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.entry_id)
+            .collect::<Vec<_>>(),
+        vec![3, 4],
+        "entries up to the checkpoint are gone, the others stay"
+    );
+    assert_eq!(store.flush(7, 1).await.unwrap(), 2, "only forward");
+    let err = store.flush(7, 5).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cannot flush region 7 up to entry id 5: its WAL (raft-engine '")
+            && err.to_string().ends_with("') ends at entry id 4"),
+        "{err}"
+    );
+
+    // Everything flushed, then reopened: the next id is above the checkpoint, never a reused one.
+    assert_eq!(store.flush(7, 4).await.unwrap(), 4);
+    assert!(store.read(7, 0).await.unwrap().is_empty());
+    drop(store);
+    let reopened = RaftEngineLogStore::open(&path).await.unwrap();
+    assert_eq!(reopened.flushed_entry_id(7).await.unwrap(), 4);
+    assert_eq!(reopened.last_entry_id(7).await.unwrap(), 4);
+    let ids = reopened.append(vec![write(7, b"e")]).await.unwrap();
+    assert_eq!(ids[0].entry_id, 5);
+    assert_eq!(
+        data(&reopened.read(8, 0).await.unwrap()),
+        vec![b"other".to_vec()],
+        "another region's entries are untouched"
+    );
+}

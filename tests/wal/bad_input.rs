@@ -122,6 +122,16 @@ async fn zero_topics() {
 }
 
 #[tokio::test]
+async fn prune_interval_out_of_range() {
+    assert_config_refused(
+        &kafka_toml("prune_interval = \"500ms\""),
+        "config file 'metasrv.toml': invalid WAL config: prune_interval = 500ms: must be 0s (off) or within 1s and \
+         7days",
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn zero_replication_factor() {
     assert_config_refused(
         &kafka_toml("replication_factor = 0"),
@@ -147,7 +157,7 @@ async fn unknown_config_key() {
         "invalid config file 'metasrv.toml', line 4, column 1, key `wal.num_topic`: unknown field `num_topic`, \
          expected one of `provider`, `broker_endpoints`, `num_topics`, `topic_name_prefix`, `num_partitions`, \
          `replication_factor`, `create_topic_timeout`, `selector_type`, `max_concurrent_creates`, \
-         `create_batch_size`, `topic_config`, `prune_mode`, `backoff`",
+         `create_batch_size`, `topic_config`, `prune_mode`, `prune_interval`, `backoff`",
     )
     .await;
 }

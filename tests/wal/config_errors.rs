@@ -100,11 +100,11 @@ fn an_unknown_wal_key_lists_every_key_of_the_kafka_config() {
         "invalid config file 'metasrv.toml', line 3, column 1, key `wal.num_topicz`: unknown field \
          `num_topicz`, expected one of `provider`, `broker_endpoints`, `num_topics`, `topic_name_prefix`, \
          `num_partitions`, `replication_factor`, `create_topic_timeout`, `selector_type`, \
-         `max_concurrent_creates`, `create_batch_size`, `topic_config`, `prune_mode`, `backoff`"
+         `max_concurrent_creates`, `create_batch_size`, `topic_config`, `prune_mode`, `prune_interval`, `backoff`"
     );
     // The list is KafkaConfig's own fields: every one of them is accepted as a key.
     let defaults = toml::Table::try_from(KafkaConfig::default()).unwrap();
-    assert_eq!(defaults.len(), 11);
+    assert_eq!(defaults.len(), 12);
     for key in defaults.keys() {
         assert!(
             err.contains(&format!("`{key}`")),
@@ -129,7 +129,8 @@ fn syntax_errors_name_the_file_and_position() {
 fn every_kafka_key_round_trips_through_the_wal_table() {
     let text = "provider = \"kafka\"\nbroker_endpoints = [\"k:1\"]\nnum_topics = 3\ntopic_name_prefix = \"p\"\n\
                 num_partitions = 2\nreplication_factor = 3\ncreate_topic_timeout = \"2s\"\n\
-                selector_type = \"round_robin\"\nmax_concurrent_creates = 5\ncreate_batch_size = 250\nprune_mode = \"logical\"\n\n[backoff]\ninit = \"1s\"\n\
+                selector_type = \"round_robin\"\nmax_concurrent_creates = 5\ncreate_batch_size = 250\nprune_mode = \"logical\"\n\
+                prune_interval = \"30s\"\n\n[backoff]\ninit = \"1s\"\n\
                 max = \"2s\"\nbase = 3.0\ndeadline = \"1m\"\n";
     let parsed = WalConfig::from_toml_str(text).unwrap();
     let WalConfig::Kafka(kafka) = &parsed else {
@@ -139,6 +140,7 @@ fn every_kafka_key_round_trips_through_the_wal_table() {
     assert_eq!(kafka.max_concurrent_creates, 5);
     assert_eq!(kafka.create_batch_size, 250);
     assert_eq!(kafka.prune_mode, remote_wal::wal::prune::PruneMode::Logical);
+    assert_eq!(kafka.prune_interval, std::time::Duration::from_secs(30));
     assert_eq!(kafka.backoff.base, 3.0);
     assert_eq!(toml::to_string(&parsed).unwrap(), text);
 }

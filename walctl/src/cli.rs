@@ -76,7 +76,7 @@ pub enum Command {
     Procedures(ProceduresCommand),
     /// The Kafka topic pool, with the number of regions assigned to each topic.
     Topics,
-    /// The WAL: `wal prune [--topic T]` (see `docs/walctl.md`).
+    /// The WAL: `wal write`, `wal flush`, `wal prune`, `wal stats` (see `docs/walctl.md`).
     #[command(subcommand)]
     Wal(crate::wal::WalCommand),
     /// Run as a long-lived server with an HTTP API until SIGTERM/SIGINT; on etcd, servers elect one leader.

@@ -2,9 +2,10 @@
 //!
 //! A thin shell over [`remote_wal::metasrv::Metasrv`]: every command builds the metasrv from the config (or the
 //! embedded default), does its work, prints the result (text, or one JSON object per line with `--json`) and stops
-//! it. Only commands that change something (`bootstrap`, `create-table`, `procedures purge`) start the procedure
-//! manager, which claims the store and resumes any procedure an earlier, killed run left unfinished; the read-only
-//! ones (`procedures list/show/locks`, `topics`, `open-regions`) only read the store. See `docs/walctl.md`.
+//! it. Only commands that run procedures (`bootstrap`, `create-table`, `procedures purge`, `wal prune`) start the
+//! procedure manager, which claims the store and resumes any procedure an earlier, killed run left unfinished; the
+//! read-only ones (`procedures list/show/locks`, `topics`, `open-regions`, `wal stats`) only read the store, and
+//! `wal write` and `wal flush` write WAL entries and checkpoints without procedures. See `docs/walctl.md`.
 
 mod cli;
 mod client;
@@ -263,6 +264,12 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
         }
         // Handled by `run` before a metasrv is opened.
         Command::Serve { .. } => Ok(()),
+        // Writing entries, recording checkpoints and reading watermarks need no procedure: no manager is started
+        // (a running `walctl serve` is not fenced).
+        Command::Wal(command) if !command.runs_procedures() => {
+            wal::execute(metasrv, command, out).await?;
+            Ok(())
+        }
         Command::Wal(command) => {
             match kafka_wait(metasrv) {
                 Some(what) => Waiting::new(what).run(metasrv.start()).await?,

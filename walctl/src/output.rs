@@ -48,7 +48,7 @@ impl Output {
 
     /// One JSON object on its own line. Keys come out in sorted order (serde_json's map), which is the order
     /// walctl has always printed.
-    fn json_line(&mut self, value: &impl Serialize) {
+    pub fn json_line(&mut self, value: &impl Serialize) {
         match serde_json::to_value(value) {
             Ok(value) => self.line(&value.to_string()),
             // The report types hold strings, numbers and maps with string keys: they always serialize.
@@ -57,7 +57,7 @@ impl Output {
     }
 
     /// Left-aligned columns two spaces apart, no borders; trailing blanks are trimmed.
-    fn table(&mut self, header: &[&str], rows: Vec<Vec<String>>) {
+    pub fn table(&mut self, header: &[&str], rows: Vec<Vec<String>>) {
         let table = plain_table(Some(header), rows);
         for line in table.lines() {
             self.line(line.trim_end());

@@ -5,6 +5,10 @@
 //! (u64 big-endian), so a scan from a key reads a region's entries in entry-id order; a region's entry ids start
 //! at 1 and increase by one per entry. Every append is one raft-engine write batch, synced before it returns.
 //!
+//! **Flush.** [`RaftEngineLogStore::flush`] records a region's flushed entry id under the key `c` of its group and
+//! deletes its entries at or below it, in one synced write batch: a replay reads only what is above the checkpoint,
+//! and entry ids keep increasing from the checkpoint even when every entry of the region was deleted.
+//!
 //! raft-engine keeps key-value pairs in memory as well as in its files, so this store holds the entries not yet
 //! pruned in memory: fine for the WAL between two flushes, which is what it is for.
 //!
@@ -20,10 +24,15 @@ use raft_engine::{Config, Engine, LogBatch};
 use snafu::IntoError;
 
 use super::{AppendedEntry, Entry, EntryId, EntryToWrite, LogStore, RegionId};
-use crate::error::{RaftEngineOpSnafu, RaftEngineOpenSnafu, RaftEngineTaskSnafu, Result};
+use crate::error::{
+    RaftEngineOpSnafu, RaftEngineOpenSnafu, RaftEngineTaskSnafu, Result, WalFlushBeyondEndSnafu,
+};
 
 /// The first byte of every entry key.
 const ENTRY_KEY_PREFIX: u8 = b'e';
+
+/// The key of a region's flushed entry id (u64 big-endian); it sorts below every entry key.
+const CHECKPOINT_KEY: &[u8] = b"c";
 
 fn entry_key(entry_id: EntryId) -> Vec<u8> {
     let mut key = Vec::with_capacity(9);
@@ -96,6 +105,27 @@ impl RaftEngineLogStore {
     pub fn dir(&self) -> &Path {
         &self.inner.dir
     }
+
+    /// Records that `region_id`'s entries up to `entry_id` are flushed and deletes them, in one synced write
+    /// batch; a stored checkpoint at or above `entry_id` is kept (a checkpoint only moves forward). An `entry_id`
+    /// above the region's last entry id is refused naming the region: a checkpoint past the end would make the
+    /// region's next entries look flushed. Returns the checkpoint stored afterwards.
+    pub async fn flush(&self, region_id: RegionId, entry_id: EntryId) -> Result<EntryId> {
+        let inner = self.inner.clone();
+        run_blocking(&self.inner.dir, "flush", move || {
+            inner.flush(region_id, entry_id)
+        })
+        .await
+    }
+
+    /// The region's flushed entry id (0 when it was never flushed).
+    pub async fn flushed_entry_id(&self, region_id: RegionId) -> Result<EntryId> {
+        let inner = self.inner.clone();
+        run_blocking(&self.inner.dir, "read the checkpoint", move || {
+            inner.checkpoint(region_id)
+        })
+        .await
+    }
 }
 
 impl Inner {
@@ -113,9 +143,19 @@ impl Inner {
         .into_error(e)
     }
 
-    /// The region's last entry id as stored (0 when it has none).
+    /// The region's flushed entry id as stored (0 when it has none).
+    fn checkpoint(&self, region_id: RegionId) -> Result<EntryId> {
+        Ok(self
+            .engine
+            .get(region_id, CHECKPOINT_KEY)
+            .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
+            .map_or(0, u64::from_be_bytes))
+    }
+
+    /// The region's last entry id as stored: its last entry's, or its checkpoint when every entry up to it was
+    /// flushed (0 when it has neither).
     fn stored_last(&self, region_id: RegionId) -> Result<EntryId> {
-        let mut last = 0;
+        let mut last = self.checkpoint(region_id)?;
         self.engine
             .scan_raw_messages(
                 region_id,
@@ -124,7 +164,7 @@ impl Inner {
                 true,
                 |key, _| match entry_id_of_key(key) {
                     Some(id) => {
-                        last = id;
+                        last = last.max(id);
                         false
                     }
                     None => true,
@@ -174,6 +214,53 @@ impl Inner {
         }
         cache.extend(next);
         Ok(out)
+    }
+
+    fn flush(&self, region_id: RegionId, entry_id: EntryId) -> Result<EntryId> {
+        // Held across the write: an append never takes an id the flush is deleting.
+        let mut cache = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let last = match cache.get(&region_id) {
+            Some(id) => *id,
+            None => self.stored_last(region_id)?,
+        };
+        cache.insert(region_id, last);
+        snafu::ensure!(
+            entry_id <= last,
+            WalFlushBeyondEndSnafu {
+                region_id,
+                wal: format!("raft-engine '{}'", self.dir.display()),
+                entry_id,
+                end: last,
+            }
+        );
+        let stored = self.checkpoint(region_id)?;
+        if stored >= entry_id {
+            return Ok(stored);
+        }
+        let mut batch = LogBatch::default();
+        batch
+            .put(
+                region_id,
+                CHECKPOINT_KEY.to_vec(),
+                entry_id.to_be_bytes().to_vec(),
+            )
+            .map_err(|e| self.op_error("flush", region_id, e))?;
+        let start = entry_key(1);
+        let end = entry_key(entry_id.saturating_add(1));
+        let mut flushed = Vec::new();
+        self.engine
+            .scan_raw_messages(region_id, Some(&start), Some(&end), false, |key, _| {
+                flushed.push(key.to_vec());
+                true
+            })
+            .map_err(|e| self.op_error("flush", region_id, e))?;
+        for key in flushed {
+            batch.delete(region_id, key);
+        }
+        self.engine
+            .write(&mut batch, true)
+            .map_err(|e| self.op_error("flush", region_id, e))?;
+        Ok(entry_id)
     }
 
     fn read(&self, region_id: RegionId, from: EntryId) -> Result<Vec<Entry>> {

@@ -1,11 +1,13 @@
-//! The server's life as leader or follower: campaign, lead (start the manager, ready the pool) until the term is
-//! lost or the server shuts down, then stop the manager and campaign again.
+//! The server's life as leader or follower: campaign, lead (start the manager, ready the pool, then prune the WAL
+//! every `[wal] prune_interval`) until the term is lost or the server shuts down, then stop the manager and
+//! campaign again. Only the leader prunes: the periodic prune is part of leading, dropped with the term.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use remote_wal::metasrv::Metasrv;
 use remote_wal::metasrv::election::Election;
+use remote_wal::wal::WalConfig;
 use tokio::sync::watch;
 
 use crate::serve::metrics::Metrics;
@@ -43,7 +45,7 @@ pub async fn run(
     let Some(election) = election else {
         // redb or memory: this process holds the store alone, so it leads from the start.
         tokio::select! {
-            _ = lead(&metasrv, &status, None) => {}
+            _ = lead(&metasrv, &status, None, &metrics) => {}
             _ = shutdown.wait_for(|s| *s) => {}
         }
         stop(&metasrv, &status, &metrics).await;
@@ -71,7 +73,7 @@ pub async fn run(
         metrics.elections_won.inc();
         let epoch = term.epoch();
         let shutting_down = tokio::select! {
-            _ = lead(&metasrv, &status, Some(epoch)) => false,
+            _ = lead(&metasrv, &status, Some(epoch), &metrics) => false,
             _ = term.lost() => false,
             _ = shutdown.wait_for(|s| *s) => true,
         };
@@ -89,8 +91,13 @@ pub async fn run(
 }
 
 /// Leads: starts the manager (recovering unfinished procedures), then readies the WAL pool, retrying each until it
-/// works, then waits forever (the caller's select ends the term).
-async fn lead(metasrv: &Metasrv, status: &watch::Sender<Status>, term_epoch: Option<u64>) {
+/// works, then prunes the WAL periodically (or waits) forever (the caller's select ends the term).
+async fn lead(
+    metasrv: &Metasrv,
+    status: &watch::Sender<Status>,
+    term_epoch: Option<u64>,
+    metrics: &Metrics,
+) {
     loop {
         match metasrv.start_procedures().await {
             Ok(()) => break,
@@ -119,7 +126,39 @@ async fn lead(metasrv: &Metasrv, status: &watch::Sender<Status>, term_epoch: Opt
     }
     status.send_modify(|s| s.pool_ready = true);
     tracing::info!(epoch, "ready");
-    std::future::pending::<()>().await
+    prune_periodically(metasrv, metrics).await
+}
+
+/// Every `[wal] prune_interval` (a Kafka WAL with a non-zero interval; else it only waits), runs the WAL prune
+/// procedure on every topic of the pool, one after the other; a failed round is logged and counted, and the next
+/// round runs at the next tick. Never returns.
+async fn prune_periodically(metasrv: &Metasrv, metrics: &Metrics) {
+    let interval = match &metasrv.config().wal {
+        WalConfig::Kafka(kafka) if !kafka.prune_interval.is_zero() => kafka.prune_interval,
+        _ => return std::future::pending::<()>().await,
+    };
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match metasrv.prune_wal(None).await {
+            Ok(reports) => {
+                for report in &reports {
+                    tracing::info!(
+                        topic = %report.topic,
+                        old = report.old_pruned_entry_id,
+                        new = report.new_pruned_entry_id,
+                        "periodic WAL prune"
+                    );
+                }
+                metrics.wal_prunes.inc_by(reports.len() as u64);
+            }
+            Err(e) => {
+                metrics.wal_prune_failures.inc();
+                tracing::warn!(error = %e, "periodic WAL prune failed; trying again next interval");
+            }
+        }
+    }
 }
 
 async fn stop(metasrv: &Metasrv, status: &watch::Sender<Status>, metrics: &Metrics) {

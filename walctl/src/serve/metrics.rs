@@ -39,6 +39,10 @@ pub struct Metrics {
     fenced_writes: Counter,
     /// HTTP requests answered 503 because this server does not lead.
     pub not_leader_answers: Counter,
+    /// Topic prunes the periodic WAL prune finished (one per topic per round).
+    pub wal_prunes: Counter,
+    /// Rounds of the periodic WAL prune that failed.
+    pub wal_prune_failures: Counter,
 }
 
 impl Metrics {
@@ -87,8 +91,22 @@ impl Metrics {
             "Write requests answered 503 because this server is not the leader",
             not_leader_answers.clone(),
         );
+        let wal_prunes = Counter::default();
+        registry.register(
+            "wal_prunes",
+            "Topic prunes finished by the leader's periodic WAL prune ([wal] prune_interval)",
+            wal_prunes.clone(),
+        );
+        let wal_prune_failures = Counter::default();
+        registry.register(
+            "wal_prune_failures",
+            "Rounds of the leader's periodic WAL prune that failed",
+            wal_prune_failures.clone(),
+        );
         Metrics {
             registry,
+            wal_prunes,
+            wal_prune_failures,
             procedures,
             topic_regions,
             elections_won,

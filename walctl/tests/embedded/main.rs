@@ -13,3 +13,4 @@ mod purge;
 mod readonly;
 mod replay;
 mod resume;
+mod wal_commands;

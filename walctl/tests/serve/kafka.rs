@@ -60,3 +60,102 @@ fn the_leader_is_ready_with_the_pool_and_tables_get_its_topics() {
     let (status, refused) = post(&servers.servers[follower].url("/v1/bootstrap"), &json!({}));
     assert_eq!(status, 503, "{refused}");
 }
+
+/// The value of metric `name` (a counter without labels) in `/metrics` of `url`.
+fn counter(url: &str, name: &str) -> u64 {
+    let text = crate::cluster::get_text(url);
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no counter {name} in {text}"))
+}
+
+#[test]
+fn the_leader_prunes_the_wal_every_prune_interval_and_a_follower_does_not() {
+    let etcd = endpoints("ETCD_ENDPOINTS");
+    let kafka = endpoints("KAFKA_ENDPOINTS");
+    let prefix = unique("srvprune");
+    let brokers: Vec<String> = kafka.iter().map(|e| format!("{e:?}")).collect();
+    let wal = format!(
+        "\n[wal]\nprovider = \"kafka\"\nbroker_endpoints = [{}]\nnum_topics = 1\ntopic_name_prefix = \"{prefix}\"\n\
+         replication_factor = 1\nprune_interval = \"1s\"\n",
+        brokers.join(", ")
+    );
+    let servers = Servers::on_etcd_with(&etcd, &wal, 2);
+    let leader = servers.wait_for_leader(&[0, 1]);
+    let follower = 1 - leader;
+    let (status, table) = post(
+        &servers.servers[leader].url("/v1/tables"),
+        &json!({"name": "pruned", "regions": 2, "id": "pruned-1"}),
+    );
+    assert_eq!(status, 200, "{table}");
+
+    // Through the CLI on the same store (no manager started, so the leader is not fenced): 10 entries, 5 per
+    // region, then region 0 flushed up to entry 3 and region 1 up to entry 6; the lower one, 3, is prunable.
+    let config = servers.servers[leader].config.clone();
+    let walctl = |args: &[&str]| {
+        let out = std::process::Command::new(crate::support::walctl_path())
+            .current_dir(servers.dir.path())
+            .arg("--config")
+            .arg(&config)
+            .arg("--json")
+            .args(args)
+            .output()
+            .expect("run walctl");
+        assert!(
+            out.status.success(),
+            "walctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        crate::support::json_lines(&String::from_utf8_lossy(&out.stdout))
+    };
+    walctl(&["wal", "write", "--table", "pruned", "--entries", "10"]);
+    walctl(&[
+        "wal",
+        "flush",
+        "--table",
+        "pruned",
+        "--region",
+        "0",
+        "--entry-id",
+        "3",
+    ]);
+    walctl(&[
+        "wal",
+        "flush",
+        "--table",
+        "pruned",
+        "--region",
+        "1",
+        "--entry-id",
+        "6",
+    ]);
+
+    // Nobody asks for a prune: the leader's next round (every second) moves the watermark and deletes the records.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let stats = loop {
+        let stats = walctl(&["wal", "stats"]);
+        if stats[0]["pruned_entry_id"] == json!(3) {
+            break stats;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no periodic prune within 60 s: {stats:?}\n{}",
+            servers.servers[leader].log_tail()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(stats[0]["low_watermark"], json!(3), "{stats:?}");
+    let metrics = |i: usize| servers.servers[i].url("/metrics");
+    assert!(counter(&metrics(leader), "walctl_wal_prunes_total") >= 1);
+    assert_eq!(
+        counter(&metrics(leader), "walctl_wal_prune_failures_total"),
+        0
+    );
+    // The follower has run no round, however many intervals went by.
+    assert_eq!(counter(&metrics(follower), "walctl_wal_prunes_total"), 0);
+    assert_eq!(
+        counter(&metrics(follower), "walctl_wal_prune_failures_total"),
+        0
+    );
+}
