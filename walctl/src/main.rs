@@ -6,6 +6,7 @@
 //! manager, which claims the store and resumes any procedure an earlier, killed run left unfinished; the read-only
 //! ones (`procedures list/show/locks`, `topics`, `open-regions`) only read the store. See `docs/walctl.md`.
 
+mod bench;
 mod cli;
 mod output;
 mod progress;
@@ -235,6 +236,15 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             }
             finish_recovered(metasrv).await?;
             wal::execute(metasrv, command, out).await?;
+            Ok(())
+        }
+        Command::Bench(command) => {
+            match kafka_wait(metasrv) {
+                Some(what) => Waiting::new(what).run(metasrv.start()).await?,
+                None => metasrv.start().await?,
+            }
+            finish_recovered(metasrv).await?;
+            bench::execute(metasrv, command, out).await?;
             Ok(())
         }
         Command::Topics => {
