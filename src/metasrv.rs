@@ -36,7 +36,7 @@ use crate::error::{
 };
 use crate::kv::redb::RedbOpenMode;
 use crate::kv::state_store::LeaderFence;
-use crate::kv::{KvBackendRef, RangeRequest};
+use crate::kv::{CountingKvBackend, KvBackendRef, RangeRequest};
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::kafka::topic_key::list_persisted_topics;
@@ -230,6 +230,8 @@ pub struct TopicsReport {
 pub struct Metasrv {
     config: MetasrvConfig,
     kv: KvBackendRef,
+    /// Counts the commits every part of the metasrv makes on `kv` (which is this wrapper).
+    commits: Arc<CountingKvBackend>,
     state_store: Arc<crate::kv::KvStateStore>,
     procedures: ProcedureManagerRef,
     local: Arc<LocalManager>,
@@ -385,6 +387,8 @@ impl Metasrv {
         fence: Option<Arc<LeaderFence>>,
     ) -> Result<Self> {
         config.validate()?;
+        let commits = Arc::new(CountingKvBackend::new(kv));
+        let kv: KvBackendRef = commits.clone();
         let mut state_store = crate::kv::KvStateStore::new(kv.clone());
         if let Some(fence) = fence {
             state_store = state_store.with_leader_fence(fence);
@@ -452,6 +456,7 @@ impl Metasrv {
         Ok(Metasrv {
             config,
             kv,
+            commits,
             state_store,
             procedures,
             local,
@@ -499,6 +504,12 @@ impl Metasrv {
     /// The lock keys every procedure of this process holds or waits for (empty when the manager is not started).
     pub fn locks(&self) -> Vec<procedures::manager::ProcedureLocks> {
         self.local.locks()
+    }
+
+    /// The commits made on the kv backend through this metasrv since it was built: procedure state, allocations,
+    /// id sequences and table metadata alike (what counts as one: [`CountingKvBackend`]).
+    pub fn kv_commits(&self) -> u64 {
+        self.commits.commits()
     }
 
     /// How many procedure-state writes a leader fence refused (0 without one).
@@ -691,6 +702,15 @@ impl Metasrv {
                 .into_iter()
                 .collect(),
         )
+    }
+
+    /// Creates a table of `regions` regions and returns its id, reading nothing back (the work `walctl bench ddl`
+    /// measures). An existing table of that name is an error and is left as it is. Needs [`Metasrv::start`].
+    pub async fn create_table_only(&self, name: TableName, regions: u32) -> Result<u32> {
+        self.ensure_started("create table")?;
+        self.ddl
+            .create_table_with_id(CreateTableTask::new(name, regions), None)
+            .await
     }
 
     /// Creates a table of `regions` regions (or, with `if_not_exists`, finds the existing one) and returns it

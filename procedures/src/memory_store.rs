@@ -50,6 +50,26 @@ impl StateStore for MemoryStateStore {
             .collect())
     }
 
+    async fn scan_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
+        use std::ops::Bound;
+        let map = self.lock();
+        let start = match after {
+            Some(after) if after >= prefix => Bound::Excluded(after.to_string()),
+            _ => Bound::Included(prefix.to_string()),
+        };
+        Ok(map
+            .range((start, Bound::Unbounded))
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .take(limit.max(1))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
         self.lock().insert(key.to_string(), value);
         Ok(())

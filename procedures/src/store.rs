@@ -79,6 +79,24 @@ pub trait StateStore: Send + Sync {
     /// Every key starting with `prefix`, with its value, in key order.
     async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>>;
 
+    /// One page of [`StateStore::scan`]: at most `limit` (≥ 1) keys starting with `prefix` and after `after`
+    /// (from the first when `None`), with their values, in key order. A store may return fewer than `limit` (its
+    /// own page size); an empty page means no key is left. Pages are separate reads, not one snapshot. The
+    /// default reads the whole prefix and keeps the page: stores that can read a range override it.
+    async fn scan_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Vec<u8>)>> {
+        let all = self.scan(prefix).await?;
+        Ok(all
+            .into_iter()
+            .filter(|(k, _)| after.is_none_or(|after| k.as_str() > after))
+            .take(limit.max(1))
+            .collect())
+    }
+
     /// Sets `key` to `value`.
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<()>;
 

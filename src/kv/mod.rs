@@ -13,11 +13,13 @@ use crate::error::Result;
 mod check;
 #[cfg(any(test, feature = "testing"))]
 pub mod conformance;
+pub mod counting;
 pub mod etcd;
 pub mod memory;
 pub mod redb;
 pub mod state_store;
 
+pub use counting::CountingKvBackend;
 pub use etcd::{EtcdConfig, EtcdKvBackend};
 pub use memory::MemoryKvBackend;
 pub use redb::RedbKvBackend;

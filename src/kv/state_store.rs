@@ -40,6 +40,8 @@ pub const PROCEDURE_PREFIX: &str = "__procedure__/";
 /// Pairs read per request by `scan`.
 const SCAN_PAGE: usize = 512;
 
+mod page;
+
 /// The leadership a [`LeaderFence`] holds: the election's epoch and the key that proves it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaderLease {
@@ -264,6 +266,15 @@ impl StateStore for KvStateStore {
                 Ok((key, kv.value))
             })
             .collect()
+    }
+
+    async fn scan_page(
+        &self,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> procedures::Result<Vec<(String, Vec<u8>)>> {
+        self.read_page(prefix, after, limit).await
     }
 
     async fn put(&self, key: &str, value: Vec<u8>) -> procedures::Result<()> {

@@ -79,6 +79,9 @@ pub enum Command {
     /// The WAL: `wal write`, `wal flush`, `wal prune`, `wal stats` (see `docs/walctl.md`).
     #[command(subcommand)]
     Wal(crate::wal::WalCommand),
+    /// Load generators: `bench ddl --tables N [--concurrency C] [--regions R]` (see `docs/walctl.md`).
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
     /// Run as a long-lived server with an HTTP API until SIGTERM/SIGINT; on etcd, servers elect one leader.
     Serve {
         /// `host:port` to listen on (overrides `[server] listen`).
@@ -90,7 +93,10 @@ pub enum Command {
 impl Command {
     /// Whether the command may write the first metadata there is, and so create a missing metadata file.
     pub fn creates_metadata(&self) -> bool {
-        matches!(self, Command::Bootstrap | Command::CreateTable { .. })
+        matches!(
+            self,
+            Command::Bootstrap | Command::CreateTable { .. } | Command::Bench(_)
+        )
     }
 
     /// Whether the command starts the procedure manager, claiming the store (on etcd: it joins the election).

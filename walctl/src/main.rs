@@ -7,6 +7,7 @@
 //! read-only ones (`procedures list/show/locks`, `topics`, `open-regions`, `wal stats`) only read the store, and
 //! `wal write` and `wal flush` write WAL entries and checkpoints without procedures. See `docs/walctl.md`.
 
+mod bench;
 mod cli;
 mod client;
 mod election;
@@ -277,6 +278,15 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             }
             finish_recovered(metasrv).await?;
             wal::execute(metasrv, command, out).await?;
+            Ok(())
+        }
+        Command::Bench(command) => {
+            match kafka_wait(metasrv) {
+                Some(what) => Waiting::new(what).run(metasrv.start()).await?,
+                None => metasrv.start().await?,
+            }
+            finish_recovered(metasrv).await?;
+            bench::execute(metasrv, command, out).await?;
             Ok(())
         }
         Command::Topics => {

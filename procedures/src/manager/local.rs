@@ -29,6 +29,8 @@ use crate::watcher::Watcher;
 
 /// How many times `start` re-reads the epoch when another manager claims it at the same moment.
 const EPOCH_CLAIM_ATTEMPTS: usize = 5;
+/// Records read per store request while recovering (`StateStore::scan_page`).
+const RECOVERY_PAGE: usize = 1024;
 
 /// Where the manager is in its life.
 #[derive(Clone, Debug)]
@@ -540,7 +542,7 @@ impl Inner {
         }
         let loaded = async {
             let epoch = self.claim_epoch().await?;
-            let records = self.read(|| self.store.scan(RECORD_PREFIX)).await?;
+            let records = self.read_records().await?;
             let controls = self
                 .read(|| ControlRequests::read(self.store.as_ref()))
                 .await?;
@@ -675,6 +677,25 @@ impl Inner {
             state.spawn(control::run(Arc::downgrade(self)));
         }
         Ok(())
+    }
+
+    /// Every procedure record, read [`RECOVERY_PAGE`] keys at a time (each page retried like any read), so no
+    /// single request to the store carries every record.
+    async fn read_records(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut records: Vec<(String, Vec<u8>)> = Vec::new();
+        loop {
+            let after = records.last().map(|(key, _)| key.clone());
+            let page = self
+                .read(|| {
+                    self.store
+                        .scan_page(RECORD_PREFIX, after.as_deref(), RECOVERY_PAGE)
+                })
+                .await?;
+            if page.is_empty() {
+                return Ok(records);
+            }
+            records.extend(page);
+        }
     }
 
     /// Rebuilds one record.

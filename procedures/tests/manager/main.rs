@@ -11,5 +11,6 @@ mod introspection;
 mod lifecycle;
 mod locks;
 mod mock;
+mod paged_recovery;
 mod stalled;
 mod submission;

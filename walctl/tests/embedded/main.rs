@@ -5,6 +5,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod bench;
 mod commands;
 mod control;
 mod idempotent;
