@@ -241,6 +241,22 @@ pub fn execute(client: &mut Client, command: &Command, out: &mut Output) -> Resu
             )?;
             crate::wal::print_prune(out, &pruned.topics);
         }
+        Command::Wal(
+            command @ (WalCommand::Write { .. } | WalCommand::Flush { .. } | WalCommand::Stats),
+        ) => {
+            return Err(Failure::Refused(format!(
+                "wal {} talks to the regions' WALs where walctl runs; it cannot run with --server (run it without \
+                 --server)",
+                command.name()
+            )));
+        }
+        Command::Bench(_) => {
+            return Err(Failure::Refused(
+                "bench ddl measures the metasrv where walctl runs; it cannot run with --server (run it without \
+                 --server)"
+                    .to_string(),
+            ));
+        }
         Command::Serve { .. } => {
             return Err(Failure::Refused(
                 "--server does not apply to serve (a server is configured by --config and --listen)".to_string(),

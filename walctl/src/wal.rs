@@ -58,6 +58,16 @@ impl WalCommand {
     pub fn runs_procedures(&self) -> bool {
         matches!(self, WalCommand::Prune { .. })
     }
+
+    /// The subcommand's name as typed (`write`, `flush`, `stats`, `prune`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            WalCommand::Write { .. } => "write",
+            WalCommand::Flush { .. } => "flush",
+            WalCommand::Stats => "stats",
+            WalCommand::Prune { .. } => "prune",
+        }
+    }
 }
 
 /// The most entries one `wal write` writes.

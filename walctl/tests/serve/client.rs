@@ -175,3 +175,43 @@ fn a_client_with_no_server_answering_gives_up_after_wait_naming_the_servers() {
         "{out:?}"
     );
 }
+
+/// Commands that act on the WAL or the metasrv where walctl runs refuse `--server` with a line naming the command,
+/// before any request (the server address here answers nothing, and the refusal comes at once, not after `--wait`).
+#[test]
+fn commands_that_run_where_walctl_runs_refuse_server_naming_themselves() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dead = format!("127.0.0.1:{}", free_port());
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &["open-regions", "--datanode", "1", "--replay"],
+            "error: open-regions --replay reads the WAL where walctl runs; it cannot run with --server (run it \
+             without --server on the datanode's host)",
+        ),
+        (
+            &["wal", "write", "--table", "t", "--entries", "1"],
+            "error: wal write talks to the regions' WALs where walctl runs; it cannot run with --server (run it \
+             without --server)",
+        ),
+        (
+            &["wal", "flush", "--table", "t"],
+            "error: wal flush talks to the regions' WALs where walctl runs; it cannot run with --server (run it \
+             without --server)",
+        ),
+        (
+            &["wal", "stats"],
+            "error: wal stats talks to the regions' WALs where walctl runs; it cannot run with --server (run it \
+             without --server)",
+        ),
+        (
+            &["bench", "ddl", "--tables", "1"],
+            "error: bench ddl measures the metasrv where walctl runs; it cannot run with --server (run it without \
+             --server)",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = run(dir.path(), &["--server", &dead, "--wait", "30s"], args);
+        assert_eq!(out.code, Some(1), "{args:?}: {out:?}");
+        assert_eq!(out.errors, vec![want.to_string()], "{args:?}: {out:?}");
+    }
+}
