@@ -17,11 +17,13 @@ pub mod etcd;
 pub mod memory;
 pub mod redb;
 pub mod state_store;
+pub mod step_store;
 
 pub use etcd::{EtcdConfig, EtcdKvBackend};
 pub use memory::MemoryKvBackend;
 pub use redb::RedbKvBackend;
 pub use state_store::KvStateStore;
+pub use step_store::KvStepStore;
 
 /// A key with its value.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
