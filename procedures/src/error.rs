@@ -114,6 +114,19 @@ pub enum Error {
         reason: String,
     },
 
+    /// A condition of a step's own writes ([`crate::StepWrites`]) failed: nothing of the step's writes nor the
+    /// procedure's next state was written. The step's error: not retryable (the key's value will not change by
+    /// itself), so the procedure rolls back or fails.
+    #[snafu(display(
+        "a condition of the step's writes failed: key '{key}' was expected {expected}"
+    ))]
+    StepConditionFailed {
+        /// The key whose condition failed.
+        key: String,
+        /// What the condition expected.
+        expected: String,
+    },
+
     /// A newer manager claimed the store: this manager must not write any more.
     #[snafu(display(
         "fenced by epoch {epoch}: this manager holds epoch {own} and may no longer write procedure state"

@@ -20,6 +20,7 @@ pub mod memory_store;
 pub mod procedure;
 pub mod record;
 pub mod snapshot;
+pub mod step_writes;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -38,5 +39,6 @@ pub use procedure::{
     ProcedureWithId, SideEffectHook, Status, StringKey,
 };
 pub use record::{ProcedureInfo, ProcedureRecord, ProcedureState};
+pub use step_writes::{StepStore, StepStoreRef, StepWrites};
 pub use store::{Condition, StateStore, WriteOp, WriteOutcome};
 pub use watcher::Watcher;

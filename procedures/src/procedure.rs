@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::step_writes::StepWrites;
 
 /// The value a finished procedure hands back to its submitter.
 pub type Output = serde_json::Value;
@@ -108,6 +109,9 @@ pub enum Status {
     Executing {
         /// Store the state before the next step.
         persist: bool,
+        /// The step's own writes, committed with the stored state (see [`StepWrites`]); non-empty writes make the
+        /// engine store the state whatever `persist` says.
+        writes: StepWrites,
     },
     /// Start these children and call `execute` again once every one of them is done. Child ids must be
     /// deterministic (see [`ProcedureId::child`]): on replay, children that already exist are awaited, not started
@@ -122,24 +126,56 @@ pub enum Status {
     Done {
         /// The result, if any.
         output: Option<Output>,
+        /// The step's own writes, committed with the `done` record (see [`StepWrites`]).
+        writes: StepWrites,
     },
 }
 
 impl Status {
     /// `Executing { persist: true }`: the common case of a step that changed the state.
     pub fn executing(persist: bool) -> Self {
-        Status::Executing { persist }
+        Status::Executing {
+            persist,
+            writes: StepWrites::none(),
+        }
+    }
+
+    /// `Executing`, storing the state together with the step's `writes` in one commit.
+    pub fn executing_with(writes: StepWrites) -> Self {
+        Status::Executing {
+            persist: true,
+            writes,
+        }
     }
 
     /// `Done` without output.
     pub fn done() -> Self {
-        Status::Done { output: None }
+        Status::Done {
+            output: None,
+            writes: StepWrites::none(),
+        }
     }
 
     /// `Done` with an output.
     pub fn done_with_output(output: Output) -> Self {
         Status::Done {
             output: Some(output),
+            writes: StepWrites::none(),
+        }
+    }
+
+    /// `Done` with an output, the `done` record committed together with the step's `writes`.
+    pub fn done_with(output: Option<Output>, writes: StepWrites) -> Self {
+        Status::Done { output, writes }
+    }
+
+    /// The step's own writes, if any.
+    pub fn writes(&self) -> Option<&StepWrites> {
+        match self {
+            Status::Executing { writes, .. } | Status::Done { writes, .. } => {
+                (!writes.is_empty()).then_some(writes)
+            }
+            Status::Suspended { .. } => None,
         }
     }
 }

@@ -3,6 +3,7 @@
 use async_trait::async_trait;
 
 use crate::error::Result;
+use crate::step_writes::{StepStore, StepWrites};
 
 /// A precondition of an atomic [`StateStore::write`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -105,4 +106,33 @@ pub trait StateStore: Send + Sync {
 
     /// Applies `ops` atomically if every one of `conditions` holds, else nothing.
     async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome>;
+
+    /// Whether [`StateStore::write_with_step`] can apply writes meant for `store` atomically with this store's own:
+    /// this store lives in `store`. `false` by default; the engine then applies a step's writes alone first.
+    fn joins(&self, _store: &dyn StepStore) -> bool {
+        false
+    }
+
+    /// [`StateStore::write`] plus `step`'s conditions and ops (on the store this one [joins](StateStore::joins)),
+    /// all in one atomic commit. A rejection lists this write's `conditions` first, then `step`'s conditions, each
+    /// with its current value. Only called when [`StateStore::joins`] said yes for `step`'s store; the default
+    /// refuses.
+    async fn write_with_step(
+        &self,
+        conditions: Vec<Condition>,
+        ops: Vec<WriteOp>,
+        step: &StepWrites,
+    ) -> Result<WriteOutcome> {
+        let _ = (conditions, ops);
+        Err(crate::error::Error::Store {
+            action: "write with step writes",
+            key: step
+                .ops()
+                .first()
+                .map(|op| op.key().to_string())
+                .unwrap_or_default(),
+            source: "this state store cannot join a step's writes".into(),
+            retryable: false,
+        })
+    }
 }

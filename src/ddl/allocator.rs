@@ -265,6 +265,21 @@ impl TableMetadataAllocator {
         }
     }
 
+    /// The allocation an earlier release reserved for procedure `procedure_id` at `__table_allocation/{id}`, if
+    /// any. Create-table now keeps its allocation in its procedure state only; a procedure an older release started
+    /// (and crashed in Allocate, after its reservation) resumes with the reserved allocation instead of a new one.
+    pub async fn legacy_reservation(
+        &self,
+        procedure_id: &str,
+        task: &CreateTableTask,
+    ) -> Result<Option<TableAllocation>> {
+        let key = allocation_key(procedure_id);
+        match self.kv.get(key.as_bytes()).await? {
+            Some(kv) => self.reserved(&key, &kv.value, task).map(Some),
+            None => Ok(None),
+        }
+    }
+
     /// Removes the reservation of procedure `procedure_id` (absent is fine).
     pub async fn release(&self, procedure_id: &str) -> Result<()> {
         self.kv

@@ -10,17 +10,22 @@
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
-use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, Status, StringKey};
+use std::sync::Arc;
+
+use procedures::{
+    BoxedProcedureLoader, Context, LockKey, Procedure, Status, StepWrites, StringKey, WriteOp,
+};
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
-use crate::ddl::allocator::TableAllocation;
+use crate::ddl::allocator::{TableAllocation, allocation_key};
 use crate::ddl::context::DdlContext;
 use crate::ddl::datanode_manager::RegionCreateRequest;
 use crate::ddl::metadata_manager::TableMetadata;
 use crate::ddl::region::{region_dir, region_id, region_storage_path};
 use crate::ddl::task::CreateTableTask;
 use crate::error::{CreateTableStateSnafu, Result, TableAlreadyExistsSnafu};
+use crate::kv::KvStepStore;
 use crate::wal::WAL_OPTIONS_KEY;
 
 /// The type name the procedure is registered and persisted under.
@@ -144,52 +149,51 @@ impl CreateTableProcedure {
         Ok(Status::executing(false))
     }
 
-    /// Allocate: table id, placement and WAL options, persisted before the next step uses them. An allocation
-    /// already in the state is kept; one reserved in the kv by an earlier run of this step (crashed before its
-    /// state was stored) is reused.
+    /// Allocate: table id, placement and WAL options, stored in the procedure's state by the engine's write of
+    /// the next step (one commit; the id sequence commits only when its batch of ids runs out). An allocation already
+    /// in the state is kept; one an older release reserved at `__table_allocation/{procedure_id}` is reused, and
+    /// its key removed in the same commit as the state.
     ///
     /// A table whose metadata transaction the kv backend would refuse (too many datanodes, too large options), or
     /// whose id another table's metadata already holds (`__table_info/{id}`, after the id sequence was set back),
-    /// fails here, its reservation removed, before any region exists: the last step could never record them.
+    /// fails here, before any region exists: the last step could never record them.
     async fn on_allocate(&mut self, ctx: &Context) -> Result<Status> {
-        let allocation = match &self.data.allocation {
-            Some(allocation) => allocation.clone(),
+        let procedure_id = ctx.procedure_id().as_str();
+        let legacy = match &self.data.allocation {
+            Some(_) => None,
             None => {
                 self.context
                     .allocator
-                    .allocate_once_fenced(ctx.procedure_id().as_str(), &self.data.task, ctx.epoch())
+                    .legacy_reservation(procedure_id, &self.data.task)
                     .await?
             }
         };
-        let metadata = TableMetadata::new(&self.data.task, &allocation);
-        let checked = match self.context.metadata.check_metadata_fits(&metadata) {
-            Ok(()) => self.context.metadata.check_table_id_free(&metadata).await,
-            Err(e) => Err(e),
+        let allocation = match (&self.data.allocation, &legacy) {
+            (Some(allocation), _) | (None, Some(allocation)) => allocation.clone(),
+            (None, None) => self.context.allocator.allocate(&self.data.task).await?,
         };
-        if let Err(e) = checked {
-            if e.is_retryable() {
-                // The check could not read the kv: keep the reservation, the step runs again.
-                return Err(e);
-            }
-            self.context
-                .allocator
-                .release(ctx.procedure_id().as_str())
-                .await?;
-            return Err(e);
-        }
+        let metadata = TableMetadata::new(&self.data.task, &allocation);
+        self.context.metadata.check_metadata_fits(&metadata)?;
+        self.context.metadata.check_table_id_free(&metadata).await?;
         self.data.allocation = Some(allocation);
         self.data.state = CreateTableState::CreateRegions;
-        Ok(Status::executing(true))
+        if legacy.is_none() {
+            return Ok(Status::executing(true));
+        }
+        Ok(Status::executing_with(StepWrites::new(
+            Arc::new(KvStepStore::new(self.context.metadata.kv().clone())),
+            Vec::new(),
+            vec![WriteOp::Delete {
+                key: allocation_key(procedure_id),
+            }],
+        )))
     }
 
-    /// CreateRegions: each region on its datanode, one after the other, with a side-effect point after each. The
-    /// allocation is in the stored state now, so its kv reservation is no longer needed and is removed first.
+    /// CreateRegions: each region on its datanode, one after the other, with a side-effect point after each. Its
+    /// state is not stored on its own: the next step's commit stores the final state, and a replay from Allocate's
+    /// state creates the regions again, which counts as success for regions that exist with the same options.
     async fn on_create_regions(&mut self, ctx: &Context) -> procedures::Result<Status> {
         let allocation = self.allocation()?;
-        self.context
-            .allocator
-            .release(ctx.procedure_id().as_str())
-            .await?;
         for (datanode_id, request) in region_create_requests(&self.data.task, &allocation) {
             let region_id = request.region_id;
             self.context
@@ -201,20 +205,26 @@ impl CreateTableProcedure {
             ))?;
         }
         self.data.state = CreateTableState::PersistDatanodeTableValue;
-        Ok(Status::executing(true))
+        Ok(Status::executing(false))
     }
 
-    /// PersistDatanodeTableValue: every metadata key in one transaction; done with the table id.
-    async fn on_persist_metadata(&mut self) -> Result<Status> {
+    /// PersistDatanodeTableValue: every metadata key, each only if absent, handed to the engine to commit with the
+    /// `done` record (one transaction when the procedure state lives in the metadata kv); done with the table id.
+    /// The commit also removes a reservation an older release may have left at `__table_allocation/{id}`. Metadata
+    /// already there with exactly these values (written alone by an earlier run) needs no write.
+    async fn on_persist_metadata(&mut self, ctx: &Context) -> Result<Status> {
         let allocation = self.allocation()?;
         let metadata = TableMetadata::new(&self.data.task, &allocation);
-        self.context
+        let legacy = WriteOp::Delete {
+            key: allocation_key(ctx.procedure_id().as_str()),
+        };
+        let output = Some(table_id_output(allocation.table_id));
+        let writes = self
+            .context
             .metadata
-            .create_table_metadata(&metadata)
+            .create_table_writes(&metadata, vec![legacy])
             .await?;
-        Ok(Status::done_with_output(table_id_output(
-            allocation.table_id,
-        )))
+        Ok(Status::done_with(output, writes.unwrap_or_default()))
     }
 
     /// Rollback (after a failure, or a cancel): removes what this procedure made, in the reverse order of its
@@ -323,7 +333,9 @@ impl Procedure for CreateTableProcedure {
             CreateTableState::Prepare => Ok(self.on_prepare(ctx).await?),
             CreateTableState::Allocate => self.on_allocate(ctx).await.map_err(allocate_error),
             CreateTableState::CreateRegions => self.on_create_regions(ctx).await,
-            CreateTableState::PersistDatanodeTableValue => Ok(self.on_persist_metadata().await?),
+            CreateTableState::PersistDatanodeTableValue => {
+                Ok(self.on_persist_metadata(ctx).await?)
+            }
         }
     }
 

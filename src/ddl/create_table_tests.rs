@@ -59,9 +59,14 @@ async fn run_to_end(
     context: &DdlContext,
 ) -> procedures::Result<serde_json::Value> {
     loop {
-        match p.execute(&ctx()).await? {
-            Status::Done { output } => return Ok(output.unwrap_or_default()),
-            Status::Executing { persist: true } => {
+        let status = p.execute(&ctx()).await?;
+        // What the engine does with a state store that cannot join the step's writes: apply them alone first.
+        if let Some(writes) = status.writes() {
+            writes.apply_alone().await?;
+        }
+        match status {
+            Status::Done { output, .. } => return Ok(output.unwrap_or_default()),
+            Status::Executing { persist: true, .. } => {
                 p = CreateTableProcedure::from_json(p.dump()?, context.clone())?;
             }
             _ => {}
@@ -106,7 +111,7 @@ async fn prepare_on_an_existing_table_fails_or_returns_its_id() {
     t.if_not_exists = true;
     let mut p = CreateTableProcedure::new(t, c);
     match p.execute(&ctx()).await.unwrap() {
-        Status::Done { output } => assert_eq!(output.unwrap()["table_id"].as_u64(), Some(id)),
+        Status::Done { output, .. } => assert_eq!(output.unwrap()["table_id"].as_u64(), Some(id)),
         other => panic!("expected done, got {other:?}"),
     }
     // Neither attempt created anything more.
@@ -122,12 +127,12 @@ async fn allocate_persists_and_is_not_repeated_on_replay() {
     let mut p = CreateTableProcedure::new(task("cpu", 4), c.clone());
     assert!(matches!(
         p.execute(&ctx()).await.unwrap(),
-        Status::Executing { persist: false }
+        Status::Executing { persist: false, .. }
     ));
     assert_eq!(p.data().state, CreateTableState::Allocate);
     assert!(matches!(
         p.execute(&ctx()).await.unwrap(),
-        Status::Executing { persist: true }
+        Status::Executing { persist: true, .. }
     ));
     assert_eq!(p.data().state, CreateTableState::CreateRegions);
     let persisted = p.dump().unwrap();
@@ -159,34 +164,33 @@ async fn allocate_persists_and_is_not_repeated_on_replay() {
 }
 
 #[tokio::test]
-async fn allocate_rerun_after_a_crash_before_its_state_was_stored_reuses_the_reservation() {
+async fn allocate_reuses_and_removes_a_reservation_an_older_release_left() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let dns = Arc::new(MemoryDatanodeManager::new());
+    // An older release reserved the allocation at `__table_allocation/{procedure id}`, then crashed before storing
+    // the state that held it.
     let c = context(kv.clone(), Arc::new(kafka_source(1)), dns.clone());
-    let mut first = CreateTableProcedure::new(task("cpu", 3), c.clone());
-    first.execute(&ctx()).await.unwrap();
-    first.execute(&ctx()).await.unwrap();
-    let allocation = first.data().allocation.clone().unwrap();
-    // The manager died before storing that state: a new process (new allocator, fresh selector) starts over
-    // from the submitted state, under the same procedure id.
+    let reserved = c
+        .allocator
+        .allocate_once("test", &task("cpu", 3))
+        .await
+        .unwrap();
+    // This release resumes the procedure (under the same id) from its submitted state: no new allocation.
     let c2 = context(kv.clone(), Arc::new(kafka_source(0)), dns.clone());
     let again = CreateTableProcedure::new(task("cpu", 3), c2.clone());
     let out = run_to_end(again, &c2).await.unwrap();
-    assert_eq!(
-        out["table_id"].as_u64(),
-        Some(u64::from(allocation.table_id))
-    );
+    assert_eq!(out["table_id"].as_u64(), Some(u64::from(reserved.table_id)));
     let metadata = TableMetadataManager::new(kv.clone());
     assert_eq!(
         metadata
-            .table_route(allocation.table_id)
+            .table_route(reserved.table_id)
             .await
             .unwrap()
             .unwrap()
             .region_routes,
-        allocation.region_routes
+        reserved.region_routes
     );
-    // The reservation is gone once the metadata holds the allocation.
+    // The reservation is gone: removed in the commit of Allocate's state.
     let left = kv
         .range(crate::kv::RangeRequest::prefix("__table_allocation/"))
         .await
@@ -268,7 +272,7 @@ async fn allocate_waits_retryably_while_the_topic_pool_is_not_ready_then_allocat
     // The engine's retry runs the step again; the pool is loaded now.
     assert!(matches!(
         p.execute(&ctx()).await.unwrap(),
-        Status::Executing { persist: true }
+        Status::Executing { persist: true, .. }
     ));
     assert_eq!(
         p.data()
@@ -335,7 +339,7 @@ async fn create_regions_sends_wal_options_and_marks_each_region() {
     let hooked = Context::with_hook(ProcedureId::new("test"), Some(labels.clone()));
     assert!(matches!(
         p.execute(&hooked).await.unwrap(),
-        Status::Executing { persist: true }
+        Status::Executing { persist: false, .. }
     ));
     assert_eq!(p.data().state, CreateTableState::PersistDatanodeTableValue);
     assert_eq!(labels.0.lock().unwrap().len(), 3);
@@ -412,6 +416,7 @@ async fn persist_succeeds_on_identical_replay_and_fails_for_another_table_of_the
     let persisted = p.dump().unwrap();
     let first = p.execute(&ctx()).await.unwrap();
     assert!(matches!(first, Status::Done { .. }));
+    first.writes().unwrap().apply_alone().await.unwrap();
     let before = kv.range(crate::kv::RangeRequest::prefix("")).await.unwrap();
 
     // The same step again (crash after the txn, before the state was stored): success, nothing changed.
@@ -602,8 +607,9 @@ impl KvBackend for LimitedKv {
 
 #[tokio::test]
 async fn a_metadata_txn_over_the_backend_limit_is_refused_before_writing() {
-    // name + info + route + 2 datanodes = 5 keys → 10 ops.
-    let kv = Arc::new(LimitedKv::txn_ops(9));
+    // name + info + route + 2 datanodes = 5 keys → 10 ops, plus 4 the engine adds when the writes commit with the
+    // procedure's record.
+    let kv = Arc::new(LimitedKv::txn_ops(13));
     let manager = TableMetadataManager::new(kv.clone());
     let t = task("cpu", 2);
     let allocation = crate::ddl::TableAllocation {
@@ -617,7 +623,7 @@ async fn a_metadata_txn_over_the_backend_limit_is_refused_before_writing() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("greptime.public.cpu") && err.contains("10") && err.contains("9"),
+        err.contains("greptime.public.cpu") && err.contains("14") && err.contains("13"),
         "{err}"
     );
     assert!(kv.inner.dump().is_empty());
@@ -625,9 +631,10 @@ async fn a_metadata_txn_over_the_backend_limit_is_refused_before_writing() {
 
 #[tokio::test]
 async fn a_table_whose_metadata_cannot_fit_one_txn_fails_before_any_region_is_created() {
-    // 2 regions on 2 datanodes: name + info + route + 2 datanode keys = 5 keys → 10 ops, over a limit of 9. The
-    // metadata step could never succeed, so the procedure must stop before it creates regions it cannot record.
-    let kv = Arc::new(LimitedKv::txn_ops(9));
+    // 2 regions on 2 datanodes: name + info + route + 2 datanode keys = 5 keys → 10 ops, plus 4 the engine adds,
+    // over a limit of 13. The metadata step could never succeed, so the procedure must stop before it creates
+    // regions it cannot record.
+    let kv = Arc::new(LimitedKv::txn_ops(13));
     let dns = Arc::new(MemoryDatanodeManager::new());
     let c = context(kv.clone(), Arc::new(RaftEngineWalSource), dns.clone());
     let err = run_to_end(CreateTableProcedure::new(task("cpu", 2), c.clone()), &c)
@@ -636,7 +643,7 @@ async fn a_table_whose_metadata_cannot_fit_one_txn_fails_before_any_region_is_cr
     assert!(!err.is_retryable());
     let msg = err.to_string();
     assert!(
-        msg.contains("greptime.public.cpu") && msg.contains("10"),
+        msg.contains("greptime.public.cpu") && msg.contains("14"),
         "{msg}"
     );
     assert_eq!(dns.calls(), 0, "regions were created: {:?}", dns.regions());

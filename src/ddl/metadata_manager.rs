@@ -18,7 +18,11 @@ use crate::error::{
     DecodeMetadataSnafu, EncodeMetadataSnafu, InvalidCreateTableSnafu, MetadataTxnTooLargeSnafu,
     Result, TableAlreadyExistsSnafu, TableMetadataConflictSnafu,
 };
-use crate::kv::{Compare, KvBackendRef, Txn, TxnOp, TxnOpResponse};
+use crate::kv::{Compare, KvBackendRef, KvStepStore, Txn, TxnOp, TxnOpResponse};
+use procedures::{Condition, StepWrites, WriteOp};
+
+/// Operations the procedure engine adds to the metadata transaction of a create-table (see `check_fits`).
+const COMMIT_OVERHEAD_OPS: usize = 4;
 
 /// Every value a new table's metadata consists of.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -233,6 +237,50 @@ impl TableMetadataManager {
         self.check_replay(metadata, &table, &kvs, &current)
     }
 
+    /// The writes that create `metadata`, for a create-table step to hand the procedure engine (committed with the
+    /// procedure's `done` record when the state store lives in this kv): every key put, each only if absent, plus
+    /// `extra` ops. `None` when every key already holds exactly these values (the writes of an earlier run of the
+    /// step landed). Some keys present with other values: the error of [`TableMetadataManager::create_table_metadata`]
+    /// ("table already exists" for the name, else the key that clashed).
+    pub async fn create_table_writes(
+        &self,
+        metadata: &TableMetadata,
+        extra: Vec<WriteOp>,
+    ) -> Result<Option<StepWrites>> {
+        let table = metadata.name.to_string();
+        let kvs = metadata.encode()?;
+        self.check_fits(&table, &kvs)?;
+        let keys: Vec<Vec<u8>> = kvs.iter().map(|(k, _)| k.as_bytes().to_vec()).collect();
+        let found = self.kv.batch_get(&keys).await?;
+        let current: Vec<Option<Vec<u8>>> = keys
+            .iter()
+            .map(|k| {
+                found
+                    .iter()
+                    .find(|kv| &kv.key == k)
+                    .map(|kv| kv.value.clone())
+            })
+            .collect();
+        if current.iter().any(Option::is_some) {
+            self.check_replay(metadata, &table, &kvs, &current)?;
+            return Ok(None);
+        }
+        let conditions = kvs
+            .iter()
+            .map(|(k, _)| Condition::Absent { key: k.clone() })
+            .collect();
+        let mut ops: Vec<WriteOp> = kvs
+            .into_iter()
+            .map(|(key, value)| WriteOp::Put { key, value })
+            .collect();
+        ops.extend(extra);
+        Ok(Some(StepWrites::new(
+            Arc::new(KvStepStore::new(self.kv.clone())),
+            conditions,
+            ops,
+        )))
+    }
+
     /// Refuses a table id already used by another table's metadata: an error naming the key that holds it
     /// (`__table_info/{id}` or `__table_route/{id}`). The create-table procedure checks this at Allocate, before
     /// any region exists (the id sequence may have been set back to ids in use).
@@ -265,8 +313,10 @@ impl TableMetadataManager {
     }
 
     fn check_fits(&self, table: &str, kvs: &[(String, Vec<u8>)]) -> Result<()> {
-        // Compares and the failure branch's reads both hold one entry per key.
-        let ops = kvs.len() * 2;
+        // Compares and the failure branch's reads both hold one entry per key, plus what the procedure engine adds
+        // when the writes commit with its record: the epoch compares (two under a leader fence), the record's put
+        // and the removal of a reservation an older release may have left.
+        let ops = kvs.len() * 2 + COMMIT_OVERHEAD_OPS;
         let max = self.kv.max_txn_ops();
         ensure!(
             ops <= max,

@@ -18,12 +18,14 @@ pub mod etcd;
 pub mod memory;
 pub mod redb;
 pub mod state_store;
+pub mod step_store;
 
 pub use counting::CountingKvBackend;
 pub use etcd::{EtcdConfig, EtcdKvBackend};
 pub use memory::MemoryKvBackend;
 pub use redb::RedbKvBackend;
 pub use state_store::KvStateStore;
+pub use step_store::KvStepStore;
 
 /// A key with its value.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

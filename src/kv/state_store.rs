@@ -26,9 +26,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use procedures::record::EPOCH_KEY;
 use procedures::store::{Condition, StateStore, WriteOp, WriteOutcome};
+use procedures::{StepStore, StepWrites};
 use tokio::sync::watch;
 
 use crate::error::Error;
+use crate::kv::step_store::KvStepStore;
 use crate::kv::{
     Compare, KvBackendRef, PutRequest, RangeRequest, Txn, TxnOp, TxnOpResponse, display_key,
     range_all,
@@ -323,14 +325,55 @@ impl StateStore for KvStateStore {
         conditions: Vec<Condition>,
         ops: Vec<WriteOp>,
     ) -> procedures::Result<WriteOutcome> {
-        // The kv txn refuses a key written twice in a branch; applied in order, the last op on a key wins.
+        self.write_txn(conditions, ops, None).await
+    }
+
+    /// Joins the writes of a [`KvStepStore`] on the same backend (the same `Arc`).
+    fn joins(&self, store: &dyn StepStore) -> bool {
+        store
+            .as_any()
+            .downcast_ref::<KvStepStore>()
+            .is_some_and(|step| Arc::ptr_eq(step.backend(), &self.kv))
+    }
+
+    async fn write_with_step(
+        &self,
+        conditions: Vec<Condition>,
+        ops: Vec<WriteOp>,
+        step: &StepWrites,
+    ) -> procedures::Result<WriteOutcome> {
+        self.write_txn(conditions, ops, Some(step)).await
+    }
+}
+
+impl KvStateStore {
+    /// One kv transaction: `conditions` and `ops` on state keys (under the prefix), plus `step`'s conditions and ops
+    /// on raw kv keys. A rejection lists the state conditions, then the step's, with their current values.
+    async fn write_txn(
+        &self,
+        conditions: Vec<Condition>,
+        ops: Vec<WriteOp>,
+        step: Option<&StepWrites>,
+    ) -> procedures::Result<WriteOutcome> {
+        // The kv txn refuses a key written twice in a branch; applied in order, the last op on a key wins (a step's
+        // op after the state's).
+        let mut all: Vec<(Vec<u8>, &WriteOp)> =
+            ops.iter().map(|op| (self.kv_key(op.key()), op)).collect();
+        if let Some(step) = step {
+            all.extend(
+                step.ops()
+                    .iter()
+                    .map(|op| (op.key().as_bytes().to_vec(), op)),
+            );
+        }
         let mut seen = HashSet::new();
-        let mut last_ops: Vec<WriteOp> = ops
+        let mut last: Vec<(Vec<u8>, &WriteOp)> = all
             .into_iter()
             .rev()
-            .filter(|op| seen.insert(op.key().to_string()))
+            .filter(|(key, _)| seen.insert(key.clone()))
             .collect();
-        last_ops.reverse();
+        last.reverse();
+        let last_ops: Vec<&WriteOp> = last.iter().map(|(_, op)| *op).collect();
 
         let first = last_ops
             .first()
@@ -367,8 +410,9 @@ impl StateStore for KvStateStore {
                     }
                 };
                 // The claim may only write this term's epoch.
-                let bad_put = last_ops.iter().any(|op| {
-                    matches!(op, WriteOp::Put { key, value } if key == EPOCH_KEY && parse_epoch(value) != Some(lease.epoch))
+                let epoch_key = self.kv_key(EPOCH_KEY);
+                let bad_put = last.iter().any(|(kv_key, op)| {
+                    matches!(op, WriteOp::Put { value, .. } if *kv_key == epoch_key && parse_epoch(value) != Some(lease.epoch))
                 });
                 if bad_put {
                     fence.fenced();
@@ -395,11 +439,20 @@ impl StateStore for KvStateStore {
             failure.push(TxnOp::Get(self.kv_key(c.key())));
             checks.push(Check::Plain);
         }
-        let success: Vec<TxnOp> = last_ops
-            .iter()
-            .map(|op| match op {
-                WriteOp::Put { key, value } => TxnOp::Put(self.kv_key(key), value.clone()),
-                WriteOp::Delete { key } => TxnOp::Delete(self.kv_key(key)),
+        let step_conditions = step.map(StepWrites::conditions).unwrap_or_default();
+        for c in step_conditions {
+            let key = c.key().as_bytes().to_vec();
+            compare.push(match c {
+                Condition::Equals { value, .. } => Compare::ValueEquals(key.clone(), value.clone()),
+                Condition::Absent { .. } => Compare::Absent(key.clone()),
+            });
+            failure.push(TxnOp::Get(key));
+        }
+        let success: Vec<TxnOp> = last
+            .into_iter()
+            .map(|(kv_key, op)| match op {
+                WriteOp::Put { value, .. } => TxnOp::Put(kv_key, value.clone()),
+                WriteOp::Delete { .. } => TxnOp::Delete(kv_key),
             })
             .collect();
         let txn = Txn {
@@ -461,6 +514,9 @@ impl StateStore for KvStateStore {
             };
             current.push((c.key().to_string(), value));
         }
+        for c in step_conditions {
+            current.push((c.key().to_string(), values.next().flatten()));
+        }
         Ok(WriteOutcome::Rejected { current })
     }
 }
@@ -498,6 +554,7 @@ fn parse_epoch(bytes: &[u8]) -> Option<u64> {
 mod tests {
     use std::sync::Arc;
 
+    use async_trait::async_trait;
     use procedures::{LocalManager, ManagerConfig, ProcedureManager};
 
     use super::*;
@@ -677,5 +734,107 @@ mod tests {
         );
         assert!(fence.current().is_some());
         assert_eq!(fence.fenced_writes(), 0);
+    }
+
+    /// A procedure of one step that hands the engine `writes` with its `done` record.
+    struct Writing(Option<procedures::StepWrites>);
+
+    #[async_trait]
+    impl procedures::Procedure for Writing {
+        fn type_name(&self) -> &str {
+            "writing"
+        }
+        async fn execute(
+            &mut self,
+            _ctx: &procedures::Context,
+        ) -> procedures::Result<procedures::Status> {
+            let writes = self.0.take().unwrap_or_default();
+            Ok(procedures::Status::done_with(None, writes))
+        }
+        fn dump(&self) -> procedures::Result<serde_json::Value> {
+            Ok(serde_json::Value::Null)
+        }
+        fn lock_key(&self) -> procedures::LockKey {
+            procedures::LockKey::none()
+        }
+    }
+
+    #[tokio::test]
+    async fn step_writes_commit_with_the_done_record_and_a_failed_condition_fails_only_the_step() {
+        let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+        let store = KvStateStore::new(kv.clone());
+        let step = Arc::new(KvStepStore::new(kv.clone()));
+        assert!(store.joins(step.as_ref()));
+        assert!(!store.joins(&KvStepStore::new(Arc::new(MemoryKvBackend::new()))));
+        let manager = LocalManager::new(Arc::new(store), ManagerConfig::default());
+        manager
+            .register_loader("writing", Box::new(|_| Ok(Box::new(Writing(None)))))
+            .unwrap();
+        manager.start().await.unwrap();
+        kv.put(PutRequest {
+            key: b"taken".to_vec(),
+            value: b"1".to_vec(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+
+        let put_free = procedures::StepWrites::new(
+            step.clone(),
+            vec![Condition::Absent { key: "free".into() }],
+            vec![WriteOp::Put {
+                key: "free".into(),
+                value: b"v".to_vec(),
+            }],
+        );
+        let run = |id: &str, writes| {
+            procedures::ProcedureWithId::new(
+                procedures::ProcedureId::new(id),
+                Box::new(Writing(Some(writes))),
+            )
+        };
+        manager
+            .submit(run("ok", put_free))
+            .await
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert_eq!(kv.get(b"free").await.unwrap().unwrap().value, b"v");
+
+        let clash = procedures::StepWrites::new(
+            step,
+            vec![Condition::Absent {
+                key: "taken".into(),
+            }],
+            vec![WriteOp::Put {
+                key: "other".into(),
+                value: b"v".to_vec(),
+            }],
+        );
+        let err = manager
+            .submit(run("clash", clash))
+            .await
+            .unwrap()
+            .wait()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "a condition of the step's writes failed: key 'taken' was expected to be absent"
+            ),
+            "{err}"
+        );
+        // The step failed, not the manager: nothing of the step was written, and the manager still runs.
+        assert!(kv.get(b"other").await.unwrap().is_none());
+        assert_eq!(manager.epoch(), Some(1));
+        let info = manager
+            .procedure_state(&procedures::ProcedureId::new("clash"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(info.state, procedures::ProcedureState::Failed);
+        manager.stop().await.unwrap();
     }
 }

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod commits;
 mod crash_matrix;
 mod create_table;
 mod datanode_open;

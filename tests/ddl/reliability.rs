@@ -240,7 +240,7 @@ async fn an_allocate_whose_retries_run_out_leaves_no_reservation() {
         err.contains(&format!("__table_info/{MIN_USER_TABLE_ID}")),
         "{err}"
     );
-    // Allocate did reserve (its check ran after the reservation), and the rollback removed it.
+    // The allocation lives in the procedure's record: no reservation key is written, and none is left.
     assert_eq!(
         kv_keys(kv.as_ref(), "__table_allocation/").await,
         Vec::<String>::new(),

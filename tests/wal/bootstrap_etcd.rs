@@ -47,7 +47,7 @@ async fn ninety_six_names_persist_on_etcd_and_a_rerun_writes_nothing() {
     let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
     let output = loop {
         match p.execute(&ctx).await.unwrap() {
-            Status::Done { output } => break output,
+            Status::Done { output, .. } => break output,
             Status::Executing { .. } => {}
             other => panic!("unexpected status {other:?}"),
         }

@@ -35,7 +35,7 @@ async fn run_dumping(p: &mut TopicBootstrapProcedure) -> Vec<Value> {
         let status = p.execute(&ctx()).await.unwrap();
         dumps.push(p.dump().unwrap());
         match status {
-            Status::Executing { persist } => assert!(persist, "every step persists"),
+            Status::Executing { persist, .. } => assert!(persist, "every step persists"),
             Status::Done { .. } => return dumps,
             other => panic!("unexpected status {other:?}"),
         }
@@ -184,7 +184,7 @@ async fn a_format1_record_at_persist_names_resumes_through_the_loader() {
     assert!(dumped.get("created").is_none(), "{dumped}");
     let output = loop {
         match loaded.execute(&ctx()).await.unwrap() {
-            Status::Done { output } => break output,
+            Status::Done { output, .. } => break output,
             Status::Executing { .. } => {}
             other => panic!("unexpected status {other:?}"),
         }

@@ -136,8 +136,8 @@ async fn run_to_done(
 ) -> procedures::Result<Option<serde_json::Value>> {
     loop {
         match p.execute(&ctx()).await? {
-            Status::Executing { persist } => assert!(persist, "every step persists"),
-            Status::Done { output } => return Ok(output),
+            Status::Executing { persist, .. } => assert!(persist, "every step persists"),
+            Status::Done { output, .. } => return Ok(output),
             other => panic!("unexpected status {other:?}"),
         }
     }
@@ -158,7 +158,7 @@ async fn load_topics_reads_only_this_pools_names() {
     let admin = Arc::new(MockAdmin::new()); // no calls expected
     let mut p = TopicBootstrapProcedure::new(spec("p", 4), kv, admin).unwrap();
     let status = p.execute(&ctx()).await.unwrap();
-    assert!(matches!(status, Status::Executing { persist: true }));
+    assert!(matches!(status, Status::Executing { persist: true, .. }));
     assert_eq!(p.data().step, BootstrapStep::CreateMissing);
     // p_7 is beyond num_topics (a shrunk pool) but is the pool's: kept, never deleted.
     assert_eq!(
@@ -203,7 +203,7 @@ async fn create_missing_creates_exactly_the_missing_topics() {
         Arc::new(admin),
     );
     let status = p.execute(&ctx()).await.unwrap();
-    assert!(matches!(status, Status::Executing { persist: true }));
+    assert!(matches!(status, Status::Executing { persist: true, .. }));
     assert_eq!(p.data().step, BootstrapStep::PersistNames);
     // PersistNames starts after p_0, the only name persisted in a row from the first.
     assert_eq!(p.data().persisted_below, 1);
@@ -408,11 +408,11 @@ async fn persist_names_writes_every_missing_name_once_in_one_atomic_txn() {
         Arc::new(MockAdmin::new()),
     );
     let status = p.execute(&ctx()).await.unwrap();
-    assert!(matches!(status, Status::Executing { persist: true }));
+    assert!(matches!(status, Status::Executing { persist: true, .. }));
     assert_eq!(p.data().persisted_below, 3);
     let status = p.execute(&ctx()).await.unwrap();
     match status {
-        Status::Done { output } => assert_eq!(
+        Status::Done { output, .. } => assert_eq!(
             output,
             Some(serde_json::json!({"topics": 3, "num_partitions": 1}))
         ),
@@ -447,7 +447,7 @@ async fn persist_names_chunks_only_as_the_backend_requires() {
     assert_eq!(CHUNKS_PER_STEP, 16);
     for watermark in [32, 35] {
         let status = p.execute(&ctx()).await.unwrap();
-        assert!(matches!(status, Status::Executing { persist: true }));
+        assert!(matches!(status, Status::Executing { persist: true, .. }));
         assert_eq!(p.data().persisted_below, watermark);
     }
     assert!(matches!(

@@ -24,6 +24,7 @@ use crate::record::{
     EPOCH_KEY, ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION,
     RECORD_PREFIX, declared_keys, now_ms, record_key,
 };
+use crate::step_writes::StepWrites;
 use crate::store::{Condition, StateStore, WriteOp, WriteOutcome};
 use crate::watcher::Watcher;
 
@@ -344,9 +345,22 @@ impl Inner {
         ops: Vec<WriteOp>,
         shown: &[ProcedureId],
     ) -> Result<WriteOutcome> {
+        self.write_joined(epoch, conditions, ops, None, shown).await
+    }
+
+    /// [`Inner::write`] with a step's writes in the same commit (the store [joins](crate::StateStore::joins)
+    /// them). A rejection lists the epoch, then `conditions`, then the step's conditions.
+    pub(crate) async fn write_joined(
+        &self,
+        epoch: u64,
+        conditions: Vec<Condition>,
+        ops: Vec<WriteOp>,
+        step: Option<&StepWrites>,
+        shown: &[ProcedureId],
+    ) -> Result<WriteOutcome> {
         let mut before: Option<Vec<(ProcedureId, ProcedureInfo)>> = None;
         let outcome = self
-            .write_retried(epoch, conditions, ops, shown, &mut before)
+            .write_retried(epoch, conditions, ops, step, shown, &mut before)
             .await;
         if let (Ok(_), Some(before)) = (&outcome, before) {
             for (id, info) in before {
@@ -361,6 +375,7 @@ impl Inner {
         epoch: u64,
         conditions: Vec<Condition>,
         ops: Vec<WriteOp>,
+        step: Option<&StepWrites>,
         shown: &[ProcedureId],
         before: &mut Option<Vec<(ProcedureId, ProcedureInfo)>>,
     ) -> Result<WriteOutcome> {
@@ -375,7 +390,15 @@ impl Inner {
             if self.is_halted() {
                 return Err(self.halt_error());
             }
-            match self.store.write(all.clone(), ops.clone()).await {
+            let written = match step {
+                Some(step) => {
+                    self.store
+                        .write_with_step(all.clone(), ops.clone(), step)
+                        .await
+                }
+                None => self.store.write(all.clone(), ops.clone()).await,
+            };
+            match written {
                 Ok(WriteOutcome::Applied) => return Ok(WriteOutcome::Applied),
                 Ok(WriteOutcome::Rejected { current }) => {
                     let now = current
@@ -785,6 +808,20 @@ impl Inner {
                 reason: format!("the loader refused its data: {e}"),
             }),
         }
+    }
+
+    /// The procedure of `record` rebuilt from its persisted data by its registered loader: what a step whose
+    /// writes were refused goes back to (its in-memory state ran ahead of what is stored).
+    pub(crate) fn reload(&self, record: &ProcedureRecord) -> Result<BoxedProcedure> {
+        let loaders = self.loaders.read().unwrap_or_else(|p| p.into_inner());
+        let Some(loader) = loaders.get(&record.type_name) else {
+            return Err(Error::LoaderNotFound {
+                id: record.id.clone(),
+                type_name: record.type_name.clone(),
+                key: record_key(&record.id),
+            });
+        };
+        loader(record.data.clone())
     }
 
     pub(crate) fn register_loader(

@@ -19,6 +19,7 @@ use crate::record::{
     ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, declared_keys, now_ms,
     record_key,
 };
+use crate::step_writes::StepWrites;
 use crate::store::{Condition, WriteOp, WriteOutcome};
 use crate::watcher::Watcher;
 
@@ -391,8 +392,38 @@ impl Runner {
             if result.is_ok() {
                 self.step_finished(step.clone(), started);
             }
+            // A step's own writes commit with its next record; a refusal of theirs is the step's error.
+            let result = match result {
+                Ok(Status::Executing { writes, .. }) if !writes.is_empty() => {
+                    match self
+                        .persist_step_writes(ProcedureState::Running, None, None, writes)
+                        .await?
+                    {
+                        Ok(()) => {
+                            retry = backoff(&self.inner.config.step_retry);
+                            continue;
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                Ok(Status::Done { output, writes }) if !writes.is_empty() => {
+                    match self
+                        .persist_step_writes(
+                            ProcedureState::Done,
+                            output,
+                            Some(EventKind::Done),
+                            writes,
+                        )
+                        .await?
+                    {
+                        Ok(()) => return Ok(()),
+                        Err(e) => Err(e),
+                    }
+                }
+                other => other,
+            };
             match result {
-                Ok(Status::Executing { persist }) => {
+                Ok(Status::Executing { persist, .. }) => {
                     retry = backoff(&self.inner.config.step_retry);
                     if persist {
                         self.persist_step().await?;
@@ -423,7 +454,7 @@ impl Runner {
                         return self.fail(error).await;
                     }
                 }
-                Ok(Status::Done { output }) => {
+                Ok(Status::Done { output, .. }) => {
                     return self.finish(output).await;
                 }
                 Err(e) if e.is_fatal() => {
@@ -1102,6 +1133,117 @@ impl Runner {
                     tracing::warn!(id = %self.id(), error = %e, "procedure stalls: cannot persist its state");
                     self.stop_with(e.to_string());
                 }
+                Err(Stopped)
+            }
+        }
+    }
+
+    /// Writes the next record with `state` together with a step's own `writes`: in one commit when the state store
+    /// joins their store, else the writes alone first (a side-effect point follows, for the crash harness) and then
+    /// the record. `Ok(Err(e))`: the writes were refused or could not be applied — the step's error; the procedure
+    /// goes back to its last stored state first (its in-memory state ran ahead), so a retry or a rollback starts
+    /// from what is stored.
+    async fn persist_step_writes(
+        &mut self,
+        state: ProcedureState,
+        output: Option<Output>,
+        event: Option<EventKind>,
+        writes: StepWrites,
+    ) -> Result<Result<(), Error>, Stopped> {
+        if self.inner.is_halted() {
+            return Err(Stopped);
+        }
+        let joined = writes
+            .store()
+            .is_some_and(|store| self.inner.store.joins(store.as_ref()));
+        if !joined {
+            let applied = match writes.apply_alone().await {
+                Ok(()) => match &self.inner.hook {
+                    Some(hook) => hook.on_side_effect(self.id(), "applied the step's writes"),
+                    None => Ok(()),
+                },
+                Err(e) => Err(e),
+            };
+            return match applied {
+                Ok(()) => {
+                    self.persist(state, output, None, event).await?;
+                    Ok(Ok(()))
+                }
+                Err(e) if e.is_fatal() => {
+                    self.halt_on(&e);
+                    Err(Stopped)
+                }
+                Err(e) => {
+                    self.reload()?;
+                    Ok(Err(e))
+                }
+            };
+        }
+        let (record, value) = self.next_record(state, output, None, Vec::new(), event)?;
+        let ops = vec![WriteOp::Put {
+            key: record_key(&record.id),
+            value: value.clone(),
+        }];
+        let written = self
+            .inner
+            .write_joined(
+                self.epoch,
+                Vec::new(),
+                ops,
+                Some(&writes),
+                std::slice::from_ref(&record.id),
+            )
+            .await;
+        match written {
+            Ok(WriteOutcome::Applied) => {
+                self.live().events = record.events.clone();
+                self.record = record;
+                self.publish(self.record.state, self.record.error.clone());
+                Ok(Ok(()))
+            }
+            Ok(WriteOutcome::Rejected { current }) => {
+                // A write retried after its answer was lost finds its own step writes applied: the record it wrote
+                // is there, byte for byte (it carries its own timestamp).
+                let key = record_key(&record.id);
+                let stored = self.inner.read(|| self.inner.store.get(&key)).await;
+                if matches!(&stored, Ok(Some(bytes)) if *bytes == value) {
+                    self.live().events = record.events.clone();
+                    self.record = record;
+                    self.publish(self.record.state, self.record.error.clone());
+                    return Ok(Ok(()));
+                }
+                self.reload()?;
+                Ok(Err(writes.rejected(&current)))
+            }
+            Err(e) if e.is_fatal() => {
+                self.halt_on(&e);
+                Err(Stopped)
+            }
+            // Too large for one commit: the step's writes do not fit with the record (bad input, not a store fault).
+            Err(e @ Error::StoreLimit { .. }) => {
+                self.reload()?;
+                Ok(Err(e))
+            }
+            Err(e) => {
+                if !self.inner.is_halted() {
+                    tracing::warn!(id = %self.id(), error = %e, "procedure stalls: cannot persist its state");
+                    self.stop_with(e.to_string());
+                }
+                Err(Stopped)
+            }
+        }
+    }
+
+    /// Rebuilds the procedure from its last stored record (see [`Runner::persist_step_writes`]); it stalls when its
+    /// loader refuses.
+    fn reload(&mut self) -> Result<(), Stopped> {
+        match self.inner.reload(&self.record) {
+            Ok(procedure) => {
+                self.procedure = procedure;
+                Ok(())
+            }
+            Err(e) => {
+                self.stop_with(format!("cannot go back to its stored state: {e}"));
                 Err(Stopped)
             }
         }

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::procedure::{ProcedureId, SideEffectHook};
+use crate::step_writes::{StepStore, StepWrites};
 use crate::store::{Condition, StateStore, WriteOp, WriteOutcome};
 
 /// One place where a manager can be crashed. Indices count from 0, in the order the manager reaches them.
@@ -378,6 +379,25 @@ impl StateStore for CrashingStore {
     async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome> {
         let what = describe_write(&conditions, &ops);
         self.mutate(what, self.inner.write(conditions, ops)).await
+    }
+
+    fn joins(&self, store: &dyn StepStore) -> bool {
+        self.inner.joins(store)
+    }
+
+    async fn write_with_step(
+        &self,
+        conditions: Vec<Condition>,
+        ops: Vec<WriteOp>,
+        step: &StepWrites,
+    ) -> Result<WriteOutcome> {
+        let mut what = describe_write(&conditions, &ops);
+        what.push_str(&format!(
+            " with step writes {}",
+            describe_write(step.conditions(), step.ops())
+        ));
+        self.mutate(what, self.inner.write_with_step(conditions, ops, step))
+            .await
     }
 }
 

@@ -225,7 +225,10 @@ pub async fn run_crash_matrix<S: CrashScenario>(
         });
         return report;
     };
-    let golden = Ending { results, outcome };
+    let golden = Ending {
+        results: scenario.canonical_results(results),
+        outcome,
+    };
     report.transitions = golden_phase.controller.writes();
     report.side_effect_points = golden_phase.controller.side_effect_points();
 
@@ -379,7 +382,10 @@ async fn run_case<S: CrashScenario>(
         report.mismatch = Some("hung: reading the outcome".to_string());
         return report;
     };
-    let got = Ending { results, outcome };
+    let got = Ending {
+        results: scenario.canonical_results(results),
+        outcome,
+    };
     if &got != golden {
         report.mismatch = Some(format!(
             "the end differs from the golden run (- golden, + got):\n{}",

@@ -17,6 +17,30 @@ const DATANODE_TABLE_PREFIX: &str = "__dn_table/";
 /// released yet.
 const TABLE_ALLOCATION_PREFIX: &str = "__table_allocation/";
 
+/// Prefix of the procedure records in the metadata store: an unfinished create-table keeps its allocation in its
+/// record's `data.allocation` until its metadata commits (with its `done` record).
+fn procedure_record_prefix() -> String {
+    format!(
+        "{}{}",
+        crate::kv::state_store::PROCEDURE_PREFIX,
+        procedures::record::RECORD_PREFIX
+    )
+}
+
+/// The part of a procedure record counting needs: its state, and the allocation in its data, if any.
+#[derive(Deserialize)]
+struct RecordAllocation {
+    state: procedures::ProcedureState,
+    #[serde(default)]
+    data: RecordData,
+}
+
+#[derive(Default, Deserialize)]
+struct RecordData {
+    #[serde(default)]
+    allocation: Option<RegionWalOptions>,
+}
+
 /// Pairs per page of the scans.
 const SCAN_PAGE: usize = 512;
 
@@ -40,12 +64,22 @@ struct RegionWalOptions {
 pub async fn regions_per_topic(kv: &dyn KvBackend) -> Result<BTreeMap<String, u64>> {
     let mut counts = BTreeMap::new();
     let mut tables = BTreeSet::new();
-    for (key, value) in scan(kv, DATANODE_TABLE_PREFIX).await? {
+    for (key, value) in scan::<RegionWalOptions>(kv, DATANODE_TABLE_PREFIX).await? {
         tables.insert(value.table_id);
         add(&mut counts, &key, &value);
     }
-    for (key, value) in scan(kv, TABLE_ALLOCATION_PREFIX).await? {
-        if !tables.contains(&value.table_id) {
+    for (key, value) in scan::<RegionWalOptions>(kv, TABLE_ALLOCATION_PREFIX).await? {
+        if tables.insert(value.table_id) {
+            add(&mut counts, &key, &value);
+        }
+    }
+    for (key, record) in scan::<RecordAllocation>(kv, &procedure_record_prefix()).await? {
+        if record.state.is_finished() {
+            continue;
+        }
+        if let Some(value) = record.data.allocation
+            && tables.insert(value.table_id)
+        {
             add(&mut counts, &key, &value);
         }
     }
@@ -53,13 +87,16 @@ pub async fn regions_per_topic(kv: &dyn KvBackend) -> Result<BTreeMap<String, u6
 }
 
 /// The decodable values under `prefix`, with their keys.
-async fn scan(kv: &dyn KvBackend, prefix: &str) -> Result<Vec<(String, RegionWalOptions)>> {
+async fn scan<T: serde::de::DeserializeOwned>(
+    kv: &dyn KvBackend,
+    prefix: &str,
+) -> Result<Vec<(String, T)>> {
     let kvs = range_all(kv, RangeRequest::prefix(prefix), SCAN_PAGE).await?;
     Ok(kvs
         .into_iter()
         .filter_map(|kv| {
             let key = display_key(&kv.key);
-            match serde_json::from_slice::<RegionWalOptions>(&kv.value) {
+            match serde_json::from_slice::<T>(&kv.value) {
                 Ok(value) => Some((key, value)),
                 Err(error) => {
                     warn!(%key, %error, "not counting the regions of a value that does not decode");
@@ -139,6 +176,32 @@ mod tests {
             &format!(r#"{{"table_id":3,"region_routes":{{}},"region_wal_options":{{"0":{b}}}}}"#),
         )
         .await;
+        // Table 4's allocation, in the record of its unfinished create-table procedure: counted once, though an
+        // older release's reservation of the same table is there too.
+        let record = |state: &str, table_id: u32, wal: &str| {
+            format!(
+                r#"{{"state":"{state}","data":{{"allocation":{{"table_id":{table_id},"region_routes":{{}},"region_wal_options":{{"0":{wal},"1":{wal}}}}}}}}}"#
+            )
+        };
+        put(&kv, "__procedure__/proc/p4", &record("running", 4, &a)).await;
+        put(
+            &kv,
+            "__table_allocation/p4",
+            &format!(
+                r#"{{"table_id":4,"region_routes":{{}},"region_wal_options":{{"0":{a},"1":{a}}}}}"#
+            ),
+        )
+        .await;
+        // A finished procedure's allocation is counted through its datanode tables only (here: none left).
+        put(&kv, "__procedure__/proc/p5", &record("done", 5, &b)).await;
+        // Table 1's allocation in a record: already counted through its datanode tables.
+        put(&kv, "__procedure__/proc/p1", &record("running", 1, &b)).await;
+        put(
+            &kv,
+            "__procedure__/proc/other",
+            r#"{"state":"running","data":{"topic":"x"}}"#,
+        )
+        .await;
         // Garbage is skipped.
         put(&kv, "__dn_table/9/9", "not json").await;
         put(
@@ -150,7 +213,7 @@ mod tests {
         let counts = regions_per_topic(kv.as_ref()).await.unwrap();
         assert_eq!(
             counts,
-            BTreeMap::from([("p_0".to_string(), 2), ("p_1".to_string(), 2)])
+            BTreeMap::from([("p_0".to_string(), 4), ("p_1".to_string(), 2)])
         );
     }
 }

@@ -1,0 +1,205 @@
+//! Store commits per create-table: the procedure's submission, Allocate's state with the allocation, and the
+//! metadata with the `done` record — three, counted on etcd by its revision and on the memory and redb backends by
+//! a counting wrapper, with the table id sequence already reserved (its batch is shared by many tables).
+
+use crate::support::{Service, ddl as ddl_support};
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use procedures::{LocalManager, ManagerConfig, ProcedureId, ProcedureManager, ProcedureWithId};
+use remote_wal::ddl::{
+    CREATE_TABLE_TYPE_NAME, CreateTableProcedure, CreateTableTask, DdlContext,
+    MemoryDatanodeManager, RaftEngineWalSource, TableName,
+};
+use remote_wal::kv::{
+    CompareAndPutRequest, CompareAndPutResponse, EtcdConfig, EtcdKvBackend, KeyValue, KvBackend,
+    KvBackendRef, KvStateStore, MemoryKvBackend, PutRequest, RangeRequest, RangeResponse,
+    RedbKvBackend, Txn, TxnOp, TxnResponse,
+};
+
+/// A kv backend that counts the calls that change something (a commit each; a refused transaction is none).
+#[derive(Debug)]
+struct Counting {
+    inner: KvBackendRef,
+    commits: AtomicU64,
+}
+
+impl Counting {
+    fn commit(&self) {
+        self.commits.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[async_trait]
+impl KvBackend for Counting {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.inner.max_txn_ops()
+    }
+    fn max_request_bytes(&self) -> usize {
+        self.inner.max_request_bytes()
+    }
+    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_get(keys).await
+    }
+    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
+        self.inner.range(req).await
+    }
+    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+        self.commit();
+        self.inner.put(req).await
+    }
+    async fn batch_put(
+        &self,
+        kvs: Vec<KeyValue>,
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.commit();
+        self.inner.batch_put(kvs, prev_kv).await
+    }
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::Result<CompareAndPutResponse> {
+        let resp = self.inner.compare_and_put(req).await?;
+        if resp.success {
+            self.commit();
+        }
+        Ok(resp)
+    }
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
+        self.commit();
+        self.inner.delete_range(key, range_end, prev_kv).await
+    }
+    async fn batch_delete(
+        &self,
+        keys: &[Vec<u8>],
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.commit();
+        self.inner.batch_delete(keys, prev_kv).await
+    }
+    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+        let writes = |ops: &[TxnOp]| ops.iter().any(|op| !matches!(op, TxnOp::Get(_)));
+        let (on_success, on_failure) = (writes(&txn.success), writes(&txn.failure));
+        let resp = self.inner.txn(txn).await?;
+        if (resp.succeeded && on_success) || (!resp.succeeded && on_failure) {
+            self.commit();
+        }
+        Ok(resp)
+    }
+}
+
+/// A started manager whose procedure state and table metadata share `kv`, with create-table registered.
+async fn manager(kv: KvBackendRef) -> (LocalManager, DdlContext) {
+    let context = ddl_support::context(
+        kv.clone(),
+        vec![1, 2, 3],
+        Arc::new(RaftEngineWalSource),
+        Arc::new(MemoryDatanodeManager::new()),
+    );
+    let manager = LocalManager::new(
+        Arc::new(KvStateStore::new(kv.clone())),
+        ManagerConfig::default(),
+    );
+    manager
+        .register_loader(
+            CREATE_TABLE_TYPE_NAME,
+            CreateTableProcedure::loader(context.clone()),
+        )
+        .unwrap();
+    manager.start().await.unwrap();
+    (manager, context)
+}
+
+/// Creates table `name` (8 regions) through `manager`; returns its id.
+async fn create((manager, context): &(LocalManager, DdlContext), name: &str) -> u64 {
+    let context = context.clone();
+    let task = CreateTableTask::new(TableName::new("greptime", "public", name), 8);
+    let out = manager
+        .submit(ProcedureWithId::new(
+            ProcedureId::new(format!("create-{name}")),
+            Box::new(CreateTableProcedure::new(task, context)),
+        ))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap()
+        .unwrap();
+    out["table_id"].as_u64().unwrap()
+}
+
+/// The commits of the second create-table on `kv` (the first reserves the id sequence's batch).
+async fn commits_of_one_create(counting: Arc<Counting>) -> u64 {
+    let kv: KvBackendRef = counting.clone();
+    let manager = manager(kv.clone()).await;
+    let first = create(&manager, "warm_up").await;
+    let before = counting.commits.load(Ordering::SeqCst);
+    let second = create(&manager, "cpu").await;
+    let commits = counting.commits.load(Ordering::SeqCst) - before;
+    assert_eq!(
+        second,
+        first + 1,
+        "the second table takes the batch's next id"
+    );
+    manager.0.stop().await.unwrap();
+    commits
+}
+
+#[tokio::test]
+async fn one_create_table_is_three_commits_on_the_memory_backend() {
+    let counting = Arc::new(Counting {
+        inner: Arc::new(MemoryKvBackend::new()),
+        commits: AtomicU64::new(0),
+    });
+    assert_eq!(commits_of_one_create(counting).await, 3);
+}
+
+#[tokio::test]
+async fn one_create_table_is_three_commits_on_redb() {
+    let dir = tempfile::tempdir().unwrap();
+    let counting = Arc::new(Counting {
+        inner: Arc::new(RedbKvBackend::open(dir.path().join("meta.redb")).unwrap()),
+        commits: AtomicU64::new(0),
+    });
+    assert_eq!(commits_of_one_create(counting).await, 3);
+}
+
+/// etcd's current revision.
+async fn revision(endpoints: &[String]) -> i64 {
+    let mut client = etcd_client::Client::connect(endpoints, None).await.unwrap();
+    let resp = client.get("revision-probe", None).await.unwrap();
+    resp.header().unwrap().revision()
+}
+
+#[tokio::test]
+async fn one_create_table_moves_etcds_revision_by_three() {
+    // An etcd of this test's own: nothing else moves its revision.
+    let etcd = Service::etcd("create-commits");
+    let kv: KvBackendRef = Arc::new(
+        EtcdKvBackend::connect(EtcdConfig::new(etcd.endpoints.clone()))
+            .await
+            .unwrap(),
+    );
+    let running = manager(kv.clone()).await;
+    create(&running, "warm_up").await;
+    let before = revision(&etcd.endpoints).await;
+    create(&running, "cpu").await;
+    let after = revision(&etcd.endpoints).await;
+    running.0.stop().await.unwrap();
+    assert!(after - before <= 3, "{} revisions", after - before);
+    assert_eq!(after - before, 3);
+}
