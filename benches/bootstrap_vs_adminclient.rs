@@ -5,16 +5,21 @@
 //! KAFKA_ENDPOINTS=… ETCD_ENDPOINTS=… cargo bench --bench bootstrap_vs_adminclient
 //! ```
 //!
-//! For N = 256, 1,024 and 4,096 topics (or the counts in `BENCH_SIZES`, e.g. `BENCH_SIZES=1024`) it times:
+//! For N = 256, 1,024 and 4,096 topics (or the counts in `BENCH_SIZES`, e.g. `BENCH_SIZES=1024`) it times, twice
+//! (anchor first, then ours first, each on topics of its own):
 //! - **ours**: a `TopicBootstrapProcedure` run by the procedure engine, its records and the topic names on etcd
-//!   (under a fresh key prefix), creating through `RsKafkaTopicAdmin` (batched CreateTopics, `[wal]` defaults): from
-//!   the submission to the procedure's end, names persisted included;
+//!   (under a fresh key prefix), creating through `RsKafkaTopicAdmin` (batched CreateTopics of `[wal]
+//!   create_batch_size` topics, `BENCH_CREATE_BATCH_SIZE` or the default): from the submission to the procedure's
+//!   end, names persisted included; and, for information, until the broker lists every topic;
 //! - **anchor**: `benches/java/CreateTopicsAnchor.java` creating N other topics in one `createTopics` call (compiled
 //!   here with `javac` against the jars `scripts/services.sh install` puts in `target/kafka-libs`, or `KAFKA_LIBS`),
 //!   timed inside the JVM from the call to every future completing (the controller acknowledged), and to
-//!   `describeTopics` finding every topic (the broker lists them: what our bootstrap waits for before persisting);
+//!   `describeTopics` finding every topic (the broker lists them).
 //!
-//! then **resume**: the 4,096-topic pool's bootstrap resumed after a crash before PersistNames (every topic exists,
+//! Between the phases the broker is left idle: the anchor's topics are listed, then deleted and gone from the
+//! listing, and ours are listed, before the next phase starts, so neither waits behind the other's backlog.
+//!
+//! Then **resume**: the 4,096-topic pool's bootstrap resumed after a crash before PersistNames (every topic exists,
 //! no name persisted, a fresh etcd prefix): one metadata read plus persisting the names; and the same resume once
 //! every name is persisted (one metadata read and one range read of the names). It prints a table with the
 //! ratios and deletes every topic and etcd key it made (each size's topics once measured, in requests of 500).
@@ -216,7 +221,7 @@ fn ms(d: Duration) -> f64 {
 
 fn main() {
     // BENCH_TRACE=1 (or =debug) prints the bootstrap's and the engine's info (or debug) logs, timestamped, on
-    // stderr: how long each phase (metadata read, creates, visibility wait, each step) took.
+    // stderr: how long each phase (metadata read, creates, each step) took.
     if let Some(trace) = std::env::var_os("BENCH_TRACE") {
         let level = if trace == "debug" {
             tracing::Level::DEBUG
