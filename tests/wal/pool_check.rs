@@ -9,9 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use procedures::{
-    LocalManager, ManagerConfig, MemoryStateStore, ProcedureManager, ProcedureManagerRef,
-};
+use procedures::{LocalManager, ManagerConfig, MemoryStateStore, ProcedureManagerRef};
 use remote_wal::config::{MetadataBackend, MetadataStoreConfig, MetasrvConfig, ProcedureConfig};
 use remote_wal::ddl::MemoryDatanodeManager;
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
