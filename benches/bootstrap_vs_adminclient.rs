@@ -5,16 +5,21 @@
 //! KAFKA_ENDPOINTS=… ETCD_ENDPOINTS=… cargo bench --bench bootstrap_vs_adminclient
 //! ```
 //!
-//! For N = 256, 1,024 and 4,096 topics (or the counts in `BENCH_SIZES`, e.g. `BENCH_SIZES=1024`) it times:
+//! For N = 256, 1,024 and 4,096 topics (or the counts in `BENCH_SIZES`, e.g. `BENCH_SIZES=1024`) it times, twice
+//! (anchor first, then ours first, each on topics of its own):
 //! - **ours**: a `TopicBootstrapProcedure` run by the procedure engine, its records and the topic names on etcd
-//!   (under a fresh key prefix), creating through `RsKafkaTopicAdmin` (batched CreateTopics, `[wal]` defaults): from
-//!   the submission to the procedure's end, names persisted included;
+//!   (under a fresh key prefix), creating through `RsKafkaTopicAdmin` (batched CreateTopics of `[wal]
+//!   create_batch_size` topics, `BENCH_CREATE_BATCH_SIZE` or the default): from the submission to the procedure's
+//!   end, names persisted included; and, for information, until the broker lists every topic;
 //! - **anchor**: `benches/java/CreateTopicsAnchor.java` creating N other topics in one `createTopics` call (compiled
 //!   here with `javac` against the jars `scripts/services.sh install` puts in `target/kafka-libs`, or `KAFKA_LIBS`),
 //!   timed inside the JVM from the call to every future completing (the controller acknowledged), and to
-//!   `describeTopics` finding every topic (the broker lists them: what our bootstrap waits for before persisting);
+//!   `describeTopics` finding every topic (the broker lists them).
 //!
-//! then **resume**: the 4,096-topic pool's bootstrap resumed after a crash before PersistNames (every topic exists,
+//! Between the phases the broker is left idle: the anchor's topics are listed, then deleted and gone from the
+//! listing, and ours are listed, before the next phase starts, so neither waits behind the other's backlog.
+//!
+//! Then **resume**: the 4,096-topic pool's bootstrap resumed after a crash before PersistNames (every topic exists,
 //! no name persisted, a fresh etcd prefix): one metadata read plus persisting the names; and the same resume once
 //! every name is persisted (one metadata read and one range read of the names). It prints a table with the
 //! ratios and deletes every topic and etcd key it made (each size's topics once measured, in requests of 500).
@@ -72,6 +77,43 @@ fn endpoints(var: &str, what: &str) -> Vec<String> {
         "{var} is not set: this bench needs {what} (comma-separated host:port)"
     );
     endpoints
+}
+
+/// Which phase of a size runs first.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Order {
+    AnchorFirst,
+    OursFirst,
+}
+
+impl Order {
+    /// The part of the topic names of this order's phases.
+    fn tag(self) -> &'static str {
+        match self {
+            Order::AnchorFirst => "a",
+            Order::OursFirst => "o",
+        }
+    }
+
+    /// The table's label.
+    fn label(self) -> &'static str {
+        match self {
+            Order::AnchorFirst => "anchor first",
+            Order::OursFirst => "ours first",
+        }
+    }
+}
+
+/// `[wal] create_batch_size` of our bootstrap: `BENCH_CREATE_BATCH_SIZE`, or the default.
+fn create_batch_size() -> usize {
+    std::env::var("BENCH_CREATE_BATCH_SIZE").map_or(
+        KafkaConfig::default().create_batch_size,
+        |raw| {
+            raw.trim()
+                .parse()
+                .expect("BENCH_CREATE_BATCH_SIZE holds a topic count")
+        },
+    )
 }
 
 /// A name part no earlier run used.
@@ -179,7 +221,7 @@ fn ms(d: Duration) -> f64 {
 
 fn main() {
     // BENCH_TRACE=1 (or =debug) prints the bootstrap's and the engine's info (or debug) logs, timestamped, on
-    // stderr: how long each phase (metadata read, creates, visibility wait, each step) took.
+    // stderr: how long each phase (metadata read, creates, each step) took.
     if let Some(trace) = std::env::var_os("BENCH_TRACE") {
         let level = if trace == "debug" {
             tracing::Level::DEBUG
@@ -206,61 +248,93 @@ fn main() {
         .expect("etcd at ETCD_ENDPOINTS is unreachable"),
     );
     let brokers_list = brokers.join(",");
+    let batch_size = create_batch_size();
     let mut prefixes = Vec::new();
     let mut namespaces = Vec::new();
     let mut rows = Vec::new();
     let mut largest: Option<(KafkaConfig, TopicAdminRef)> = None;
     for &n in &sizes {
-        // The anchor first, then ours, each on topics of its own.
-        let anchor_prefix = format!("rw_anchor_{run_id}_{n}");
-        prefixes.push(anchor_prefix.clone());
-        let figures = anchor(
-            &classpath,
-            &["create", &brokers.join(","), &anchor_prefix, &n.to_string()],
-        );
-        let figures: Vec<f64> = figures
-            .split_whitespace()
-            .map(|f| f.parse().expect("the anchor prints milliseconds"))
-            .collect();
-        let [acked_ms, listed_ms] = figures[..] else {
-            panic!("the anchor prints two figures, got {figures:?}");
-        };
-
-        let prefix = format!("rw_ours_{run_id}_{n}");
-        prefixes.push(prefix.clone());
-        let config = KafkaConfig {
-            broker_endpoints: brokers.clone(),
-            num_topics: n,
-            topic_name_prefix: prefix.clone(),
-            ..KafkaConfig::default()
-        };
-        let ours = rt.block_on(async {
-            let admin: TopicAdminRef = Arc::new(
-                RsKafkaTopicAdmin::connect(&config)
-                    .await
-                    .expect("Kafka at KAFKA_ENDPOINTS is unreachable"),
-            );
-            let namespace = format!("rw-bench-{run_id}-{n}/");
-            namespaces.push(namespace.clone());
-            let store = store(&etcd, &namespace, &admin).await;
-            let spec = TopicPoolSpec::from_config(&config);
-            let procedure =
-                TopicBootstrapProcedure::new(spec, store.kv.clone(), admin.clone()).expect("spec");
-            let took = run(&store, &prefix, 0, procedure).await;
-            store.manager.stop().await.expect("stop the engine");
-            if n == largest_size {
-                largest = Some((config.clone(), admin));
+        for order in [Order::AnchorFirst, Order::OursFirst] {
+            let anchor_prefix = format!("rw_anchor_{run_id}_{n}_{}", order.tag());
+            let prefix = format!("rw_ours_{run_id}_{n}_{}", order.tag());
+            prefixes.push(anchor_prefix.clone());
+            prefixes.push(prefix.clone());
+            // The largest pool of ours, made last, stays for the resume.
+            let keep = n == largest_size && order == Order::OursFirst;
+            let config = KafkaConfig {
+                broker_endpoints: brokers.clone(),
+                num_topics: n,
+                topic_name_prefix: prefix.clone(),
+                create_batch_size: batch_size,
+                ..KafkaConfig::default()
+            };
+            let anchor_phase = || {
+                // The anchor's figures are taken once the broker lists all of its topics; then they are deleted
+                // and the broker is waited for until it lists none of them, so the next phase starts on an idle
+                // broker.
+                let figures = anchor(
+                    &classpath,
+                    &["create", &brokers_list, &anchor_prefix, &n.to_string()],
+                );
+                let figures: Vec<f64> = figures
+                    .split_whitespace()
+                    .map(|f| f.parse().expect("the anchor prints milliseconds"))
+                    .collect();
+                let [acked_ms, listed_ms] = figures[..] else {
+                    panic!("the anchor prints two figures, got {figures:?}");
+                };
+                anchor(&classpath, &["delete", &brokers_list, &anchor_prefix]);
+                (acked_ms, listed_ms)
+            };
+            let mut ours_phase = || {
+                rt.block_on(async {
+                    let admin: TopicAdminRef = Arc::new(
+                        RsKafkaTopicAdmin::connect(&config)
+                            .await
+                            .expect("Kafka at KAFKA_ENDPOINTS is unreachable"),
+                    );
+                    let namespace = format!("rw-bench-{run_id}-{n}-{}/", order.tag());
+                    namespaces.push(namespace.clone());
+                    let store = store(&etcd, &namespace, &admin).await;
+                    let spec = TopicPoolSpec::from_config(&config);
+                    let procedure =
+                        TopicBootstrapProcedure::new(spec.clone(), store.kv.clone(), admin.clone())
+                            .expect("spec");
+                    let started = Instant::now();
+                    let took = run(&store, &prefix, 0, procedure).await;
+                    store.manager.stop().await.expect("stop the engine");
+                    // Not part of the figure: until the broker lists every topic (its backlog is done).
+                    let names = spec.topic_names();
+                    loop {
+                        let listed = admin.describe_topics(&names).await.expect("metadata");
+                        if listed.len() == names.len() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                    let listed = started.elapsed();
+                    if keep {
+                        largest = Some((config.clone(), admin));
+                    }
+                    (took, listed)
+                })
+            };
+            let ((ours, ours_listed), (acked_ms, listed_ms)) = match order {
+                Order::AnchorFirst => {
+                    let anchor = anchor_phase();
+                    (ours_phase(), anchor)
+                }
+                Order::OursFirst => {
+                    let ours = ours_phase();
+                    (ours, anchor_phase())
+                }
+            };
+            rows.push((n, order, ms(ours), ms(ours_listed), acked_ms, listed_ms));
+            // Each topic is a partition directory and open files on the broker: drop ours unless kept.
+            if !keep {
+                anchor(&classpath, &["delete", &brokers_list, prefix.as_str()]);
             }
-            took
-        });
-        rows.push((n, ms(ours), acked_ms, listed_ms));
-        // Each topic is a partition directory and open files on the broker: drop what the next steps do not need
-        // (the largest pool of ours stays for the resume).
-        let mut done = vec!["delete", &brokers_list, anchor_prefix.as_str()];
-        if n != largest_size {
-            done.push(prefix.as_str());
         }
-        anchor(&classpath, &done);
     }
 
     // Resume after a crash before PersistNames, every topic of the largest pool existing, nothing persisted.
@@ -293,25 +367,27 @@ fn main() {
     });
 
     println!();
+    println!("create_batch_size = {batch_size}");
     println!(
-        "| topics | ours (bootstrap, names on etcd) | AdminClient createTopics acknowledged | ours / acknowledged \
-         | AdminClient createTopics + every topic listed | ours / listed |"
+        "| topics | order | ours (bootstrap, names on etcd) | AdminClient createTopics acknowledged | ours / \
+         acknowledged | AdminClient createTopics + every topic listed | ours / listed | ours + every topic listed |"
     );
-    println!("|---|---|---|---|---|---|");
-    for (n, ours, acked, listed) in &rows {
+    println!("|---|---|---|---|---|---|---|---|");
+    for (n, order, ours, ours_listed, acked, listed) in &rows {
         println!(
-            "| {n} | {ours:.0} ms | {acked:.0} ms | {:.2}x | {listed:.0} ms | {:.2}x |",
+            "| {n} | {} | {ours:.0} ms | {acked:.0} ms | {:.2}x | {listed:.0} ms | {:.2}x | {ours_listed:.0} ms |",
+            order.label(),
             ours / acked,
             ours / listed
         );
     }
     println!(
-        "| resume, {} existing, none persisted | {:.0} ms | | | | |",
+        "| resume, {} existing, none persisted | | {:.0} ms | | | | | |",
         config.num_topics,
         ms(resume)
     );
     println!(
-        "| resume, {} existing, all persisted | {:.0} ms | | | | |",
+        "| resume, {} existing, all persisted | | {:.0} ms | | | | | |",
         config.num_topics,
         ms(complete)
     );

@@ -399,19 +399,6 @@ pub enum Error {
         actual: usize,
     },
 
-    /// Topics that were created did not show up in the broker's metadata before the deadline.
-    #[snafu(display(
-        "Kafka topics {topics:?} not visible in the metadata of {endpoints:?} after {waited:?}"
-    ))]
-    PoolTopicsNotVisible {
-        /// The topics still missing.
-        topics: Vec<String>,
-        /// The brokers asked.
-        endpoints: Vec<String>,
-        /// How long the bootstrap waited.
-        waited: std::time::Duration,
-    },
-
     /// Persisting the pool's topic names kept conflicting with another writer.
     #[snafu(display("persisting the topic names of pool '{prefix}' conflicted: {reason}"))]
     PersistTopicNamesConflict {

@@ -4,11 +4,11 @@
 //   java -cp 'target/kafka-libs/*:target/bench-java' CreateTopicsAnchor create BOOTSTRAP PREFIX N
 //       creates PREFIX_0 .. PREFIX_{N-1} (1 partition, replication factor 1) in one createTopics call and prints
 //       two figures in milliseconds from the call: until every topic's future completed (the controller
-//       acknowledged the creation), then until describeTopics finds every topic (the broker lists them, which is
-//       what remote-wal's bootstrap waits for before persisting a name; polled after 10 ms, doubling up to 1 s, as
-//       the bootstrap polls). The client is connected first, as the Rust side's admin is.
+//       acknowledged the creation), then until describeTopics finds every topic (the broker lists them; polled
+//       after 10 ms, doubling up to 1 s). The client is connected first, as the Rust side's admin is.
 //   java -cp ... CreateTopicsAnchor delete BOOTSTRAP PREFIX...
-//       deletes every topic whose name starts with one of PREFIX_ and prints how many.
+//       deletes every topic whose name starts with one of PREFIX_, waits until the broker lists none of them, and
+//       prints how many.
 
 import java.util.ArrayList;
 import java.util.List;
@@ -88,6 +88,16 @@ public final class CreateTopicsAnchor {
                                 }
                             }
                         }
+                    }
+                    // Until the broker no longer lists any of them: the next phase does not run behind this one.
+                    long delayMs = 10;
+                    while (true) {
+                        Set<String> left = admin.listTopics().names().get();
+                        if (left.stream().noneMatch(doomed::contains)) {
+                            break;
+                        }
+                        Thread.sleep(delayMs);
+                        delayMs = Math.min(delayMs * 2, 1000);
                     }
                     System.out.println(doomed.size());
                     break;

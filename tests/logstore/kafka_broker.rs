@@ -3,7 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use remote_wal::datanode::log_store::{KafkaLogStoreConfig, LogStore};
+use remote_wal::datanode::log_store::kafka::RsKafkaPartition;
+use remote_wal::datanode::log_store::{KafkaLogStore, KafkaLogStoreConfig, LogStore};
+use remote_wal::wal::config::TopicConfig;
+use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin};
+use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 
 use crate::common::{broker_store, broker_topic, bytes, data, write};
 
@@ -80,4 +84,50 @@ async fn a_large_entry_is_fragmented_on_the_broker_and_read_back_whole() {
     assert_eq!(entries[&5].len(), 2);
     assert_eq!(data(&entries[&6]), vec![b"other".to_vec()]);
     assert!(counts.fetches > 1, "{counts:?}");
+}
+
+/// A bootstrap finishes once the controller acknowledged its creations, before the broker lists the topics: a
+/// writer may meet UNKNOWN_TOPIC_OR_PARTITION. The store retries it (rskafka's partition client with
+/// `UnknownTopicHandling::Retry`, within the backoff deadline) and the entry lands once the broker applied the topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_on_a_topic_the_broker_has_not_applied_yet_retries_until_it_has() {
+    let config = crate::common::broker_config();
+    let client = remote_wal::datanode::log_store::kafka::connect_client(&config)
+        .await
+        .unwrap_or_else(|e| panic!("Kafka at {:?} is unreachable: {e}", config.broker_endpoints));
+    let topic = crate::support::unique("logstore_unapplied");
+    let bound = remote_wal::datanode::log_store::kafka::call_bound(&config);
+    let writer = {
+        let client = client.clone();
+        let topic = topic.clone();
+        tokio::spawn(async move {
+            let partition = RsKafkaPartition::new(&client, &topic, bound).await?;
+            let store = KafkaLogStore::new(partition, KafkaLogStoreConfig::default());
+            let ids = store.append(vec![write(1, b"early")]).await?;
+            let read = store.read(1, 0).await?;
+            Ok::<_, remote_wal::Error>((ids, read))
+        })
+    };
+    // The writer is under way while the topic does not exist yet: it meets UNKNOWN_TOPIC_OR_PARTITION first.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !writer.is_finished(),
+        "the writer cannot finish before its topic exists"
+    );
+    let admin = RsKafkaTopicAdmin::connect(&config).await.unwrap();
+    let answers = admin
+        .create_topics(std::slice::from_ref(&topic), 1, 1, &TopicConfig::new())
+        .await
+        .unwrap();
+    assert_eq!(
+        answers[0].1.as_ref().unwrap(),
+        &CreateTopicOutcome::Created,
+        "acknowledged by the controller"
+    );
+    let (ids, read) = writer
+        .await
+        .unwrap()
+        .expect("the writer retried until the broker applied the topic");
+    assert_eq!(ids[0].entry_id, 1, "offset 0 of the new topic");
+    assert_eq!(data(&read), vec![b"early".to_vec()]);
 }

@@ -187,7 +187,15 @@ async fn two_thousand_topics_bootstrap_in_batches_and_resume_with_one_metadata_r
     // 2,000 missing topics in batches of 1,000.
     assert_eq!(admin.batches.load(Ordering::SeqCst), 2);
     let wanted = spec.topic_names();
-    let listed = admin.inner.describe_topics(&wanted).await.unwrap();
+    // The bootstrap ends once the controller acknowledged the creations; the broker lists them a little later.
+    let until = tokio::time::Instant::now() + Duration::from_secs(60);
+    let listed = loop {
+        let listed = admin.inner.describe_topics(&wanted).await.unwrap();
+        if listed.len() == wanted.len() || tokio::time::Instant::now() >= until {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(listed.len(), 2_000);
     assert!(listed.values().all(|&p| p == 1));
     let persisted = list_persisted_topics(kv.as_ref(), &format!("{prefix}_"))

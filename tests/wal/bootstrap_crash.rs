@@ -27,6 +27,9 @@ struct BootstrapScenario {
     spec: TopicPoolSpec,
     /// The transaction limit (operations) the bootstrap's store advertises; `None`: unbounded (one chunk).
     max_txn_ops: Option<usize>,
+    /// The brokers list no topic during the whole run (none has applied the controller's records yet): the
+    /// bootstrap knows its topics only from the creations' acknowledgements.
+    lists_nothing: bool,
 }
 
 impl BootstrapScenario {
@@ -42,7 +45,14 @@ impl BootstrapScenario {
         BootstrapScenario {
             spec,
             max_txn_ops: None,
+            lists_nothing: false,
         }
+    }
+
+    /// The same scenario with brokers that list no topic (see `lists_nothing`).
+    fn listing_nothing(mut self) -> Self {
+        self.lists_nothing = true;
+        self
     }
 
     /// The same scenario with PersistNames limited to `ops` operations per transaction (`ops / 2` names a chunk).
@@ -157,10 +167,14 @@ impl CrashScenario for BootstrapScenario {
         // One metadata store holds both the procedure records (under `__procedure__/`) and the topic names, as in a
         // metasrv.
         let kv = Arc::new(MemoryKvBackend::new());
+        let admin = Arc::new(FakeTopicAdmin::new());
+        if self.lists_nothing {
+            admin.stale_metadata_reads(usize::MAX);
+        }
         Env {
             store: Arc::new(KvStateStore::new(kv.clone())),
             kv,
-            admin: Arc::new(FakeTopicAdmin::new()),
+            admin,
         }
     }
 
@@ -309,6 +323,24 @@ async fn every_crash_point_of_a_bootstrap_persisting_in_chunks_ends_with_each_na
     report.assert_no_mismatch();
     // 10 creations + 4 chunks are side-effect points; every one was crashed at.
     assert_eq!(report.side_effect_points, 14);
+    assert!(report.double_crash_cases > 0);
+    assert_eq!(report.unreached_crash_points, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_with_brokers_listing_nothing_ends_with_each_topic_once_and_all_persisted()
+ {
+    // A crash after a creation was acknowledged and before its name is persisted, while no broker lists the topic:
+    // the recovery creates it again, is told it exists, and persists it.
+    let scenario = BootstrapScenario::new(8).listing_nothing();
+    assert_golden_world(&scenario).await;
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print(
+        "bootstrap 8 topics, brokers listing nothing, two crash levels",
+        &report,
+    );
+    report.assert_no_mismatch();
+    assert_eq!(report.side_effect_points, 9);
     assert!(report.double_crash_cases > 0);
     assert_eq!(report.unreached_crash_points, 0);
 }

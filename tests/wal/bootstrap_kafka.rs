@@ -106,6 +106,21 @@ impl CountingAdmin {
             .filter(|(t, _)| t.starts_with(&pattern))
             .collect()
     }
+
+    /// [`Self::pool_topics`] once the broker lists every topic of `names` (or after 30 s, whatever it lists then):
+    /// a bootstrap finishes once the controller acknowledged its creations, and the broker lists a topic only
+    /// after applying the controller's records and creating its log.
+    async fn pool_topics_listing(&self, prefix: &str, names: &[String]) -> BTreeMap<String, usize> {
+        let until = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let listed = self.pool_topics(prefix).await;
+            if names.iter().all(|t| listed.contains_key(t)) || tokio::time::Instant::now() >= until
+            {
+                return listed;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 #[async_trait]
@@ -196,7 +211,12 @@ async fn bootstrap_creates_and_persists_64_topics() {
     .await;
     allocator.start(&manager).await.unwrap();
 
-    assert_eq!(admin.pool_topics(&prefix).await, wanted(&config));
+    assert_eq!(
+        admin
+            .pool_topics_listing(&prefix, &config.topic_names())
+            .await,
+        wanted(&config)
+    );
     assert_eq!(persisted(&kv, &prefix).await, wanted(&config));
     assert_eq!(admin.created(), wanted(&config));
     let options = allocator.alloc_batch(64).unwrap();
@@ -264,7 +284,12 @@ async fn a_crash_after_20_of_64_creations_recovers_without_duplicates() {
     let manager = started(LocalManager::new(store, manager_config()), &second).await;
     second.start(&manager).await.unwrap();
 
-    assert_eq!(admin.pool_topics(&prefix).await, wanted(&config));
+    assert_eq!(
+        admin
+            .pool_topics_listing(&prefix, &config.topic_names())
+            .await,
+        wanted(&config)
+    );
     assert_eq!(persisted(&kv, &prefix).await, wanted(&config));
     // No topic was created twice. A create cancelled by the crash after the broker made the topic has no
     // `Created` answer (its re-run got TOPIC_ALREADY_EXISTS), so the count is at most one per topic.
@@ -292,7 +317,10 @@ async fn growing_64_to_96_creates_only_the_new_topics() {
     let manager = started(LocalManager::new(store, manager_config()), &b).await;
     b.start(&manager).await.unwrap();
 
-    assert_eq!(admin.pool_topics(&prefix).await, wanted(&big));
+    assert_eq!(
+        admin.pool_topics_listing(&prefix, &big.topic_names()).await,
+        wanted(&big)
+    );
     assert_eq!(persisted(&kv, &prefix).await, wanted(&big));
     assert_eq!(
         admin.created(),
@@ -462,11 +490,16 @@ impl CrashScenario for KafkaScenario {
             }
         }
         let kv: KvBackendRef = env.kv.clone();
+        // Every persisted name's creation was acknowledged: wait (bounded) until the broker lists them.
+        let persisted_names: Vec<String> = persisted(&kv, &env.spec.topic_name_prefix)
+            .await
+            .into_keys()
+            .collect();
         KafkaOutcome {
             store,
             topics: env
                 .admin
-                .pool_topics(&env.spec.topic_name_prefix)
+                .pool_topics_listing(&env.spec.topic_name_prefix, &persisted_names)
                 .await
                 .into_iter()
                 .map(|(t, p)| (index(&t), p))

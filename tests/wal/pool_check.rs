@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use procedures::{LocalManager, ManagerConfig, MemoryStateStore, ProcedureManagerRef};
 use remote_wal::config::{MetadataBackend, MetadataStoreConfig, MetasrvConfig, ProcedureConfig};
 use remote_wal::ddl::MemoryDatanodeManager;
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
@@ -200,6 +201,43 @@ async fn a_broker_that_has_not_caught_up_yet_delays_the_load_but_a_topic_gone_fo
         6,
         "one listing and five confirmations"
     );
+}
+
+#[tokio::test]
+async fn a_creation_acknowledged_to_this_process_counts_as_seen_by_the_next_load_only() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let pool = manager(TopicPoolSpec::new("acked", 3), &kv, &admin);
+    let engine: ProcedureManagerRef = Arc::new(LocalManager::new(
+        Arc::new(MemoryStateStore::new()),
+        ManagerConfig::default(),
+    ));
+    pool.register_loader(engine.as_ref()).unwrap();
+    engine.start().await.unwrap();
+
+    // No broker lists anything for a long while: the bootstrap's read and the load's listing find nothing, yet
+    // the controller acknowledged every creation.
+    admin.stale_metadata_reads(1_000);
+    let before = admin.metadata_reads();
+    pool.start(&engine)
+        .await
+        .expect("acknowledged creations are seen on the brokers");
+    assert_eq!(
+        admin.metadata_reads() - before,
+        2,
+        "the bootstrap's read and the load's listing, no confirmation reads"
+    );
+    assert_eq!(pool.alloc_batch(3).unwrap().len(), 3);
+
+    // The acknowledgements vouched for that load only: the next one must see the topics listed.
+    let err = pool
+        .load_ready()
+        .await
+        .expect_err("no broker lists the topics and no creation was acknowledged since");
+    assert!(err.to_string().contains("acked_0"), "{err}");
+    assert!(!pool.is_ready());
+    admin.stale_metadata_reads(0);
+    pool.load_ready().await.expect("listed now");
 }
 
 /// Starts a bootstrap of `num_topics` topics that stops answering after `created` creations, as if its process had

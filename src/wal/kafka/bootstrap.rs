@@ -7,11 +7,12 @@
 //!    naming them (a bounded few requests for huge pools); create those neither persisted nor existing in batches
 //!    of the admin's `create_batch_size`, at most `max_concurrent_creates` batches at a time, with a side-effect
 //!    point after each batch; Kafka's TOPIC_ALREADY_EXISTS counts as created (the admin checks the partition
-//!    count). Then poll the metadata of the wanted topics until every one shows the pool's partition count, up to
-//!    the poll deadline (when nothing was created, the first read is that answer: a resume with every topic
-//!    existing costs one metadata read plus the persists). A persisted topic the list lacks (deleted out of band)
-//!    is recreated — it is in the pool's spec — and reported (the `recreated` count of the output), then waited
-//!    for like a created one.
+//!    count). A creation the controller acknowledged is proof the topic exists in the cluster's metadata, so
+//!    nothing waits for a broker to list it (a broker lists a topic only after applying the controller's records
+//!    and creating its partitions' logs, which takes far longer than the acknowledgement). A persisted topic the
+//!    read did not list is created again: one deleted out of band is recreated — it is in the pool's spec — and
+//!    reported (the `recreated` count of the output); one the broker had not applied yet answers "already exists".
+//!    A resume with every topic existing costs one metadata read plus the persists.
 //! 3. **PersistNames** — persist the names that are not persisted yet, up to [`CHUNKS_PER_STEP`] chunks per
 //!    execution: a chunk is the next indices from the watermark `persisted_below` (set by CreateMissing past the
 //!    names persisted in a row from the first), as many as fit one transaction of the backend (a compare and a put
@@ -26,7 +27,8 @@
 //!
 //! Why a crash anywhere is harmless: topic names are deterministic, so re-running CreateMissing after a crash
 //! (even after m of n creations) re-creates nothing — the created ones answer "already exists". A name is
-//! persisted only once its topic is visible, so every persisted name is a real topic. PersistNames writes each
+//! persisted only once its topic was listed or its creation acknowledged by the controller (committed to the
+//! cluster's metadata log), so every persisted name is a real topic. PersistNames writes each
 //! key only if it is absent: re-running it after its transaction committed writes nothing and never resets a
 //! key's `pruned_entry_id`. Growing `num_topics` creates only the new topics; shrinking deletes nothing and only
 //! logs a warning naming the persisted topics beyond the pool.
@@ -41,15 +43,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use async_trait::async_trait;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, ProcedureId, Status};
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use crate::error::{
-    BootstrapPoolChangedSnafu, PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu,
-    PoolTopicsNotVisibleSnafu, Result,
+    BootstrapPoolChangedSnafu, PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu, Result,
 };
 use crate::kv::KvBackendRef;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdminRef};
@@ -143,6 +143,11 @@ impl TopicBootstrapData {
 /// Where a bootstrap reports the topics it recreated (shared with the pool's manager, which reports them).
 pub type RecreatedTopics = Arc<Mutex<BTreeSet<String>>>;
 
+/// Where a bootstrap reports the topics whose creation the controller acknowledged (created, or already existing
+/// with the pool's partition count), shared with the pool's manager: its next load counts them as seen on the
+/// brokers, whether or not a broker lists them yet.
+pub type AcknowledgedTopics = Arc<Mutex<BTreeSet<String>>>;
+
 /// Creates the pool's missing topics and persists their names; see the module documentation.
 pub struct TopicBootstrapProcedure {
     data: TopicBootstrapData,
@@ -155,6 +160,11 @@ pub struct TopicBootstrapProcedure {
     recreated: BTreeSet<String>,
     /// Recreated topics are also added here.
     recreated_sink: Option<RecreatedTopics>,
+    /// Topics whose creation this instance saw acknowledged (created, or already existing with the pool's
+    /// partition count).
+    acknowledged: BTreeSet<String>,
+    /// Acknowledged topics are also added here.
+    acknowledged_sink: Option<AcknowledgedTopics>,
     /// Set when recovered for a pool other than the configured one (that pool's prefix): execution fails.
     abandoned_for: Option<String>,
 }
@@ -186,6 +196,8 @@ impl TopicBootstrapProcedure {
             persisted: None,
             recreated: BTreeSet::new(),
             recreated_sink: None,
+            acknowledged: BTreeSet::new(),
+            acknowledged_sink: None,
             abandoned_for: None,
         }
     }
@@ -193,6 +205,12 @@ impl TopicBootstrapProcedure {
     /// Also adds every topic this bootstrap recreates to `sink`.
     pub fn with_recreated_sink(mut self, sink: RecreatedTopics) -> Self {
         self.recreated_sink = Some(sink);
+        self
+    }
+
+    /// Also adds every topic whose creation this bootstrap sees acknowledged to `sink`.
+    pub fn with_acknowledged_sink(mut self, sink: AcknowledgedTopics) -> Self {
+        self.acknowledged_sink = Some(sink);
         self
     }
 
@@ -222,17 +240,20 @@ impl TopicBootstrapProcedure {
     /// The loader the pool's manager registers: like [`Self::loader`], but a recovered bootstrap is checked against
     /// the configured pool `current` — another `num_topics`, `num_partitions` or `replication_factor` is superseded
     /// by `current` (restarting at LoadTopics; every step is idempotent and topic names are deterministic), another
-    /// prefix fails when executed, naming both prefixes. Recreated topics are added to `sink`.
+    /// prefix fails when executed, naming both prefixes. Recreated topics are added to `sink`, acknowledged ones
+    /// to `acknowledged`.
     pub fn loader_for(
         current: TopicPoolSpec,
         kv: KvBackendRef,
         admin: TopicAdminRef,
         sink: RecreatedTopics,
+        acknowledged: AcknowledgedTopics,
     ) -> BoxedProcedureLoader {
         Box::new(move |value| {
             let data = TopicBootstrapData::decode(value).map_err(procedures::Error::external)?;
             let mut procedure = TopicBootstrapProcedure::from_data(data, kv.clone(), admin.clone())
-                .with_recreated_sink(sink.clone());
+                .with_recreated_sink(sink.clone())
+                .with_acknowledged_sink(acknowledged.clone());
             procedure.reconcile(&current);
             Ok(Box::new(procedure))
         })
@@ -316,7 +337,9 @@ impl TopicBootstrapProcedure {
 
     /// Step 2: read which wanted topics exist (one metadata read naming them), create those that are neither
     /// persisted nor existing in batches of the admin's batch size (at most `max_concurrent_creates` batches in
-    /// flight), then wait until every wanted topic is visible with the pool's partition count.
+    /// flight), and create again the persisted ones the read did not list. A creation the controller acknowledged
+    /// (created, or already existing with the pool's partition count) is proof the topic exists in the cluster's
+    /// metadata: nothing waits for a broker to list it.
     async fn create_missing(&mut self, ctx: &Context) -> procedures::Result<Status> {
         let spec = self.data.spec.clone();
         let wanted = spec.topic_names();
@@ -369,23 +392,28 @@ impl TopicBootstrapProcedure {
                     CreateTopicOutcome::Created => debug!(%topic, "created topic"),
                     CreateTopicOutcome::AlreadyExisted => debug!(%topic, "topic already existed"),
                 }
+                self.acknowledge(topic);
             }
             ctx.side_effect_point(&created_label(&batch))?;
         }
         drop(creations);
         let create_took = creating.elapsed();
 
-        // Nothing created: the read above is fresh and answers the visibility check too.
-        let listed = missing.is_empty().then_some(existing);
-        let waiting = Instant::now();
-        let polls = self.wait_until_visible(&wanted, listed).await?;
+        // Persisted topics the read did not list: deleted out of band (or not applied yet by the broker that
+        // answered); creating them again tells which.
+        let unlisted: Vec<String> = wanted
+            .iter()
+            .filter(|t| !existing.contains_key(*t) && !self.acknowledged.contains(*t))
+            .cloned()
+            .collect();
+        if !unlisted.is_empty() {
+            self.recreate(unlisted).await?;
+        }
         info!(
             pool = %spec.topic_name_prefix,
             created = missing.len(),
             ?create_took,
-            polls,
-            wait_took = ?waiting.elapsed(),
-            "every wanted topic is listed"
+            "every wanted topic is listed or its creation acknowledged"
         );
         // PersistNames starts after the names persisted in a row from the first (all of them on a pool that is
         // complete already: PersistNames then writes nothing).
@@ -395,6 +423,17 @@ impl TopicBootstrapProcedure {
             .unwrap_or(spec.num_topics);
         self.data.step = BootstrapStep::PersistNames;
         Ok(Status::executing(true))
+    }
+
+    /// Records that the controller acknowledged `topic`'s creation (here and in the shared sink, where the pool's
+    /// manager counts it as seen on the brokers).
+    fn acknowledge(&mut self, topic: String) {
+        if let Some(sink) = &self.acknowledged_sink {
+            sink.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(topic.clone());
+        }
+        self.acknowledged.insert(topic);
     }
 
     /// Fails, naming the topic and both counts, when a listed topic has another partition count than the pool's.
@@ -413,93 +452,21 @@ impl TopicBootstrapProcedure {
         Ok(())
     }
 
-    /// Polls the broker's metadata of `wanted` until every topic shows the pool's partition count (`listed`, when
-    /// given, is a fresh first answer); a wrong count is an error at once. A persisted topic that is missing (it
-    /// existed once: it was deleted out of band) is recreated once, then waited for like a created one; a topic
-    /// still missing at the deadline is an error naming it. Returns how many metadata reads it made.
-    async fn wait_until_visible(
-        &mut self,
-        wanted: &[String],
-        mut listed: Option<BTreeMap<String, usize>>,
-    ) -> Result<usize> {
-        let mut polls = 0;
-        let poll = self.data.spec.ready_poll.clone();
-        let started = Instant::now();
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(poll.init)
-            .with_max_delay(poll.max)
-            .with_factor(poll.factor)
-            .without_max_times()
-            .build();
-        loop {
-            let listed = match listed.take() {
-                Some(listed) => listed,
-                None => {
-                    polls += 1;
-                    self.admin.describe_topics(wanted).await?
-                }
-            };
-            self.check_partitions(&listed)?;
-            let missing: Vec<String> = wanted
-                .iter()
-                .filter(|t| !listed.contains_key(*t))
-                .cloned()
-                .collect();
-            if missing.is_empty() {
-                return Ok(polls);
-            }
-            self.persisted().await?;
-            let persisted = self.persisted.as_ref();
-            let lost: Vec<String> = missing
-                .iter()
-                .filter(|t| {
-                    persisted.is_some_and(|p| p.contains(*t)) && !self.recreated.contains(*t)
-                })
-                .cloned()
-                .collect();
-            if !lost.is_empty() {
-                self.recreate(lost).await?;
-                continue;
-            }
-            let waited = started.elapsed();
-            if waited >= poll.deadline {
-                return PoolTopicsNotVisibleSnafu {
-                    topics: missing,
-                    endpoints: self.admin.endpoints(),
-                    waited,
-                }
-                .fail();
-            }
-            let delay = delays
-                .next()
-                .unwrap_or(poll.max)
-                .min(poll.deadline - waited);
-            debug!(
-                listed = listed.len(),
-                missing = missing.len(),
-                ?delay,
-                ?waited,
-                "waiting for created topics to show up in metadata"
-            );
-            tokio::time::sleep(delay).await;
-        }
-    }
-
-    /// Recreates persisted topics that are missing on the brokers (deleted out of band; they are in the pool's spec),
-    /// with the pool's topic configs, in batches of the admin's batch size (at most `max_concurrent_creates` in
-    /// flight), and records them as recreated.
-    async fn recreate(&mut self, lost: Vec<String>) -> Result<()> {
+    /// Creates again persisted topics the brokers did not list, with the pool's topic configs, in batches of the
+    /// admin's batch size (at most `max_concurrent_creates` in flight). A topic this creates was deleted out of band
+    /// (it is in the pool's spec): it is recorded as recreated. One that already exists was only not applied yet by
+    /// the broker that answered the read. Either way its creation is acknowledged.
+    async fn recreate(&mut self, unlisted: Vec<String>) -> Result<()> {
         let spec = self.data.spec.clone();
-        warn!(
+        info!(
             pool = %spec.topic_name_prefix,
-            topics = ?lost,
-            endpoints = ?self.admin.endpoints(),
-            "persisted pool topics are missing on the brokers (deleted out of band); recreating them (regions on \
-             them lost what their WAL held)"
+            topics = unlisted.len(),
+            first = ?unlisted.first(),
+            "persisted pool topics are not listed by the brokers; creating them again"
         );
         let admin = self.admin.clone();
         let settings = Arc::new(spec.clone());
-        let batches: Vec<Vec<String>> = lost
+        let batches: Vec<Vec<String>> = unlisted
             .chunks(self.admin.create_batch_size().max(1))
             .map(<[String]>::to_vec)
             .collect();
@@ -521,14 +488,21 @@ impl TopicBootstrapProcedure {
             .buffer_unordered(spec.max_concurrent_creates);
         while let Some(answers) = creations.next().await {
             for (topic, outcome) in answers? {
-                outcome?;
-                info!(%topic, "recreated a pool topic missing on the brokers");
-                if let Some(sink) = &self.recreated_sink {
-                    sink.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(topic.clone());
+                if outcome? == CreateTopicOutcome::Created {
+                    warn!(
+                        %topic,
+                        endpoints = ?self.admin.endpoints(),
+                        "recreated a persisted pool topic missing on the brokers (deleted out of band; regions on it \
+                         lost what their WAL held)"
+                    );
+                    if let Some(sink) = &self.recreated_sink {
+                        sink.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(topic.clone());
+                    }
+                    self.recreated.insert(topic.clone());
                 }
-                self.recreated.insert(topic);
+                self.acknowledge(topic);
             }
         }
         Ok(())

@@ -16,14 +16,17 @@ use crate::kv::KvBackendRef;
 use crate::wal::config::{KafkaConfig, SelectorType, TopicConfig};
 use crate::wal::kafka::admin::TopicAdminRef;
 use crate::wal::kafka::bootstrap::{
-    RecreatedTopics, TopicBootstrapProcedure, bootstrap_procedure_id,
+    AcknowledgedTopics, RecreatedTopics, TopicBootstrapProcedure, bootstrap_procedure_id,
 };
 use crate::wal::kafka::region_count::regions_per_topic;
 use crate::wal::kafka::selector::{LeastLoadedTopicSelector, TopicSelectorRef};
 use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::options::WalOptions;
 
-/// How often and how long the bootstrap polls the broker's metadata for created topics to show up.
+/// How often and how long the bootstrap polled the broker's metadata for created topics to show up. The bootstrap
+/// no longer polls (a creation the controller acknowledged is proof enough, see
+/// [`TopicBootstrapProcedure`]); the setting stays in the spec so that records and specs that carry it still
+/// decode.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReadyPoll {
     /// Delay before the second poll.
@@ -72,7 +75,7 @@ pub struct TopicPoolSpec {
     pub replication_factor: i16,
     /// At most this many create requests in flight at once.
     pub max_concurrent_creates: usize,
-    /// How the bootstrap waits for created topics to show up in metadata.
+    /// How the bootstrap waited for created topics to show up in metadata (no longer used; see [`ReadyPoll`]).
     pub ready_poll: ReadyPoll,
     /// Topic-level configs each topic is created with (`[wal] topic_config`); never applied to existing topics.
     #[serde(default, skip_serializing_if = "TopicConfig::is_empty")]
@@ -212,8 +215,9 @@ const METADATA_SETTLE_FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// out its topics. Before the pool is ready every allocation is an error.
 ///
 /// The pool becomes ready only when every wanted topic is persisted **and** was seen on the brokers (with the
-/// pool's partition count) by the same load, so it never hands out a topic it has not seen on the brokers since
-/// it loaded the pool.
+/// pool's partition count) by the same load — listed by them, or its creation acknowledged by the controller to a
+/// bootstrap of this process just before — so it never hands out a topic it has not seen on the brokers since it
+/// loaded the pool.
 #[derive(Debug)]
 pub struct KafkaTopicManager {
     spec: Arc<TopicPoolSpec>,
@@ -223,6 +227,9 @@ pub struct KafkaTopicManager {
     state: RwLock<PoolState>,
     /// Topics bootstraps run by this manager's process recreated.
     recreated: RecreatedTopics,
+    /// Topics whose creation bootstraps run by this manager's process saw acknowledged since the last load; the
+    /// next load counts them as seen on the brokers and empties the set.
+    acknowledged: AcknowledgedTopics,
 }
 
 impl KafkaTopicManager {
@@ -241,6 +248,7 @@ impl KafkaTopicManager {
             selector,
             state: RwLock::new(PoolState::NotLoaded),
             recreated: Arc::new(Mutex::new(BTreeSet::new())),
+            acknowledged: Arc::new(Mutex::new(BTreeSet::new())),
         })
     }
 
@@ -278,6 +286,7 @@ impl KafkaTopicManager {
                 self.kv.clone(),
                 self.admin.clone(),
                 self.recreated.clone(),
+                self.acknowledged.clone(),
             ),
         )?;
         Ok(())
@@ -309,7 +318,8 @@ impl KafkaTopicManager {
                 self.kv.clone(),
                 self.admin.clone(),
             )?
-            .with_recreated_sink(self.recreated.clone());
+            .with_recreated_sink(self.recreated.clone())
+            .with_acknowledged_sink(self.acknowledged.clone());
             // A submission of a known id watches the procedure under it: a bootstrap this manager already knows
             // (finished, failed, or running) is judged here instead, and the next attempt's id is tried if it did
             // not make this pool.
@@ -367,9 +377,10 @@ impl KafkaTopicManager {
         .fail()
     }
 
-    /// Loads the persisted names, reads the brokers' topic list (and, for topics it lacks, asks for them again a few
-    /// times over about three seconds, as a broker learns of new topics after the controller), and makes the pool
-    /// ready when every wanted topic is persisted and on the brokers with the pool's partition count; otherwise an
+    /// Loads the persisted names, reads the brokers' topic list (and, for topics it lacks whose creation this
+    /// process did not see acknowledged since the last load, asks for them again a few times over about three
+    /// seconds, as a broker learns of new topics after the controller), and makes the pool ready when every wanted
+    /// topic is persisted and seen on the brokers with the pool's partition count; otherwise an
     /// error naming the topics that are not (the pool is then not ready: nothing is handed out). An unreachable
     /// broker is an error.
     pub async fn load_ready(&self) -> Result<()> {
@@ -419,8 +430,12 @@ impl KafkaTopicManager {
         Ok(())
     }
 
-    /// The wanted topics when every one is persisted and listed by the brokers with the pool's partition count,
-    /// else why not.
+    /// The wanted topics when every one is persisted and seen on the brokers with the pool's partition count, else
+    /// why not. A topic is seen when the brokers list it with that count, or, when they do not list it, when a
+    /// bootstrap of this process saw its creation acknowledged by the controller since the last load (a broker
+    /// lists a topic only once it applied the controller's records and created the partitions' logs, well after
+    /// the acknowledgement). The acknowledgements are used up by this load: a later load sees topics on the
+    /// brokers again.
     async fn check(&self) -> Result<std::result::Result<Arc<Vec<String>>, String>> {
         let persisted: BTreeSet<String> = list_persisted_topics(
             self.kv.as_ref(),
@@ -443,11 +458,16 @@ impl KafkaTopicManager {
                 missing.iter().take(5).collect::<Vec<_>>()
             )));
         }
+        let acknowledged =
+            std::mem::take(&mut *self.acknowledged.lock().unwrap_or_else(|p| p.into_inner()));
         let listed = self.admin.list_topics().await?;
         let expected = usize::try_from(self.spec.num_partitions).unwrap_or(0);
         let mut absent: Vec<&String> = wanted
             .iter()
-            .filter(|t| listed.get(*t) != Some(&expected))
+            .filter(|t| match listed.get(*t) {
+                Some(&count) => count != expected,
+                None => !acknowledged.contains(*t),
+            })
             .collect();
         // A broker learns of a topic from the controller's metadata log, after the controller acknowledged its
         // creation: right after a bootstrap, the broker that answers may not list it yet. Absence is confirmed by
