@@ -1,6 +1,7 @@
 //! Issue 16, F3: no stale execution of a create-table another manager has advanced. Two procedure managers on one
-//! kv (the procedure store in it, as a metasrv runs): the first is held inside its Allocate step — before it writes
-//! its `__table_allocation/…` reservation, or just after — while a second claims the epoch, recovers the procedure
+//! kv (the procedure store in it, as a metasrv runs): the first is held inside its Allocate step — before it
+//! allocates anything, or just after it drew its table id from `__table_id_seq` (its allocation is then stored only
+//! with its next state, in one commit under the epoch condition) — while a second claims the epoch, recovers the procedure
 //! and runs it (to the end, or until it is killed at any point, a third manager then finishing it). The first is
 //! then let go, or killed where it stands. Whatever the interleaving, no reservation outlives the procedure, the
 //! table exists once, no region is created by the stale manager, and a stale manager let go halts.
@@ -15,6 +16,7 @@ use procedures::{
     LocalManager, ManagerConfig, ProcedureId, ProcedureManager, ProcedureState, ProcedureWithId,
     RetryPolicy, StateStore,
 };
+use remote_wal::ddl::allocator::TABLE_ID_SEQ_KEY;
 use remote_wal::ddl::{
     CREATE_TABLE_TYPE_NAME, CreateTableProcedure, CreateTableTask, DdlContext,
     MemoryDatanodeManager, RaftEngineWalSource, RoundRobinPeerSelector, TableMetadataAllocator,
@@ -56,10 +58,10 @@ impl Gate {
 /// Where the stale manager is held in Allocate.
 #[derive(Clone, Copy, Debug)]
 enum Pause {
-    /// In `load_if_needed`, before anything is allocated or reserved.
-    BeforeReservation,
-    /// Right after its `__table_allocation/…` reservation was written, before its state is stored.
-    AfterReservation,
+    /// In `load_if_needed`, before anything is allocated.
+    BeforeAllocation,
+    /// Right after it advanced `__table_id_seq` (its table id drawn), before its allocation is stored with its state.
+    AfterTableId,
 }
 
 /// What happens to the stale manager once the newer one has run.
@@ -87,7 +89,7 @@ impl WalOptionsSource for GatedWal {
     }
 }
 
-/// The allocator's kv, holding the caller at the gate right after a transaction that wrote a reservation.
+/// The allocator's kv, holding the caller at the gate right after it advanced the table id sequence.
 #[derive(Debug)]
 struct GatedKv {
     inner: KvBackendRef,
@@ -128,7 +130,12 @@ impl KvBackend for GatedKv {
         &self,
         req: CompareAndPutRequest,
     ) -> remote_wal::Result<CompareAndPutResponse> {
-        self.inner.compare_and_put(req).await
+        let advances_sequence = req.key == TABLE_ID_SEQ_KEY.as_bytes();
+        let resp = self.inner.compare_and_put(req).await?;
+        if advances_sequence && resp.success {
+            self.gate.pass().await;
+        }
+        Ok(resp)
     }
     async fn delete_range(
         &self,
@@ -146,15 +153,7 @@ impl KvBackend for GatedKv {
         self.inner.batch_delete(keys, prev_kv).await
     }
     async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
-        let reserves = txn
-            .success
-            .iter()
-            .any(|op| matches!(op, TxnOp::Put(key, _) if key.starts_with(b"__table_allocation/")));
-        let resp = self.inner.txn(txn).await?;
-        if reserves && resp.succeeded {
-            self.gate.pass().await;
-        }
-        Ok(resp)
+        self.inner.txn(txn).await
     }
 }
 
@@ -231,10 +230,8 @@ async fn stale_manager_in_allocate(kv: &KvBackendRef, id: &ProcedureId, pause: P
     let gate = Gate::new();
     let datanodes = Arc::new(MemoryDatanodeManager::new());
     let ctx = match pause {
-        Pause::BeforeReservation => {
-            context(kv, Arc::new(GatedWal(gate.clone())), datanodes.clone())
-        }
-        Pause::AfterReservation => context_with_allocator_kv(
+        Pause::BeforeAllocation => context(kv, Arc::new(GatedWal(gate.clone())), datanodes.clone()),
+        Pause::AfterTableId => context_with_allocator_kv(
             kv,
             Arc::new(GatedKv {
                 inner: kv.clone(),
@@ -336,7 +333,7 @@ async fn check_end(kv: &KvBackendRef, id: &ProcedureId, stale: &Stale, label: &s
 async fn a_stale_allocate_after_another_manager_finished_the_table_writes_nothing() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let id = ProcedureId::new("create-t");
-    let mut stale = stale_manager_in_allocate(&kv, &id, Pause::BeforeReservation).await;
+    let mut stale = stale_manager_in_allocate(&kv, &id, Pause::BeforeAllocation).await;
 
     // A second manager claims the epoch, recovers the procedure and finishes it.
     let ctx = context(
@@ -359,7 +356,7 @@ async fn a_stale_allocate_after_another_manager_finished_the_table_writes_nothin
     check_end(&kv, &id, &stale, "finished by the second manager").await;
 }
 
-/// Every interleaving of the matrix: the stale manager held before or after its reservation; the newer manager run
+/// Every interleaving of the matrix: the stale manager held before allocating or after drawing its table id; the newer manager run
 /// to the end or killed before or after each of its first 8 durable writes or at each of its first 4 side-effect
 /// points; then the stale manager let go or killed; a third manager finishes what is left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -373,7 +370,7 @@ async fn a_stale_allocate_leaves_no_reservation_whatever_point_the_newer_manager
         plans.push(CrashPlan::at(CrashPoint::SideEffect(m)));
     }
     let mut cases = 0;
-    for pause in [Pause::BeforeReservation, Pause::AfterReservation] {
+    for pause in [Pause::BeforeAllocation, Pause::AfterTableId] {
         for then in [Then::Released, Then::Killed] {
             for plan in &plans {
                 interleaving(pause, *plan, then).await;
@@ -389,11 +386,16 @@ async fn interleaving(pause: Pause, plan: CrashPlan, then: Then) {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let id = ProcedureId::new("create-t");
     let mut stale = stale_manager_in_allocate(&kv, &id, pause).await;
-    if matches!(pause, Pause::AfterReservation) {
+    if matches!(pause, Pause::AfterTableId) {
+        assert_eq!(
+            kv_keys(kv.as_ref(), TABLE_ID_SEQ_KEY).await,
+            vec![TABLE_ID_SEQ_KEY.to_string()],
+            "{label}: the stale manager is held after drawing its table id"
+        );
         assert_eq!(
             kv_keys(kv.as_ref(), "__table_allocation/").await,
-            vec!["__table_allocation/create-t".to_string()],
-            "{label}: the stale manager is held after its reservation"
+            Vec::<String>::new(),
+            "{label}: an allocation is stored with the state only, never as a reservation of its own"
         );
     }
 
