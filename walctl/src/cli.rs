@@ -101,13 +101,14 @@ impl Command {
 
     /// Whether the command starts the procedure manager, claiming the store (on etcd: it joins the election).
     pub fn claims_store(&self) -> bool {
-        matches!(
-            self,
+        match self {
             Command::Bootstrap
-                | Command::CreateTable { .. }
-                | Command::Wal(_)
-                | Command::Procedures(ProceduresCommand::Purge { .. })
-        )
+            | Command::CreateTable { .. }
+            | Command::Procedures(ProceduresCommand::Purge { .. }) => true,
+            // `wal write|flush|stats` act on the regions' WALs and checkpoints without the procedure manager.
+            Command::Wal(command) => command.runs_procedures(),
+            _ => false,
+        }
     }
 }
 
