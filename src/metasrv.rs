@@ -36,9 +36,10 @@ use crate::error::{
 };
 use crate::kv::redb::RedbOpenMode;
 use crate::kv::state_store::LeaderFence;
-use crate::kv::{CountingKvBackend, KvBackendRef, RangeRequest};
+use crate::kv::{CommitObserver, CountingKvBackend, KvBackendRef, RangeRequest};
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
+use crate::wal::kafka::timed_admin::{TimedTopicAdmin, TopicAdminObserver};
 use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::kafka::{KafkaTopicManager, TopicConfigDrift};
 use crate::wal::prune::{RecordDeleterRef, WalPruneProcedure};
@@ -237,6 +238,8 @@ pub struct Metasrv {
     local: Arc<LocalManager>,
     wal: Arc<WalOptionsAllocator>,
     topic_admin: Option<TopicAdminRef>,
+    /// The same admin, timed for [`Metasrv::observe_topic_admin`] (Kafka only).
+    timed_admin: Option<Arc<TimedTopicAdmin>>,
     /// What a WAL prune deletes records with (Kafka only).
     record_deleter: Option<RecordDeleterRef>,
     table_metadata: TableMetadataManagerRef,
@@ -400,8 +403,8 @@ impl Metasrv {
         ));
         let procedures: ProcedureManagerRef = local.clone();
 
-        let (wal, topic_admin) = match &config.wal {
-            WalConfig::RaftEngine => (WalOptionsAllocator::RaftEngine, None),
+        let (wal, topic_admin, timed_admin) = match &config.wal {
+            WalConfig::RaftEngine => (WalOptionsAllocator::RaftEngine, None, None),
             WalConfig::Kafka(kafka) => {
                 let admin: TopicAdminRef = match topic_admin {
                     Some(admin) => admin,
@@ -410,8 +413,10 @@ impl Metasrv {
                         admin: OnceCell::new(),
                     }),
                 };
+                let timed = Arc::new(TimedTopicAdmin::new(admin));
+                let admin: TopicAdminRef = timed.clone();
                 let topics = KafkaTopicManager::from_config(kafka, kv.clone(), admin.clone())?;
-                (WalOptionsAllocator::Kafka(topics), Some(admin))
+                (WalOptionsAllocator::Kafka(topics), Some(admin), Some(timed))
             }
         };
         let wal = Arc::new(wal);
@@ -462,6 +467,7 @@ impl Metasrv {
             local,
             wal,
             topic_admin,
+            timed_admin,
             record_deleter,
             table_metadata,
             ddl,
@@ -510,6 +516,24 @@ impl Metasrv {
     /// id sequences and table metadata alike (what counts as one: [`CountingKvBackend`]).
     pub fn kv_commits(&self) -> u64 {
         self.commits.commits()
+    }
+
+    /// Tells `observer` of every step the procedure manager's procedures finish and every retry they schedule.
+    pub fn observe_procedures(&self, observer: procedures::ProcedureObserverRef) {
+        self.local.set_observer(observer);
+    }
+
+    /// Tells `observer` of every commit made on the kv backend through this metasrv, with its latency.
+    pub fn observe_commits(&self, observer: Arc<dyn CommitObserver>) {
+        self.commits.set_observer(observer);
+    }
+
+    /// Tells `observer` of every call this metasrv makes to the Kafka brokers' topic administration, with its
+    /// latency. Nothing is reported with the raft-engine WAL.
+    pub fn observe_topic_admin(&self, observer: Arc<dyn TopicAdminObserver>) {
+        if let Some(timed) = &self.timed_admin {
+            timed.set_observer(observer);
+        }
     }
 
     /// How many procedure-state writes a leader fence refused (0 without one).

@@ -17,6 +17,7 @@ pub mod error;
 pub mod event;
 pub mod manager;
 pub mod memory_store;
+pub mod observer;
 pub mod procedure;
 pub mod record;
 pub mod snapshot;
@@ -34,6 +35,7 @@ pub use manager::{
     HeldKey, LocalManager, LockWait, ProcedureLocks, ProcedureManager, ProcedureManagerRef,
 };
 pub use memory_store::MemoryStateStore;
+pub use observer::{ProcedureObserver, ProcedureObserverRef};
 pub use procedure::{
     BoxedProcedure, BoxedProcedureLoader, Context, LockKey, Output, Procedure, ProcedureId,
     ProcedureWithId, SideEffectHook, Status, StringKey,

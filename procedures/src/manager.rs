@@ -122,6 +122,12 @@ impl LocalManager {
 }
 
 impl LocalManager {
+    /// Tells `observer` of every step this manager's procedures finish and every retry they schedule, from now on
+    /// (replacing an observer set before). Without one, nothing is reported.
+    pub fn set_observer(&self, observer: crate::ProcedureObserverRef) {
+        self.inner.set_observer(observer);
+    }
+
     /// The lock keys `id` holds, or, while it waits for them, the key it waits for and a procedure in its way.
     /// `None` when it neither holds nor waits for a key (not started yet, holding no key, or finished).
     pub fn procedure_locks(&self, id: &ProcedureId) -> Option<ProcedureLocks> {

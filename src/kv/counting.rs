@@ -5,8 +5,13 @@
 //! a transaction that only read are not commits (etcd's revision does not move for them either). Calls that
 //! return an error are not counted. A `batch_put` or `batch_delete` the backend splits into several requests to
 //! stay within its limits counts once.
+//!
+//! A [`CommitObserver`] set on the wrapper is also told how long each commit took (from the call to its answer).
 
+use std::fmt::Debug;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
@@ -16,11 +21,19 @@ use crate::kv::{
     RangeRequest, RangeResponse, Txn, TxnOp, TxnResponse,
 };
 
+/// Told of each commit made through a [`CountingKvBackend`] and how long it took. Called on the committing task:
+/// an implementation must return quickly and must not block.
+pub trait CommitObserver: Send + Sync + Debug {
+    /// A commit was answered `elapsed` after it was sent.
+    fn committed(&self, elapsed: Duration);
+}
+
 /// Wraps a backend and counts its commits (see the module documentation); reads pass through uncounted.
 #[derive(Debug)]
 pub struct CountingKvBackend {
     inner: KvBackendRef,
     commits: AtomicU64,
+    observer: RwLock<Option<Arc<dyn CommitObserver>>>,
 }
 
 impl CountingKvBackend {
@@ -29,7 +42,13 @@ impl CountingKvBackend {
         CountingKvBackend {
             inner,
             commits: AtomicU64::new(0),
+            observer: RwLock::new(None),
         }
+    }
+
+    /// Tells `observer` of every commit from now on (replacing an observer set before).
+    pub fn set_observer(&self, observer: Arc<dyn CommitObserver>) {
+        *self.observer.write().unwrap_or_else(|p| p.into_inner()) = Some(observer);
     }
 
     /// The commits made through this wrapper so far.
@@ -37,9 +56,22 @@ impl CountingKvBackend {
         self.commits.load(Ordering::Relaxed)
     }
 
-    fn count<T>(&self, result: Result<T>) -> Result<T> {
+    /// Counts one commit sent at `sent` and tells the observer.
+    fn committed(&self, sent: Instant) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        let observer = self
+            .observer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        if let Some(observer) = observer {
+            observer.committed(sent.elapsed());
+        }
+    }
+
+    fn count<T>(&self, sent: Instant, result: Result<T>) -> Result<T> {
         if result.is_ok() {
-            self.commits.fetch_add(1, Ordering::Relaxed);
+            self.committed(sent);
         }
         result
     }
@@ -78,20 +110,21 @@ impl KvBackend for CountingKvBackend {
     }
 
     async fn put(&self, req: PutRequest) -> Result<Option<KeyValue>> {
-        self.count(self.inner.put(req).await)
+        self.count(Instant::now(), self.inner.put(req).await)
     }
 
     async fn batch_put(&self, kvs: Vec<KeyValue>, prev_kv: bool) -> Result<Vec<KeyValue>> {
         if kvs.is_empty() {
             return self.inner.batch_put(kvs, prev_kv).await;
         }
-        self.count(self.inner.batch_put(kvs, prev_kv).await)
+        self.count(Instant::now(), self.inner.batch_put(kvs, prev_kv).await)
     }
 
     async fn compare_and_put(&self, req: CompareAndPutRequest) -> Result<CompareAndPutResponse> {
+        let sent = Instant::now();
         let resp = self.inner.compare_and_put(req).await?;
         if resp.success {
-            self.commits.fetch_add(1, Ordering::Relaxed);
+            self.committed(sent);
         }
         Ok(resp)
     }
@@ -102,21 +135,25 @@ impl KvBackend for CountingKvBackend {
         range_end: &[u8],
         prev_kv: bool,
     ) -> Result<(u64, Vec<KeyValue>)> {
-        self.count(self.inner.delete_range(key, range_end, prev_kv).await)
+        self.count(
+            Instant::now(),
+            self.inner.delete_range(key, range_end, prev_kv).await,
+        )
     }
 
     async fn batch_delete(&self, keys: &[Vec<u8>], prev_kv: bool) -> Result<Vec<KeyValue>> {
         if keys.is_empty() {
             return self.inner.batch_delete(keys, prev_kv).await;
         }
-        self.count(self.inner.batch_delete(keys, prev_kv).await)
+        self.count(Instant::now(), self.inner.batch_delete(keys, prev_kv).await)
     }
 
     async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
         let (on_success, on_failure) = (writes(&txn.success), writes(&txn.failure));
+        let sent = Instant::now();
         let resp = self.inner.txn(txn).await?;
         if (resp.succeeded && on_success) || (!resp.succeeded && on_failure) {
-            self.commits.fetch_add(1, Ordering::Relaxed);
+            self.committed(sent);
         }
         Ok(resp)
     }
@@ -220,6 +257,51 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(kv_backend.commits(), 2);
+    }
+
+    /// Counts the commits it is told of.
+    #[derive(Debug, Default)]
+    struct Told(AtomicU64);
+
+    impl CommitObserver for Told {
+        fn committed(&self, _elapsed: Duration) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[tokio::test]
+    async fn the_observer_is_told_of_each_commit_and_of_nothing_else() {
+        let kv_backend = counting();
+        let told = Arc::new(Told::default());
+        kv_backend.set_observer(told.clone());
+        let cas = CompareAndPutRequest {
+            key: b"k".to_vec(),
+            expect: None,
+            value: b"v".to_vec(),
+        };
+        assert!(
+            kv_backend
+                .compare_and_put(cas.clone())
+                .await
+                .unwrap()
+                .success
+        );
+        assert!(!kv_backend.compare_and_put(cas).await.unwrap().success);
+        kv_backend
+            .batch_put(vec![kv("a", "1"), kv("b", "2")], false)
+            .await
+            .unwrap();
+        kv_backend.get(b"a").await.unwrap();
+        kv_backend
+            .txn(Txn {
+                compare: Vec::new(),
+                success: vec![TxnOp::Delete(b"a".to_vec())],
+                failure: Vec::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(kv_backend.commits(), 3);
+        assert_eq!(told.0.load(Ordering::Relaxed), 3);
     }
 
     #[tokio::test]

@@ -20,7 +20,7 @@ pub mod redb;
 pub mod state_store;
 pub mod step_store;
 
-pub use counting::CountingKvBackend;
+pub use counting::{CommitObserver, CountingKvBackend};
 pub use etcd::{EtcdConfig, EtcdKvBackend};
 pub use memory::MemoryKvBackend;
 pub use redb::RedbKvBackend;

@@ -170,6 +170,8 @@ pub(crate) struct Inner {
     controls: Mutex<ControlRequests>,
     /// Bumped whenever `controls` changes: runners waiting for a resume, a retry or a lock watch it.
     pub(crate) control_changed: watch::Sender<u64>,
+    /// Told of finished steps and retries (see [`crate::ProcedureObserver`]), once one is set.
+    observer: RwLock<Option<crate::ProcedureObserverRef>>,
 }
 
 impl Inner {
@@ -198,7 +200,21 @@ impl Inner {
             lifecycle: tokio::sync::Mutex::new(()),
             controls: Mutex::new(ControlRequests::default()),
             control_changed: watch::channel(0).0,
+            observer: RwLock::new(None),
         })
+    }
+
+    /// Makes `observer` the one told of finished steps and retries from now on.
+    pub(crate) fn set_observer(&self, observer: crate::ProcedureObserverRef) {
+        *self.observer.write().unwrap_or_else(|p| p.into_inner()) = Some(observer);
+    }
+
+    /// The observer, if one is set.
+    pub(crate) fn observer(&self) -> Option<crate::ProcedureObserverRef> {
+        self.observer
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The control requests as this manager knows them.

@@ -144,6 +144,11 @@ impl Runner {
 
     /// Adds an event to the history (kept in memory until the next write takes it along).
     fn event(&self, kind: EventKind) {
+        if let (EventKind::Retry { step, error, .. }, Some(observer)) =
+            (&kind, self.inner.observer())
+        {
+            observer.retried(&self.record.type_name, step.as_deref(), error);
+        }
         push_event(&mut self.live().events, now_ms(), kind);
     }
 
@@ -498,6 +503,10 @@ impl Runner {
 
     /// A step returned without error: its history entry, and the next step starts from attempt 0.
     fn step_finished(&self, step: Option<String>, started: Instant) {
+        let elapsed = started.elapsed();
+        if let Some(observer) = self.inner.observer() {
+            observer.step_finished(&self.record.type_name, step.as_deref(), elapsed);
+        }
         {
             let mut live = self.live();
             live.attempt = 0;
@@ -507,7 +516,7 @@ impl Runner {
         }
         self.event(EventKind::StepFinished {
             step,
-            duration_ms: started.elapsed().as_millis() as u64,
+            duration_ms: elapsed.as_millis() as u64,
         });
     }
 

@@ -452,3 +452,73 @@ async fn a_fenced_manager_notes_the_newer_epoch_in_the_history_without_writing_i
     m1.stop().await.unwrap();
     m2.stop().await.unwrap();
 }
+
+/// Keeps what a [`procedures::ProcedureObserver`] is told: `(type, step, elapsed)` per finished step, `(type, step,
+/// error)` per retry.
+#[derive(Debug, Default)]
+struct Observed {
+    steps: Mutex<Vec<(String, Option<String>, Duration)>>,
+    retries: Mutex<Vec<(String, Option<String>, String)>>,
+}
+
+impl procedures::ProcedureObserver for Observed {
+    fn step_finished(&self, type_name: &str, step: Option<&str>, elapsed: Duration) {
+        self.steps
+            .lock()
+            .unwrap()
+            .push((type_name.to_string(), step.map(str::to_string), elapsed));
+    }
+
+    fn retried(&self, type_name: &str, step: Option<&str>, error: &str) {
+        self.retries.lock().unwrap().push((
+            type_name.to_string(),
+            step.map(str::to_string),
+            error.to_string(),
+        ));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_observer_is_told_of_each_finished_step_and_each_retry() {
+    let m = started(Arc::new(MemoryStateStore::new()), fast_config()).await;
+    let observed = Arc::new(Observed::default());
+    m.set_observer(observed.clone());
+    let mut w = m.submit(named("o", 3, 2, 4)).await.unwrap();
+    within(w.wait()).await.unwrap();
+
+    let steps = observed.steps.lock().unwrap().clone();
+    let names: Vec<(&str, Option<&str>)> = steps
+        .iter()
+        .map(|(t, s, _)| (t.as_str(), s.as_deref()))
+        .collect();
+    // Fetch, Store, Fetch, then the step that returns done (named Store: it runs at an odd position).
+    assert_eq!(
+        names,
+        vec![
+            (NAMED, Some("Fetch")),
+            (NAMED, Some("Store")),
+            (NAMED, Some("Fetch")),
+            (NAMED, Some("Store")),
+        ]
+    );
+    let retries = observed.retries.lock().unwrap().clone();
+    assert_eq!(retries.len(), 2, "{retries:?}");
+    for (type_name, step, error) in &retries {
+        assert_eq!(type_name, NAMED);
+        assert_eq!(step.as_deref(), Some("Fetch"));
+        assert!(error.starts_with("broker busy"), "{error}");
+    }
+    // The elapsed time handed over is the one the history records.
+    let info = info(&m, "o").await;
+    let recorded: Vec<u64> = info
+        .events
+        .iter()
+        .filter_map(|e| match e.kind {
+            EventKind::StepFinished { duration_ms, .. } => Some(duration_ms),
+            _ => None,
+        })
+        .collect();
+    let observed_ms: Vec<u64> = steps.iter().map(|(_, _, d)| d.as_millis() as u64).collect();
+    assert_eq!(recorded, observed_ms);
+    m.stop().await.unwrap();
+}

@@ -8,6 +8,7 @@ pub mod rskafka_admin;
 pub mod selector;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
+pub mod timed_admin;
 pub mod topic_key;
 pub mod topic_pool;
 

@@ -1,11 +1,26 @@
 //! The server's Prometheus metrics (`GET /metrics`), kept in a `prometheus-client` registry.
 
+use std::time::Duration;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use remote_wal::kv::CommitObserver;
 use remote_wal::metasrv::Metasrv;
+use remote_wal::wal::kafka::timed_admin::TopicAdminObserver;
+
+/// Histogram buckets in seconds: 0.5 ms doubling to ~16 s.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0005, 2.0, 16)
+}
+
+/// A histogram over [`latency_buckets`].
+fn latency_histogram() -> Histogram {
+    Histogram::new(latency_buckets())
+}
 
 /// A procedure type and state: the labels of `walctl_procedures`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -14,6 +29,22 @@ pub struct ProcedureLabels {
     pub r#type: String,
     /// Its state (`running`, `done`, `failed`, ...).
     pub state: String,
+}
+
+/// A procedure type: the label of `walctl_procedure_step_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TypeLabels {
+    /// The procedure's type name.
+    pub r#type: String,
+}
+
+/// A topic-admin call and its outcome: the labels of `walctl_kafka_admin_duration_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdminLabels {
+    /// The call (`list_topics`, `create_topics`, ...).
+    pub call: String,
+    /// `ok` or `error`.
+    pub outcome: String,
 }
 
 /// A pool topic: the label of `walctl_topic_regions`.
@@ -43,6 +74,10 @@ pub struct Metrics {
     pub wal_prunes: Counter,
     /// Rounds of the periodic WAL prune that failed.
     pub wal_prune_failures: Counter,
+    step_duration: Family<TypeLabels, Histogram, fn() -> Histogram>,
+    retries: Counter,
+    commit_duration: Histogram,
+    admin_duration: Family<AdminLabels, Histogram, fn() -> Histogram>,
 }
 
 impl Metrics {
@@ -103,8 +138,38 @@ impl Metrics {
             "Rounds of the leader's periodic WAL prune that failed",
             wal_prune_failures.clone(),
         );
+        let step_duration: Family<TypeLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "procedure_step_duration_seconds",
+            "Duration of the procedure steps that returned without error, by procedure type (the leader only)",
+            step_duration.clone(),
+        );
+        let retries = Counter::default();
+        registry.register(
+            "procedure_retries",
+            "Steps and rollbacks that failed with a retryable error and were scheduled again",
+            retries.clone(),
+        );
+        let commit_duration = latency_histogram();
+        registry.register(
+            "store_commit_duration_seconds",
+            "Latency of the commits this server made on the metadata store (from the call to its answer)",
+            commit_duration.clone(),
+        );
+        let admin_duration: Family<AdminLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register(
+            "kafka_admin_duration_seconds",
+            "Latency of the topic-administration calls this server made to the Kafka brokers, by call and outcome",
+            admin_duration.clone(),
+        );
         Metrics {
             registry,
+            step_duration,
+            retries,
+            commit_duration,
+            admin_duration,
             wal_prunes,
             wal_prune_failures,
             procedures,
@@ -115,6 +180,13 @@ impl Metrics {
             fenced_writes,
             not_leader_answers,
         }
+    }
+
+    /// Makes `metasrv` report its step durations, retries, store commits and Kafka admin calls to these metrics.
+    pub fn observe(self: &std::sync::Arc<Self>, metasrv: &Metasrv) {
+        metasrv.observe_procedures(self.clone());
+        metasrv.observe_commits(self.clone());
+        metasrv.observe_topic_admin(self.clone());
     }
 
     /// Refreshes what is read at scrape time (procedures, regions per topic, fenced writes) and renders the text format.
@@ -150,5 +222,36 @@ impl Metrics {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
         Ok(text)
+    }
+}
+
+impl procedures::ProcedureObserver for Metrics {
+    fn step_finished(&self, type_name: &str, _step: Option<&str>, elapsed: Duration) {
+        self.step_duration
+            .get_or_create(&TypeLabels {
+                r#type: type_name.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    fn retried(&self, _type_name: &str, _step: Option<&str>, _error: &str) {
+        self.retries.inc();
+    }
+}
+
+impl CommitObserver for Metrics {
+    fn committed(&self, elapsed: Duration) {
+        self.commit_duration.observe(elapsed.as_secs_f64());
+    }
+}
+
+impl TopicAdminObserver for Metrics {
+    fn admin_call(&self, call: &'static str, elapsed: Duration, ok: bool) {
+        self.admin_duration
+            .get_or_create(&AdminLabels {
+                call: call.to_string(),
+                outcome: if ok { "ok" } else { "error" }.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
     }
 }

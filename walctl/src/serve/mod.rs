@@ -74,6 +74,7 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
     let (status_tx, status_rx) = watch::channel(leadership::Status::default());
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let metrics = Arc::new(metrics::Metrics::new());
+    metrics.observe(&metasrv);
     let roles = tokio::spawn(leadership::run(
         metasrv.clone(),
         election.clone(),
