@@ -65,7 +65,9 @@ async fn a_checkpoint_above_the_topics_end_is_an_error_naming_topic_region_and_b
         .unwrap();
     // The topic is recreated empty; region 3 starts on it and writes two entries.
     let recreated = memory_store(1024);
-    start_kafka_region(&recreated, &checkpoints, 3).await.unwrap();
+    start_kafka_region(&recreated, &checkpoints, 3)
+        .await
+        .unwrap();
     recreated
         .append(vec![write(3, b"n1"), write(3, b"n2")])
         .await
@@ -77,9 +79,9 @@ async fn a_checkpoint_above_the_topics_end_is_an_error_naming_topic_region_and_b
     );
     assert!(!replay.errors[&1].is_retryable());
     assert!(
-        replay.errors[&2]
-            .to_string()
-            .contains("region 2: its replay checkpoint is entry id 8 but the topic ends at entry id 2"),
+        replay.errors[&2].to_string().contains(
+            "region 2: its replay checkpoint is entry id 8 but the topic ends at entry id 2"
+        ),
         "{}",
         replay.errors[&2]
     );
