@@ -8,6 +8,7 @@ mod support;
 mod checkpoint;
 mod common;
 mod decoder_model;
+mod deleted_topic;
 mod duplicates;
 mod fragments;
 mod kafka_broker;
