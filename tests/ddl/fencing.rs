@@ -24,7 +24,7 @@ use remote_wal::ddl::{
 };
 use remote_wal::kv::{
     CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
-    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnOp, TxnResponse,
+    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
 };
 use remote_wal::wal::WalOptions;
 use tokio::sync::Semaphore;
