@@ -775,6 +775,22 @@ pub enum Error {
         /// The first entry id the topic still holds.
         earliest: u64,
     },
+    /// A region's replay checkpoint lies above the end of its topic: the topic lost entries it once held (it was
+    /// deleted and recreated, for instance by a broker that auto-creates topics), so replaying nothing would
+    /// silently drop the region's unflushed entries. Not retryable.
+    #[snafu(display(
+        "WAL topic '{topic}', region {region_id}: its replay checkpoint is entry id {checkpoint} but the topic ends at entry id {end}: the topic was recreated or truncated"
+    ))]
+    LogCheckpointAboveEnd {
+        /// The topic.
+        topic: String,
+        /// The region.
+        region_id: u64,
+        /// The region's replay checkpoint (its flushed entry id or the topic's pruned entry id).
+        checkpoint: u64,
+        /// The topic's last entry id (0 when empty).
+        end: u64,
+    },
     /// Fetches below the topic's high watermark returned no record several times in a row. Retryable: the
     /// partition's leader may be moving.
     #[snafu(display(

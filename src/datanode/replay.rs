@@ -12,7 +12,7 @@ use crate::datanode::checkpoint::CheckpointStore;
 use crate::datanode::log_store::kafka::{KafkaLogStore, PartitionLog, ReadCounts};
 use crate::datanode::log_store::record::{entry_id_of_offset, offset_of_entry_id};
 use crate::datanode::log_store::{Entry, EntryId, RegionId};
-use crate::error::{LogEntriesPrunedSnafu, Result};
+use crate::error::{LogCheckpointAboveEndSnafu, LogEntriesPrunedSnafu, Result};
 use crate::kv::KvBackendRef;
 use crate::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 
@@ -41,7 +41,8 @@ pub struct TopicReplay {
     /// Per region replayed.
     pub regions: BTreeMap<RegionId, RegionReplay>,
     /// Per region that cannot be replayed because the topic no longer holds entries it needs (deleted by
-    /// retention or by hand, or the topic recreated): the error names the topic, the region and both entry ids.
+    /// retention or by hand, or the topic recreated), or whose checkpoint lies above the topic's end (the topic
+    /// recreated or truncated): the error names the topic, the region and both entry ids.
     /// The topic's other regions are replayed all the same.
     pub errors: BTreeMap<RegionId, crate::Error>,
     /// What the one read pass cost (fetches, records and bytes of every region on the topic).
@@ -81,7 +82,18 @@ pub async fn replay_topic<P: PartitionLog>(
     for (region_id, checkpoint) in &checkpoints {
         let next = checkpoint.saturating_add(1);
         let offset = offset_of_entry_id(next);
-        if offset < earliest && offset < end {
+        if offset > end {
+            // The topic ends below entries the region's checkpoint says were written: it was recreated or
+            // truncated. Replaying nothing would pass for an empty WAL.
+            let error = LogCheckpointAboveEndSnafu {
+                topic: topic.clone(),
+                region_id: *region_id,
+                checkpoint: *checkpoint,
+                end: u64::try_from(end).unwrap_or(0),
+            }
+            .build();
+            errors.insert(*region_id, error);
+        } else if offset < earliest && offset < end {
             let error = LogEntriesPrunedSnafu {
                 topic: topic.clone(),
                 region_id: *region_id,

@@ -32,7 +32,7 @@ use remote_wal::wal::prune::{
 
 use crate::common::{memory_store, write};
 
-const TOPIC: &str = "memory_topic";
+pub(crate) const TOPIC: &str = "memory_topic";
 
 /// A memory store that records every `pruned_entry_id` written to the topic's name key, in order.
 #[derive(Debug)]
@@ -118,9 +118,9 @@ impl KvBackend for WatchedKv {
 
 /// Deletes records of the in-memory partition, noting each call's offset.
 #[derive(Debug)]
-struct MemoryDeleter {
+pub(crate) struct MemoryDeleter {
     log: Arc<KafkaLogStore<MemoryPartition>>,
-    calls: Mutex<Vec<i64>>,
+    pub(crate) calls: Mutex<Vec<i64>>,
 }
 
 #[async_trait]
@@ -133,13 +133,13 @@ impl RecordDeleter for MemoryDeleter {
     }
 }
 
-struct Env {
-    kv: Arc<MemoryKvBackend>,
-    watched: KvBackendRef,
-    watermarks: Arc<Mutex<Vec<u64>>>,
-    store: Arc<dyn StateStore>,
-    log: Arc<KafkaLogStore<MemoryPartition>>,
-    deleter: Arc<MemoryDeleter>,
+pub(crate) struct Env {
+    pub(crate) kv: Arc<MemoryKvBackend>,
+    pub(crate) watched: KvBackendRef,
+    pub(crate) watermarks: Arc<Mutex<Vec<u64>>>,
+    pub(crate) store: Arc<dyn StateStore>,
+    pub(crate) log: Arc<KafkaLogStore<MemoryPartition>>,
+    pub(crate) deleter: Arc<MemoryDeleter>,
 }
 
 /// Regions 1, 2, 3 write 30 entries in turn; their checkpoints are 24, 11 and (24, metadata 17); the topic
@@ -149,7 +149,7 @@ struct PruneScenario {
     pinned: bool,
 }
 
-const REGIONS: [u64; 3] = [1, 2, 3];
+pub(crate) const REGIONS: [u64; 3] = [1, 2, 3];
 
 #[derive(Debug, PartialEq)]
 struct Outcome {
@@ -163,7 +163,7 @@ struct Outcome {
     monotonic: bool,
 }
 
-async fn new_env(pinned: bool) -> Env {
+pub(crate) async fn new_env(pinned: bool) -> Env {
     let kv = Arc::new(MemoryKvBackend::new());
     let watermarks = Arc::new(Mutex::new(Vec::new()));
     let watched: KvBackendRef = Arc::new(WatchedKv {
@@ -277,7 +277,7 @@ impl CrashScenario for PruneScenario {
 }
 
 /// Runs one prune of the topic to its end without crashes; its report.
-async fn prune_once(env: &Env, mode: PruneMode) -> PruneOutput {
+pub(crate) async fn prune_once(env: &Env, mode: PruneMode) -> PruneOutput {
     let manager = procedures::LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
     manager
         .register_loader(
@@ -306,7 +306,7 @@ fn print(name: &str, report: &MatrixReport) {
 }
 
 /// Entry ids 1..=30 were written round robin: region r wrote ids r, r + 3, …
-fn written_by(region: u64) -> Vec<u64> {
+pub(crate) fn written_by(region: u64) -> Vec<u64> {
     (1..=30u64)
         .filter(|id| (id - 1) % 3 == region - 1)
         .collect()

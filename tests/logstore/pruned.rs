@@ -35,3 +35,64 @@ async fn reading_below_the_topics_first_entry_names_topic_region_and_ids() {
         "{err}"
     );
 }
+
+/// A topic deleted and recreated empty (a broker auto-creating topics, or by hand) ends below the checkpoints of
+/// its old regions: each of them gets an error naming the topic, the region, its checkpoint and the topic's end,
+/// never a silently empty replay; a region started on the new topic replays.
+#[tokio::test]
+async fn a_checkpoint_above_the_topics_end_is_an_error_naming_topic_region_and_both_ids() {
+    use std::sync::Arc;
+
+    use remote_wal::datanode::checkpoint::{CheckpointStore, start_kafka_region};
+    use remote_wal::datanode::replay::replay_topic;
+    use remote_wal::kv::KvBackendRef;
+    use remote_wal::kv::memory::MemoryKvBackend;
+
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let checkpoints = CheckpointStore::new(kv.clone());
+    let old = memory_store(1024);
+    let ids = old
+        .append((0..8u64).map(|i| write(1 + i % 2, b"old")).collect())
+        .await
+        .unwrap();
+    checkpoints
+        .record_flushed("memory_topic", 1, ids[4].entry_id)
+        .await
+        .unwrap();
+    checkpoints
+        .record_flushed("memory_topic", 2, ids[7].entry_id)
+        .await
+        .unwrap();
+    // The topic is recreated empty; region 3 starts on it and writes two entries.
+    let recreated = memory_store(1024);
+    start_kafka_region(&recreated, &checkpoints, 3)
+        .await
+        .unwrap();
+    recreated
+        .append(vec![write(3, b"n1"), write(3, b"n2")])
+        .await
+        .unwrap();
+    let replay = replay_topic(&recreated, &kv, &[1, 2, 3]).await.unwrap();
+    assert_eq!(
+        replay.errors[&1].to_string(),
+        "WAL topic 'memory_topic', region 1: its replay checkpoint is entry id 5 but the topic ends at entry id 2: the topic was recreated or truncated"
+    );
+    assert!(!replay.errors[&1].is_retryable());
+    assert!(
+        replay.errors[&2].to_string().contains(
+            "region 2: its replay checkpoint is entry id 8 but the topic ends at entry id 2"
+        ),
+        "{}",
+        replay.errors[&2]
+    );
+    assert!(!replay.regions.contains_key(&1) && !replay.regions.contains_key(&2));
+    let three: Vec<Vec<u8>> = replay.regions[&3]
+        .entries
+        .iter()
+        .map(|e| e.data.clone())
+        .collect();
+    assert_eq!(three, vec![b"n1".to_vec(), b"n2".to_vec()]);
+    // A checkpoint exactly at the end (everything flushed) is no error: nothing to replay.
+    let at_end = replay_topic(&recreated, &kv, &[3]).await.unwrap();
+    assert!(at_end.errors.is_empty());
+}

@@ -183,12 +183,38 @@ impl<P: PartitionLog> KafkaLogStore<P> {
                 .fail();
             }
         }
+        let first_needed = offset_of_entry_id(lowest);
         let mut empty = 0;
         'fetch: while offset < end {
-            let (records, _high) = self
-                .partition
-                .fetch(offset, self.config.fetch_bytes)
-                .await?;
+            let (records, _high) = match self.partition.fetch(offset, self.config.fetch_bytes).await
+            {
+                Ok(fetched) => fetched,
+                Err(error) => {
+                    // A prune may have deleted records after the low watermark was read: Kafka then refuses a
+                    // fetch below its new first offset. Below the first entry a region needs (the look-back),
+                    // the read goes on from there; at or above it, the region's entries are gone.
+                    let earliest = match self.partition.low_watermark().await {
+                        Ok(earliest) if earliest > offset => earliest,
+                        _ => return Err(error),
+                    };
+                    if earliest <= first_needed {
+                        offset = earliest;
+                        continue;
+                    }
+                    let (region_id, from_id) = from
+                        .iter()
+                        .min_by_key(|(_, f)| **f)
+                        .map(|(r, f)| (*r, *f))
+                        .unwrap_or((0, lowest));
+                    return LogEntriesPrunedSnafu {
+                        topic,
+                        region_id,
+                        from: from_id,
+                        earliest: entry_id_of_offset(earliest),
+                    }
+                    .fail();
+                }
+            };
             counts.fetches += 1;
             if records.is_empty() {
                 empty += 1;
