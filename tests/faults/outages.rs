@@ -392,7 +392,8 @@ async fn etcd_stopped_mid_create_table_shows_the_error_and_the_table_finishes_on
     etcd.stop(0);
     gated.open();
 
-    // The state write after CreateRegions fails while etcd is down: the procedure says so.
+    // The store calls after CreateRegions (the boundary's control read, the next state write) fail while etcd is
+    // down: the procedure says so while they are retried.
     let deadline = Instant::now() + Duration::from_secs(60);
     let info = loop {
         let list = manager.list_procedures().await.expect("list procedures");

@@ -39,10 +39,15 @@ impl Inner {
         }
     }
 
-    /// [`Inner::control_of`] after reading `id`'s key from the store (a step boundary). A store that cannot be
-    /// read leaves the last known requests in force (logged); the poll tries again.
+    /// [`Inner::control_of`] after reading `id`'s key from the store (a step boundary). While the read is retried
+    /// the procedure shows the store's error. A store that cannot be read leaves the last known requests in force
+    /// (logged); the poll tries again.
     pub(crate) async fn control_now(&self, id: &ProcedureId) -> Control {
-        match self.read(|| read_one(self.store.as_ref(), id)).await {
+        let shown = std::slice::from_ref(id);
+        match self
+            .read_shown(shown, || read_one(self.store.as_ref(), id))
+            .await
+        {
             Ok(action) => self.set_control(id, action),
             Err(e) => tracing::warn!(%id, error = %e, "cannot read the procedure's control key"),
         }

@@ -476,16 +476,40 @@ impl Inner {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<T>>,
     {
+        self.read_shown(&[], f).await
+    }
+
+    /// [`Inner::read`] made for a procedure: while the read is retried, the procedures in `shown` show as
+    /// `retrying` with the store's error (as during a write), and once the store answers they show what they showed
+    /// before. A runner reading at a step boundary is thus never silently stuck behind a store outage.
+    pub(crate) async fn read_shown<T, F, Fut>(&self, shown: &[ProcedureId], f: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<T>>,
+    {
         let mut backoff = backoff(&self.config.store_retry);
-        loop {
+        let mut before: Option<Vec<(ProcedureId, ProcedureInfo)>> = None;
+        let outcome = loop {
             match f().await {
                 Err(e) if e.is_retryable() => match backoff.next() {
-                    Some(delay) => tokio::time::sleep(delay).await,
-                    None => return Err(e),
+                    Some(delay) => {
+                        if !shown.is_empty() {
+                            tracing::warn!(procedures = ?shown, error = %e, ?delay, "retrying a state store read");
+                            self.show_store_retry(shown, &e, &mut before);
+                        }
+                        tokio::time::sleep(delay).await;
+                    }
+                    None => break Err(e),
                 },
-                other => return other,
+                other => break other,
+            }
+        };
+        if let (Ok(_), Some(before)) = (&outcome, before) {
+            for (id, info) in before {
+                self.with_entry(&id, |entry| entry.publish(info));
             }
         }
+        outcome
     }
 
     pub(crate) fn halt_error(&self) -> Error {

@@ -672,6 +672,86 @@ async fn a_retried_store_write_shows_the_procedure_retrying_with_the_store_error
     assert_eq!(done.error, None);
 }
 
+/// A store whose control-key reads fail (retryably) while `down` is set; every other call answers.
+fn store_with_failing_control_reads(down: Arc<std::sync::atomic::AtomicBool>) -> Arc<MockStore> {
+    let mut mock = MockStore::new();
+    mock.expect_get()
+        .withf(|key| key.starts_with(CONTROL_PREFIX))
+        .returning(move |key| {
+            if down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::Store {
+                    action: "read",
+                    key: key.to_string(),
+                    source: "backend unavailable".into(),
+                    retryable: true,
+                });
+            }
+            Ok(None)
+        });
+    mock.expect_scan()
+        .withf(|prefix| prefix == CONTROL_PREFIX)
+        .returning(|_| Ok(Vec::new()));
+    mock.expect_get()
+        .withf(|key| key == EPOCH_KEY)
+        .returning(|_| Ok(Some(b"1".to_vec())));
+    mock.expect_scan()
+        .withf(|prefix| prefix == RECORD_PREFIX)
+        .times(1)
+        .returning(|_| Ok(Vec::new()));
+    mock.expect_write()
+        .returning(|_, _| Ok(WriteOutcome::Applied));
+    Arc::new(mock)
+}
+
+#[tokio::test]
+async fn a_retried_control_read_at_a_step_boundary_shows_the_procedure_retrying_with_the_store_error()
+ {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let down = Arc::new(AtomicBool::new(false));
+    let store = store_with_failing_control_reads(down.clone());
+    let config = ManagerConfig {
+        store_retry: procedures::RetryPolicy {
+            max_retries: 100_000,
+            ..fast_config().store_retry
+        },
+        ..fast_config()
+    };
+    let m = Arc::new(started(&store, config, &Env::new(true)).await);
+    let env = Env::new(false);
+    // Two persisted steps; the first waits at the gate.
+    let plan = Plan {
+        block_at: Some(0),
+        ..Plan::steps(2, true)
+    };
+    let mut watcher = m.submit(env.with_id("p", plan)).await.unwrap();
+    until_state(&m, "p", ProcedureState::Running).await;
+
+    // The store stops answering reads; the first step ends and the boundary before the second reads the
+    // procedure's control key: the procedure shows the read's error while it is retried, not a silent `running`.
+    down.store(true, Ordering::SeqCst);
+    env.gate.add_permits(1);
+    let retrying = until_state(&m, "p", ProcedureState::Retrying).await;
+    assert_eq!(retrying.step, 1);
+    assert_eq!(
+        retrying.error.as_deref(),
+        Some("state store failed to read 'control/proc/p': backend unavailable")
+    );
+
+    // The store answers again: the procedure goes on and finishes, the error gone.
+    down.store(false, Ordering::SeqCst);
+    assert_eq!(
+        within(watcher.wait()).await.unwrap(),
+        Some(serde_json::json!({ "steps": 2 }))
+    );
+    let done = m
+        .procedure_state(&ProcedureId::new("p"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.state, ProcedureState::Done);
+    assert_eq!(done.error, None);
+}
+
 /// Each write after the epoch claim, as text: its ops (`put proc/p 2 paused`, `put control/proc/p pause`,
 /// `delete control/proc/p`), each write checked to be conditional on the epoch (and a submission on its key
 /// being absent) and on nothing else.
