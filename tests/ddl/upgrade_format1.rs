@@ -101,7 +101,7 @@ fn brokers(fixture: &Value) -> Arc<FakeTopicAdmin> {
     admin
 }
 
-/// What the next `walctl topics` does (start the procedures, finish the recovered ones), then checks that every
+/// What the next writing walctl command does (start the procedures, finish the recovered ones), then checks that every
 /// procedure finished done, the pool is complete, the fixture's table (for a create-table) exists with its
 /// regions on pool topics, no allocation reservation is left, and a new table can be created.
 async fn recover_and_check(name: &str, fixture: &Value, kv: KvBackendRef) {
@@ -203,7 +203,8 @@ async fn every_format1_fixture_recovers_to_completion() {
 
 /// F1: the record the reliability issue describes — a create-table at step 1, state `allocate`, allocation null,
 /// on a bootstrapped pool — planted from the format-1 submission record, is finished (the table created) by the
-/// next start that only starts the procedures (`walctl topics`), not failed because the pool was not loaded yet.
+/// next start that only starts the procedures (what any writing command does first), not failed because the pool
+/// was not loaded yet.
 #[tokio::test]
 async fn a_create_table_planted_at_allocate_is_finished_by_the_next_start() {
     let (name, mut fixture) = fixtures()

@@ -192,8 +192,17 @@ fn bad_table_names_are_errors_naming_them() {
         let err = env.err(None, &["create-table", bad, "--regions", "1"]);
         assert!(err.contains(&format!("'{bad}'")), "{bad}: {err}");
     }
-    let err = env.err(None, &["create-table", "ok_name", "--regions", "0"]);
-    assert!(err.contains("regions"), "{err}");
+    for count in ["0", "1025"] {
+        let err = env.err(None, &["create-table", "ok_name", "--regions", count]);
+        assert!(
+            err.contains(&format!(
+                "num_regions = {count}: a table has 1 to 1024 regions"
+            )),
+            "{count}: {err}"
+        );
+    }
+    // Refused before a procedure record is written.
+    assert!(env.json(None, &["procedures", "list"]).is_empty());
     // Nothing was created by the failed calls.
     assert!(
         env.json(None, &["open-regions", "--datanode", "1"])

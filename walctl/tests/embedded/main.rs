@@ -8,6 +8,7 @@ mod support;
 mod bench;
 mod commands;
 mod control;
+mod damaged_file;
 mod idempotent;
 mod introspection;
 mod purge;
