@@ -409,7 +409,7 @@ async fn persist_names_chunks_only_as_the_backend_requires() {
     kv.expect_max_txn_ops().return_const(4usize); // 2 names (compare + put each) per txn
     kv.expect_max_request_bytes().return_const(usize::MAX);
     kv.expect_txn()
-        .times(70) // 140 names, 2 per txn
+        .times(18) // 35 names, 2 per txn
         .withf(|txn| txn.compare.len() == txn.success.len() && txn.success.len() <= 2)
         .returning(|txn| {
             Ok(TxnResponse {
@@ -422,13 +422,13 @@ async fn persist_names_chunks_only_as_the_backend_requires() {
         .returning(|_| Ok(persisted_range(&[])));
     let mut p = at_step(
         BootstrapStep::PersistNames,
-        spec("p", 140),
+        spec("p", 35),
         Arc::new(kv),
         Arc::new(MockAdmin::new()),
     );
-    // Up to CHUNKS_PER_STEP (64) chunks per execution, the watermark moving past them; then done.
-    assert_eq!(CHUNKS_PER_STEP, 64);
-    for watermark in [128, 140] {
+    // Up to CHUNKS_PER_STEP (16) chunks per execution, the watermark moving past them; then done.
+    assert_eq!(CHUNKS_PER_STEP, 16);
+    for watermark in [32, 35] {
         let status = p.execute(&ctx()).await.unwrap();
         assert!(matches!(status, Status::Executing { persist: true, .. }));
         assert_eq!(p.data().persisted_below, watermark);
@@ -437,7 +437,7 @@ async fn persist_names_chunks_only_as_the_backend_requires() {
         p.execute(&ctx()).await.unwrap(),
         Status::Done { .. }
     ));
-    assert_eq!(p.known_persisted(), Some(&names("p", 0..140)));
+    assert_eq!(p.known_persisted(), Some(&names("p", 0..35)));
 }
 
 #[tokio::test]

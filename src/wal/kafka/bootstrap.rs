@@ -591,10 +591,8 @@ impl TopicBootstrapProcedure {
 }
 
 /// How many chunks of names one PersistNames execution writes (their transactions in flight together) before the
-/// engine persists the watermark: 64 chunks of 64 names on etcd, so 4,096 names per record write. The more
-/// transactions in flight, the more of them etcd commits per disk sync; a crash repeats at most one execution's
-/// chunks, and those that committed write nothing again.
-pub const CHUNKS_PER_STEP: usize = 64;
+/// engine persists the watermark: 16 chunks of 64 names on etcd, so 1,024 names per record write.
+pub const CHUNKS_PER_STEP: usize = 16;
 
 /// Writes `names` (of the pool `prefix`) put-if-absent in one transaction; the names now known persisted.
 ///
