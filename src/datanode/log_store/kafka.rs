@@ -80,6 +80,30 @@ pub trait PartitionLog: Send + Sync + fmt::Debug {
     async fn low_watermark(&self) -> Result<i64>;
 }
 
+/// A shared partition: several stores (a crashed writer's and its successor's, a reader's) on one log.
+#[async_trait]
+impl<P: PartitionLog + ?Sized> PartitionLog for Arc<P> {
+    fn topic(&self) -> &str {
+        self.as_ref().topic()
+    }
+
+    async fn produce(&self, records: Vec<EncodedRecord>) -> Result<Vec<i64>> {
+        self.as_ref().produce(records).await
+    }
+
+    async fn fetch(&self, offset: i64, max_bytes: i32) -> Result<(Vec<FetchedRecord>, i64)> {
+        self.as_ref().fetch(offset, max_bytes).await
+    }
+
+    async fn high_watermark(&self) -> Result<i64> {
+        self.as_ref().high_watermark().await
+    }
+
+    async fn low_watermark(&self) -> Result<i64> {
+        self.as_ref().low_watermark().await
+    }
+}
+
 /// Sizes of [`KafkaLogStore`]'s requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KafkaLogStoreConfig {
