@@ -122,6 +122,17 @@ impl Default for KafkaLogStoreConfig {
 }
 
 impl KafkaLogStoreConfig {
+    /// The sizes for the pool topics of `config`: its `[wal] topic_config."max.message.bytes"`, or Kafka's default
+    /// ([`DEFAULT_MAX_BATCH_BYTES`]) when not set. A topic created outside the pool with a lower limit refuses the
+    /// larger requests (the append fails naming the topic); the pool's config check reports a pool topic whose
+    /// `max.message.bytes` differs from the configured one.
+    pub fn for_kafka(config: &KafkaConfig) -> Result<Self> {
+        let max = crate::wal::config::configured_max_message_bytes(&config.topic_config)?;
+        Ok(KafkaLogStoreConfig::for_max_batch_bytes(
+            max.unwrap_or(DEFAULT_MAX_BATCH_BYTES),
+        ))
+    }
+
     /// The sizes for a topic whose `max.message.bytes` is `max_batch_bytes`: fragments leave room for the
     /// record's header, key and Kafka's framing, so one fragment always fits in one request.
     pub fn for_max_batch_bytes(max_batch_bytes: usize) -> Self {
