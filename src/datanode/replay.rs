@@ -247,25 +247,31 @@ pub async fn replay_open_requests(
 
     if !by_topic.is_empty() {
         let client = match kafka {
-            Some(config) => connect_client(config)
-                .await
-                .map(|client| (client, call_bound(config)))
-                .map_err(|e| e.to_string()),
+            // The look-back over one produce request needs the writers' request size.
+            Some(config) => match KafkaLogStoreConfig::for_kafka(config) {
+                Ok(sizes) => connect_client(config)
+                    .await
+                    .map(|client| (client, call_bound(config), sizes))
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            },
             None => {
                 Err("the metasrv is not configured for Kafka, so no broker is known".to_string())
             }
         };
         for (topic, regions) in by_topic {
             let result = match &client {
-                Ok((client, bound)) => match RsKafkaPartition::new(client, &topic, *bound).await {
-                    Ok(partition) => {
-                        let store = KafkaLogStore::new(partition, KafkaLogStoreConfig::default());
-                        replay_topic(&store, kv, &regions)
-                            .await
-                            .map_err(|e| e.to_string())
+                Ok((client, bound, sizes)) => {
+                    match RsKafkaPartition::new(client, &topic, *bound).await {
+                        Ok(partition) => {
+                            let store = KafkaLogStore::new(partition, *sizes);
+                            replay_topic(&store, kv, &regions)
+                                .await
+                                .map_err(|e| e.to_string())
+                        }
+                        Err(e) => Err(e.to_string()),
                     }
-                    Err(e) => Err(e.to_string()),
-                },
+                }
                 Err(e) => Err(e.clone()),
             };
             match result {

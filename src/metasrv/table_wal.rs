@@ -154,7 +154,7 @@ impl Metasrv {
         let partition = RsKafkaPartition::new(&client, topic, bound).await?;
         let store = Arc::new(KafkaLogStore::new(
             partition,
-            KafkaLogStoreConfig::default(),
+            KafkaLogStoreConfig::for_kafka(kafka)?,
         ));
         stores.kafka.insert(topic.to_string(), store.clone());
         Ok(store)

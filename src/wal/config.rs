@@ -382,6 +382,40 @@ pub fn validate_topic_config_entry(name: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// The topic config that bounds a record batch: the log store fragments entries below it.
+pub const MAX_MESSAGE_BYTES: &str = "max.message.bytes";
+
+/// The smallest `max.message.bytes` accepted in `[wal] topic_config`: every record of the WAL carries a 30-byte
+/// header and its region id besides the entry's bytes, and the log store leaves 256 bytes of each batch to Kafka's
+/// framing.
+pub const MIN_MAX_MESSAGE_BYTES: usize = 1024;
+
+/// Checks `[wal] topic_config."max.message.bytes"` when set: a whole number of bytes from
+/// [`MIN_MAX_MESSAGE_BYTES`] to `i32::MAX` (Kafka's type for it). Returns the value, `None` when not set.
+pub fn configured_max_message_bytes(topic_config: &TopicConfig) -> Result<Option<usize>> {
+    let Some(value) = topic_config.get(MAX_MESSAGE_BYTES) else {
+        return Ok(None);
+    };
+    let parsed = value
+        .parse::<i32>()
+        .ok()
+        .and_then(|v| usize::try_from(v).ok())
+        .filter(|v| *v >= MIN_MAX_MESSAGE_BYTES);
+    match parsed {
+        Some(bytes) => Ok(Some(bytes)),
+        None => InvalidWalConfigSnafu {
+            field: format!("topic_config.\"{MAX_MESSAGE_BYTES}\""),
+            value: value.clone(),
+            reason: format!(
+                "must be a whole number of bytes from {MIN_MAX_MESSAGE_BYTES} to {} (the WAL fragments entries \
+                 below it; each record needs room for its header, key and Kafka's framing)",
+                i32::MAX
+            ),
+        }
+        .fail(),
+    }
+}
+
 /// The default of `[wal] create_batch_size`: topics in one CreateTopics request.
 pub const DEFAULT_CREATE_BATCH_SIZE: usize = 1_000;
 /// The largest accepted `[wal] create_batch_size`.
@@ -551,6 +585,7 @@ impl KafkaConfig {
         for (name, value) in &self.topic_config {
             validate_topic_config_entry(name, value)?;
         }
+        configured_max_message_bytes(&self.topic_config)?;
         self.backoff.validate()
     }
 

@@ -1,14 +1,27 @@
-//! Helpers of the log store tests: a store on an in-memory partition, entries, and a topic on the real broker.
+//! Helpers of the log store tests: a store on an in-memory partition, entries, a topic on the real broker, and the
+//! topic of the prune tests (a memory metadata store, an in-memory partition, a record deleter, one whole prune).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use async_trait::async_trait;
+use procedures::testing::MatrixConfig;
+use procedures::{ProcedureManager, ProcedureWithId, StateStore};
 
 use remote_wal::datanode::log_store::kafka::PartitionLog;
 use remote_wal::datanode::log_store::memory_partition::MemoryPartition;
 use remote_wal::datanode::log_store::{
     Entry, EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, RsKafkaPartition,
 };
+use remote_wal::kv::{
+    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
+    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
+};
 use remote_wal::wal::KafkaConfig;
+use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
+use remote_wal::wal::prune::{
+    PruneMode, PruneOutput, RecordDeleter, WalPruneProcedure, prune_procedure_id,
+};
 use rskafka::client::Client;
 
 use crate::support::{require_endpoints, unique};
@@ -108,4 +121,185 @@ pub async fn broker_store(
         }
     }
     panic!("partition 0 of {topic} never answered: {last:?}")
+}
+
+/// The topic of the prune tests.
+pub(crate) const TOPIC: &str = "memory_topic";
+
+/// A memory store that records every `pruned_entry_id` written to the topic's name key, in order.
+#[derive(Debug)]
+struct WatchedKv {
+    inner: Arc<MemoryKvBackend>,
+    watermarks: Arc<Mutex<Vec<u64>>>,
+}
+
+impl WatchedKv {
+    fn note(&self, key: &[u8], value: &[u8]) {
+        if key == topic_name_key(TOPIC).as_slice()
+            && let Ok(v) = TopicNameValue::decode(key, value)
+        {
+            self.watermarks.lock().unwrap().push(v.pruned_entry_id);
+        }
+    }
+}
+
+#[async_trait]
+impl KvBackend for WatchedKv {
+    fn name(&self) -> String {
+        format!("watched-{}", self.inner.name())
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.inner.max_txn_ops()
+    }
+    fn max_request_bytes(&self) -> usize {
+        self.inner.max_request_bytes()
+    }
+    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_get(keys).await
+    }
+    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
+        self.inner.range(req).await
+    }
+    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+        self.note(&req.key, &req.value);
+        self.inner.put(req).await
+    }
+    async fn batch_put(
+        &self,
+        kvs: Vec<KeyValue>,
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        for kv in &kvs {
+            self.note(&kv.key, &kv.value);
+        }
+        self.inner.batch_put(kvs, prev_kv).await
+    }
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::Result<CompareAndPutResponse> {
+        let (key, value) = (req.key.clone(), req.value.clone());
+        let response = self.inner.compare_and_put(req).await?;
+        if response.success {
+            self.note(&key, &value);
+        }
+        Ok(response)
+    }
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
+        self.inner.delete_range(key, range_end, prev_kv).await
+    }
+    async fn batch_delete(
+        &self,
+        keys: &[Vec<u8>],
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_delete(keys, prev_kv).await
+    }
+    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+        self.inner.txn(txn).await
+    }
+}
+
+/// Deletes records of the in-memory partition, noting each call's offset.
+#[derive(Debug)]
+pub(crate) struct MemoryDeleter {
+    pub(crate) partition: Arc<MemoryPartition>,
+    pub(crate) calls: Mutex<Vec<i64>>,
+}
+
+#[async_trait]
+impl RecordDeleter for MemoryDeleter {
+    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+        assert_eq!(topic, TOPIC);
+        self.calls.lock().unwrap().push(offset);
+        self.partition.delete_below(offset);
+        Ok(())
+    }
+}
+
+/// A topic for the prune tests: a memory metadata store (seen through [`WatchedKv`]), the procedure store on it,
+/// an in-memory partition, a log store on it, and a deleter of the partition's records.
+pub(crate) struct Env {
+    pub(crate) kv: Arc<MemoryKvBackend>,
+    pub(crate) watched: KvBackendRef,
+    pub(crate) watermarks: Arc<Mutex<Vec<u64>>>,
+    pub(crate) store: Arc<dyn StateStore>,
+    pub(crate) partition: Arc<MemoryPartition>,
+    pub(crate) log: Arc<KafkaLogStore<Arc<MemoryPartition>>>,
+    pub(crate) deleter: Arc<MemoryDeleter>,
+}
+
+/// An empty pool topic [`TOPIC`] (no records, no regions, pruned entry id 0) with 1 KiB produce requests.
+pub(crate) async fn prune_env() -> Env {
+    let kv = Arc::new(MemoryKvBackend::new());
+    let watermarks = Arc::new(Mutex::new(Vec::new()));
+    let watched: KvBackendRef = Arc::new(WatchedKv {
+        inner: kv.clone(),
+        watermarks: watermarks.clone(),
+    });
+    watched
+        .put(PutRequest {
+            key: topic_name_key(TOPIC),
+            value: TopicNameValue { pruned_entry_id: 0 }.encode(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+    let partition = Arc::new(MemoryPartition::new(TOPIC));
+    Env {
+        store: Arc::new(KvStateStore::new(kv.clone())),
+        kv,
+        watched,
+        watermarks,
+        deleter: Arc::new(MemoryDeleter {
+            partition: partition.clone(),
+            calls: Mutex::new(Vec::new()),
+        }),
+        log: Arc::new(shared_store(&partition)),
+        partition,
+    }
+}
+
+/// A log store with 1 KiB produce requests on `partition`, shared with other stores (a crashed writer's, a
+/// reader's).
+pub(crate) fn shared_store(
+    partition: &Arc<MemoryPartition>,
+) -> KafkaLogStore<Arc<MemoryPartition>> {
+    KafkaLogStore::new(
+        partition.clone(),
+        KafkaLogStoreConfig::for_max_batch_bytes(1024),
+    )
+}
+
+/// Runs one prune of the topic to its end without crashes; its report.
+pub(crate) async fn prune_once(env: &Env, mode: PruneMode) -> PruneOutput {
+    let manager = procedures::LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    manager
+        .register_loader(
+            WalPruneProcedure::TYPE_NAME,
+            WalPruneProcedure::loader(env.watched.clone(), env.deleter.clone()),
+        )
+        .unwrap();
+    manager.start().await.unwrap();
+    let procedure = WalPruneProcedure::new(TOPIC, mode, env.watched.clone(), env.deleter.clone());
+    let output = manager
+        .submit(ProcedureWithId::new(
+            prune_procedure_id(TOPIC),
+            Box::new(procedure),
+        ))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    manager.stop().await.unwrap();
+    serde_json::from_value(output.unwrap()).unwrap()
 }

@@ -1,5 +1,6 @@
 //! Region log store tests: the Kafka record format (fragments, torn tails, duplicates, offset 0) on an in-memory
-//! partition, a model-based test of the record decoder, the Kafka store on the real broker (`KAFKA_ENDPOINTS`;
+//! partition, a model-based test of the record decoder, a model-based test of replay
+//! exactness under random writes, flushes, prunes and crashes, the Kafka store on the real broker (`KAFKA_ENDPOINTS`;
 //! those tests fail when it is unset), and the raft-engine store in a temporary directory.
 
 #[path = "../support/mod.rs"]
@@ -19,3 +20,4 @@ mod prune_race;
 mod pruned;
 mod raft_engine;
 mod replay;
+mod replay_model;

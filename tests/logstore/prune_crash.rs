@@ -21,126 +21,13 @@ use remote_wal::datanode::checkpoint::{CheckpointStore, TopicRegionValue, start_
 use remote_wal::datanode::log_store::memory_partition::MemoryPartition;
 use remote_wal::datanode::log_store::{KafkaLogStore, LogStore};
 use remote_wal::datanode::replay::replay_topic;
-use remote_wal::kv::{
-    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
-    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
-};
+use remote_wal::kv::{KvBackend, KvBackendRef, PutRequest};
 use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 use remote_wal::wal::prune::{
     PruneMode, PruneOutput, RecordDeleter, WalPruneProcedure, prune_procedure_id,
 };
 
-use crate::common::{memory_store, write};
-
-pub(crate) const TOPIC: &str = "memory_topic";
-
-/// A memory store that records every `pruned_entry_id` written to the topic's name key, in order.
-#[derive(Debug)]
-struct WatchedKv {
-    inner: Arc<MemoryKvBackend>,
-    watermarks: Arc<Mutex<Vec<u64>>>,
-}
-
-impl WatchedKv {
-    fn note(&self, key: &[u8], value: &[u8]) {
-        if key == topic_name_key(TOPIC).as_slice()
-            && let Ok(v) = TopicNameValue::decode(key, value)
-        {
-            self.watermarks.lock().unwrap().push(v.pruned_entry_id);
-        }
-    }
-}
-
-#[async_trait]
-impl KvBackend for WatchedKv {
-    fn name(&self) -> String {
-        format!("watched-{}", self.inner.name())
-    }
-    fn max_txn_ops(&self) -> usize {
-        self.inner.max_txn_ops()
-    }
-    fn max_request_bytes(&self) -> usize {
-        self.inner.max_request_bytes()
-    }
-    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.get(key).await
-    }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_get(keys).await
-    }
-    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
-        self.inner.range(req).await
-    }
-    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
-        self.note(&req.key, &req.value);
-        self.inner.put(req).await
-    }
-    async fn batch_put(
-        &self,
-        kvs: Vec<KeyValue>,
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        for kv in &kvs {
-            self.note(&kv.key, &kv.value);
-        }
-        self.inner.batch_put(kvs, prev_kv).await
-    }
-    async fn compare_and_put(
-        &self,
-        req: CompareAndPutRequest,
-    ) -> remote_wal::Result<CompareAndPutResponse> {
-        let (key, value) = (req.key.clone(), req.value.clone());
-        let response = self.inner.compare_and_put(req).await?;
-        if response.success {
-            self.note(&key, &value);
-        }
-        Ok(response)
-    }
-    async fn delete_range(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        prev_kv: bool,
-    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
-        self.inner.delete_range(key, range_end, prev_kv).await
-    }
-    async fn batch_delete(
-        &self,
-        keys: &[Vec<u8>],
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_delete(keys, prev_kv).await
-    }
-    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
-        self.inner.txn(txn).await
-    }
-}
-
-/// Deletes records of the in-memory partition, noting each call's offset.
-#[derive(Debug)]
-pub(crate) struct MemoryDeleter {
-    log: Arc<KafkaLogStore<MemoryPartition>>,
-    pub(crate) calls: Mutex<Vec<i64>>,
-}
-
-#[async_trait]
-impl RecordDeleter for MemoryDeleter {
-    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
-        assert_eq!(topic, TOPIC);
-        self.calls.lock().unwrap().push(offset);
-        self.log.partition().delete_below(offset);
-        Ok(())
-    }
-}
-
-pub(crate) struct Env {
-    pub(crate) kv: Arc<MemoryKvBackend>,
-    pub(crate) watched: KvBackendRef,
-    pub(crate) watermarks: Arc<Mutex<Vec<u64>>>,
-    pub(crate) store: Arc<dyn StateStore>,
-    pub(crate) log: Arc<KafkaLogStore<MemoryPartition>>,
-    pub(crate) deleter: Arc<MemoryDeleter>,
-}
+use crate::common::{Env, MemoryDeleter, TOPIC, prune_env, prune_once, write};
 
 /// Regions 1, 2, 3 write 30 entries in turn; their checkpoints are 24, 11 and (24, metadata 17); the topic
 /// starts pruned at 3 (records below offset 3 deleted). `pinned` adds region 4 without a checkpoint.
@@ -164,18 +51,13 @@ struct Outcome {
 }
 
 pub(crate) async fn new_env(pinned: bool) -> Env {
-    let kv = Arc::new(MemoryKvBackend::new());
-    let watermarks = Arc::new(Mutex::new(Vec::new()));
-    let watched: KvBackendRef = Arc::new(WatchedKv {
-        inner: kv.clone(),
-        watermarks: watermarks.clone(),
-    });
-    let log = Arc::new(memory_store(1024));
+    let env = prune_env().await;
+    let (kv, watched, log) = (&env.kv, &env.watched, &env.log);
     let entries = (0..30u64)
         .map(|i| write(REGIONS[(i % 3) as usize], format!("e{i}").as_bytes()))
         .collect();
     log.append(entries).await.unwrap();
-    log.partition().delete_below(3);
+    env.partition.delete_below(3);
     watched
         .put(PutRequest {
             key: topic_name_key(TOPIC),
@@ -203,17 +85,7 @@ pub(crate) async fn new_env(pinned: bool) -> Env {
         .await
         .unwrap();
     }
-    Env {
-        store: Arc::new(KvStateStore::new(kv.clone())),
-        kv,
-        watched,
-        watermarks,
-        deleter: Arc::new(MemoryDeleter {
-            log: log.clone(),
-            calls: Mutex::new(Vec::new()),
-        }),
-        log,
-    }
+    env
 }
 
 async fn outcome_of(env: &Env, regions: &[u64]) -> Outcome {
@@ -274,31 +146,6 @@ impl CrashScenario for PruneScenario {
     async fn outcome(&self, env: &Env) -> Outcome {
         outcome_of(env, &REGIONS).await
     }
-}
-
-/// Runs one prune of the topic to its end without crashes; its report.
-pub(crate) async fn prune_once(env: &Env, mode: PruneMode) -> PruneOutput {
-    let manager = procedures::LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
-    manager
-        .register_loader(
-            WalPruneProcedure::TYPE_NAME,
-            WalPruneProcedure::loader(env.watched.clone(), env.deleter.clone()),
-        )
-        .unwrap();
-    manager.start().await.unwrap();
-    let procedure = WalPruneProcedure::new(TOPIC, mode, env.watched.clone(), env.deleter.clone());
-    let output = manager
-        .submit(ProcedureWithId::new(
-            prune_procedure_id(TOPIC),
-            Box::new(procedure),
-        ))
-        .await
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
-    manager.stop().await.unwrap();
-    serde_json::from_value(output.unwrap()).unwrap()
 }
 
 fn print(name: &str, report: &MatrixReport) {
@@ -399,6 +246,7 @@ async fn a_region_without_a_checkpoint_pins_the_topic_at_every_crash_point() {
 #[derive(Debug)]
 struct CreatingDeleter {
     inner: Arc<MemoryDeleter>,
+    log: Arc<KafkaLogStore<Arc<MemoryPartition>>>,
     checkpoints: CheckpointStore,
     kv: KvBackendRef,
     created: Mutex<bool>,
@@ -409,7 +257,7 @@ impl RecordDeleter for CreatingDeleter {
     async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
         let first = !std::mem::replace(&mut *self.created.lock().unwrap(), true);
         if first {
-            let log = &self.inner.log;
+            let log = &self.log;
             // The region records its checkpoint (the topic's end) before its first append.
             start_kafka_region(log.as_ref(), &self.checkpoints, 9)
                 .await
@@ -444,6 +292,7 @@ async fn a_region_created_during_a_prune_keeps_its_entries_and_pins_the_next_pru
     let checkpoints = CheckpointStore::new(env.watched.clone());
     let deleter: Arc<CreatingDeleter> = Arc::new(CreatingDeleter {
         inner: env.deleter.clone(),
+        log: env.log.clone(),
         checkpoints: checkpoints.clone(),
         kv: env.watched.clone(),
         created: Mutex::new(false),

@@ -25,7 +25,8 @@ use remote_wal::wal::prune::{
 use rskafka::client::error::{Error as RsKafkaError, ProtocolError, RequestContext};
 use snafu::IntoError;
 
-use crate::prune_crash::{Env, REGIONS, TOPIC, new_env, prune_once, written_by};
+use crate::common::{Env, TOPIC, prune_once};
+use crate::prune_crash::{REGIONS, new_env, written_by};
 
 /// The topic's partition as a replay sees it: each call first passes a gate, and the gate numbered `prune_at`
 /// runs a whole prune of the topic before letting the call through.

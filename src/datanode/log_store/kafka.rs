@@ -80,6 +80,30 @@ pub trait PartitionLog: Send + Sync + fmt::Debug {
     async fn low_watermark(&self) -> Result<i64>;
 }
 
+/// A shared partition: several stores (a crashed writer's and its successor's, a reader's) on one log.
+#[async_trait]
+impl<P: PartitionLog + ?Sized> PartitionLog for Arc<P> {
+    fn topic(&self) -> &str {
+        self.as_ref().topic()
+    }
+
+    async fn produce(&self, records: Vec<EncodedRecord>) -> Result<Vec<i64>> {
+        self.as_ref().produce(records).await
+    }
+
+    async fn fetch(&self, offset: i64, max_bytes: i32) -> Result<(Vec<FetchedRecord>, i64)> {
+        self.as_ref().fetch(offset, max_bytes).await
+    }
+
+    async fn high_watermark(&self) -> Result<i64> {
+        self.as_ref().high_watermark().await
+    }
+
+    async fn low_watermark(&self) -> Result<i64> {
+        self.as_ref().low_watermark().await
+    }
+}
+
 /// Sizes of [`KafkaLogStore`]'s requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KafkaLogStoreConfig {
@@ -98,6 +122,17 @@ impl Default for KafkaLogStoreConfig {
 }
 
 impl KafkaLogStoreConfig {
+    /// The sizes for the pool topics of `config`: its `[wal] topic_config."max.message.bytes"`, or Kafka's default
+    /// ([`DEFAULT_MAX_BATCH_BYTES`]) when not set. A topic created outside the pool with a lower limit refuses the
+    /// larger requests (the append fails naming the topic); the pool's config check reports a pool topic whose
+    /// `max.message.bytes` differs from the configured one.
+    pub fn for_kafka(config: &KafkaConfig) -> Result<Self> {
+        let max = crate::wal::config::configured_max_message_bytes(&config.topic_config)?;
+        Ok(KafkaLogStoreConfig::for_max_batch_bytes(
+            max.unwrap_or(DEFAULT_MAX_BATCH_BYTES),
+        ))
+    }
+
     /// The sizes for a topic whose `max.message.bytes` is `max_batch_bytes`: fragments leave room for the
     /// record's header, key and Kafka's framing, so one fragment always fits in one request.
     pub fn for_max_batch_bytes(max_batch_bytes: usize) -> Self {
