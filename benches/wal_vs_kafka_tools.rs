@@ -12,7 +12,7 @@
 //! - **replay**: `replay_topic` of the one region of the first topic against
 //!   `org.apache.kafka.tools.ConsumerPerformance` reading the anchor's topic to its end;
 //! - **1 vs 16 regions**: the same bytes written by 1 region and by 16 regions on two more topics, each replayed in
-//!   one pass;
+//!   one pass, five times alternately (the order swapped every round); the medians are compared;
 //! - **raft-engine**: append and replay of the same entries in a temporary directory.
 //!
 //! It prints one table with entries/s, MB/s and the ratios ours / anchor (goal ≥ 0.7) and 16 / 1 regions (goal
@@ -114,6 +114,15 @@ async fn append(store: &dyn LogStore, n: usize, regions: u64) -> Duration {
     started.elapsed()
 }
 
+/// How many times the 1-region and the 16-region topics are each replayed.
+const REPLAY_ROUNDS: usize = 5;
+
+/// The median of `times` (the upper one of an even count).
+fn median(mut times: Vec<Duration>) -> Duration {
+    times.sort();
+    times.get(times.len() / 2).copied().unwrap_or_default()
+}
+
 /// Replays `regions` regions of `store` in one pass; the time taken and the entries replayed.
 async fn replay(
     store: &KafkaLogStore<RsKafkaPartition>,
@@ -200,12 +209,31 @@ fn main() {
         assert_eq!(replayed, n as u64, "every entry replayed");
         let one_store = store(&client, &config, &format!("bench_wal_one_{run}")).await;
         append(&one_store, n, 1).await;
-        let (one, _) = replay(&one_store, &kv, 1).await;
         let sixteen_store = store(&client, &config, &format!("bench_wal_sixteen_{run}")).await;
         append(&sixteen_store, n, 16).await;
-        let (sixteen, replayed) = replay(&sixteen_store, &kv, 16).await;
-        assert_eq!(replayed, n as u64, "every entry replayed over 16 regions");
-        (append_time, replay_time, one, sixteen, client)
+        // Replays only read, so each topic is replayed REPLAY_ROUNDS times, the two alternating and the order
+        // swapped every round: the medians compare like with like on a machine whose load changes meanwhile.
+        let (mut ones, mut sixteens) = (Vec::new(), Vec::new());
+        for round in 0..REPLAY_ROUNDS {
+            for sixteen_now in [round % 2 == 1, round % 2 == 0] {
+                if sixteen_now {
+                    let (took, replayed) = replay(&sixteen_store, &kv, 16).await;
+                    assert_eq!(replayed, n as u64, "every entry replayed over 16 regions");
+                    sixteens.push(took);
+                } else {
+                    let (took, replayed) = replay(&one_store, &kv, 1).await;
+                    assert_eq!(replayed, n as u64, "every entry replayed by 1 region");
+                    ones.push(took);
+                }
+            }
+        }
+        (
+            append_time,
+            replay_time,
+            median(ones),
+            median(sixteens),
+            client,
+        )
     });
 
     let anchor_topic = format!("bench_wal_anchor_{run}");
@@ -271,9 +299,9 @@ fn main() {
         rate(n, ours_replay),
         Some(anchor_consume),
     );
-    row("replay, 1 region", rate(n, one), None);
+    row("replay, 1 region (median of 5)", rate(n, one), None);
     row(
-        "replay, 16 regions sharing the topic",
+        "replay, 16 regions sharing the topic (median of 5)",
         rate(n, sixteen),
         None,
     );
