@@ -168,7 +168,7 @@ async fn a_paused_procedure_stays_paused_across_a_restart() {
     assert_eq!(stored(&store, "p").step, step);
     assert!(!env.events().contains(&"enter p at 2".to_string()));
     m2.resume(&id).await.unwrap();
-    let mut w = m2.watch(&id).unwrap();
+    let mut w = m2.watch(&id).await.unwrap().unwrap();
     within(w.wait()).await.unwrap();
     assert_eq!(stored(&store, "p").state, ProcedureState::Done);
 }
@@ -364,7 +364,7 @@ async fn a_cancel_written_while_no_manager_runs_is_honoured_on_recovery() {
 
     env.gate.add_permits(100);
     let m2 = started(&store, &env, fast_config()).await;
-    let mut w = m2.watch(&id).unwrap();
+    let mut w = m2.watch(&id).await.unwrap().unwrap();
     let err = within(w.wait()).await.unwrap_err();
     assert!(
         err.to_string().ends_with("cancelled (rolled back)"),
@@ -418,7 +418,8 @@ async fn pause_all_pauses_every_procedure_and_resume_all_lets_them_finish() {
 /// test, so the time measured from the write to the state change is the manager's poll schedule, not the speed of
 /// the machine, and the bound asserted is exact.
 #[tokio::test(start_paused = true)]
-async fn with_the_default_poll_interval_a_cancel_from_another_process_is_honoured_within_one_second() {
+async fn with_the_default_poll_interval_a_cancel_from_another_process_is_honoured_within_one_second()
+ {
     let default = ManagerConfig::default();
     assert!(
         default.control_poll_interval <= Duration::from_secs(1),
