@@ -25,6 +25,7 @@
 //! max_retries = 10
 //! retry_delay = "100ms"                 # doubles each retry
 //! max_retry_delay = "10s"
+//! finished_in_memory = "10m"            # then only the store holds a finished procedure (read there)
 //!
 //! [server]                              # walctl serve only
 //! listen = "127.0.0.1:3002"             # the HTTP API
@@ -154,7 +155,8 @@ impl ServerConfig {
 }
 
 /// The `[procedure]` section: retries of a procedure step that failed with a retryable error (a broker or the
-/// metadata store unreachable). Non-retryable errors fail the procedure at once.
+/// metadata store unreachable; non-retryable errors fail the procedure at once), and how long a finished procedure
+/// stays in the manager's memory.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProcedureConfig {
@@ -166,6 +168,11 @@ pub struct ProcedureConfig {
     /// Longest delay between two attempts.
     #[serde(with = "humantime_serde")]
     pub max_retry_delay: Duration,
+    /// How long a finished procedure stays in the procedure manager's memory
+    /// ([`procedures::ManagerConfig::finished_in_memory`]); afterwards it is read from its record in the store,
+    /// which stays for the retention period. `"0s"`: it leaves memory at the next check.
+    #[serde(with = "humantime_serde")]
+    pub finished_in_memory: Duration,
 }
 
 impl Default for ProcedureConfig {
@@ -175,6 +182,7 @@ impl Default for ProcedureConfig {
             max_retries: retry.max_retries,
             retry_delay: retry.initial_delay,
             max_retry_delay: retry.max_delay,
+            finished_in_memory: procedures::ManagerConfig::default().finished_in_memory,
         }
     }
 }
@@ -186,6 +194,7 @@ impl ProcedureConfig {
         config.step_retry.max_retries = self.max_retries;
         config.step_retry.initial_delay = self.retry_delay;
         config.step_retry.max_delay = self.max_retry_delay;
+        config.finished_in_memory = self.finished_in_memory;
         config
     }
 
@@ -586,11 +595,29 @@ mod tests {
                 max_retries: 3,
                 retry_delay: Duration::from_millis(10),
                 max_retry_delay: Duration::from_secs(1),
+                finished_in_memory: Duration::from_secs(90),
             },
         };
         assert_eq!(parse(&c.to_toml_string()).unwrap(), c);
         let e = MetasrvConfig::embedded();
         assert_eq!(parse(&e.to_toml_string()).unwrap(), e);
+    }
+
+    #[test]
+    fn finished_in_memory_defaults_to_ten_minutes_and_reaches_the_manager() {
+        let c = MetasrvConfig::embedded();
+        assert_eq!(c.procedure.finished_in_memory, Duration::from_secs(600));
+        assert_eq!(
+            c.procedure.manager_config().finished_in_memory,
+            Duration::from_secs(600)
+        );
+        let c = parse("[procedure]\nfinished_in_memory = \"30s\"\n").unwrap();
+        assert_eq!(
+            c.procedure.manager_config().finished_in_memory,
+            Duration::from_secs(30)
+        );
+        let err = parse_err("[procedure]\nfinished_in_memory = \"soon\"\n");
+        assert!(err.contains("procedure.finished_in_memory"), "{err}");
     }
 
     #[test]

@@ -610,7 +610,7 @@ impl Metasrv {
             .clone();
         let mut out = Vec::with_capacity(ids.len());
         for id in ids {
-            if let Some(mut watcher) = self.procedures.watch(&id) {
+            if let Some(mut watcher) = self.procedures.watch(&id).await? {
                 // The outcome is read from the procedure's state below, failed or not.
                 let _ = watcher.wait().await;
             }

@@ -1,4 +1,4 @@
-//! [`ManagerConfig`]: retries, admission, retention, control polling.
+//! [`ManagerConfig`]: retries, admission, retention, finished procedures in memory, control polling.
 
 use std::time::Duration;
 
@@ -38,8 +38,15 @@ pub struct ManagerConfig {
     pub store_retry: RetryPolicy,
     /// How long a finished procedure's record stays listable before its keys are deleted.
     pub retention: Duration,
-    /// How often finished records are checked against `retention`.
+    /// How often finished records are checked against `retention` (a sweep reads every record of the store, page
+    /// by page).
     pub retention_check_interval: Duration,
+    /// How long a finished procedure stays in the manager's memory after it finished. Afterwards only its record in
+    /// the store is left (until `retention` deletes it), and `procedure_state`, `watch`, `list_procedures` and a
+    /// `submit` of its id read it there. A tree (a root and its subprocedures) leaves together, once all of it
+    /// finished this long ago. Checked every half of this time (but at least every `retention_check_interval`, and
+    /// at most every 10 ms), so a finished tree leaves memory within 1.5 times this after it finished.
+    pub finished_in_memory: Duration,
     /// How often the control keys (cancel, pause, resume written by any process) are read for procedures that
     /// wait — for a retry, a lock, or a resume. A running procedure reads its own key at each step boundary.
     pub control_poll_interval: Duration,
@@ -53,6 +60,7 @@ impl Default for ManagerConfig {
             store_retry: RetryPolicy::default(),
             retention: Duration::from_secs(24 * 3600),
             retention_check_interval: Duration::from_secs(60),
+            finished_in_memory: Duration::from_secs(600),
             control_poll_interval: Duration::from_millis(250),
         }
     }

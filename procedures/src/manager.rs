@@ -39,13 +39,16 @@ pub trait ProcedureManager: Send + Sync {
     /// future at any point leaves either no procedure (the record was not written) or a running one.
     async fn submit(&self, procedure: ProcedureWithId) -> Result<Watcher>;
 
-    /// A watcher of a procedure this manager knows (submitted or recovered), finished or not.
-    fn watch(&self, id: &ProcedureId) -> Option<Watcher>;
+    /// A watcher of a procedure this manager knows (submitted or recovered), finished or not. A finished procedure
+    /// that left memory (see [`crate::ManagerConfig::finished_in_memory`]) is read from its record in the store:
+    /// its watcher resolves at once. An error when that read fails.
+    async fn watch(&self, id: &ProcedureId) -> Result<Option<Watcher>>;
 
-    /// What is known of one procedure.
+    /// What is known of one procedure: from memory, or, for a finished procedure that left memory, from its record.
     async fn procedure_state(&self, id: &ProcedureId) -> Result<Option<ProcedureInfo>>;
 
-    /// Every known procedure (running, and finished ones still retained), sorted by id.
+    /// Every known procedure (running, and finished ones still retained: those in memory, and those that left it
+    /// read from the store), sorted by id.
     async fn list_procedures(&self) -> Result<Vec<ProcedureInfo>>;
 
     /// The epoch this manager claimed at `start`, if started.

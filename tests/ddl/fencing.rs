@@ -299,7 +299,7 @@ async fn check_end(kv: &KvBackendRef, id: &ProcedureId, stale: &Stale, label: &s
     let ctx = context(kv, Arc::new(RaftEngineWalSource), c_dns);
     let c = manager(Arc::new(KvStateStore::new(kv.clone())), None, &ctx);
     c.start().await.unwrap();
-    if let Some(mut w) = c.watch(id) {
+    if let Some(mut w) = c.watch(id).await.unwrap() {
         let _ = tokio::time::timeout(WAIT, w.wait())
             .await
             .expect("recovery ends");
@@ -343,7 +343,7 @@ async fn a_stale_allocate_after_another_manager_finished_the_table_writes_nothin
     );
     let b = manager(Arc::new(KvStateStore::new(kv.clone())), None, &ctx);
     b.start().await.unwrap();
-    let mut w = b.watch(&id).expect("recovered");
+    let mut w = b.watch(&id).await.unwrap().expect("recovered");
     let output = tokio::time::timeout(WAIT, w.wait()).await.unwrap().unwrap();
     assert!(output.is_some());
 
@@ -411,7 +411,7 @@ async fn interleaving(pause: Pause, plan: CrashPlan, then: Then) {
     );
     let b = manager(crashing.clone(), Some(&crashing), &ctx);
     if b.start().await.is_ok()
-        && let Some(mut w) = b.watch(&id)
+        && let Some(mut w) = b.watch(&id).await.unwrap()
     {
         let _ = tokio::time::timeout(WAIT, w.wait())
             .await

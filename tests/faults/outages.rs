@@ -473,6 +473,8 @@ async fn a_second_manager_on_the_same_etcd_fences_the_first_and_finishes_its_pro
     );
     let mut watcher = manager_b
         .watch(&procedure_id)
+        .await
+        .expect("B reads the store")
         .expect("B recovered A's procedure");
     let output = tokio::time::timeout(Duration::from_secs(60), watcher.wait())
         .await

@@ -272,8 +272,8 @@ impl ProcedureManager for TrackingManager {
         self.inner.submit(track(procedure, &self.life)).await
     }
 
-    fn watch(&self, id: &ProcedureId) -> Option<Watcher> {
-        self.inner.watch(id)
+    async fn watch(&self, id: &ProcedureId) -> procedures::Result<Option<Watcher>> {
+        self.inner.watch(id).await
     }
 
     async fn procedure_state(&self, id: &ProcedureId) -> procedures::Result<Option<ProcedureInfo>> {
@@ -620,9 +620,10 @@ async fn create_table(
     let run = async {
         let mut watcher = match p.manager.submit(procedure).await {
             Ok(w) => w,
-            Err(procedures::Error::DuplicateProcedure { .. }) => match p.manager.watch(&id) {
-                Some(w) => w,
-                None => {
+            Err(procedures::Error::DuplicateProcedure { .. }) => match p.manager.watch(&id).await {
+                Ok(Some(w)) => w,
+                Err(e) => return Err(Failure::Finding(format!("{id}: watching it failed: {e}"))),
+                Ok(None) => {
                     return Err(Failure::Finding(format!(
                         "{id}: submit says it exists but there is no watcher"
                     )));

@@ -153,7 +153,13 @@ async fn a_grown_pool_runs_a_new_bootstrap_after_the_finished_one() {
         6
     );
     assert_eq!(big.alloc_batch(6).unwrap().len(), 6);
-    assert!(manager.watch(&bootstrap_procedure_id("grow", 1)).is_some());
+    assert!(
+        manager
+            .watch(&bootstrap_procedure_id("grow", 1))
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test]

@@ -391,7 +391,14 @@ async fn corrupt_json_under_a_procedure_key() {
     let expected = "procedure broken-1 (type 'unknown', key 'proc/broken-1') cannot be recovered: the record \
                     envelope does not parse: EOF while parsing a value at line 1 column 32";
     assert_eq!(info.error.as_deref(), Some(expected));
-    let err = manager.watch(&id).unwrap().wait().await.unwrap_err();
+    let err = manager
+        .watch(&id)
+        .await
+        .unwrap()
+        .unwrap()
+        .wait()
+        .await
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         format!("procedure broken-1 failed: {expected}")
@@ -431,7 +438,14 @@ async fn unknown_procedure_type() {
     let expected = "procedure drop-7 (type 'remote_wal::DropTable', key 'proc/drop-7') cannot be recovered: no \
                     loader is registered for type 'remote_wal::DropTable'";
     assert_eq!(info.error.as_deref(), Some(expected));
-    let err = manager.watch(&id).unwrap().wait().await.unwrap_err();
+    let err = manager
+        .watch(&id)
+        .await
+        .unwrap()
+        .unwrap()
+        .wait()
+        .await
+        .unwrap_err();
     assert_eq!(
         err.to_string(),
         format!("procedure drop-7 is stalled: {expected}")

@@ -102,8 +102,10 @@ impl Command {
     /// Whether the command starts the procedure manager, claiming the store (on etcd: it joins the election).
     pub fn claims_store(&self) -> bool {
         match self {
+            // `bench ddl` starts the manager to create its tables: like create-table it must not fence a leader.
             Command::Bootstrap
             | Command::CreateTable { .. }
+            | Command::Bench(_)
             | Command::Procedures(ProceduresCommand::Purge { .. }) => true,
             // `wal write|flush|stats` act on the regions' WALs and checkpoints without the procedure manager.
             Command::Wal(command) => command.runs_procedures(),
@@ -122,7 +124,8 @@ pub enum ProceduresCommand {
         /// The procedure id.
         id: String,
     },
-    /// The lock keys of unfinished procedures, read from the store (held/awaited is known to a running manager).
+    /// The lock keys of unfinished procedures, read from the store; with --server, the keys held and awaited in
+    /// the leading server's manager (and who blocks each waiting procedure).
     Locks,
     /// Cancel a procedure: it stops at its next step boundary (at once while it waits for a retry or a lock),
     /// rolls back if it can and ends `cancelled`. Writes a request a running manager picks up; see docs/walctl.md.

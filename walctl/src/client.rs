@@ -8,7 +8,7 @@
 
 use std::time::{Duration, Instant};
 
-use procedures::{ControlOp, ProcedureId, ProcedureInfo};
+use procedures::{ControlOp, HeldKey, LockWait, ProcedureId, ProcedureInfo, ProcedureLocks};
 use remote_wal::metasrv::{BootstrapReport, TableRegions, TopicsReport};
 use remote_wal::wal::prune::PruneOutput;
 use serde::de::DeserializeOwned;
@@ -288,9 +288,29 @@ fn procedures(
             )?;
             output::print_procedure(out, &info);
         }
+        // The server's manager knows which keys are held and awaited (the store holds only the declared ones).
         ProceduresCommand::Locks => {
-            let list: List = client.call_as(Method::Get, "/v1/procedures", None)?;
-            output::print_locks(out, &list.procedures);
+            #[derive(serde::Deserialize)]
+            struct Entry {
+                procedure_id: ProcedureId,
+                held: Vec<HeldKey>,
+                waiting: Option<LockWait>,
+            }
+            #[derive(serde::Deserialize)]
+            struct Locks {
+                locks: Vec<Entry>,
+            }
+            let list: Locks = client.call_as(Method::Get, "/v1/locks", None)?;
+            let locks: Vec<ProcedureLocks> = list
+                .locks
+                .into_iter()
+                .map(|e| ProcedureLocks {
+                    id: e.procedure_id,
+                    held: e.held,
+                    waiting: e.waiting,
+                })
+                .collect();
+            output::print_live_locks(out, &locks);
         }
         ProceduresCommand::Cancel { id } => {
             control(client, Some(id), ControlOp::Cancel)?;

@@ -122,6 +122,13 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         let fence = Arc::new(LeaderFence::new());
         let election = election::connect(&config, &server, fence.clone()).await?;
         return match election::join(&election, cli.wait).await? {
+            // The load generator measures a metasrv of its own; beside a leading server it would fence it.
+            election::Joined::Server(address) if matches!(cli.command, Command::Bench(_)) => {
+                Err(Failure::Refused(format!(
+                    "bench ddl runs a procedure manager of its own, and the server at {address} leads this store: it \
+                     cannot run beside a leading server (stop the servers, or run it on another store)"
+                )))
+            }
             election::Joined::Server(address) => tokio::task::block_in_place(|| {
                 let mut client = client::Client::new(&[address], cli.wait)?;
                 client::execute(&mut client, &cli.command, &mut out)

@@ -546,7 +546,7 @@ struct LockLine<'a> {
 /// What `walctl procedures locks` says about where its answer comes from.
 pub const LOCKS_SOURCE_NOTE: &str = "lock keys declared by unfinished procedures, as their records hold them; \
     which keys are held and which are awaited (and by whom) is live state of the running procedure manager, never \
-    written to the store";
+    written to the store (`walctl --server URL procedures locks` asks a running server for it)";
 
 /// `walctl procedures locks`'s result: the lock keys every unfinished procedure declares.
 pub fn print_locks(out: &mut Output, list: &[ProcedureInfo]) {
@@ -583,6 +583,86 @@ pub fn print_locks(out: &mut Output, list: &[ProcedureInfo]) {
         return;
     }
     out.table(&["KEY", "MODE", "PROCEDURE", "STATE"], rows);
+}
+
+/// One held or awaited lock key of `walctl --server … procedures locks`.
+#[derive(Serialize)]
+struct LiveLockLine<'a> {
+    id: &'a str,
+    key: &'a str,
+    exclusive: bool,
+    /// `"held"` or `"awaited"`.
+    status: &'static str,
+    /// For an awaited key: the procedure in its way (`null` for a held key).
+    blocked_by: Option<&'a str>,
+    /// For an awaited key: whether `blocked_by` holds the key (`false`: it is queued ahead); `null` for a held key.
+    blocker_holds: Option<bool>,
+}
+
+/// What `walctl --server … procedures locks` says about where its answer comes from.
+pub const LIVE_LOCKS_SOURCE_NOTE: &str =
+    "lock keys held and awaited now, as the procedure manager of the leading server sees them";
+
+/// `walctl --server … procedures locks`'s result: every key a procedure of the server's manager holds, and the key
+/// each waiting procedure awaits with the procedure in its way.
+pub fn print_live_locks(out: &mut Output, locks: &[procedures::ProcedureLocks]) {
+    if out.json {
+        for l in locks {
+            for k in &l.held {
+                out.json_line(&LiveLockLine {
+                    id: l.id.as_str(),
+                    key: &k.key,
+                    exclusive: k.exclusive,
+                    status: "held",
+                    blocked_by: None,
+                    blocker_holds: None,
+                });
+            }
+            if let Some(w) = &l.waiting {
+                out.json_line(&LiveLockLine {
+                    id: l.id.as_str(),
+                    key: &w.key,
+                    exclusive: w.exclusive,
+                    status: "awaited",
+                    blocked_by: Some(w.blocked_by.as_str()),
+                    blocker_holds: Some(w.blocker_holds),
+                });
+            }
+        }
+        return;
+    }
+    out.line(&format!("# {LIVE_LOCKS_SOURCE_NOTE}"));
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for l in locks {
+        for k in &l.held {
+            rows.push(vec![
+                k.key.clone(),
+                mode(k.exclusive).to_string(),
+                l.id.to_string(),
+                "held".to_string(),
+                String::new(),
+            ]);
+        }
+        if let Some(w) = &l.waiting {
+            let how = if w.blocker_holds {
+                "holds it"
+            } else {
+                "queued ahead"
+            };
+            rows.push(vec![
+                w.key.clone(),
+                mode(w.exclusive).to_string(),
+                l.id.to_string(),
+                "awaited".to_string(),
+                format!("{} ({how})", w.blocked_by),
+            ]);
+        }
+    }
+    if rows.is_empty() {
+        out.line("no procedure holds or awaits a lock key");
+        return;
+    }
+    out.table(&["KEY", "MODE", "PROCEDURE", "STATUS", "BLOCKED BY"], rows);
 }
 
 /// A control request written: `{"requested":"cancel","id":"…"}` (`"id":null` for every procedure).

@@ -88,7 +88,13 @@ impl Inner {
     /// know or that is finished.
     pub(crate) async fn control(&self, id: &ProcedureId, op: ControlOp) -> Result<()> {
         let epoch = self.running_epoch()?;
-        let Some(state) = self.with_entry(id, |e| e.info.state) else {
+        let known = self.with_entry(id, |e| e.info.state);
+        // A finished procedure that left memory is judged by its record (a request for it is refused as finished).
+        let stored = match known {
+            Some(_) => None,
+            None => self.stored_finished(id).await?.map(|info| info.state),
+        };
+        let Some(state) = known.or(stored) else {
             return Err(Error::ControlRefused {
                 action: op.as_str(),
                 id: id.clone(),

@@ -632,6 +632,9 @@ impl Inner {
             .map(|(key, value)| self.recover(key, value))
             .collect();
         let mut runners = Vec::new();
+        // Finished records older than `finished_in_memory` stay in the store only (read there when asked for).
+        let keep_ms = u64::try_from(self.config.finished_in_memory.as_millis()).unwrap_or(u64::MAX);
+        let loaded_at = now_ms();
         {
             let mut state = self.state();
             if let Phase::Halted(reason) = &state.phase {
@@ -642,6 +645,8 @@ impl Inner {
             state.phase = Phase::Running;
             for recovered in recovered {
                 match recovered {
+                    Recovered::Finished(record)
+                        if record.updated_at_ms.saturating_add(keep_ms) <= loaded_at => {}
                     Recovered::Finished(record) => {
                         let info = ProcedureInfo::from(&record);
                         state
@@ -758,6 +763,67 @@ impl Inner {
                 return Ok(records);
             }
             records.extend(page);
+        }
+    }
+
+    /// A finished procedure that is not in memory (it left after `finished_in_memory`, or was not loaded at start),
+    /// read from its record. `None` when the store has no record under `id`, or one that is not finished (this
+    /// manager knows every unfinished procedure it runs).
+    pub(crate) async fn stored_finished(&self, id: &ProcedureId) -> Result<Option<ProcedureInfo>> {
+        let key = record_key(id);
+        let Some(value) = self.read(|| self.store.get(&key)).await? else {
+            return Ok(None);
+        };
+        let record = decode_record(&key, &value)?;
+        if record.id != *id {
+            return Err(Error::CorruptRecord {
+                id: id.clone(),
+                type_name: record.type_name.clone(),
+                key,
+                reason: format!(
+                    "the record names procedure {}, not the one of its key",
+                    record.id
+                ),
+            });
+        }
+        Ok(record
+            .state
+            .is_finished()
+            .then(|| ProcedureInfo::from(&record)))
+    }
+
+    /// Every finished procedure of the store that is not in `known`, read [`RECOVERY_PAGE`] records at a time. A
+    /// record that cannot be read is left out (logged): this manager shows the damaged records it loaded at start.
+    pub(crate) async fn stored_finished_except(
+        &self,
+        known: &BTreeMap<ProcedureId, ProcedureInfo>,
+    ) -> Result<Vec<ProcedureInfo>> {
+        let mut found = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = self
+                .read(|| {
+                    self.store
+                        .scan_page(RECORD_PREFIX, after.as_deref(), RECOVERY_PAGE)
+                })
+                .await?;
+            let Some((last, _)) = page.last() else {
+                return Ok(found);
+            };
+            after = Some(last.clone());
+            for (key, value) in page {
+                let key_id = ProcedureId::new(key.strip_prefix(RECORD_PREFIX).unwrap_or(&key));
+                if known.contains_key(&key_id) {
+                    continue;
+                }
+                match decode_record(&key, &value) {
+                    Ok(record) if record.id == key_id && record.state.is_finished() => {
+                        found.push(ProcedureInfo::from(&record));
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "a procedure record cannot be listed"),
+                }
+            }
         }
     }
 
@@ -1229,6 +1295,16 @@ impl NewProcedure {
     }
 }
 
+/// The record stored at `key`, or [`Error::CorruptRecord`] naming the key when it does not parse.
+fn decode_record(key: &str, value: &[u8]) -> Result<ProcedureRecord> {
+    serde_json::from_slice(value).map_err(|e| Error::CorruptRecord {
+        id: ProcedureId::new(key.strip_prefix(RECORD_PREFIX).unwrap_or(key)),
+        type_name: "unknown".to_string(),
+        key: key.to_string(),
+        reason: format!("the record envelope does not parse: {e}"),
+    })
+}
+
 /// What a stored record turned into.
 enum Recovered {
     Finished(ProcedureRecord),
@@ -1314,8 +1390,16 @@ impl ProcedureManager for LocalManager {
         self.inner.submit_root(procedure).await
     }
 
-    fn watch(&self, id: &ProcedureId) -> Option<Watcher> {
-        self.inner.state().procedures.get(id).map(Entry::watcher)
+    async fn watch(&self, id: &ProcedureId) -> Result<Option<Watcher>> {
+        let known = self.inner.state().procedures.get(id).map(Entry::watcher);
+        if known.is_some() {
+            return Ok(known);
+        }
+        // A finished procedure that left memory: a watcher that resolves at once from its record.
+        Ok(self.inner.stored_finished(id).await?.map(|info| {
+            let (_, rx) = watch::channel(info);
+            Watcher::new(id.clone(), rx)
+        }))
     }
 
     async fn procedure_state(&self, id: &ProcedureId) -> Result<Option<ProcedureInfo>> {
@@ -1325,21 +1409,22 @@ impl ProcedureManager for LocalManager {
             .procedures
             .get(id)
             .map(|e| e.info.clone());
-        Ok(info.map(|mut info| {
-            if let Some(locks) = self.inner.locks.procedure_locks(id) {
-                with_locks(&mut info, locks);
-            }
-            info
-        }))
+        let Some(mut info) = info else {
+            return self.inner.stored_finished(id).await;
+        };
+        if let Some(locks) = self.inner.locks.procedure_locks(id) {
+            with_locks(&mut info, locks);
+        }
+        Ok(Some(info))
     }
 
     async fn list_procedures(&self) -> Result<Vec<ProcedureInfo>> {
-        let mut list: Vec<ProcedureInfo> = self
+        let mut known: BTreeMap<ProcedureId, ProcedureInfo> = self
             .inner
             .state()
             .procedures
-            .values()
-            .map(|e| e.info.clone())
+            .iter()
+            .map(|(id, e)| (id.clone(), e.info.clone()))
             .collect();
         let mut locks: HashMap<ProcedureId, ProcedureLocks> = self
             .inner
@@ -1348,12 +1433,15 @@ impl ProcedureManager for LocalManager {
             .into_iter()
             .map(|l| (l.id.clone(), l))
             .collect();
-        for info in &mut list {
+        for info in known.values_mut() {
             if let Some(l) = locks.remove(&info.id) {
                 with_locks(info, l);
             }
         }
-        Ok(list)
+        // Finished procedures that left memory are read from the store.
+        let stored = self.inner.stored_finished_except(&known).await?;
+        known.extend(stored.into_iter().map(|info| (info.id.clone(), info)));
+        Ok(known.into_values().collect())
     }
 
     fn epoch(&self) -> Option<u64> {

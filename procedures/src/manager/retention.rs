@@ -1,63 +1,185 @@
-//! Retention: finished procedures stay listable for `config.retention`, then their records are deleted.
+//! Finished procedures: they leave the manager's memory `config.finished_in_memory` after they finished (their
+//! records stay in the store), and their records are deleted from the store `config.retention` after they finished.
 //!
-//! A tree (a root and its subprocedures) is deleted together, in one write, once its root and every member are
-//! finished and the root finished longer than `retention` ago; a child is never deleted while its root runs.
-//! Records that could not be recovered are never deleted: a later manager with the right loader needs them.
+//! Both act on whole trees (a root and its subprocedures), once the root and every member are finished; a child is
+//! never forgotten or deleted while its root runs. Records that could not be recovered are never deleted (a later
+//! manager with the right loader needs them) and stay in memory (they show why).
+//!
+//! The retention sweep reads the store, not the memory: it pages through every record ([`StateStore::scan_page`],
+//! keeping a few fields of each), so records that left memory, or that this manager never loaded, are deleted too.
+//!
+//! [`StateStore::scan_page`]: crate::StateStore::scan_page
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::manager::local::Inner;
 use crate::procedure::ProcedureId;
-use crate::record::{now_ms, record_key};
+use crate::record::{ProcedureState, RECORD_FORMAT_VERSION, RECORD_PREFIX, now_ms, record_key};
 use crate::store::{WriteOp, WriteOutcome};
 
-/// The retention task: checks every `retention_check_interval` until the manager is gone or halted.
+/// Records read per store request by the retention sweep.
+const SWEEP_PAGE: usize = 1024;
+
+/// The shortest pause between two checks of the finished procedures in memory.
+const MIN_EVICT_INTERVAL: Duration = Duration::from_millis(10);
+
+/// How often the finished procedures in memory are checked against `finished_in_memory`: every half of it, but at
+/// least every `retention_check_interval` and at most every [`MIN_EVICT_INTERVAL`].
+fn evict_interval(inner: &Inner) -> Duration {
+    (inner.config.finished_in_memory / 2)
+        .min(inner.config.retention_check_interval)
+        .max(MIN_EVICT_INTERVAL)
+}
+
+/// The retention task: forgets finished trees every [`evict_interval`] and sweeps the store every
+/// `retention_check_interval`, until the manager is gone or halted.
 pub(crate) async fn run(inner: Weak<Inner>) {
-    let interval = match inner.upgrade() {
-        Some(inner) => inner.config.retention_check_interval,
+    let (sweep_every, evict_every) = match inner.upgrade() {
+        Some(inner) => (
+            inner.config.retention_check_interval,
+            evict_interval(&inner),
+        ),
         None => return,
     };
+    let mut next_sweep = Instant::now() + sweep_every;
+    let mut next_evict = Instant::now() + evict_every;
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::time::sleep_until(next_sweep.min(next_evict)).await;
         let Some(inner) = inner.upgrade() else {
             return;
         };
         if inner.is_halted() {
             return;
         }
-        sweep(&inner).await;
+        let now = Instant::now();
+        if now >= next_evict {
+            evict(&inner);
+            next_evict = now + evict_every;
+        }
+        if now >= next_sweep {
+            sweep(&inner).await;
+            next_sweep = Instant::now() + sweep_every;
+        }
     }
 }
 
-/// Deletes every expired finished tree. Returns how many procedures were deleted.
+/// Forgets every finished tree in memory whose members all finished `finished_in_memory` ago or earlier. Their
+/// watchers resolve from the last information (the channel closes with a finished state). Returns how many
+/// procedures were forgotten.
+pub(crate) fn evict(inner: &Inner) -> usize {
+    let keep_ms = u64::try_from(inner.config.finished_in_memory.as_millis()).unwrap_or(u64::MAX);
+    let now = now_ms();
+    let mut state = inner.state();
+    let mut trees: BTreeMap<ProcedureId, (bool, Vec<ProcedureId>)> = BTreeMap::new();
+    for (id, entry) in &state.procedures {
+        let tree = trees
+            .entry(entry.root.clone())
+            .or_insert((true, Vec::new()));
+        let old = entry.info.updated_at_ms.saturating_add(keep_ms) <= now;
+        tree.0 &= entry.info.state.is_finished() && !entry.unrecoverable && old;
+        tree.1.push(id.clone());
+    }
+    let mut forgotten = 0;
+    for (_, members) in trees.into_values().filter(|(old, _)| *old) {
+        for id in &members {
+            state.procedures.remove(id);
+        }
+        forgotten += members.len();
+        tracing::debug!(procedures = ?members, "finished procedures left memory; their records stay in the store");
+    }
+    forgotten
+}
+
+/// What the sweep keeps of one record.
+#[derive(serde::Deserialize)]
+struct Summary {
+    format_version: u32,
+    id: ProcedureId,
+    #[serde(default)]
+    parent_id: Option<ProcedureId>,
+    state: ProcedureState,
+    updated_at_ms: u64,
+}
+
+/// Deletes every expired finished tree of the store. Returns how many records were deleted.
 pub(crate) async fn sweep(inner: &Arc<Inner>) -> usize {
     let retention_ms = u64::try_from(inner.config.retention.as_millis()).unwrap_or(u64::MAX);
-    let now = now_ms();
-    let (epoch, trees) = {
-        let state = inner.state();
-        let Some(epoch) = state.epoch else {
-            return 0;
-        };
-        let mut trees: BTreeMap<ProcedureId, (bool, Vec<ProcedureId>)> = BTreeMap::new();
-        for (id, entry) in &state.procedures {
-            let tree = trees
-                .entry(entry.root.clone())
-                .or_insert((true, Vec::new()));
-            let expired = entry.info.updated_at_ms.saturating_add(retention_ms) <= now;
-            tree.0 &= entry.info.state.is_finished() && !entry.unrecoverable && expired;
-            tree.1.push(id.clone());
-        }
-        // A tree whose root is not known here (its record is gone) is judged by its members alone.
-        let trees: Vec<Vec<ProcedureId>> = trees
-            .into_values()
-            .filter(|(deletable, _)| *deletable)
-            .map(|(_, members)| members)
-            .collect();
-        (epoch, trees)
+    let Some(epoch) = inner.state().epoch else {
+        return 0;
     };
+    // Every record of the store, page by page: its parent link, and whether it may be deleted on its own account.
+    let mut records: HashMap<ProcedureId, (Option<ProcedureId>, bool)> = HashMap::new();
+    // Trees holding a record that cannot be read here: never deleted.
+    let mut kept: HashSet<ProcedureId> = HashSet::new();
+    let mut after: Option<String> = None;
+    let now = now_ms();
+    loop {
+        let page = match inner
+            .read(|| {
+                inner
+                    .store
+                    .scan_page(RECORD_PREFIX, after.as_deref(), SWEEP_PAGE)
+            })
+            .await
+        {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the procedure records to delete expired ones");
+                return 0;
+            }
+        };
+        let Some((last, _)) = page.last() else {
+            break;
+        };
+        after = Some(last.clone());
+        for (key, value) in page {
+            let key_id = ProcedureId::new(key.strip_prefix(RECORD_PREFIX).unwrap_or(&key));
+            match serde_json::from_slice::<Summary>(&value) {
+                Ok(s) if s.id == key_id && s.format_version <= RECORD_FORMAT_VERSION => {
+                    let expired = s.state.is_finished()
+                        && s.updated_at_ms.saturating_add(retention_ms) <= now;
+                    records.insert(s.id, (s.parent_id, expired));
+                }
+                // Damaged, newer, or under another id's key: left as it is, and so is its tree.
+                Ok(s) => {
+                    kept.insert(key_id);
+                    if let Some(parent) = s.parent_id {
+                        kept.insert(parent);
+                    }
+                }
+                Err(_) => {
+                    kept.insert(key_id);
+                }
+            }
+        }
+    }
+    {
+        // Records this manager could not recover are kept, whatever their state says.
+        let state = inner.state();
+        for (id, entry) in &state.procedures {
+            if entry.unrecoverable {
+                kept.insert(id.clone());
+            }
+        }
+    }
+    // Trees by root: follow the parent links among the records (a record whose parent is gone is judged with the
+    // others naming the same parent).
+    let kept_roots: HashSet<ProcedureId> = kept.iter().map(|id| root_in(&records, id)).collect();
+    let mut trees: BTreeMap<ProcedureId, (bool, Vec<ProcedureId>)> = BTreeMap::new();
+    for (id, (_, expired)) in &records {
+        let root = root_in(&records, id);
+        let deletable = *expired && !kept.contains(id) && !kept_roots.contains(&root);
+        let tree = trees.entry(root).or_insert((true, Vec::new()));
+        tree.0 &= deletable;
+        tree.1.push(id.clone());
+    }
     let mut deleted = 0;
-    for members in trees {
+    for (_, mut members) in trees.into_values().filter(|(deletable, _)| *deletable) {
+        members.sort();
         let ops = members
             .iter()
             .map(|id| WriteOp::Delete {
@@ -86,4 +208,20 @@ pub(crate) async fn sweep(inner: &Arc<Inner>) -> usize {
         }
     }
     deleted
+}
+
+/// The root of `id` among `records`: the last ancestor reached through parent links (a parent without a record
+/// ends the walk as the root). The walk is bounded: a cycle of parent links in damaged records must not hang it.
+fn root_in(
+    records: &HashMap<ProcedureId, (Option<ProcedureId>, bool)>,
+    id: &ProcedureId,
+) -> ProcedureId {
+    let mut current = id.clone();
+    for _ in 0..=records.len() {
+        match records.get(&current).and_then(|(parent, _)| parent.clone()) {
+            Some(parent) => current = parent,
+            None => return current,
+        }
+    }
+    current
 }

@@ -479,9 +479,13 @@ async fn drive(manager: &dyn ProcedureManager, roots: Vec<ProcedureWithId>) -> V
         let id = root.id.clone();
         let watcher = match manager.submit(root).await {
             Ok(w) => Ok(w),
-            Err(Error::DuplicateProcedure { .. }) => manager.watch(&id).ok_or_else(|| {
-                format!("submit says {id} exists, but the manager has no watcher for it")
-            }),
+            Err(Error::DuplicateProcedure { .. }) => match manager.watch(&id).await {
+                Ok(Some(w)) => Ok(w),
+                Ok(None) => Err(format!(
+                    "submit says {id} exists, but the manager has no watcher for it"
+                )),
+                Err(e) => Err(format!("watching {id} failed: {e}")),
+            },
             Err(e) => Err(format!("submit failed: {e}")),
         };
         watchers.push((id, watcher));

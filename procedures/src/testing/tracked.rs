@@ -113,8 +113,8 @@ impl ProcedureManager for TrackingManager {
         self.inner.submit(track(procedure, &self.controller)).await
     }
 
-    fn watch(&self, id: &ProcedureId) -> Option<Watcher> {
-        self.inner.watch(id)
+    async fn watch(&self, id: &ProcedureId) -> Result<Option<Watcher>> {
+        self.inner.watch(id).await
     }
 
     async fn procedure_state(&self, id: &ProcedureId) -> Result<Option<ProcedureInfo>> {

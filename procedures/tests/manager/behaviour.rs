@@ -274,7 +274,7 @@ async fn a_new_manager_resumes_from_the_persisted_step() {
     let env = Env::new(true);
     let m2 = manager(&store, fast_config(), &env).await;
     assert_eq!(m2.epoch(), Some(2));
-    let mut w2 = m2.watch(&ProcedureId::new("p")).unwrap();
+    let mut w2 = m2.watch(&ProcedureId::new("p")).await.unwrap().unwrap();
     assert_eq!(
         within(w2.wait()).await.unwrap(),
         Some(serde_json::json!({ "steps": 3 }))
@@ -315,10 +315,16 @@ async fn a_new_manager_resumes_a_rollback() {
         .await
         .unwrap();
     let m = manager(&store, fast_config(), &env).await;
-    let err = within(m.watch(&ProcedureId::new("rb")).unwrap().wait())
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = within(
+        m.watch(&ProcedureId::new("rb"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("it broke (rolled back)"), "{err}");
     assert_eq!(env.rollbacks.load(Ordering::SeqCst), 1);
     // Rolled back without running a step.
@@ -375,9 +381,15 @@ async fn unrecoverable_records_show_as_failed_and_stay_untouched() {
     let before = store.snapshot();
 
     let m = manager(&store, fast_config(), &env).await;
-    within(m.watch(&ProcedureId::new("ok")).unwrap().wait())
-        .await
-        .unwrap();
+    within(
+        m.watch(&ProcedureId::new("ok"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap();
 
     let listed = m.list_procedures().await.unwrap();
     let ids: Vec<&str> = listed.iter().map(|i| i.id.as_str()).collect();
@@ -405,7 +417,11 @@ async fn unrecoverable_records_show_as_failed_and_stay_untouched() {
         assert!(error.contains(&format!("procedure {id} ")), "{error}");
         assert!(error.contains(text), "{error}");
         // Watchers resolve at once.
-        assert!(within(m.watch(&info.id).unwrap().wait()).await.is_err());
+        assert!(
+            within(m.watch(&info.id).await.unwrap().unwrap().wait())
+                .await
+                .is_err()
+        );
     }
     assert_eq!((m.stalled_count(), m.failed_count()), (1, 3));
     // Only the good record changed.
@@ -426,9 +442,15 @@ async fn unrecoverable_records_show_as_failed_and_stay_untouched() {
     m2.register_loader(TYPE, env.loader()).unwrap();
     m2.register_loader("no_such_type", env.loader()).unwrap();
     m2.start().await.unwrap();
-    within(m2.watch(&ProcedureId::new("unknown")).unwrap().wait())
-        .await
-        .unwrap();
+    within(
+        m2.watch(&ProcedureId::new("unknown"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap();
     assert_eq!(stored(&store, "unknown").state, ProcedureState::Done);
 }
 
@@ -508,9 +530,15 @@ async fn a_replayed_parent_waits_for_its_recovered_child() {
 
     let env = Env::new(true);
     let m2 = manager(&store, fast_config(), &env).await;
-    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
-        .await
-        .unwrap();
+    let output = within(
+        m2.watch(&ProcedureId::new("p"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap();
     assert_eq!(output, Some(serde_json::json!({ "steps": 1 })));
     let events = env.events();
     assert!(events.iter().any(|e| e == "enter p/c at 1"), "{events:?}");
@@ -577,9 +605,15 @@ async fn a_crash_at_a_side_effect_point_halts_without_writing() {
 
     // A fresh manager on the same store finishes the work.
     let m2 = manager(&store, fast_config(), &env).await;
-    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
-        .await
-        .unwrap();
+    let output = within(
+        m2.watch(&ProcedureId::new("p"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap();
     assert_eq!(output, Some(serde_json::json!({ "steps": 3 })));
 }
 
@@ -663,9 +697,15 @@ async fn a_recovered_parent_waits_for_the_children_its_persisted_suspension_name
 
     let env = Env::new(true);
     let m2 = manager(&store, fast_config(), &env).await;
-    let output = within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
-        .await
-        .unwrap();
+    let output = within(
+        m2.watch(&ProcedureId::new("p"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap();
     assert_eq!(output, Some(serde_json::json!({ "steps": 1 })));
     // The child finished before the parent ran its next step, which it ran once, without suspending again.
     let events = env.events();
@@ -730,10 +770,16 @@ async fn a_recovered_parent_fails_when_a_child_its_suspension_names_failed() {
             .unwrap();
     }
     let m = manager(&store, fast_config(), &env).await;
-    let err = within(m.watch(&ProcedureId::new("p")).unwrap().wait())
-        .await
-        .unwrap_err()
-        .to_string();
+    let err = within(
+        m.watch(&ProcedureId::new("p"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
     assert!(
         err.contains("subprocedure p/c of p failed: it broke"),
         "{err}"

@@ -168,7 +168,7 @@ async fn a_paused_procedure_stays_paused_across_a_restart() {
     assert_eq!(stored(&store, "p").step, step);
     assert!(!env.events().contains(&"enter p at 2".to_string()));
     m2.resume(&id).await.unwrap();
-    let mut w = m2.watch(&id).unwrap();
+    let mut w = m2.watch(&id).await.unwrap().unwrap();
     within(w.wait()).await.unwrap();
     assert_eq!(stored(&store, "p").state, ProcedureState::Done);
 }
@@ -364,7 +364,7 @@ async fn a_cancel_written_while_no_manager_runs_is_honoured_on_recovery() {
 
     env.gate.add_permits(100);
     let m2 = started(&store, &env, fast_config()).await;
-    let mut w = m2.watch(&id).unwrap();
+    let mut w = m2.watch(&id).await.unwrap().unwrap();
     let err = within(w.wait()).await.unwrap_err();
     assert!(
         err.to_string().ends_with("cancelled (rolled back)"),
@@ -408,4 +408,59 @@ async fn pause_all_pauses_every_procedure_and_resume_all_lets_them_finish() {
                 .any(|e| e.kind == EventKind::Resumed)
         );
     }
+}
+
+/// The one-second bound for a request written by another process, with the DEFAULT poll interval: the default is
+/// at most one second, and a cancel written straight into the store while the procedure waits (for a retry an hour
+/// away, so no step boundary comes to read its key) is picked up by the very next poll.
+///
+/// This test runs on tokio's paused clock, on purpose: time moves only through the timers of the manager and the
+/// test, so the time measured from the write to the state change is the manager's poll schedule, not the speed of
+/// the machine, and the bound asserted is exact.
+#[tokio::test(start_paused = true)]
+async fn with_the_default_poll_interval_a_cancel_from_another_process_is_honoured_within_one_second()
+ {
+    let default = ManagerConfig::default();
+    assert!(
+        default.control_poll_interval <= Duration::from_secs(1),
+        "{:?}",
+        default.control_poll_interval
+    );
+    let env = Env::new(true);
+    let store = Arc::new(MemoryStateStore::new());
+    let config = ManagerConfig {
+        step_retry: RetryPolicy {
+            max_retries: 5,
+            initial_delay: Duration::from_secs(3600),
+            max_delay: Duration::from_secs(3600),
+            factor: 2.0,
+        },
+        ..ManagerConfig::default()
+    };
+    assert_eq!(config.control_poll_interval, default.control_poll_interval);
+    let m = started(&store, &env, config).await;
+    let plan = Plan {
+        retryable_failures: 1,
+        rollback: true,
+        ..Plan::steps(2, true)
+    };
+    let mut w = m.submit(env.with_id("p", plan)).await.unwrap();
+    until_state(&m, "p", ProcedureState::Retrying).await;
+    // Another process: the store only, no manager.
+    let outside: &dyn StateStore = store.as_ref();
+    let written = tokio::time::Instant::now();
+    control::request(outside, &ProcedureId::new("p"), ControlOp::Cancel)
+        .await
+        .unwrap();
+    let err = within(w.wait()).await.unwrap_err();
+    let took = written.elapsed();
+    assert!(
+        err.to_string().ends_with("cancelled (rolled back)"),
+        "{err}"
+    );
+    assert!(
+        took <= default.control_poll_interval,
+        "honoured {took:?} after the write; the poll runs every {:?}",
+        default.control_poll_interval
+    );
 }

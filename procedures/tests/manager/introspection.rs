@@ -400,9 +400,15 @@ async fn a_recovered_procedure_records_the_epoch_that_recovered_it() {
     m2.start().await.unwrap();
     let epoch = m2.epoch().unwrap();
     env.gate.add_permits(10);
-    within(m2.watch(&ProcedureId::new("p")).unwrap().wait())
-        .await
-        .unwrap();
+    within(
+        m2.watch(&ProcedureId::new("p"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap();
     let bytes = store.snapshot()[&record_key(&ProcedureId::new("p"))].clone();
     let record: ProcedureRecord = serde_json::from_slice(&bytes).unwrap();
     assert!(

@@ -116,7 +116,7 @@ async fn a_stopped_manager_starts_again_with_a_new_epoch_and_recovers() {
         ]
     );
     env.gate.add_permits(usize::MAX >> 4);
-    let mut after = m.watch(&ProcedureId::new("p")).unwrap();
+    let mut after = m.watch(&ProcedureId::new("p")).await.unwrap().unwrap();
     assert_eq!(
         within(after.wait()).await.unwrap(),
         Some(serde_json::json!({ "steps": 2 }))
@@ -181,7 +181,7 @@ async fn loader_calls_the_manager_while_it_starts() {
             Box::new(move |data| {
                 if let Some(m) = h.get().and_then(Weak::upgrade) {
                     let _ = m.epoch();
-                    let _ = m.watch(&ProcedureId::new("left"));
+                    let _ = futures::executor::block_on(m.watch(&ProcedureId::new("left")));
                     c.fetch_add(1, Ordering::SeqCst);
                 }
                 inner(data)
@@ -195,6 +195,12 @@ async fn loader_calls_the_manager_while_it_starts() {
         1,
         "the loader ran once, for the unfinished procedure, and called the manager"
     );
-    assert!(second.watch(&ProcedureId::new("left")).is_some());
+    assert!(
+        second
+            .watch(&ProcedureId::new("left"))
+            .await
+            .unwrap()
+            .is_some()
+    );
     second.stop().await.unwrap();
 }

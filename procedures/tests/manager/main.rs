@@ -7,6 +7,7 @@ mod support;
 mod behaviour;
 mod control;
 mod epoch;
+mod finished;
 mod introspection;
 mod lifecycle;
 mod locks;

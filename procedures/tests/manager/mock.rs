@@ -79,6 +79,22 @@ fn apply_controls(controls: &Controls, ops: &[WriteOp]) {
     }
 }
 
+/// Applies the record ops of an applied write to `records`.
+fn apply_records(records: &Controls, ops: &[WriteOp]) {
+    let mut records = records.lock().unwrap();
+    for op in ops {
+        match op {
+            WriteOp::Put { key, value } if key.starts_with(RECORD_PREFIX) => {
+                records.insert(key.clone(), value.clone());
+            }
+            WriteOp::Delete { key } if key.starts_with(RECORD_PREFIX) => {
+                records.remove(key);
+            }
+            _ => {}
+        }
+    }
+}
+
 /// A mocked store that holds epoch `previous`, no records, answers writes in `replies` order (then `Applied`),
 /// and records every write.
 fn store(previous: Option<u64>, replies: Vec<Reply>) -> (Arc<MockStore>, Writes) {
@@ -99,10 +115,20 @@ fn store_with_controls(
     mock.expect_get()
         .withf(|key| key == EPOCH_KEY)
         .returning(move |_| Ok(previous.map(|e| e.to_string().into_bytes())));
+    // The records the applied writes left: recovery finds none (it runs before any write), a retention sweep
+    // reads what was written.
+    let records: Controls = Arc::default();
+    let scanned = records.clone();
     mock.expect_scan()
         .withf(|prefix| prefix == RECORD_PREFIX)
-        .times(1)
-        .returning(|_| Ok(Vec::new()));
+        .returning(move |_| {
+            Ok(scanned
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect())
+        });
     let recorded = writes.clone();
     let applied = controls.clone();
     mock.expect_write().returning(move |conditions, ops| {
@@ -115,6 +141,7 @@ fn store_with_controls(
         {
             Reply::Applied => {
                 apply_controls(&applied, &ops);
+                apply_records(&records, &ops);
                 Ok(WriteOutcome::Applied)
             }
             Reply::RejectEpoch(epoch) => Ok(WriteOutcome::Rejected {
@@ -318,11 +345,14 @@ async fn retention_deletes_the_finished_record_under_the_epoch() {
         .unwrap();
     within(w.wait()).await.unwrap();
     within(async {
-        while m.watch(&ProcedureId::new("p")).is_some() {
+        while writes.lock().unwrap().len() < 4 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
     .await;
+    // Gone from memory with its record (a later sweep finds nothing more to delete).
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(m.list_procedures().await.unwrap().is_empty());
     let writes = writes.lock().unwrap();
     // Epoch claim, submission, done, delete.
     assert_eq!(
@@ -556,9 +586,15 @@ fn switchable_store(down: Arc<std::sync::atomic::AtomicBool>) -> (Arc<MockStore>
     mock.expect_get()
         .withf(|key| key == EPOCH_KEY)
         .returning(|_| Ok(Some(b"1".to_vec())));
+    // A procedure the manager does not know yet (its submission not reserved yet) is looked up in the store, which
+    // holds none before the submission write applies (the manager knows it from then on).
+    mock.expect_get()
+        .withf(|key| key.starts_with(RECORD_PREFIX))
+        .returning(|_| Ok(None));
+    // Recovery finds no record; a listing reads the store for finished procedures the manager no longer holds, of
+    // which there are none (the one procedure of this test is in memory throughout).
     mock.expect_scan()
         .withf(|prefix| prefix == RECORD_PREFIX)
-        .times(1)
         .returning(|_| Ok(Vec::new()));
     let recorded = writes.clone();
     mock.expect_write().returning(move |conditions, ops| {
@@ -694,9 +730,15 @@ fn store_with_failing_control_reads(down: Arc<std::sync::atomic::AtomicBool>) ->
     mock.expect_get()
         .withf(|key| key == EPOCH_KEY)
         .returning(|_| Ok(Some(b"1".to_vec())));
+    // A procedure the manager does not know yet (its submission not reserved yet) is looked up in the store, which
+    // holds none before the submission write applies (the manager knows it from then on).
+    mock.expect_get()
+        .withf(|key| key.starts_with(RECORD_PREFIX))
+        .returning(|_| Ok(None));
+    // Recovery finds no record; a listing reads the store for finished procedures the manager no longer holds, of
+    // which there are none (the one procedure of this test is in memory throughout).
     mock.expect_scan()
         .withf(|prefix| prefix == RECORD_PREFIX)
-        .times(1)
         .returning(|_| Ok(Vec::new()));
     mock.expect_write()
         .returning(|_, _| Ok(WriteOutcome::Applied));

@@ -103,7 +103,11 @@ async fn recovery_pages_through_the_records_and_resumes_every_one() {
     assert_eq!(states, expected, "every record recovered, none twice");
     env.gate.add_permits(usize::MAX >> 4);
     for id in &ids {
-        let mut watcher = second.watch(&ProcedureId::new(id.as_str())).unwrap();
+        let mut watcher = second
+            .watch(&ProcedureId::new(id.as_str()))
+            .await
+            .unwrap()
+            .unwrap();
         within(watcher.wait()).await.unwrap();
     }
     second.stop().await.unwrap();

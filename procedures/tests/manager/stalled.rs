@@ -181,7 +181,7 @@ async fn a_state_write_refused_for_good_stalls_the_procedure_with_the_reason() {
     let m2 = LocalManager::new(store.clone(), fast_config());
     m2.register_loader(GROWS, grows_loader()).unwrap();
     m2.start().await.unwrap();
-    let mut w = m2.watch(&ProcedureId::new("big")).unwrap();
+    let mut w = m2.watch(&ProcedureId::new("big")).await.unwrap().unwrap();
     assert!(within(w.wait()).await.is_err());
     let info = m2
         .procedure_state(&ProcedureId::new("big"))
@@ -232,18 +232,31 @@ async fn a_recovered_record_without_a_loader_stalls_and_a_manager_with_the_loade
         Some(EventKind::Stalled { .. })
     ));
     assert_eq!((without.stalled_count(), without.failed_count()), (1, 0));
-    let err = within(without.watch(&ProcedureId::new("orphan")).unwrap().wait())
-        .await
-        .unwrap_err();
+    let err = within(
+        without
+            .watch(&ProcedureId::new("orphan"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap_err();
     assert!(matches!(err, Error::ProcedureStalled { .. }), "{err}");
     without.stop().await.unwrap();
 
     let with = LocalManager::new(store.clone(), fast_config());
     with.register_loader(GROWS, grows_loader()).unwrap();
     with.start().await.unwrap();
-    within(with.watch(&ProcedureId::new("orphan")).unwrap().wait())
-        .await
-        .unwrap();
+    within(
+        with.watch(&ProcedureId::new("orphan"))
+            .await
+            .unwrap()
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .unwrap();
     assert_eq!(stored(&store, "orphan").state, ProcedureState::Done);
     assert_eq!(with.stalled_count(), 0);
     with.stop().await.unwrap();

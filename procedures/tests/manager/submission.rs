@@ -262,7 +262,7 @@ async fn drop_submit_at_the_gate(
         }
         // `submit` is dropped here, in the middle of its store call.
     }
-    m.watch(&ProcedureId::new(id))
+    m.watch(&ProcedureId::new(id)).await.unwrap()
 }
 
 #[tokio::test]
@@ -300,7 +300,7 @@ async fn dropping_submit_during_a_failing_write_leaves_no_procedure() {
     // The write failed: the watcher resolves (no hang) and says so; the id is free again.
     let err = within(watcher.wait()).await.unwrap_err();
     assert!(err.to_string().contains("not submitted"), "{err}");
-    assert!(m.watch(&ProcedureId::new("n")).is_none());
+    assert!(m.watch(&ProcedureId::new("n")).await.unwrap().is_none());
     assert!(
         procedures::StateStore::get(store.as_ref(), &record_key(&ProcedureId::new("n")))
             .await

@@ -240,6 +240,7 @@ pub fn fast_config() -> ManagerConfig {
         store_retry: retry,
         retention: Duration::from_secs(3600),
         retention_check_interval: Duration::from_secs(3600),
+        finished_in_memory: Duration::from_secs(3600),
         control_poll_interval: Duration::from_millis(20),
     }
 }

@@ -323,7 +323,11 @@ impl KafkaTopicManager {
             // A submission of a known id watches the procedure under it: a bootstrap this manager already knows
             // (finished, failed, or running) is judged here instead, and the next attempt's id is tried if it did
             // not make this pool.
-            let submitted = match manager.watch(&id) {
+            let known = manager
+                .watch(&id)
+                .await
+                .context(TopicBootstrapSnafu { prefix })?;
+            let submitted = match known {
                 Some(_) => Err(procedures::Error::DuplicateProcedure { id: id.clone() }),
                 None => {
                     manager
@@ -340,7 +344,11 @@ impl KafkaTopicManager {
                     return self.load_ready().await;
                 }
                 Err(procedures::Error::DuplicateProcedure { .. }) => {
-                    let Some(mut watcher) = manager.watch(&id) else {
+                    let Some(mut watcher) = manager
+                        .watch(&id)
+                        .await
+                        .context(TopicBootstrapSnafu { prefix })?
+                    else {
                         continue;
                     };
                     match watcher.wait().await {

@@ -1,5 +1,5 @@
-//! Read-only commands only read: on the embedded redb store, `procedures list/show` and `open-regions` leave every
-//! key and value (the procedure manager's epoch included) exactly as they were.
+//! Read-only commands only read: on the embedded redb store, `procedures list/show`, `open-regions` and `topics`
+//! leave every key and value (the procedure manager's epoch included) exactly as they were.
 
 use std::path::Path;
 
@@ -43,5 +43,46 @@ fn read_only_commands_leave_the_redb_store_unchanged_epoch_included() {
         redb_contents(&redb),
         before,
         "a read-only command wrote to the store"
+    );
+}
+
+/// `topics` reports the Kafka pool from the store alone: here on the redb file a create-table (raft-engine WAL)
+/// left with its epoch and records, read through a config that names the Kafka WAL. The broker endpoint answers
+/// nothing, so a `topics` that reached for the broker would fail instead of reporting.
+#[test]
+fn topics_leaves_the_redb_store_unchanged_epoch_included() {
+    let env = Env::new();
+    env.json(None, &["create-table", "demo", "--regions", "1"]);
+    let redb = env.dir.path().join("walctl-data/metadata.redb");
+    let kafka = env.write(
+        "kafka.toml",
+        r#"
+[metadata_store]
+backend = "redb"
+path = "walctl-data/metadata.redb"
+
+[wal]
+provider = "kafka"
+broker_endpoints = ["127.0.0.1:1"]
+num_topics = 3
+topic_name_prefix = "readonly_topics"
+"#,
+    );
+    let before = redb_contents(&redb);
+    assert!(
+        before
+            .iter()
+            .any(|kv| String::from_utf8_lossy(&kv.key).ends_with("epoch")),
+        "create-table claimed an epoch, so the store holds one: {before:?}"
+    );
+
+    let topics = env.json(Some(&kafka), &["topics"]);
+    assert_eq!(topics.len(), 3, "the pool's three topics: {topics:?}");
+    env.ok(Some(&kafka), &["topics"]);
+
+    assert_eq!(
+        redb_contents(&redb),
+        before,
+        "`walctl topics` wrote to the store"
     );
 }

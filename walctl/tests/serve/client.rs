@@ -2,12 +2,16 @@
 //! runs embedded on the same store (stdout byte for byte, the error line, the exit code), in text and with --json.
 //! The server runs on a redb file; the commands run through it first, then the server stops and the same commands
 //! run embedded on its file. Ages (time since a procedure was created) are the only values masked.
+//!
+//! `procedures locks` is the one command that answers more through a server: the server's manager knows which keys
+//! are held and awaited, the store only which are declared (see
+//! `procedures_locks_through_a_server_lists_held_and_awaited_keys`).
 
 use std::process::Command;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::cluster::{Servers, free_port};
+use crate::cluster::{PATIENCE, Servers, free_port, get, post};
 use crate::support::walctl_path;
 
 /// The commands, in the order they run in both modes. Commands that would leave a different trace in each mode
@@ -20,7 +24,6 @@ const COMMANDS: &[&[&str]] = &[
     &["procedures", "list"],
     &["procedures", "show", "t-1"],
     &["procedures", "show", "nope"],
-    &["procedures", "locks"],
     &["open-regions", "--datanode", "1"],
     &["topics"],
     &["bootstrap"],
@@ -214,4 +217,150 @@ fn commands_that_run_where_walctl_runs_refuse_server_naming_themselves() {
         assert_eq!(out.code, Some(1), "{args:?}: {out:?}");
         assert_eq!(out.errors, vec![want.to_string()], "{args:?}: {out:?}");
     }
+}
+
+/// Polls `url` until `ready` holds for its JSON body; returns that body.
+fn wait_for(url: &str, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        let (status, body) = get(url);
+        if status == 200 && ready(&body) {
+            return body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not happen within {PATIENCE:?}: {body}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Through a server, `procedures locks` lists the keys its manager's procedures hold and the key a waiting one
+/// awaits, with the procedure in its way. Procedure `a` is held at its first step boundary by a pause of every
+/// procedure (a paused procedure keeps its keys); `b`, a create-table of the same name, then waits for the table
+/// name key `a` holds.
+#[test]
+fn procedures_locks_through_a_server_lists_held_and_awaited_keys() {
+    let mut servers = Servers::on_redb(1);
+    servers.wait_for_leader(&[0]);
+    let server = &servers.servers[0];
+    let dir = servers.dir.path().to_path_buf();
+    let global = ["--server", server.address.as_str()];
+
+    let empty = run(&dir, &global, &["procedures", "locks"]);
+    assert_eq!(empty.code, Some(0), "{empty:?}");
+    assert_eq!(
+        empty.stdout,
+        "# lock keys held and awaited now, as the procedure manager of the leading server sees them\n\
+         no procedure holds or awaits a lock key\n"
+    );
+
+    let (status, body) = post(&server.url("/v1/procedures/pause"), &json!({}));
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = post(
+        &server.url("/v1/tables"),
+        &json!({"name": "t", "regions": 1, "id": "a", "wait": false}),
+    );
+    assert_eq!(status, 202, "{body}");
+    wait_for(&server.url("/v1/procedures/a"), "a paused", |p| {
+        p["state"] == "paused"
+    });
+    let (status, body) = post(
+        &server.url("/v1/tables"),
+        &json!({"name": "t", "regions": 1, "id": "b", "wait": false}),
+    );
+    assert_eq!(status, 202, "{body}");
+    wait_for(&server.url("/v1/locks"), "b waiting", |l| {
+        l["locks"].as_array().is_some_and(|all| {
+            all.iter()
+                .any(|e| e["procedure_id"] == "b" && !e["waiting"].is_null())
+        })
+    });
+
+    let table_key = "__table_name_lock/greptime/public/t";
+    let lines: Vec<Value> = {
+        let out = run(
+            &dir,
+            &["--server", &server.address, "--json"],
+            &["procedures", "locks"],
+        );
+        assert_eq!(out.code, Some(0), "{out:?}");
+        out.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    };
+    let held: Vec<&Value> = lines.iter().filter(|l| l["status"] == "held").collect();
+    assert!(
+        held.iter()
+            .all(|l| l["id"] == "a" && l["blocked_by"].is_null()),
+        "{lines:?}"
+    );
+    assert!(
+        held.iter()
+            .any(|l| l["key"] == table_key && l["exclusive"] == true),
+        "{lines:?}"
+    );
+    let awaited: Vec<&Value> = lines.iter().filter(|l| l["status"] == "awaited").collect();
+    assert_eq!(
+        awaited,
+        vec![&json!({
+            "id": "b",
+            "key": table_key,
+            "exclusive": true,
+            "status": "awaited",
+            "blocked_by": "a",
+            "blocker_holds": true,
+        })],
+        "{lines:?}"
+    );
+    assert_eq!(lines.len(), held.len() + 1, "{lines:?}");
+
+    let text = run(&dir, &global, &["procedures", "locks"]);
+    assert_eq!(text.code, Some(0), "{text:?}");
+    let rows: Vec<Vec<&str>> = text
+        .stdout
+        .lines()
+        .skip(2)
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert!(
+        text.stdout
+            .lines()
+            .nth(1)
+            .is_some_and(|h| h.split_whitespace().collect::<Vec<_>>()
+                == ["KEY", "MODE", "PROCEDURE", "STATUS", "BLOCKED", "BY"]),
+        "{text:?}"
+    );
+    assert!(
+        rows.contains(&vec![table_key, "exclusive", "a", "held"]),
+        "{text:?}"
+    );
+    assert!(
+        rows.contains(&vec![
+            table_key,
+            "exclusive",
+            "b",
+            "awaited",
+            "a",
+            "(holds",
+            "it)"
+        ]),
+        "{text:?}"
+    );
+
+    // Resumed, `a` creates the table and releases its keys; `b` then takes them and fails: the table exists.
+    let (status, body) = post(&server.url("/v1/procedures/resume"), &json!({}));
+    assert_eq!(status, 200, "{body}");
+    wait_for(&server.url("/v1/procedures/a"), "a done", |p| {
+        p["state"] == "done"
+    });
+    wait_for(&server.url("/v1/procedures/b"), "b finished", |p| {
+        p["state"] == "failed"
+    });
+    let after = run(&dir, &global, &["procedures", "locks"]);
+    assert_eq!(after.stdout, empty.stdout, "{after:?}");
+
+    servers.servers[0].signal("-TERM");
+    assert_eq!(servers.servers[0].wait(), Some(0));
 }

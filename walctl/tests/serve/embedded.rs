@@ -1,6 +1,7 @@
 //! Embedded `walctl create-table` on the etcd the servers use: the command joins the servers' election instead of
 //! claiming an epoch of its own. Beside a leading server it is sent to that server (the leader keeps its term); with
 //! no server it campaigns, runs once it leads, and resigns. Six at once, either way: all succeed, each table once.
+//! `bench ddl` joins the election too, but beside a leading server it is refused (it measures a metasrv of its own).
 
 use std::collections::BTreeSet;
 use std::process::Command;
@@ -112,8 +113,9 @@ fn six_embedded_writers_beside_a_server_and_six_alone_all_succeed_each_table_onc
     assert_eq!(distinct.len(), 12, "{created:?}");
 }
 
-#[test]
-fn an_embedded_writer_that_cannot_lead_within_wait_fails_naming_the_leader() {
+/// Runs `walctl --config … ARGS --wait 1s` on an etcd where another command leads (a candidate without an address)
+/// and keeps leading; returns the exit code and stderr, and the epoch of that leader.
+fn run_while_another_command_leads(args: &[&str]) -> (Option<i32>, String, i64) {
     let etcd = endpoints("ETCD_ENDPOINTS");
     let (metasrv_toml, prefix) = Servers::etcd_toml(&etcd, "");
     let dir = tempfile::tempdir().expect("temp dir");
@@ -124,7 +126,6 @@ fn an_embedded_writer_that_cannot_lead_within_wait_fails_naming_the_leader() {
         .build()
         .expect("a runtime");
     runtime.block_on(async {
-        // Another command leads (a candidate without an address) and keeps leading.
         let mut etcd = etcd_client::Client::connect(&etcd, None)
             .await
             .expect("connect to etcd");
@@ -141,19 +142,80 @@ fn an_embedded_writer_that_cannot_lead_within_wait_fails_naming_the_leader() {
         let out = Command::new(walctl_path())
             .arg("--config")
             .arg(&config)
-            .args(["create-table", "t", "--regions", "1", "--wait", "1s"])
+            .args(args)
+            .args(["--wait", "1s"])
             .current_dir(dir.path())
             .env_remove("RUST_LOG")
             .output()
             .expect("run walctl");
         etcd.lease_revoke(lease).await.expect("revoke the lease");
-        assert_eq!(out.status.code(), Some(1));
-        assert_eq!(
-            String::from_utf8_lossy(&out.stderr).trim_end(),
-            format!(
-                "error: this command did not become the leader within 1s (--wait); the leader is another walctl \
-                 command (epoch {epoch})"
-            )
-        );
-    });
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim_end().to_string(),
+            epoch,
+        )
+    })
+}
+
+#[test]
+fn an_embedded_writer_that_cannot_lead_within_wait_fails_naming_the_leader() {
+    let (code, stderr, epoch) =
+        run_while_another_command_leads(&["create-table", "t", "--regions", "1"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "error: this command did not become the leader within 1s (--wait); the leader is another walctl \
+             command (epoch {epoch})"
+        )
+    );
+}
+
+/// `bench ddl` starts the procedure manager to create its tables, so it joins the election like create-table: it
+/// waits for its turn instead of claiming an epoch that would fence whoever leads.
+#[test]
+fn bench_ddl_joins_the_election_and_waits_for_its_turn_like_other_writers() {
+    let (code, stderr, epoch) = run_while_another_command_leads(&["bench", "ddl", "--tables", "1"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "error: this command did not become the leader within 1s (--wait); the leader is another walctl \
+             command (epoch {epoch})"
+        )
+    );
+}
+
+/// Beside a leading server, `bench ddl` (a load generator measuring a metasrv of its own) is refused naming the
+/// server, before it opens the store: the server keeps its term.
+#[test]
+fn bench_ddl_beside_a_leading_server_is_refused_and_the_server_keeps_its_term() {
+    let etcd = endpoints("ETCD_ENDPOINTS");
+    let mut servers = Servers::on_etcd(&etcd, 1);
+    let leader = servers.wait_for_leader(&[0]);
+    let (_, before) = get(&servers.servers[leader].url("/v1/leader"));
+    let config = servers.dir.path().join("embedded.toml");
+    std::fs::write(&config, &servers.metasrv_toml).expect("write config");
+    let out = Command::new(walctl_path())
+        .arg("--config")
+        .arg(&config)
+        .args(["bench", "ddl", "--tables", "1"])
+        .current_dir(servers.dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run walctl");
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        format!(
+            "error: bench ddl runs a procedure manager of its own, and the server at {} leads this store: it \
+             cannot run beside a leading server (stop the servers, or run it on another store)",
+            servers.servers[leader].address
+        )
+    );
+    let (_, after) = get(&servers.servers[leader].url("/v1/leader"));
+    assert_eq!(after["epoch"], before["epoch"], "{before} -> {after}");
+    assert_eq!(after["self"], Value::from(true), "{after}");
+    servers.servers[leader].signal("-TERM");
+    assert_eq!(servers.servers[leader].wait(), Some(0));
 }
