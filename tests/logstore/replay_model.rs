@@ -323,7 +323,11 @@ impl World {
         if !crashed && let Some(id) = self.crashed_prune.take() {
             recovered = true;
             // The start resumed the crashed prune; it runs before this one (they share the topic's lock).
-            if let Some(mut watcher) = manager.watch(&id) {
+            let watched = manager
+                .watch(&id)
+                .await
+                .map_err(|e| TestCaseError::fail(format!("watch the recovered prune {id}: {e}")))?;
+            if let Some(mut watcher) = watched {
                 let result = tokio::time::timeout(HANG, watcher.wait())
                     .await
                     .map_err(|_| TestCaseError::fail(format!("recovered prune {id} hung")))?;
