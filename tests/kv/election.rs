@@ -145,3 +145,42 @@ async fn a_leader_key_deleted_under_the_leader_fences_its_writes_and_ends_its_te
     assert!(term.is_lost());
     leader.resign(term).await;
 }
+
+/// A member that is down (an address nothing listens on, first in the list) costs a refused connection: every
+/// call of the election (reading the leader, granting and keeping the lease, campaigning, resigning, revoking)
+/// moves past it to a live member instead of failing.
+#[tokio::test]
+async fn a_member_refusing_connections_is_passed_over_by_every_election_call() {
+    let live = require_endpoints("ETCD_ENDPOINTS", "etcd");
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.to_string())
+        .unwrap();
+    let mut endpoints = vec![dead];
+    endpoints.extend(live);
+    let prefix = format!("{}/", unique("election"));
+    let (a, fence) = election(&endpoints, &prefix, "10.0.0.1:3002").await;
+    for _ in 0..10 {
+        assert_eq!(a.leader().await.unwrap(), None);
+    }
+    for round in 0..5 {
+        let term = tokio::time::timeout(BOUND, a.campaign())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(fence.current().map(|l| l.epoch), Some(term.epoch()));
+        let leader = a.leader().await.unwrap().unwrap();
+        assert_eq!(leader.epoch, term.epoch());
+        if round == 0 {
+            // Several keep-alive rounds (one every third of the 2 s TTL): the term stays proven.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert!(
+                !term.is_lost(),
+                "the keep-alive failed past the dead member"
+            );
+        }
+        a.resign(term).await;
+        // Resigned: the leader key is gone at once (not when the lease would expire).
+        assert_eq!(a.leader().await.unwrap(), None, "round {round}");
+    }
+}
