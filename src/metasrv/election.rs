@@ -480,13 +480,17 @@ impl KeepAlive {
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %describe(&e), "a lease keep-alive failed; retrying");
-                    self.reopen().await;
+                    if !self.reopen_before(valid_until).await {
+                        return;
+                    }
                 }
                 Err(_) => {
                     tracing::warn!("a lease keep-alive was not answered in time; retrying");
                     // A late answer to this request must not be taken for the answer to the next one (it would
                     // prove the lease alive from a later send time than etcd saw): start a fresh stream.
-                    self.reopen().await;
+                    if !self.reopen_before(valid_until).await {
+                        return;
+                    }
                 }
             }
             // Wait for the next round, or notice a write that found the leadership gone.
@@ -512,6 +516,20 @@ impl KeepAlive {
                 }
             }
         }
+    }
+
+    /// [`KeepAlive::reopen`], unless the lease stops being proven first: then the term is lost (the deadline holds
+    /// while the stream is being replaced too, so a member that is slow to answer cannot stretch the term past two
+    /// thirds of the TTL) and this returns false.
+    async fn reopen_before(&mut self, valid_until: Instant) -> bool {
+        let expired = tokio::select! {
+            _ = self.reopen() => false,
+            _ = tokio::time::sleep_until(valid_until) => true,
+        };
+        if expired {
+            self.lose("no keep-alive acknowledged within two thirds of the lease TTL");
+        }
+        !expired
     }
 
     /// Replaces the keep-alive stream, dropping answers still in flight on the old one. Best effort: on failure the
