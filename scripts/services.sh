@@ -9,6 +9,7 @@
 #        scripts/services.sh start  kafka|etcd [NAME]  start (or restart) one service; prints nothing on success
 #        scripts/services.sh stop   kafka|etcd [NAME]  stop it (data kept)
 #        scripts/services.sh endpoint kafka|etcd [NAME] print host:port
+#        scripts/services.sh pid    kafka|etcd [NAME]  print its process id (for a test that kills it abruptly)
 #        scripts/services.sh logs   kafka|etcd [NAME]  print the tail of its log
 #        scripts/services.sh start-cluster NAME N      start an N-node Kafka KRaft cluster NAME-1..NAME-N; prints
 #                                                    the bootstrap endpoints (comma-separated)
@@ -236,6 +237,7 @@ case "$cmd" in
     esac ;;
   stop) [[ -n ${1:-} ]] || die "stop kafka|etcd [NAME]"; stop_pid "$STATE/${2:-$1}" ;;
   endpoint) echo "127.0.0.1:$(cat "$STATE/${2:-$1}/port")" ;;
+  pid) pid_alive "$STATE/${2:-$1}/pid" || die "${2:-$1} is not running"; cat "$STATE/${2:-$1}/pid" ;;
   logs) tail -n "${LINES_SHOWN:-60}" "$STATE/${2:-$1}"/*.log ;;
   start-cluster)
     [[ -n ${1:-} && -n ${2:-} ]] || die "start-cluster NAME N"
@@ -252,5 +254,5 @@ case "$cmd" in
     [[ -n ${1:-} && -n ${2:-} ]] || die "remove-etcd-cluster NAME N"
     for i in $(seq 1 "$2"); do stop_pid "$STATE/$1-$i"; rm -rf "${STATE:?}/$1-$i"; done ;;
   stop-all) for d in "$STATE"/*/; do [[ -d $d ]] && stop_pid "${d%/}"; done ;;
-  *) die "usage: $0 install | start|stop|endpoint|logs kafka|etcd [NAME] | start-cluster NAME N | start-etcd-cluster|remove-etcd-cluster NAME N | stop-all" ;;
+  *) die "usage: $0 install | start|stop|endpoint|pid|logs kafka|etcd [NAME] | start-cluster NAME N | start-etcd-cluster|remove-etcd-cluster NAME N | stop-all" ;;
 esac

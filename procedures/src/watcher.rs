@@ -11,12 +11,30 @@ use crate::record::{ProcedureInfo, ProcedureState};
 pub struct Watcher {
     id: ProcedureId,
     rx: watch::Receiver<ProcedureInfo>,
+    stored: bool,
 }
 
 impl Watcher {
     /// A watcher over the manager's state channel of procedure `id`.
     pub fn new(id: ProcedureId, rx: watch::Receiver<ProcedureInfo>) -> Self {
-        Watcher { id, rx }
+        Watcher {
+            id,
+            rx,
+            stored: false,
+        }
+    }
+
+    /// This watcher, marked as the answer of the submission that stored the procedure's first record.
+    pub(crate) fn stored_by_this_submission(mut self) -> Self {
+        self.stored = true;
+        self
+    }
+
+    /// Whether the submission that returned this watcher is the one that stored the procedure (its record holds
+    /// exactly what was submitted). False when the id named a procedure that existed already (running, finished,
+    /// or only in the store: the watcher follows that one) and for watchers taken any other way.
+    pub fn is_new_submission(&self) -> bool {
+        self.stored
     }
 
     /// The watched procedure.

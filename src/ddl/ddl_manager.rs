@@ -84,7 +84,11 @@ impl DdlManager {
             .context(CreateTableSnafu {
                 table: table.clone(),
             })?;
-        if let Some(task) = &chosen {
+        // A submission that stored the record ran `task` by construction; only an id that named an existing
+        // procedure needs its record read and compared.
+        if let Some(task) = &chosen
+            && !watcher.is_new_submission()
+        {
             self.ensure_same_task(&procedure_id, task).await?;
         }
         let output = watcher.wait().await.context(CreateTableSnafu {

@@ -370,7 +370,7 @@ pub fn describe(e: &etcd_client::Error) -> String {
 
 /// Whether an etcd client error may clear up on retry (the cluster was unreachable, overloaded or timed out).
 /// Whether `e` is a member refusing the connection: the request was never sent to it.
-fn is_connection_refused(e: &etcd_client::Error) -> bool {
+pub(crate) fn is_connection_refused(e: &etcd_client::Error) -> bool {
     use std::error::Error as _;
     let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
         etcd_client::Error::GRpcStatus(status) => status.source(),

@@ -7,11 +7,16 @@
 //! every procedure-state write compare that key: a leader whose lease ended cannot write, even if it does not know
 //! yet.
 //!
+//! The election keeps one etcd client per member, as the kv backend does ([`crate::kv::etcd`]): every call starts
+//! at the member the last call reached and moves to the next when that member refuses the connection, so a member
+//! that is down costs a refused connection, not a failed campaign or a lost keep-alive.
+//!
 //! The server also stops on its own before that point: a [`Term`] is lost as soon as no keep-alive was
 //! acknowledged for two thirds of the TTL (the last third is the safety margin for clocks and a write in flight),
 //! or when a write found the leadership gone. The server then stops its manager and campaigns again.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
@@ -23,7 +28,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::kv::etcd::{describe, is_retryable};
+use crate::kv::etcd::{describe, is_connection_refused, is_retryable};
 use crate::kv::state_store::{LeaderFence, LeaderLease};
 
 /// The election's key, under the metadata store's key prefix.
@@ -63,9 +68,40 @@ pub struct ElectionConfig {
     pub lease_ttl: Duration,
 }
 
+/// One etcd client per member, in the configured order, and the member the last call reached.
+struct Members {
+    clients: Vec<Client>,
+    preferred: AtomicUsize,
+}
+
+impl Members {
+    /// Runs `f` on a member's client: first the member the last call reached, then, while a member refuses the
+    /// connection (the request never reached it, so sending it elsewhere is safe), the next, each at most once.
+    async fn call<T, F, Fut>(&self, f: F) -> std::result::Result<T, etcd_client::Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let n = self.clients.len();
+        let start = self.preferred.load(Ordering::Relaxed);
+        let mut refused = None;
+        for step in 0..n {
+            let i = (start + step) % n;
+            match f(self.clients[i].clone()).await {
+                Err(e) if is_connection_refused(&e) => refused = Some(e),
+                outcome => {
+                    self.preferred.store(i, Ordering::Relaxed);
+                    return outcome;
+                }
+            }
+        }
+        Err(refused.unwrap_or_else(|| etcd_client::Error::InvalidArgs("no endpoints".into())))
+    }
+}
+
 /// A server's participation in the election.
 pub struct Election {
-    client: Client,
+    members: Arc<Members>,
     config: ElectionConfig,
     name: String,
     value: Vec<u8>,
@@ -128,9 +164,23 @@ impl Election {
             retryable: false,
         })?;
         let options = ConnectOptions::new().with_connect_timeout(config.connect_timeout);
-        let connecting = Client::connect(&config.endpoints, Some(options));
-        let client = match tokio::time::timeout(config.connect_timeout, connecting).await {
-            Ok(Ok(client)) => client,
+        // Connecting is lazy: a status call proves a member answers; the first that does is preferred.
+        let connecting = async {
+            let mut clients = Vec::with_capacity(config.endpoints.len());
+            for endpoint in &config.endpoints {
+                clients.push(Client::connect([endpoint], Some(options.clone())).await?);
+            }
+            let members = Members {
+                clients,
+                preferred: AtomicUsize::new(0),
+            };
+            members
+                .call(|mut client| async move { client.status().await })
+                .await?;
+            Ok::<_, etcd_client::Error>(members)
+        };
+        let members = match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Ok(Ok(members)) => Arc::new(members),
             Ok(Err(e)) => {
                 return Err(error(&name, &config, "connect", &e));
             }
@@ -145,7 +195,7 @@ impl Election {
             }
         };
         Ok(Election {
-            client,
+            members,
             config,
             name,
             value,
@@ -177,13 +227,16 @@ impl Election {
 
     /// The leader etcd knows now (the candidate key with the lowest create revision), if any.
     pub async fn leader(&self) -> Result<Option<LeaderInfo>> {
-        let mut kv = self.client.kv_client();
         let prefix = format!("{}/", self.name);
         let options = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let resp = tokio::time::timeout(CALL_TIMEOUT, kv.get(prefix, Some(options)))
+        let read = self.members.call(|client| {
+            let (prefix, options) = (prefix.clone(), options.clone());
+            async move { client.kv_client().get(prefix, Some(options)).await }
+        });
+        let resp = tokio::time::timeout(CALL_TIMEOUT, read)
             .await
             .map_err(|_| self.timeout("read the leader"))?
             .map_err(|e| error(&self.name, &self.config, "read the leader", &e))?;
@@ -204,20 +257,25 @@ impl Election {
     /// stops the keep-alive, and the lease (so the candidate key) ends within the TTL.
     pub async fn campaign(&self) -> Result<Term> {
         let ttl = self.ttl_secs();
-        let mut lease_client = self.client.lease_client();
-        let lease = tokio::time::timeout(CALL_TIMEOUT, lease_client.grant(ttl, None))
+        let grant = self
+            .members
+            .call(|client| async move { client.lease_client().grant(ttl, None).await });
+        let lease = tokio::time::timeout(CALL_TIMEOUT, grant)
             .await
             .map_err(|_| self.timeout("grant the lease"))?
             .map_err(|e| error(&self.name, &self.config, "grant the lease", &e))?
             .id();
         *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
-        let (keeper, stream) = tokio::time::timeout(CALL_TIMEOUT, lease_client.keep_alive(lease))
+        let keep_alive = self
+            .members
+            .call(|client| async move { client.lease_client().keep_alive(lease).await });
+        let (keeper, stream) = tokio::time::timeout(CALL_TIMEOUT, keep_alive)
             .await
             .map_err(|_| self.timeout("keep the lease alive"))?
             .map_err(|e| error(&self.name, &self.config, "keep the lease alive", &e))?;
         let (lost_tx, mut lost) = watch::channel(false);
         let keeper = KeepAlive {
-            client: lease_client.clone(),
+            members: self.members.clone(),
             lease,
             keeper,
             stream,
@@ -229,8 +287,10 @@ impl Election {
         // The keeper task ends the lease's upkeep when the campaign is dropped or fails.
         let guard = AbortOnDrop(Some(keeper));
 
-        let mut election = self.client.election_client();
-        let campaign = election.campaign(self.name.clone(), self.value.clone(), lease);
+        let campaign = self.members.call(|client| {
+            let (name, value) = (self.name.clone(), self.value.clone());
+            async move { client.election_client().campaign(name, value, lease).await }
+        });
         let resp = tokio::select! {
             resp = campaign => resp.map_err(|e| error(&self.name, &self.config, "campaign", &e))?,
             _ = lost.wait_for(|lost| *lost) => {
@@ -282,8 +342,11 @@ impl Election {
     pub async fn resign(&self, term: Term) {
         self.fence.clear();
         term.keeper.abort();
-        let mut election = self.client.election_client();
-        let resign = election.resign(Some(ResignOptions::new().with_leader(term.leader.clone())));
+        let options = ResignOptions::new().with_leader(term.leader.clone());
+        let resign = self.members.call(|client| {
+            let options = options.clone();
+            async move { client.election_client().resign(Some(options)).await }
+        });
         match tokio::time::timeout(CALL_TIMEOUT, resign).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
@@ -311,8 +374,10 @@ impl Election {
                 *current = None;
             }
         }
-        let mut lease_client = self.client.lease_client();
-        match tokio::time::timeout(CALL_TIMEOUT, lease_client.revoke(lease)).await {
+        let revoke = self
+            .members
+            .call(|client| async move { client.lease_client().revoke(lease).await });
+        match tokio::time::timeout(CALL_TIMEOUT, revoke).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
                 tracing::warn!(election = %self.name, error = %describe(&e), "revoking the lease failed")
@@ -371,7 +436,7 @@ impl Drop for AbortOnDrop {
 /// The lease's upkeep: a keep-alive every third of the TTL, and the term declared lost when none was
 /// acknowledged for two thirds of it.
 struct KeepAlive {
-    client: etcd_client::LeaseClient,
+    members: Arc<Members>,
     lease: i64,
     keeper: etcd_client::LeaseKeeper,
     stream: etcd_client::LeaseKeepAliveStream,
@@ -415,13 +480,17 @@ impl KeepAlive {
                 }
                 Ok(Err(e)) => {
                     tracing::warn!(error = %describe(&e), "a lease keep-alive failed; retrying");
-                    self.reopen().await;
+                    if !self.reopen_before(valid_until).await {
+                        return;
+                    }
                 }
                 Err(_) => {
                     tracing::warn!("a lease keep-alive was not answered in time; retrying");
                     // A late answer to this request must not be taken for the answer to the next one (it would
                     // prove the lease alive from a later send time than etcd saw): start a fresh stream.
-                    self.reopen().await;
+                    if !self.reopen_before(valid_until).await {
+                        return;
+                    }
                 }
             }
             // Wait for the next round, or notice a write that found the leadership gone.
@@ -449,11 +518,29 @@ impl KeepAlive {
         }
     }
 
+    /// [`KeepAlive::reopen`], unless the lease stops being proven first: then the term is lost (the deadline holds
+    /// while the stream is being replaced too, so a member that is slow to answer cannot stretch the term past two
+    /// thirds of the TTL) and this returns false.
+    async fn reopen_before(&mut self, valid_until: Instant) -> bool {
+        let expired = tokio::select! {
+            _ = self.reopen() => false,
+            _ = tokio::time::sleep_until(valid_until) => true,
+        };
+        if expired {
+            self.lose("no keep-alive acknowledged within two thirds of the lease TTL");
+        }
+        !expired
+    }
+
     /// Replaces the keep-alive stream, dropping answers still in flight on the old one. Best effort: on failure the
     /// old stream stays, and the next round tries again (the deadline ends the term if none succeeds).
     async fn reopen(&mut self) {
         let interval = self.ttl / 3;
-        match tokio::time::timeout(interval, self.client.keep_alive(self.lease)).await {
+        let lease = self.lease;
+        let reopen = self
+            .members
+            .call(|client| async move { client.lease_client().keep_alive(lease).await });
+        match tokio::time::timeout(interval, reopen).await {
             Ok(Ok((keeper, stream))) => {
                 self.keeper = keeper;
                 self.stream = stream;

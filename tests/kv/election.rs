@@ -145,3 +145,152 @@ async fn a_leader_key_deleted_under_the_leader_fences_its_writes_and_ends_its_te
     assert!(term.is_lost());
     leader.resign(term).await;
 }
+
+/// A member that is down (an address nothing listens on, first in the list) costs a refused connection: every
+/// call of the election (reading the leader, granting and keeping the lease, campaigning, resigning, revoking)
+/// moves past it to a live member instead of failing.
+#[tokio::test]
+async fn a_member_refusing_connections_is_passed_over_by_every_election_call() {
+    let live = require_endpoints("ETCD_ENDPOINTS", "etcd");
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.to_string())
+        .unwrap();
+    let mut endpoints = vec![dead];
+    endpoints.extend(live);
+    let prefix = format!("{}/", unique("election"));
+    let (a, fence) = election(&endpoints, &prefix, "10.0.0.1:3002").await;
+    for _ in 0..10 {
+        assert_eq!(a.leader().await.unwrap(), None);
+    }
+    for round in 0..5 {
+        let term = tokio::time::timeout(BOUND, a.campaign())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(fence.current().map(|l| l.epoch), Some(term.epoch()));
+        let leader = a.leader().await.unwrap().unwrap();
+        assert_eq!(leader.epoch, term.epoch());
+        if round == 0 {
+            // Several keep-alive rounds (one every third of the 2 s TTL): the term stays proven.
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            assert!(
+                !term.is_lost(),
+                "the keep-alive failed past the dead member"
+            );
+        }
+        a.resign(term).await;
+        // Resigned: the leader key is gone at once (not when the lease would expire).
+        assert_eq!(a.leader().await.unwrap(), None, "round {round}");
+    }
+}
+
+/// How long the proxy holds a keep-alive before it closes the connection it came on.
+const CLOSE_AFTER: Duration = Duration::from_millis(500);
+
+/// A TCP proxy to `target`. Once frozen, it holds the next chunk the client sends without forwarding it, closes
+/// that connection [`CLOSE_AFTER`] later, and from then on accepts connections but forwards nothing and answers
+/// nothing: a member whose stream breaks while a keep-alive waits for its answer, and which then stops answering.
+/// Returns its address, the freeze switch and the moment it held the chunk.
+async fn freezable_proxy(
+    target: String,
+) -> (
+    String,
+    Arc<std::sync::atomic::AtomicBool>,
+    Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let frozen = Arc::new(AtomicBool::new(false));
+    let held_at: Arc<std::sync::Mutex<Option<tokio::time::Instant>>> = Arc::default();
+    let (switch, held) = (frozen.clone(), held_at.clone());
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            if switch.load(Ordering::SeqCst) {
+                // Accepted, never answered.
+                tokio::spawn(async move {
+                    let _open = client;
+                    std::future::pending::<()>().await;
+                });
+                continue;
+            }
+            let Ok(server) = tokio::net::TcpStream::connect(&target).await else {
+                continue;
+            };
+            let (switch, held) = (switch.clone(), held.clone());
+            tokio::spawn(async move {
+                let (mut from_client, mut to_client) = client.into_split();
+                let (mut from_server, mut to_server) = server.into_split();
+                let (mut up, mut down) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+                loop {
+                    tokio::select! {
+                        n = from_client.read(&mut up) => {
+                            let n = match n {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if switch.load(Ordering::SeqCst) {
+                                held.lock().unwrap().get_or_insert_with(tokio::time::Instant::now);
+                                tokio::time::sleep(CLOSE_AFTER).await;
+                                return;
+                            }
+                            if to_server.write_all(&up[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                        n = from_server.read(&mut down) => {
+                            let n = match n {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if to_client.write_all(&down[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (address, frozen, held_at)
+}
+
+/// etcd stops answering as a keep-alive goes out, and the stream breaks while that keep-alive waits for its answer;
+/// the member accepts connections but answers nothing after that, so replacing the stream hangs. The keep-alive
+/// before the held one was the last acknowledged, sent a third of the TTL earlier, so the term must end two thirds
+/// of the TTL after that send: a third of the TTL after the held keep-alive. The stream's replacement once ran to
+/// its own timeout (a third of the TTL after the break) before the deadline was looked at again, stretching the
+/// term by up to a third of the TTL: the margin kept before etcd may expire the lease.
+#[tokio::test]
+async fn a_term_ends_two_thirds_of_the_ttl_after_the_last_acknowledged_keep_alive_even_while_reopening()
+ {
+    let live = require_endpoints("ETCD_ENDPOINTS", "etcd");
+    let (proxy, freeze, held_at) = freezable_proxy(live[0].clone()).await;
+    let prefix = format!("{}/", unique("election"));
+    let (a, fence) = election(&[proxy], &prefix, "10.0.0.1:3002").await;
+    let mut term = tokio::time::timeout(BOUND, a.campaign())
+        .await
+        .unwrap()
+        .unwrap();
+    // A few keep-alive rounds (every third of the 2 s TTL) go through, then the next one is held.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!term.is_lost());
+    freeze.store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::timeout(BOUND, term.lost()).await.unwrap();
+    let lost_at = tokio::time::Instant::now();
+    assert!(fence.current().is_none(), "the fence outlived the term");
+    let held_at = held_at.lock().unwrap().expect("a keep-alive was held");
+    let after = lost_at - held_at;
+    println!(
+        "term lost {} ms after the held keep-alive",
+        after.as_millis()
+    );
+    // Expected: a third of the TTL (667 ms) after the held keep-alive; the stretched term ended when the
+    // replacement gave up, CLOSE_AFTER + 667 ms = 1167 ms after it. The bound sits halfway.
+    assert!(
+        after <= Duration::from_millis(917),
+        "the term ended {after:?} after the first keep-alive etcd did not answer"
+    );
+}

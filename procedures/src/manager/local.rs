@@ -1139,7 +1139,7 @@ impl Inner {
         state
             .procedures
             .get(&id)
-            .map(Entry::watcher)
+            .map(|entry| entry.watcher().stored_by_this_submission())
             .ok_or_else(|| Error::ManagerNotRunning {
                 reason: format!("procedure {id} was forgotten while it was being submitted"),
             })

@@ -58,9 +58,11 @@ async fn a_known_id_gives_its_running_or_finished_procedure() {
         ..Plan::steps(1, true)
     };
     let mut first = m.submit(env.with_id("p", blocked.clone())).await.unwrap();
+    assert!(first.is_new_submission());
     // Running: the second submission watches the first procedure; nothing new is written or run.
     let mut second = m.submit(env.with_id("p", blocked)).await.unwrap();
     assert_eq!(second.id().as_str(), "p");
+    assert!(!second.is_new_submission());
     env.gate.add_permits(usize::MAX >> 4);
     let output = Some(serde_json::json!({ "steps": 1 }));
     assert_eq!(within(first.wait()).await.unwrap(), output);
@@ -70,6 +72,7 @@ async fn a_known_id_gives_its_running_or_finished_procedure() {
         .submit(env.with_id("p", Plan::steps(5, true)))
         .await
         .unwrap();
+    assert!(!third.is_new_submission());
     assert_eq!(within(third.wait()).await.unwrap(), output);
     assert_eq!(
         entered(&env, "p"),
@@ -85,6 +88,7 @@ async fn a_known_id_gives_its_running_or_finished_procedure() {
         .submit(env.with_id("p", Plan::steps(1, true)))
         .await
         .unwrap();
+    assert!(!again.is_new_submission());
     assert_eq!(within(again.wait()).await.unwrap(), output);
     assert_eq!(entered(&env, "p"), 2);
 }
@@ -126,6 +130,7 @@ async fn a_record_only_in_the_store_is_loaded_and_watched() {
         .submit(env.with_id("e", Plan::steps(1, true)))
         .await
         .unwrap();
+    assert!(!e.is_new_submission(), "e was in the store already");
     assert_eq!(
         within(e.wait()).await.unwrap(),
         Some(serde_json::json!("from the store"))

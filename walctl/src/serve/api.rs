@@ -57,6 +57,11 @@ pub fn router(state: AppState) -> Router {
 
 type ApiResult = Result<Response, ApiError>;
 
+/// How long a 503 `not_leader` waits for etcd to say who leads before it answers without naming the leader. Without
+/// a quorum that read cannot succeed, and a refused write must not wait for it: a deposed leader answers every
+/// write within this bound (`docs/ha.md`, "Failures").
+pub(super) const NOT_LEADER_LOOKUP: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How often `POST /v1/tables` with `"wait":false` checks whether its procedure is stored yet.
 const SUBMIT_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
@@ -85,19 +90,20 @@ impl AppState {
         }
     }
 
-    /// The 503 of a follower: names the leader, or says why it could not be read.
+    /// The 503 of a follower: names the leader, or says why it could not be read (within [`NOT_LEADER_LOOKUP`]).
     async fn not_leader(&self) -> ApiError {
-        match self.leader().await {
-            Ok((leader, _)) => ApiError::not_leader(leader),
-            Err(e) => {
-                let mut error = ApiError::not_leader(None);
-                error.message = format!(
-                    "this server is not the leader, and the leader could not be read: {}",
-                    e.message
-                );
-                error
-            }
-        }
+        let reason = match tokio::time::timeout(NOT_LEADER_LOOKUP, self.leader()).await {
+            Ok(Ok((leader, _))) => return ApiError::not_leader(leader),
+            Ok(Err(e)) => e.message,
+            Err(_) => format!(
+                "etcd did not answer within {}",
+                humantime::format_duration(NOT_LEADER_LOOKUP)
+            ),
+        };
+        let mut error = ApiError::not_leader(None);
+        error.message =
+            format!("this server is not the leader, and the leader could not be read: {reason}");
+        error
     }
 
     /// Refuses a write unless this server leads with the manager started (a follower never queues one).

@@ -388,3 +388,38 @@ pub async fn election_keys(endpoints: &[String], prefix: &str) -> usize {
         .expect("count the election keys");
     usize::try_from(resp.count()).unwrap_or(0)
 }
+
+/// The index in `endpoints` of the member that is etcd's raft leader, asking only the members in `alive`; waits
+/// (up to [`PATIENCE`]) while they elect one.
+pub async fn raft_leader(endpoints: &[String], alive: &[usize]) -> usize {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let mut leader = None;
+        let mut members = Vec::new();
+        for &i in alive {
+            let Ok(mut client) = etcd_client::Client::connect([endpoints[i].as_str()], None).await
+            else {
+                continue;
+            };
+            if let Ok(status) = client.status().await {
+                let member = status.header().map(|h| h.member_id()).unwrap_or(0);
+                members.push((i, member));
+                if status.leader() != 0 {
+                    leader = Some(status.leader());
+                }
+            }
+        }
+        if let Some(found) = members
+            .iter()
+            .find(|(_, member)| Some(*member) == leader)
+            .map(|(i, _)| *i)
+        {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no raft leader among members {alive:?} of {endpoints:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
