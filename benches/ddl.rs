@@ -16,7 +16,7 @@ use remote_wal::ddl::{
 use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::redb::RedbKvBackend;
 use remote_wal::kv::state_store::KvStateStore;
-use remote_wal::kv::{KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
+use remote_wal::kv::{CountingKvBackend, KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
 use tokio::runtime::Runtime;
 
@@ -109,10 +109,13 @@ fn bench_group_commit(c: &mut Criterion) {
                 "no_group_commit"
             };
             let path = dir.path().join(format!("{label}-{name}.redb"));
-            let kv: KvBackendRef = Arc::new(RedbKvBackend::open(path).expect("redb"));
+            let redb: KvBackendRef = Arc::new(RedbKvBackend::open(path).expect("redb"));
+            let counting = Arc::new(CountingKvBackend::new(redb));
+            let kv: KvBackendRef = counting.clone();
             let store = Arc::new(KvStateStore::new(kv.clone()).with_group_commit(on));
             let ddl = ddl_manager(&rt, kv, store);
             let n = AtomicUsize::new(0);
+            let commits_before = counting.commits();
             group.bench_function(format!("{label}/{name}"), |b| {
                 b.to_async(&rt).iter(|| async {
                     let creates = (0..in_flight).map(|_| {
@@ -125,6 +128,12 @@ fn bench_group_commit(c: &mut Criterion) {
                     }
                 })
             });
+            let tables = n.load(Ordering::Relaxed).max(1);
+            let commits = counting.commits() - commits_before;
+            eprintln!(
+                "{label}/{name}: {tables} tables, {commits} store commits ({:.2} per table)",
+                commits as f64 / tables as f64
+            );
         }
     }
     group.finish();
