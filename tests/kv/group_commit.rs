@@ -32,6 +32,8 @@ struct Gate {
     permits: Semaphore,
     /// Transactions waiting at the closed gate.
     waiting: AtomicUsize,
+    /// The limit of operations per transaction it reports (its inner backend's when `None`).
+    max_ops: Option<usize>,
     txns: Mutex<Vec<Txn>>,
 }
 
@@ -42,8 +44,16 @@ impl Gate {
             closed: Mutex::new(false),
             permits: Semaphore::new(0),
             waiting: AtomicUsize::new(0),
+            max_ops: None,
             txns: Mutex::new(Vec::new()),
         })
+    }
+
+    /// A gate that reports at most `max_ops` operations per transaction, and refuses a larger one as etcd does.
+    fn with_max_ops(inner: KvBackendRef, max_ops: usize) -> Arc<Self> {
+        let mut gate = Arc::into_inner(Gate::new(inner)).expect("not shared yet");
+        gate.max_ops = Some(max_ops);
+        Arc::new(gate)
     }
 
     fn close(&self) {
@@ -78,7 +88,7 @@ impl KvBackend for Gate {
         self.inner.name()
     }
     fn max_txn_ops(&self) -> usize {
-        self.inner.max_txn_ops()
+        self.max_ops.unwrap_or_else(|| self.inner.max_txn_ops())
     }
     fn max_request_bytes(&self) -> usize {
         self.inner.max_request_bytes()
@@ -134,6 +144,13 @@ impl KvBackend for Gate {
                 .forget();
         }
         self.txns.lock().unwrap().push(txn.clone());
+        let ops = txn.compare.len() + txn.success.len().max(txn.failure.len());
+        if let Some(max) = self.max_ops {
+            assert!(
+                ops <= max,
+                "a transaction of {ops} operations, over the limit of {max}"
+            );
+        }
         self.inner.txn(txn).await
     }
 }
@@ -447,4 +464,30 @@ async fn fenced_in_the_middle_of_a_batch_the_whole_batch_is_refused_and_the_mana
         .collect();
     assert_eq!(batch.len(), 1, "{:#?}", gate.txns());
     assert_eq!(epoch_compares(&batch[0]), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_the_backends_transaction_limit_is_split_into_several_commits() {
+    // 8 operations per transaction: the epoch compare, then per write one compare and one put (and one read in the
+    // failure branch): at most 3 writes a commit.
+    let gate = Gate::with_max_ops(Arc::new(MemoryKvBackend::new()), 8);
+    let store = Arc::new(KvStateStore::new(gate.clone()));
+    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
+    let absent = |key: &str| Condition::Absent {
+        key: key.to_string(),
+    };
+    let writes = (0..6)
+        .map(|i| {
+            let key = format!("k{i}");
+            (vec![epoch_is(1), absent(&key)], vec![put(&key)])
+        })
+        .collect();
+    let outcomes = batch_behind_a_held_commit(&store, &gate, writes).await;
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        assert_eq!(outcome.unwrap(), WriteOutcome::Applied, "k{i}");
+        assert!(store.get(&format!("k{i}")).await.unwrap().is_some(), "k{i}");
+    }
+    // The held write alone, then the six queued ones in two commits of three.
+    let sizes: Vec<usize> = gate.txns().iter().map(|t| t.success.len()).collect();
+    assert_eq!(sizes, vec![1, 3, 3], "{:#?}", gate.txns());
 }

@@ -37,8 +37,7 @@ use super::{KvStateStore, LeaderLease, parse_epoch, rejected_by_epoch};
 /// latency one commit adds to the writes that wait for the next.
 pub(super) const MAX_BATCH_WRITES: usize = 512;
 
-/// Operations and bytes set aside in every batch for the epoch condition (its compares and reads).
-const EPOCH_RESERVE_OPS: usize = 2;
+/// Bytes set aside in every batch for the epoch condition (its compares and reads).
 const EPOCH_RESERVE_BYTES: usize = 512;
 
 /// One write, turned into its part of a kv transaction.
@@ -237,7 +236,7 @@ impl KvStateStore {
         };
         let (c, s, f) = prepared.ops();
         let epoch_ops = if prepared.epoch.is_some() {
-            EPOCH_RESERVE_OPS
+            self.epoch_ops()
         } else {
             0
         };
@@ -252,6 +251,12 @@ impl KvStateStore {
             prepared.bytes + epoch_bytes,
         )?;
         Ok(prepared)
+    }
+
+    /// Compares (and reads) of the epoch condition of a batch: the stored epoch, and under a leader fence the
+    /// leader key too.
+    fn epoch_ops(&self) -> usize {
+        if self.fence.is_some() { 2 } else { 1 }
     }
 
     /// Bytes set aside for the epoch condition of a batch.
@@ -343,8 +348,8 @@ impl KvStateStore {
             usize::MAX
         };
         let (c, s, f) = first.write.ops();
-        let (mut compares, mut success, mut failure) =
-            (EPOCH_RESERVE_OPS + c, s, EPOCH_RESERVE_OPS + f);
+        let epoch_ops = self.epoch_ops();
+        let (mut compares, mut success, mut failure) = (epoch_ops + c, s, epoch_ops + f);
         let mut bytes = self.epoch_reserve_bytes() + first.write.bytes;
         let mut taken: HashSet<Vec<u8>> = first.write.keys.clone();
         let mut deferred_keys: HashSet<Vec<u8>> = HashSet::new();
