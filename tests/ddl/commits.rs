@@ -187,7 +187,7 @@ async fn revision(endpoints: &[String]) -> i64 {
 }
 
 #[tokio::test]
-async fn one_create_table_moves_etcds_revision_by_three() {
+async fn one_create_table_moves_etcds_revision_by_three_and_concurrent_ones_share_txns() {
     // An etcd of this test's own: nothing else moves its revision.
     let etcd = Service::etcd("create-commits");
     let kv: KvBackendRef = Arc::new(
@@ -195,14 +195,36 @@ async fn one_create_table_moves_etcds_revision_by_three() {
             .await
             .unwrap(),
     );
-    let running = manager(kv.clone()).await;
+    let running = Arc::new(manager(kv.clone()).await);
     create(&running, "warm_up").await;
     let before = revision(&etcd.endpoints).await;
     create(&running, "cpu").await;
     let after = revision(&etcd.endpoints).await;
-    running.0.stop().await.unwrap();
     assert!(after - before <= 3, "{} revisions", after - before);
     assert_eq!(after - before, 3);
+
+    // 8 more at once (ids still within the reserved batch) share etcd txns: fewer revisions than 3 each, and every
+    // table is complete.
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let running = running.clone();
+            tokio::spawn(async move { create(&running, &format!("t{i}")).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let last = revision(&etcd.endpoints).await;
+    running.0.stop().await.unwrap();
+    eprintln!(
+        "8 concurrent create-tables on etcd: {} revisions",
+        last - after
+    );
+    assert!(last - after < 24, "{} revisions for 8 tables", last - after);
+    let names = remote_wal::kv::range_all(kv.as_ref(), RangeRequest::prefix("__table_name/"), 0)
+        .await
+        .unwrap();
+    assert_eq!(names.len(), 10, "warm_up, cpu and the 8");
 }
 
 /// Creates `n` tables at once through one manager on `kv` (procedure state in the same kv, group commit on);
