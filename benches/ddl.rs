@@ -1,9 +1,10 @@
-//! Create-table end to end (64 regions) and building a datanode's open requests (100k regions).
+//! Create-table end to end (64 regions), group commit against one commit per write on redb (64 create-tables of 8
+//! regions in flight, and one alone), and building a datanode's open requests (100k regions).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use procedures::{LocalManager, ManagerConfig, ProcedureManager, StateStore};
 use remote_wal::datanode::{RegionOpener, WalProviderKind};
 use remote_wal::ddl::datanode_table::datanode_table_key;
@@ -15,7 +16,7 @@ use remote_wal::ddl::{
 use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::redb::RedbKvBackend;
 use remote_wal::kv::state_store::KvStateStore;
-use remote_wal::kv::{KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
+use remote_wal::kv::{CountingKvBackend, KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
 use tokio::runtime::Runtime;
 
@@ -90,6 +91,58 @@ fn bench_create_table(c: &mut Criterion) {
     group.finish();
 }
 
+/// 64 create-tables of 8 regions in flight on redb, and one alone, with group commit on and off. Each
+/// configuration has a redb file of its own; metadata and procedure state share it, as a metasrv runs. Throughput
+/// is in tables.
+fn bench_group_commit(c: &mut Criterion) {
+    let rt = Runtime::new().expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut group = c.benchmark_group("group_commit_redb");
+    group.sample_size(10);
+    group.measurement_time(std::time::Duration::from_secs(5));
+    for (in_flight, label) in [(64usize, "64_in_flight_8_regions"), (1, "alone_8_regions")] {
+        group.throughput(Throughput::Elements(in_flight as u64));
+        for on in [true, false] {
+            let name = if on {
+                "group_commit"
+            } else {
+                "no_group_commit"
+            };
+            let path = dir.path().join(format!("{label}-{name}.redb"));
+            let redb: KvBackendRef = Arc::new(RedbKvBackend::open(path).expect("redb"));
+            let counting = Arc::new(CountingKvBackend::new(redb));
+            let kv: KvBackendRef = counting.clone();
+            let store = Arc::new(KvStateStore::new(kv.clone()).with_group_commit(on));
+            let ddl = ddl_manager(&rt, kv, store);
+            let n = AtomicUsize::new(0);
+            let commits_before = counting.commits();
+            group.bench_function(format!("{label}/{name}"), |b| {
+                b.to_async(&rt).iter(|| async {
+                    let creates = (0..in_flight).map(|_| {
+                        let i = n.fetch_add(1, Ordering::Relaxed);
+                        let table = TableName::new("greptime", "public", format!("t{i}"));
+                        ddl.create_table(CreateTableTask::new(table, 8))
+                    });
+                    for id in futures::future::join_all(creates).await {
+                        id.expect("create");
+                    }
+                })
+            });
+            let tables = n.load(Ordering::Relaxed);
+            let commits = counting.commits() - commits_before;
+            // Nothing to say of a case the filter left out.
+            if tables == 0 {
+                continue;
+            }
+            eprintln!(
+                "{label}/{name}: {tables} tables, {commits} store commits ({:.2} per table)",
+                commits as f64 / tables as f64
+            );
+        }
+    }
+    group.finish();
+}
+
 fn bench_open_regions(c: &mut Criterion) {
     let rt = Runtime::new().expect("runtime");
     let kv = Arc::new(MemoryKvBackend::new());
@@ -135,5 +188,10 @@ fn bench_open_regions(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_create_table, bench_open_regions);
+criterion_group!(
+    benches,
+    bench_create_table,
+    bench_group_commit,
+    bench_open_regions
+);
 criterion_main!(benches);

@@ -26,6 +26,7 @@
 //! retry_delay = "100ms"                 # doubles each retry
 //! max_retry_delay = "10s"
 //! finished_in_memory = "10m"            # then only the store holds a finished procedure (read there)
+//! group_commit = true                   # batch concurrent procedures' writes into one store commit
 //!
 //! [server]                              # walctl serve only
 //! listen = "127.0.0.1:3002"             # the HTTP API
@@ -155,8 +156,8 @@ impl ServerConfig {
 }
 
 /// The `[procedure]` section: retries of a procedure step that failed with a retryable error (a broker or the
-/// metadata store unreachable; non-retryable errors fail the procedure at once), and how long a finished procedure
-/// stays in the manager's memory.
+/// metadata store unreachable; non-retryable errors fail the procedure at once), how long a finished procedure
+/// stays in the manager's memory, and how procedure state is committed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProcedureConfig {
@@ -173,6 +174,10 @@ pub struct ProcedureConfig {
     /// which stays for the retention period. `"0s"`: it leaves memory at the next check.
     #[serde(with = "humantime_serde")]
     pub finished_in_memory: Duration,
+    /// Group commit of the procedure state store (on by default): the writes of concurrent procedures that arrive
+    /// while a commit is in flight go into the next commit together
+    /// ([`crate::kv::KvStateStore::with_group_commit`]). Off, every write commits alone (for comparison).
+    pub group_commit: bool,
 }
 
 impl Default for ProcedureConfig {
@@ -183,6 +188,7 @@ impl Default for ProcedureConfig {
             retry_delay: retry.initial_delay,
             max_retry_delay: retry.max_delay,
             finished_in_memory: procedures::ManagerConfig::default().finished_in_memory,
+            group_commit: true,
         }
     }
 }
@@ -596,6 +602,7 @@ mod tests {
                 retry_delay: Duration::from_millis(10),
                 max_retry_delay: Duration::from_secs(1),
                 finished_in_memory: Duration::from_secs(90),
+                group_commit: false,
             },
         };
         assert_eq!(parse(&c.to_toml_string()).unwrap(), c);
@@ -704,6 +711,25 @@ mod tests {
         assert!(err.contains("procedure.retry_delay"), "{err}");
         let err = parse_err("[procedure]\nretry_delay = \"2s\"\nmax_retry_delay = \"1s\"\n");
         assert!(err.contains("procedure.max_retry_delay"), "{err}");
+    }
+
+    #[test]
+    fn group_commit_is_on_by_default_and_can_be_turned_off() {
+        assert!(MetasrvConfig::embedded().procedure.group_commit);
+        assert!(
+            parse("[procedure]\nmax_retries = 2\n")
+                .unwrap()
+                .procedure
+                .group_commit
+        );
+        let off = parse("[procedure]\ngroup_commit = false\n").unwrap();
+        assert!(!off.procedure.group_commit);
+        assert_eq!(
+            off.procedure.max_retries,
+            ProcedureConfig::default().max_retries
+        );
+        let err = parse_err("[procedure]\ngroup_commit = \"no\"\n");
+        assert!(err.contains("procedure.group_commit"), "{err}");
     }
 
     #[test]

@@ -392,7 +392,8 @@ impl Metasrv {
         config.validate()?;
         let commits = Arc::new(CountingKvBackend::new(kv));
         let kv: KvBackendRef = commits.clone();
-        let mut state_store = crate::kv::KvStateStore::new(kv.clone());
+        let mut state_store = crate::kv::KvStateStore::new(kv.clone())
+            .with_group_commit(config.procedure.group_commit);
         if let Some(fence) = fence {
             state_store = state_store.with_leader_fence(fence);
         }

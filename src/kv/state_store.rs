@@ -31,10 +31,7 @@ use tokio::sync::watch;
 
 use crate::error::Error;
 use crate::kv::step_store::KvStepStore;
-use crate::kv::{
-    Compare, KvBackendRef, PutRequest, RangeRequest, Txn, TxnOp, TxnOpResponse, display_key,
-    range_all,
-};
+use crate::kv::{KvBackendRef, PutRequest, RangeRequest, Txn, TxnOp, display_key, range_all};
 
 /// The prefix of every procedure-state key in the metadata store.
 pub const PROCEDURE_PREFIX: &str = "__procedure__/";
@@ -42,6 +39,7 @@ pub const PROCEDURE_PREFIX: &str = "__procedure__/";
 /// Pairs read per request by `scan`.
 const SCAN_PAGE: usize = 512;
 
+mod group;
 mod page;
 
 /// The leadership a [`LeaderFence`] holds: the election's epoch and the key that proves it.
@@ -127,15 +125,11 @@ pub struct KvStateStore {
     kv: KvBackendRef,
     prefix: String,
     fence: Option<Arc<LeaderFence>>,
-}
-
-/// What one condition of a write turns into in the kv transaction.
-enum Check {
-    /// A plain compare; its failure branch reads the key once.
-    Plain,
-    /// The epoch under a leader fence: the leader key's value and, unless the write is the engine's claim, the
-    /// stored epoch. Its failure branch reads both.
-    Leader { lease: LeaderLease, claim: bool },
+    /// The queue of writes waiting for a commit; `None` with group commit off.
+    group: Option<Arc<group::GroupCommit>>,
+    /// The crash harness's controller, when the store injects its crashes itself.
+    #[cfg(any(test, feature = "testing"))]
+    crash: Option<Arc<procedures::testing::CrashController>>,
 }
 
 impl KvStateStore {
@@ -150,7 +144,64 @@ impl KvStateStore {
             kv,
             prefix: prefix.into(),
             fence: None,
+            group: Some(Arc::default()),
+            #[cfg(any(test, feature = "testing"))]
+            crash: None,
         }
+    }
+
+    /// Turns group commit on (the default) or off. On, the writes of concurrent callers that arrive while a commit
+    /// is in flight go into the next commit together (one kv transaction), each caller answered once that commit is
+    /// durable; a write whose own condition fails is refused alone. Off, every write is a commit of its own.
+    pub fn with_group_commit(mut self, on: bool) -> Self {
+        self.group = on.then(Arc::default);
+        self
+    }
+
+    /// Whether group commit is on.
+    pub fn group_commit(&self) -> bool {
+        self.group.is_some()
+    }
+
+    /// Writes waiting for the next commit (the one in flight not included); 0 with group commit off.
+    pub fn queued_writes(&self) -> usize {
+        self.group.as_ref().map_or(0, |g| g.queued())
+    }
+
+    /// Injects the crashes of `controller` (the crash harness, `procedures::testing`) at this store's own commits:
+    /// each kv transaction it sends (a whole batch with group commit on), each `put` and `delete`, is one durable
+    /// write of the simulated process, and once it crashed every call fails. What
+    /// [`procedures::testing::CrashScenario::crashing_state_store`] returns for a group-committing store.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn with_crash_controller(
+        mut self,
+        controller: Arc<procedures::testing::CrashController>,
+    ) -> Self {
+        self.crash = Some(controller);
+        self
+    }
+
+    /// Fails once the crash harness's simulated process crashed (before a read).
+    fn ensure_alive(&self, what: &str) -> procedures::Result<()> {
+        #[cfg(any(test, feature = "testing"))]
+        if let Some(crash) = &self.crash {
+            return crash.ensure_alive(what);
+        }
+        let _ = what;
+        Ok(())
+    }
+
+    /// Runs a mutation other than a commit of writes (`put`, `delete`); under the crash harness as one durable write.
+    async fn mutation<F>(&self, what: &str, op: F) -> procedures::Result<()>
+    where
+        F: Future<Output = procedures::Result<()>>,
+    {
+        #[cfg(any(test, feature = "testing"))]
+        if let Some(crash) = &self.crash {
+            return crash.durable_write(what, op).await;
+        }
+        let _ = what;
+        op.await
     }
 
     /// Takes the epoch from an election instead of claiming one (see the module documentation): every write
@@ -222,6 +273,7 @@ impl KvStateStore {
 #[async_trait]
 impl StateStore for KvStateStore {
     async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
+        self.ensure_alive(&format!("get '{key}'"))?;
         if key == EPOCH_KEY
             && let Some(fence) = &self.fence
         {
@@ -241,6 +293,7 @@ impl StateStore for KvStateStore {
     }
 
     async fn scan(&self, prefix: &str) -> procedures::Result<Vec<(String, Vec<u8>)>> {
+        self.ensure_alive(&format!("scan '{prefix}'"))?;
         let kvs = range_all(
             self.kv.as_ref(),
             RangeRequest::prefix(self.kv_key(prefix)),
@@ -276,6 +329,7 @@ impl StateStore for KvStateStore {
         after: Option<&str>,
         limit: usize,
     ) -> procedures::Result<Vec<(String, Vec<u8>)>> {
+        self.ensure_alive(&format!("scan '{prefix}'"))?;
         self.read_page(prefix, after, limit).await
     }
 
@@ -286,15 +340,18 @@ impl StateStore for KvStateStore {
         }
         let kv_key = self.kv_key(key);
         self.check_limits(key, 1, kv_key.len() + value.len())?;
-        self.kv
-            .put(PutRequest {
-                key: kv_key,
-                value,
-                prev_kv: false,
-            })
-            .await
-            .map_err(|e| self.error("put", key, e))?;
-        Ok(())
+        let put = async {
+            self.kv
+                .put(PutRequest {
+                    key: kv_key,
+                    value,
+                    prev_kv: false,
+                })
+                .await
+                .map_err(|e| self.error("put", key, e))?;
+            Ok(())
+        };
+        self.mutation(&format!("put '{key}'"), put).await
     }
 
     async fn delete(&self, keys: &[String]) -> procedures::Result<()> {
@@ -309,15 +366,18 @@ impl StateStore for KvStateStore {
         };
         let bytes = ops.iter().map(|op| op.key().len()).sum();
         self.check_limits(first, ops.len(), bytes)?;
-        self.kv
-            .txn(Txn {
-                compare: Vec::new(),
-                success: ops,
-                failure: Vec::new(),
-            })
-            .await
-            .map_err(|e| self.error("delete", first, e))?;
-        Ok(())
+        let delete = async {
+            self.kv
+                .txn(Txn {
+                    compare: Vec::new(),
+                    success: ops,
+                    failure: Vec::new(),
+                })
+                .await
+                .map_err(|e| self.error("delete", first, e))?;
+            Ok(())
+        };
+        self.mutation(&format!("delete {keys:?}"), delete).await
     }
 
     async fn write(
@@ -325,7 +385,8 @@ impl StateStore for KvStateStore {
         conditions: Vec<Condition>,
         ops: Vec<WriteOp>,
     ) -> procedures::Result<WriteOutcome> {
-        self.write_txn(conditions, ops, None).await
+        let write = self.prepare(conditions, ops, None)?;
+        self.commit_write(write).await
     }
 
     /// Joins the writes of a [`KvStepStore`] on the same backend (the same `Arc`).
@@ -342,182 +403,8 @@ impl StateStore for KvStateStore {
         ops: Vec<WriteOp>,
         step: &StepWrites,
     ) -> procedures::Result<WriteOutcome> {
-        self.write_txn(conditions, ops, Some(step)).await
-    }
-}
-
-impl KvStateStore {
-    /// One kv transaction: `conditions` and `ops` on state keys (under the prefix), plus `step`'s conditions and ops
-    /// on raw kv keys. A rejection lists the state conditions, then the step's, with their current values.
-    async fn write_txn(
-        &self,
-        conditions: Vec<Condition>,
-        ops: Vec<WriteOp>,
-        step: Option<&StepWrites>,
-    ) -> procedures::Result<WriteOutcome> {
-        // The kv txn refuses a key written twice in a branch; applied in order, the last op on a key wins (a step's
-        // op after the state's).
-        let mut all: Vec<(Vec<u8>, &WriteOp)> =
-            ops.iter().map(|op| (self.kv_key(op.key()), op)).collect();
-        if let Some(step) = step {
-            all.extend(
-                step.ops()
-                    .iter()
-                    .map(|op| (op.key().as_bytes().to_vec(), op)),
-            );
-        }
-        let mut seen = HashSet::new();
-        let mut last: Vec<(Vec<u8>, &WriteOp)> = all
-            .into_iter()
-            .rev()
-            .filter(|(key, _)| seen.insert(key.clone()))
-            .collect();
-        last.reverse();
-        let last_ops: Vec<&WriteOp> = last.iter().map(|(_, op)| *op).collect();
-
-        let first = last_ops
-            .first()
-            .map(|op| op.key().to_string())
-            .or_else(|| conditions.first().map(|c| c.key().to_string()))
-            .unwrap_or_default();
-        let mut compare: Vec<Compare> = Vec::with_capacity(conditions.len() + 1);
-        let mut failure: Vec<TxnOp> = Vec::with_capacity(conditions.len() + 1);
-        let mut checks: Vec<Check> = Vec::with_capacity(conditions.len());
-        for c in &conditions {
-            if c.key() == EPOCH_KEY
-                && let Some(fence) = &self.fence
-            {
-                let Some(lease) = fence.current() else {
-                    fence.fenced();
-                    // No leadership: report an epoch above the one asked for (a later leader's is larger still).
-                    let asked = match c {
-                        Condition::Equals { value, .. } => parse_epoch(value).unwrap_or(0),
-                        Condition::Absent { .. } => 0,
-                    };
-                    return Ok(rejected_by_epoch(&conditions, asked.saturating_add(1)));
-                };
-                let asked = match c {
-                    Condition::Equals { value, .. } => parse_epoch(value),
-                    Condition::Absent { .. } => None,
-                };
-                let claim = match asked {
-                    Some(e) if e == lease.epoch => false,
-                    Some(e) if e.checked_add(1) == Some(lease.epoch) => true,
-                    // A manager of another term: it is fenced by this one.
-                    _ => {
-                        fence.fenced();
-                        return Ok(rejected_by_epoch(&conditions, lease.epoch));
-                    }
-                };
-                // The claim may only write this term's epoch.
-                let epoch_key = self.kv_key(EPOCH_KEY);
-                let bad_put = last.iter().any(|(kv_key, op)| {
-                    matches!(op, WriteOp::Put { value, .. } if *kv_key == epoch_key && parse_epoch(value) != Some(lease.epoch))
-                });
-                if bad_put {
-                    fence.fenced();
-                    return Ok(rejected_by_epoch(&conditions, lease.epoch));
-                }
-                compare.push(Compare::ValueEquals(lease.key.clone(), lease.value.clone()));
-                failure.push(TxnOp::Get(lease.key.clone()));
-                if !claim {
-                    compare.push(Compare::ValueEquals(
-                        self.kv_key(EPOCH_KEY),
-                        lease.epoch.to_string().into_bytes(),
-                    ));
-                }
-                failure.push(TxnOp::Get(self.kv_key(EPOCH_KEY)));
-                checks.push(Check::Leader { lease, claim });
-                continue;
-            }
-            compare.push(match c {
-                Condition::Equals { key, value } => {
-                    Compare::ValueEquals(self.kv_key(key), value.clone())
-                }
-                Condition::Absent { key } => Compare::Absent(self.kv_key(key)),
-            });
-            failure.push(TxnOp::Get(self.kv_key(c.key())));
-            checks.push(Check::Plain);
-        }
-        let step_conditions = step.map(StepWrites::conditions).unwrap_or_default();
-        for c in step_conditions {
-            let key = c.key().as_bytes().to_vec();
-            compare.push(match c {
-                Condition::Equals { value, .. } => Compare::ValueEquals(key.clone(), value.clone()),
-                Condition::Absent { .. } => Compare::Absent(key.clone()),
-            });
-            failure.push(TxnOp::Get(key));
-        }
-        let success: Vec<TxnOp> = last
-            .into_iter()
-            .map(|(kv_key, op)| match op {
-                WriteOp::Put { value, .. } => TxnOp::Put(kv_key, value.clone()),
-                WriteOp::Delete { .. } => TxnOp::Delete(kv_key),
-            })
-            .collect();
-        let txn = Txn {
-            compare,
-            success,
-            failure,
-        };
-        let ops = txn.compare.len() + txn.success.len().max(txn.failure.len());
-        self.check_limits(&first, ops, crate::kv::check::txn_bytes(&txn))?;
-
-        let resp = self
-            .kv
-            .txn(txn)
-            .await
-            .map_err(|e| self.error("write", &first, e))?;
-        if resp.succeeded {
-            return Ok(WriteOutcome::Applied);
-        }
-        let mut values = resp.responses.into_iter().map(|r| match r {
-            TxnOpResponse::Get(kv) => kv.map(|kv| kv.value),
-            _ => None,
-        });
-        let mut current = Vec::with_capacity(conditions.len());
-        for (c, check) in conditions.iter().zip(checks) {
-            let value = match check {
-                Check::Plain => values.next().flatten(),
-                Check::Leader { lease, claim } => {
-                    let leader = values.next().flatten();
-                    let stored = values.next().flatten();
-                    let stored_epoch = stored.as_deref().and_then(parse_epoch);
-                    if leader.as_deref() == Some(lease.value.as_slice())
-                        && (claim || stored_epoch == Some(lease.epoch))
-                    {
-                        // The epoch held: another condition failed.
-                        Some(
-                            if claim { lease.epoch - 1 } else { lease.epoch }
-                                .to_string()
-                                .into_bytes(),
-                        )
-                    } else {
-                        // The leader key is gone (the lease ended) or another manager claimed the epoch since:
-                        // this term is over. Report an epoch above this one; a later leader's is larger still.
-                        if let Some(fence) = &self.fence {
-                            fence.fenced();
-                            fence.clear_if(&lease);
-                        }
-                        let now = stored_epoch
-                            .filter(|e| *e > lease.epoch)
-                            .unwrap_or(lease.epoch.saturating_add(1));
-                        tracing::warn!(
-                            epoch = lease.epoch,
-                            now,
-                            leader_key_present = leader.is_some(),
-                            "a state write found this server's leadership gone; the write was refused"
-                        );
-                        Some(now.to_string().into_bytes())
-                    }
-                }
-            };
-            current.push((c.key().to_string(), value));
-        }
-        for c in step_conditions {
-            current.push((c.key().to_string(), values.next().flatten()));
-        }
-        Ok(WriteOutcome::Rejected { current })
+        let write = self.prepare(conditions, ops, Some(step))?;
+        self.commit_write(write).await
     }
 }
 

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use procedures::testing::{
-    CrashScenario, MatrixConfig, MatrixReport, StoreDigest, run_crash_matrix, store_digest,
+    CrashController, CrashScenario, MatrixConfig, MatrixReport, StoreDigest, run_crash_matrix,
+    store_digest,
 };
 use procedures::{
     Context, Error, LockKey, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Result,
@@ -18,8 +19,8 @@ use procedures::{
 use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
 use remote_wal::kv::state_store::{LeaderFence, LeaderLease};
 use remote_wal::kv::{
-    Compare, KeyValue, KvBackendRef, KvStateStore, PutRequest, RangeRequest, RedbKvBackend, Txn,
-    TxnOp, prefix_end, range_all,
+    Compare, KeyValue, KvBackendRef, KvStateStore, MemoryKvBackend, PutRequest, RangeRequest,
+    RedbKvBackend, Txn, TxnOp, prefix_end, range_all,
 };
 use serde::{Deserialize, Serialize};
 
@@ -174,6 +175,9 @@ impl Procedure for MetadataSteps {
 
 /// How each case gets a fresh store: a new redb file, or a new prefix on the shared etcd.
 enum Backend {
+    /// A new in-memory backend: every kv call answers without waiting, so on the single-threaded test runtime the
+    /// roots' writes meet in the store's queue the same way in every run.
+    Memory,
     Redb {
         dir: tempfile::TempDir,
         next: AtomicUsize,
@@ -195,6 +199,10 @@ enum Backend {
 
 struct Scenario {
     backend: Backend,
+    /// The crashes are injected by the state store itself at its commits (group commit on, each commit one
+    /// durable write, see `CrashScenario::crashing_state_store`), instead of by the harness's wrapper, which
+    /// serialises the manager's writes and so never lets two of them share a commit.
+    group_commit: bool,
 }
 
 struct Env {
@@ -215,6 +223,10 @@ impl CrashScenario for Scenario {
 
     async fn new_env(&self) -> Env {
         let (kv, ns) = match &self.backend {
+            Backend::Memory => {
+                let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+                (kv, String::new())
+            }
             Backend::Redb { dir, next } | Backend::FencedRedb { dir, next } => {
                 let path = dir
                     .path()
@@ -253,6 +265,21 @@ impl CrashScenario for Scenario {
 
     fn state_store(&self, env: &Env) -> Arc<dyn StateStore> {
         env.store.clone()
+    }
+
+    fn crashing_state_store(
+        &self,
+        env: &Env,
+        controller: &Arc<CrashController>,
+    ) -> Option<Arc<dyn StateStore>> {
+        self.group_commit.then(|| {
+            // A store of this manager's own (a new process): the same backend, prefix and fence, a fresh queue.
+            let store = (*env.store)
+                .clone()
+                .with_group_commit(true)
+                .with_crash_controller(controller.clone());
+            Arc::new(store) as Arc<dyn StateStore>
+        })
     }
 
     fn register_loaders(&self, env: &Env, manager: &dyn ProcedureManager) -> Result<()> {
@@ -322,6 +349,7 @@ async fn kv_state_store_on_redb_survives_every_single_and_double_crash() {
             dir: tempfile::tempdir().unwrap(),
             next: AtomicUsize::new(0),
         },
+        group_commit: false,
     };
     check_golden(&scenario).await;
     let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
@@ -340,6 +368,7 @@ async fn kv_state_store_under_a_leader_fence_survives_every_single_and_double_cr
             dir: tempfile::tempdir().unwrap(),
             next: AtomicUsize::new(0),
         },
+        group_commit: false,
     };
     check_golden(&scenario).await;
     let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
@@ -361,6 +390,7 @@ async fn kv_state_store_on_etcd_survives_every_single_and_double_crash() {
             run: run.clone(),
             next: AtomicUsize::new(0),
         },
+        group_commit: false,
     };
     check_golden(&scenario).await;
     let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
@@ -373,6 +403,78 @@ async fn kv_state_store_on_etcd_survives_every_single_and_double_crash() {
         report.double_crash_cases > report.single_crash_cases,
         "{report}"
     );
+}
+
+/// The size of a group-commit matrix: as [`assert_shape`], but fewer transitions when the roots' writes shared
+/// commits (the claim, then at least the two submissions and two `done` records, in as few as three commits).
+fn assert_group_shape(report: &MatrixReport) {
+    report.assert_no_mismatch();
+    assert!(report.transitions >= 3, "{report}");
+    assert_eq!(report.side_effect_points, 2 * 4, "{report}");
+    assert_eq!(
+        report.single_crash_cases,
+        2 * report.transitions + report.side_effect_points,
+        "{report}"
+    );
+}
+
+#[tokio::test]
+async fn group_commit_on_memory_survives_every_crash_with_writes_of_both_roots_in_one_commit() {
+    let scenario = Scenario {
+        backend: Backend::Memory,
+        group_commit: true,
+    };
+    check_golden(&scenario).await;
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print("kv state store with group commit on memory", &report);
+    assert_group_shape(&report);
+    // Alone, the golden run is 9 commits (the claim, then 4 per root, as on redb without group commit): fewer means
+    // some commits held writes of both roots, so the crash points before and after them cut through a batch.
+    assert!(report.transitions < 9, "{report}");
+    assert!(
+        report.double_crash_cases > report.single_crash_cases,
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_commit_on_redb_survives_every_crash_between_batch_and_commit_and_before_the_answer()
+{
+    // Every commit of the store (a batch of the two roots' writes when they meet, else one write) is crashed before
+    // it is sent (the batch assembled, nothing written) and after it is durable (before any caller is answered).
+    let scenario = Scenario {
+        backend: Backend::Redb {
+            dir: tempfile::tempdir().unwrap(),
+            next: AtomicUsize::new(0),
+        },
+        group_commit: true,
+    };
+    check_golden(&scenario).await;
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print("kv state store with group commit on redb", &report);
+    assert_group_shape(&report);
+    assert!(
+        report.double_crash_cases > report.single_crash_cases,
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn group_commit_under_a_leader_fence_survives_every_crash() {
+    let scenario = Scenario {
+        backend: Backend::FencedRedb {
+            dir: tempfile::tempdir().unwrap(),
+            next: AtomicUsize::new(0),
+        },
+        group_commit: true,
+    };
+    check_golden(&scenario).await;
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print(
+        "kv state store with group commit under a leader fence",
+        &report,
+    );
+    assert_group_shape(&report);
 }
 
 /// One uncrashed run by hand: the metadata the procedures write, so the matrix compares against something real.

@@ -8,6 +8,7 @@ mod conformance;
 mod crash_matrix;
 mod election;
 mod etcd;
+mod group_commit;
 mod redb;
 mod redb_damage;
 mod state_store;

@@ -33,6 +33,9 @@ pub struct DdlArgs {
     /// Regions per table.
     #[arg(long, value_name = "R", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub regions: u32,
+    /// Turn the procedure state store's group commit off for this run (`procedure.group_commit = false`).
+    #[arg(long)]
+    pub no_group_commit: bool,
 }
 
 /// What `bench ddl` measured; with `--json` printed as one object.
@@ -60,6 +63,9 @@ pub struct DdlReport {
     pub commits: u64,
     /// `commits / tables`.
     pub commits_per_table: f64,
+    /// Whether the procedure state store committed with group commit (`procedure.group_commit`, off with
+    /// `--no-group-commit`).
+    pub group_commit: bool,
 }
 
 /// Runs `command` on a started metasrv (with the procedures of an earlier run finished).
@@ -129,6 +135,7 @@ pub async fn ddl(metasrv: &Metasrv, args: &DdlArgs, run: &str) -> remote_wal::Re
         max_ms: millis(latencies.last().copied().unwrap_or_default()),
         commits,
         commits_per_table: commits as f64 / f64::from(tables),
+        group_commit: metasrv.config().procedure.group_commit,
     })
 }
 

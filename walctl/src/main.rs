@@ -102,10 +102,15 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Serve { listen } = &cli.command {
         return serve::run(cli.config.as_deref(), listen.clone()).await;
     }
-    let config = match &cli.config {
+    let mut config = match &cli.config {
         Some(path) => MetasrvConfig::from_file(path)?,
         None => MetasrvConfig::embedded(),
     };
+    if let Command::Bench(bench::BenchCommand::Ddl(args)) = &cli.command
+        && args.no_group_commit
+    {
+        config.procedure.group_commit = false;
+    }
     // Only a command that creates metadata may create a missing redb file; the others need it to exist.
     let mode = if cli.command.creates_metadata() {
         RedbOpenMode::CreateIfMissing

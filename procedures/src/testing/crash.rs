@@ -203,6 +203,28 @@ impl CrashController {
         Ok(())
     }
 
+    /// Runs `op` as one durable write of this process, for a store that injects the crashes itself below its own
+    /// batching (see [`crate::testing::CrashScenario::crashing_state_store`]): a store that commits the writes of
+    /// several calls at once counts each commit once. Serialised with the other writes of this process, counted,
+    /// and crashed before `op` (nothing runs) or after it (`op` ran, the answer is an [`injected_crash`]) as the
+    /// plan says; `what` names the write in the crash record. Fails at once when the process has crashed.
+    pub async fn durable_write<T, F>(&self, what: &str, op: F) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
+        let _gate = self.write_gate.lock().await;
+        let index = self.before_write(what)?;
+        let value = op.await?;
+        self.after_write(index, what)?;
+        Ok(value)
+    }
+
+    /// Fails with an [`injected_crash`] once the process has crashed: what a store that injects the crashes itself
+    /// calls before a read (`what` names it).
+    pub fn ensure_alive(&self, what: &str) -> Result<()> {
+        self.check_alive(what)
+    }
+
     /// Where the answer of a write was lost, once the planned [`CrashPoint::LostAnswer`] was reached.
     pub fn lost_answer(&self) -> Option<CrashRecord> {
         self.lock().lost_answer.clone()

@@ -413,11 +413,18 @@ async fn run_phase<S: CrashScenario>(
     config: &MatrixConfig,
 ) -> Phase {
     let controller = Arc::new(CrashController::new(plan));
-    let store = Arc::new(CrashingStore::new(
-        scenario.state_store(env),
-        Arc::clone(&controller),
-    ));
-    let local = LocalManager::with_side_effect_hook(store.clone(), config.manager.clone(), store);
+    let local = match scenario.crashing_state_store(env, &controller) {
+        Some(store) => {
+            LocalManager::with_side_effect_hook(store, config.manager.clone(), controller.clone())
+        }
+        None => {
+            let store = Arc::new(CrashingStore::new(
+                scenario.state_store(env),
+                Arc::clone(&controller),
+            ));
+            LocalManager::with_side_effect_hook(store.clone(), config.manager.clone(), store)
+        }
+    };
     let manager = TrackingManager {
         inner: Arc::new(local),
         controller: Arc::clone(&controller),

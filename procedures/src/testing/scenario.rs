@@ -31,6 +31,22 @@ pub trait CrashScenario: Send + Sync {
     /// The durable store of `env`. Every manager of a case runs on it (through a crashing wrapper).
     fn state_store(&self, env: &Self::Env) -> Arc<dyn StateStore>;
 
+    /// A state store of `env` that injects `controller`'s crashes itself, at its own durable commits
+    /// ([`crate::testing::CrashController::durable_write`], and
+    /// [`crate::testing::CrashController::ensure_alive`] before reads), instead of being wrapped in the harness's
+    /// [`crate::testing::CrashingStore`]. The wrapper serialises the manager's store calls, one call one write; a
+    /// store that batches the writes of concurrent calls into one commit (group commit) is only tested as it runs
+    /// when the crash points are its commits. `None` (the default): the harness wraps
+    /// [`CrashScenario::state_store`].
+    fn crashing_state_store(
+        &self,
+        env: &Self::Env,
+        controller: &Arc<crate::testing::CrashController>,
+    ) -> Option<Arc<dyn StateStore>> {
+        let _ = (env, controller);
+        None
+    }
+
     /// Registers the loaders of every procedure type the scenario uses (children included) on `manager`.
     fn register_loaders(&self, env: &Self::Env, manager: &dyn ProcedureManager) -> Result<()>;
 

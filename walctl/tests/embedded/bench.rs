@@ -5,19 +5,22 @@ use crate::support::Env;
 use serde_json::Value;
 
 fn bench(env: &Env, tables: &str, concurrency: &str) -> Value {
-    let mut lines = env.json(
-        None,
-        &[
-            "bench",
-            "ddl",
-            "--tables",
-            tables,
-            "--concurrency",
-            concurrency,
-            "--regions",
-            "2",
-        ],
-    );
+    bench_with(env, tables, concurrency, &[])
+}
+
+fn bench_with(env: &Env, tables: &str, concurrency: &str, extra: &[&str]) -> Value {
+    let mut args = vec![
+        "bench",
+        "ddl",
+        "--tables",
+        tables,
+        "--concurrency",
+        concurrency,
+        "--regions",
+        "2",
+    ];
+    args.extend_from_slice(extra);
+    let mut lines = env.json(None, &args);
     assert_eq!(lines.len(), 1, "one report object: {lines:?}");
     lines.remove(0)
 }
@@ -102,10 +105,15 @@ fn bench_ddl_counts_each_tables_commits_and_one_id_range_per_run() {
     // commit, then every table costs the same k commits. Runs of 1, 4 and 7 tables (all within one range) thus
     // count 1 + k, 1 + 4k and 1 + 7k: the counter counts every commit of each create-table and nothing of the
     // run's start-up.
+    // Group commit off: the create-tables in flight do not share commits, so each costs exactly its own.
     let env = Env::new();
-    let c1 = bench(&env, "1", "1")["commits"].as_u64().expect("commits");
-    let c4 = bench(&env, "4", "2")["commits"].as_u64().expect("commits");
-    let c7 = bench(&env, "7", "3")["commits"].as_u64().expect("commits");
+    let off = ["--no-group-commit"];
+    let run = |tables, concurrency| {
+        let report = bench_with(&env, tables, concurrency, &off);
+        assert_eq!(report["group_commit"], false, "{report}");
+        report["commits"].as_u64().expect("commits")
+    };
+    let (c1, c4, c7) = (run("1", "1"), run("4", "2"), run("7", "3"));
     assert_eq!(
         c7 - c4,
         c4 - c1,
@@ -116,6 +124,21 @@ fn bench_ddl_counts_each_tables_commits_and_one_id_range_per_run() {
     // Submission; allocation with the state; metadata with the final state (docs/create-table.md).
     assert_eq!(per_table, 3, "commits per create-table: {c1}, {c4}, {c7}");
     assert_eq!(c1, per_table + 1, "one table and one id range reservation");
+}
+
+#[test]
+fn bench_ddl_with_group_commit_costs_at_most_three_commits_a_table() {
+    // On by default: create-tables in flight may share commits (how many do depends on how they meet), never cost
+    // more than alone. 1 + 3 per table: the id range reservation, then at most three each.
+    let env = Env::new();
+    let report = bench(&env, "8", "8");
+    assert_eq!(report["group_commit"], true, "{report}");
+    let commits = report["commits"].as_u64().expect("commits");
+    assert!(commits <= 1 + 3 * 8, "{report}");
+    assert!(
+        commits > 3,
+        "the reservation and at least the three commits of the last table: {report}"
+    );
 }
 
 #[test]

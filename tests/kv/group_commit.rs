@@ -1,0 +1,493 @@
+//! Group commit of `KvStateStore`: writes that arrive while a commit is in flight share the next commit (one kv
+//! transaction, the epoch compared once); a write whose own condition fails is refused alone and the rest of its
+//! batch commits; a batch whose epoch moved is refused whole and its manager halts. The commit in flight is held
+//! by a gate on the backend, so which writes share a batch is decided by the test, not by timing.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use procedures::record::EPOCH_KEY;
+use procedures::store::{Condition, StateStore, WriteOp, WriteOutcome};
+use procedures::{
+    Context, LocalManager, LockKey, ManagerConfig, Procedure, ProcedureId, ProcedureManager,
+    ProcedureWithId, Status,
+};
+use remote_wal::kv::{
+    Compare, CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef,
+    KvStateStore, MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, RedbKvBackend, Txn,
+    TxnResponse,
+};
+use tokio::sync::Semaphore;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// A backend whose transactions, once [`Gate::close`]d, wait for a permit each ([`Gate::open`]); it records every
+/// transaction sent.
+#[derive(Debug)]
+struct Gate {
+    inner: KvBackendRef,
+    closed: Mutex<bool>,
+    permits: Semaphore,
+    /// Transactions waiting at the closed gate.
+    waiting: AtomicUsize,
+    /// The limit of operations per transaction it reports (its inner backend's when `None`).
+    max_ops: Option<usize>,
+    txns: Mutex<Vec<Txn>>,
+}
+
+impl Gate {
+    fn new(inner: KvBackendRef) -> Arc<Self> {
+        Arc::new(Gate {
+            inner,
+            closed: Mutex::new(false),
+            permits: Semaphore::new(0),
+            waiting: AtomicUsize::new(0),
+            max_ops: None,
+            txns: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A gate that reports at most `max_ops` operations per transaction, and refuses a larger one as etcd does.
+    fn with_max_ops(inner: KvBackendRef, max_ops: usize) -> Arc<Self> {
+        let mut gate = Arc::into_inner(Gate::new(inner)).expect("not shared yet");
+        gate.max_ops = Some(max_ops);
+        Arc::new(gate)
+    }
+
+    fn close(&self) {
+        *self.closed.lock().unwrap() = true;
+    }
+
+    /// Opens the gate for good (held transactions go on).
+    fn open(&self) {
+        *self.closed.lock().unwrap() = false;
+        self.permits.add_permits(1024);
+    }
+
+    fn txns(&self) -> Vec<Txn> {
+        self.txns.lock().unwrap().clone()
+    }
+
+    /// Waits until a transaction waits at the closed gate.
+    async fn holding(&self) {
+        tokio::time::timeout(WAIT, async {
+            while self.waiting.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .expect("a commit reaches the gate");
+    }
+}
+
+#[async_trait]
+impl KvBackend for Gate {
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.max_ops.unwrap_or_else(|| self.inner.max_txn_ops())
+    }
+    fn max_request_bytes(&self) -> usize {
+        self.inner.max_request_bytes()
+    }
+    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_get(keys).await
+    }
+    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
+        self.inner.range(req).await
+    }
+    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+        self.inner.put(req).await
+    }
+    async fn batch_put(
+        &self,
+        kvs: Vec<KeyValue>,
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_put(kvs, prev_kv).await
+    }
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::Result<CompareAndPutResponse> {
+        self.inner.compare_and_put(req).await
+    }
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
+        self.inner.delete_range(key, range_end, prev_kv).await
+    }
+    async fn batch_delete(
+        &self,
+        keys: &[Vec<u8>],
+        prev_kv: bool,
+    ) -> remote_wal::Result<Vec<KeyValue>> {
+        self.inner.batch_delete(keys, prev_kv).await
+    }
+    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+        let closed = *self.closed.lock().unwrap();
+        if closed {
+            self.waiting.fetch_add(1, Ordering::SeqCst);
+            self.permits
+                .acquire()
+                .await
+                .expect("the gate's semaphore is never closed")
+                .forget();
+        }
+        self.txns.lock().unwrap().push(txn.clone());
+        let ops = txn.compare.len() + txn.success.len().max(txn.failure.len());
+        if let Some(max) = self.max_ops {
+            assert!(
+                ops <= max,
+                "a transaction of {ops} operations, over the limit of {max}"
+            );
+        }
+        self.inner.txn(txn).await
+    }
+}
+
+fn epoch_is(epoch: u64) -> Condition {
+    Condition::Equals {
+        key: EPOCH_KEY.to_string(),
+        value: epoch.to_string().into_bytes(),
+    }
+}
+
+fn put(key: &str) -> WriteOp {
+    WriteOp::Put {
+        key: key.to_string(),
+        value: format!("v-{key}").into_bytes(),
+    }
+}
+
+/// Waits until `n` writes are queued behind the commit in flight.
+async fn queued(store: &KvStateStore, n: usize) {
+    tokio::time::timeout(WAIT, async {
+        while store.queued_writes() < n {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{n} writes queue up (got {})", store.queued_writes()));
+}
+
+/// The epoch compares of a transaction of `store`.
+fn epoch_compares(txn: &Txn) -> usize {
+    txn.compare
+        .iter()
+        .filter(|c| c.key() == b"__procedure__/epoch")
+        .count()
+}
+
+/// Holds one write in commit, queues `writes` behind it, lets them go; returns the queued writes' outcomes.
+async fn batch_behind_a_held_commit(
+    store: &Arc<KvStateStore>,
+    gate: &Gate,
+    writes: Vec<(Vec<Condition>, Vec<WriteOp>)>,
+) -> Vec<procedures::Result<WriteOutcome>> {
+    gate.close();
+    let held = {
+        let store = store.clone();
+        tokio::spawn(async move { store.write(vec![epoch_is(1)], vec![put("held")]).await })
+    };
+    // The held write is in flight: taken off the queue, its transaction waits at the gate.
+    gate.holding().await;
+    let n = writes.len();
+    let tasks: Vec<_> = writes
+        .into_iter()
+        .map(|(conditions, ops)| {
+            let store = store.clone();
+            tokio::spawn(async move { store.write(conditions, ops).await })
+        })
+        .collect();
+    queued(store, n).await;
+    gate.open();
+    assert_eq!(
+        held.await.unwrap().unwrap(),
+        WriteOutcome::Applied,
+        "the held write"
+    );
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(tokio::time::timeout(WAIT, t).await.unwrap().unwrap());
+    }
+    out
+}
+
+async fn store_on(kv: KvBackendRef) -> (Arc<Gate>, Arc<KvStateStore>) {
+    let gate = Gate::new(kv);
+    let store = Arc::new(KvStateStore::new(gate.clone()));
+    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
+    (gate, store)
+}
+
+async fn one_failed_condition_fails_alone(kv: KvBackendRef) {
+    let (gate, store) = store_on(kv).await;
+    store.put("taken", b"old".to_vec()).await.unwrap();
+    let absent = |key: &str| Condition::Absent {
+        key: key.to_string(),
+    };
+    let outcomes = batch_behind_a_held_commit(
+        &store,
+        &gate,
+        vec![
+            (vec![epoch_is(1), absent("a")], vec![put("a")]),
+            (vec![epoch_is(1), absent("taken")], vec![put("taken")]),
+            (vec![epoch_is(1), absent("c")], vec![put("c"), put("c2")]),
+        ],
+    )
+    .await;
+    assert_eq!(outcomes[0].as_ref().unwrap(), &WriteOutcome::Applied);
+    assert_eq!(
+        outcomes[1].as_ref().unwrap(),
+        &WriteOutcome::Rejected {
+            current: vec![
+                (EPOCH_KEY.to_string(), Some(b"1".to_vec())),
+                ("taken".to_string(), Some(b"old".to_vec())),
+            ]
+        },
+        "the refused write reports its own conditions, as alone"
+    );
+    assert_eq!(outcomes[2].as_ref().unwrap(), &WriteOutcome::Applied);
+    assert_eq!(store.get("a").await.unwrap(), Some(b"v-a".to_vec()));
+    assert_eq!(store.get("c2").await.unwrap(), Some(b"v-c2".to_vec()));
+    assert_eq!(store.get("taken").await.unwrap(), Some(b"old".to_vec()));
+
+    // The three queued writes went into one transaction (refused by the one condition), then the two others into
+    // a second; the epoch compared once in each.
+    let txns = gate.txns();
+    let batches: Vec<&Txn> = txns.iter().filter(|t| t.success.len() >= 3).collect();
+    assert_eq!(batches.len(), 2, "{txns:#?}");
+    assert_eq!(batches[0].success.len(), 4);
+    assert_eq!(batches[1].success.len(), 3);
+    for t in &batches {
+        assert_eq!(epoch_compares(t), 1, "{t:#?}");
+    }
+    assert!(
+        batches[1]
+            .compare
+            .iter()
+            .all(|c| c != &Compare::Absent(b"__procedure__/taken".to_vec())),
+        "the second commit is without the refused write"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_memory_a_write_whose_condition_fails_is_refused_alone_and_its_batch_commits() {
+    one_failed_condition_fails_alone(Arc::new(MemoryKvBackend::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redb_a_write_whose_condition_fails_is_refused_alone_and_its_batch_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let kv = Arc::new(RedbKvBackend::open(dir.path().join("meta.redb")).unwrap());
+    one_failed_condition_fails_alone(kv).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_epoch_moved_is_refused_whole() {
+    let (gate, store) = store_on(Arc::new(MemoryKvBackend::new())).await;
+    gate.close();
+    let held = {
+        let store = store.clone();
+        tokio::spawn(async move { store.write(vec![epoch_is(1)], vec![put("held")]).await })
+    };
+    gate.holding().await;
+    let tasks: Vec<_> = ["a", "b", "c"]
+        .into_iter()
+        .map(|key| {
+            let store = store.clone();
+            tokio::spawn(async move { store.write(vec![epoch_is(1)], vec![put(key)]).await })
+        })
+        .collect();
+    queued(&store, 3).await;
+    // Another manager claims the store while the writes wait.
+    store
+        .backend()
+        .put(PutRequest {
+            key: b"__procedure__/epoch".to_vec(),
+            value: b"2".to_vec(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+    gate.open();
+    let refused = WriteOutcome::Rejected {
+        current: vec![(EPOCH_KEY.to_string(), Some(b"2".to_vec()))],
+    };
+    assert_eq!(held.await.unwrap().unwrap(), refused);
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), refused);
+    }
+    for key in ["held", "a", "b", "c"] {
+        assert_eq!(store.get(key).await.unwrap(), None, "{key}");
+    }
+    // One refused transaction for the three queued writes: none was retried alone.
+    let txns = gate.txns();
+    assert_eq!(txns.len(), 2, "{txns:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_group_commit_off_every_write_is_its_own_commit() {
+    let gate = Gate::new(Arc::new(MemoryKvBackend::new()));
+    let store = Arc::new(KvStateStore::new(gate.clone()).with_group_commit(false));
+    assert!(!store.group_commit());
+    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .write(vec![epoch_is(1)], vec![put(&format!("k{i}"))])
+                    .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().unwrap(), WriteOutcome::Applied);
+    }
+    assert_eq!(store.queued_writes(), 0);
+    assert_eq!(gate.txns().len(), 8);
+}
+
+/// One step that sleeps on nothing and finishes: its submission and its `done` record are its two writes.
+struct Quick;
+
+#[async_trait]
+impl Procedure for Quick {
+    fn type_name(&self) -> &str {
+        "quick"
+    }
+    async fn execute(&mut self, _ctx: &Context) -> procedures::Result<Status> {
+        Ok(Status::done())
+    }
+    fn dump(&self) -> procedures::Result<serde_json::Value> {
+        Ok(serde_json::Value::Null)
+    }
+    fn lock_key(&self) -> LockKey {
+        LockKey::none()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_in_the_middle_of_a_batch_the_whole_batch_is_refused_and_the_manager_halts() {
+    let gate = Gate::new(Arc::new(MemoryKvBackend::new()));
+    let store = Arc::new(KvStateStore::new(gate.clone()));
+    let manager = Arc::new(LocalManager::new(store.clone(), ManagerConfig::default()));
+    manager
+        .register_loader("quick", Box::new(|_| Ok(Box::new(Quick))))
+        .unwrap();
+    manager.start().await.unwrap();
+    let epoch = manager.epoch().unwrap();
+
+    // The first submission's commit is held; four more queue behind it.
+    gate.close();
+    let submit = |i: usize| {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            manager
+                .submit(ProcedureWithId::new(
+                    ProcedureId::new(format!("p{i}")),
+                    Box::new(Quick),
+                ))
+                .await?
+                .wait()
+                .await
+        })
+    };
+    let first = submit(0);
+    gate.holding().await;
+    let rest: Vec<_> = (1..5).map(submit).collect();
+    queued(&store, 4).await;
+    // A newer manager claims the store meanwhile.
+    store
+        .backend()
+        .put(PutRequest {
+            key: b"__procedure__/epoch".to_vec(),
+            value: (epoch + 1).to_string().into_bytes(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+    gate.open();
+
+    for (i, t) in std::iter::once(first).chain(rest).enumerate() {
+        let err = tokio::time::timeout(WAIT, t)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("fenced") || err.contains("not running"),
+            "submission {i}: {err}"
+        );
+    }
+    for i in 0..5 {
+        let key = procedures::record::record_key(&ProcedureId::new(format!("p{i}")));
+        assert_eq!(store.get(&key).await.unwrap(), None, "no record of p{i}");
+        assert!(
+            store
+                .scan("")
+                .await
+                .unwrap()
+                .iter()
+                .all(|(k, _)| !k.contains(&format!("p{i}"))),
+            "nothing of p{i} in the store"
+        );
+    }
+    // The manager halted: it takes no new work, naming the newer epoch.
+    let err = manager
+        .submit(ProcedureWithId::new(
+            ProcedureId::new("late"),
+            Box::new(Quick),
+        ))
+        .await
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("fenced by epoch"), "{err}");
+    // The four queued submissions were refused in one transaction (plus the held one's): the epoch once a batch.
+    let batch: Vec<Txn> = gate
+        .txns()
+        .into_iter()
+        .filter(|t| t.success.len() == 4)
+        .collect();
+    assert_eq!(batch.len(), 1, "{:#?}", gate.txns());
+    assert_eq!(epoch_compares(&batch[0]), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_over_the_backends_transaction_limit_is_split_into_several_commits() {
+    // 8 operations per transaction: the epoch compare, then per write one compare and one put (and one read in the
+    // failure branch): at most 3 writes a commit.
+    let gate = Gate::with_max_ops(Arc::new(MemoryKvBackend::new()), 8);
+    let store = Arc::new(KvStateStore::new(gate.clone()));
+    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
+    let absent = |key: &str| Condition::Absent {
+        key: key.to_string(),
+    };
+    let writes = (0..6)
+        .map(|i| {
+            let key = format!("k{i}");
+            (vec![epoch_is(1), absent(&key)], vec![put(&key)])
+        })
+        .collect();
+    let outcomes = batch_behind_a_held_commit(&store, &gate, writes).await;
+    for (i, outcome) in outcomes.into_iter().enumerate() {
+        assert_eq!(outcome.unwrap(), WriteOutcome::Applied, "k{i}");
+        assert!(store.get(&format!("k{i}")).await.unwrap().is_some(), "k{i}");
+    }
+    // The held write alone, then the six queued ones in two commits of three.
+    let sizes: Vec<usize> = gate.txns().iter().map(|t| t.success.len()).collect();
+    assert_eq!(sizes, vec![1, 3, 3], "{:#?}", gate.txns());
+}
