@@ -48,7 +48,7 @@ pub trait ProcedureManager: Send + Sync {
     async fn procedure_state(&self, id: &ProcedureId) -> Result<Option<ProcedureInfo>>;
 
     /// Every known procedure (running, and finished ones still retained: those in memory, and those that left it
-    /// read from the store), sorted by id.
+    /// read from the store), sorted by id. While the store cannot be read, the ones in memory (a warning is logged).
     async fn list_procedures(&self) -> Result<Vec<ProcedureInfo>>;
 
     /// The epoch this manager claimed at `start`, if started.

@@ -172,6 +172,9 @@ pub(crate) struct Inner {
     pub(crate) control_changed: watch::Sender<u64>,
     /// Told of finished steps and retries (see [`crate::ProcedureObserver`]), once one is set.
     observer: RwLock<Option<crate::ProcedureObserverRef>>,
+    /// Set once a finished procedure is known only to the store (it left memory, or `start` did not load it): only
+    /// then does a listing read the store too.
+    pub(crate) finished_only_in_store: AtomicBool,
 }
 
 impl Inner {
@@ -201,6 +204,7 @@ impl Inner {
             controls: Mutex::new(ControlRequests::default()),
             control_changed: watch::channel(0).0,
             observer: RwLock::new(None),
+            finished_only_in_store: AtomicBool::new(false),
         })
     }
 
@@ -646,7 +650,10 @@ impl Inner {
             for recovered in recovered {
                 match recovered {
                     Recovered::Finished(record)
-                        if record.updated_at_ms.saturating_add(keep_ms) <= loaded_at => {}
+                        if record.updated_at_ms.saturating_add(keep_ms) <= loaded_at =>
+                    {
+                        self.finished_only_in_store.store(true, Ordering::SeqCst);
+                    }
                     Recovered::Finished(record) => {
                         let info = ProcedureInfo::from(&record);
                         state
@@ -1438,9 +1445,18 @@ impl ProcedureManager for LocalManager {
                 with_locks(info, l);
             }
         }
-        // Finished procedures that left memory are read from the store.
-        let stored = self.inner.stored_finished_except(&known).await?;
-        known.extend(stored.into_iter().map(|info| (info.id.clone(), info)));
+        // Finished procedures that left memory are read from the store. While the store cannot be read, the list
+        // still shows what this manager holds (an outage is when an operator most needs to see it), with a warning.
+        if self.inner.finished_only_in_store.load(Ordering::SeqCst) {
+            match self.inner.stored_finished_except(&known).await {
+                Ok(stored) => known.extend(stored.into_iter().map(|info| (info.id.clone(), info))),
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "listing procedures: the finished ones that left memory cannot be read from the store now; \
+                     listing those in memory"
+                ),
+            }
+        }
         Ok(known.into_values().collect())
     }
 

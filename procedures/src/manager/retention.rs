@@ -89,6 +89,9 @@ pub(crate) fn evict(inner: &Inner) -> usize {
             state.procedures.remove(id);
         }
         forgotten += members.len();
+        inner
+            .finished_only_in_store
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         tracing::debug!(procedures = ?members, "finished procedures left memory; their records stay in the store");
     }
     forgotten
