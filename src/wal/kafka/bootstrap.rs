@@ -1,8 +1,8 @@
 //! [`TopicBootstrapProcedure`]: creates the Kafka topic pool exactly once and persists its names.
 //!
-//! Steps, in order (each persisted before the next runs):
+//! Steps, in order (each but the first persisted before the next runs):
 //! 1. **LoadTopics** — read the pool's persisted names (`__topic_name/kafka/{prefix}_{i}`); they are kept in memory
-//!    only (read again after a restart), never in the record.
+//!    only (read again after a restart), never in the record. Only a read, so nothing is recorded after it.
 //! 2. **CreateMissing** — read which wanted topics exist, with their partition counts, in one metadata read
 //!    naming them (a bounded few requests for huge pools); create those neither persisted nor existing in batches
 //!    of the admin's `create_batch_size`, at most `max_concurrent_creates` batches at a time, with a side-effect
@@ -18,7 +18,8 @@
 //!    names persisted in a row from the first), as many as fit one transaction of the backend (a compare and a put
 //!    per name: 64 names under etcd's 128 operations). Each chunk is put-if-absent and atomic, followed by a
 //!    side-effect point; the chunks of one execution are in flight together, and the execution moves the watermark
-//!    past them, which the engine persists with the state before the next execution.
+//!    past them, which the engine persists with the state before the next execution. The execution that writes the
+//!    last chunks finishes the procedure: its done record is the write after them.
 //!
 //! **The record is constant-size**: it holds the step, the spec and the watermark, never a topic name (names are
 //! `{prefix}_{i}`, derived from the spec), so it is a few hundred bytes at any `num_topics`. Records written by
@@ -332,7 +333,8 @@ impl TopicBootstrapProcedure {
         info!(pool = %spec.topic_name_prefix, persisted = persisted.len(), wanted = spec.num_topics, "loaded persisted topic names");
         self.persisted = Some(persisted);
         self.data.step = BootstrapStep::CreateMissing;
-        Ok(Status::executing(true))
+        // Only a read: nothing to record. A crash before CreateMissing's record replays this read.
+        Ok(Status::executing(false))
     }
 
     /// Step 2: read which wanted topics exist (one metadata read naming them), create those that are neither
@@ -513,7 +515,11 @@ impl TopicBootstrapProcedure {
     async fn persist_names(&mut self, ctx: &Context) -> procedures::Result<Status> {
         if self.data.persisted_below < self.data.spec.num_topics {
             self.persist_next_chunks(ctx).await?;
-            return Ok(Status::executing(true));
+            if self.data.persisted_below < self.data.spec.num_topics {
+                return Ok(Status::executing(true));
+            }
+            // The last chunks are in: finish in the same execution, so the done record is the only write after
+            // them. A crash before it replays the chunks, which find their names present and write nothing.
         }
         info!(pool = %self.data.spec.topic_name_prefix, topics = self.data.spec.num_topics, "every name of the pool is persisted");
         let mut output = serde_json::json!({
