@@ -240,6 +240,25 @@ async fn connect(config: &KafkaConfig) -> Arc<RsKafkaTopicAdmin> {
     }
 }
 
+/// DescribeConfigs of `names` once the broker that answers knows all of them: a creation the controller
+/// acknowledged reaches the broker's metadata a moment later, and until then the topic is absent from the answer.
+/// Asks up to 100 times, 100 ms apart.
+async fn describe_when_known(
+    admin: &RsKafkaTopicAdmin,
+    names: &[String],
+    keys: &[String],
+) -> std::collections::BTreeMap<String, TopicConfig> {
+    let mut read = std::collections::BTreeMap::new();
+    for _ in 0..100 {
+        read = admin.describe_topic_configs(names, keys).await.unwrap();
+        if names.iter().all(|n| read.contains_key(n)) {
+            return read;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the broker never described all of {names:?}: {read:?}")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_real_broker_topics_get_the_configs_and_an_existing_one_is_reported_not_changed() {
     let prefix = support::unique("rw_topic_config");
@@ -257,7 +276,7 @@ async fn on_the_real_broker_topics_get_the_configs_and_an_existing_one_is_report
 
     let keys: Vec<String> = wanted.keys().cloned().collect();
     let names = spec.topic_names();
-    let read = admin.describe_topic_configs(&names, &keys).await.unwrap();
+    let read = describe_when_known(&admin, &names, &keys).await;
     assert_eq!(read[&names[0]], wanted);
     assert_eq!(read[&names[1]], wanted);
     assert_ne!(read[&existing]["retention.ms"], "86400000");
@@ -376,22 +395,27 @@ async fn on_the_real_broker_entries_above_max_message_bytes_are_fragmented_below
         .await
         .unwrap();
     answers[0].1.as_ref().unwrap();
-    let read = admin
-        .describe_topic_configs(
-            std::slice::from_ref(&topic),
-            &["max.message.bytes".to_string()],
-        )
-        .await
-        .unwrap();
-    assert_eq!(read[&topic]["max.message.bytes"], "65536");
-
     let client = connect_client(&config).await.unwrap();
+    // The creation is acknowledged by the controller; the broker answering DescribeConfigs knows the topic only
+    // once it applied it, which a ready partition shows.
+    let partition = ready_partition(&client, &config, &topic).await;
+    let read = describe_when_known(
+        &admin,
+        std::slice::from_ref(&topic),
+        &["max.message.bytes".to_string()],
+    )
+    .await;
+    assert_eq!(
+        read.get(&topic)
+            .and_then(|c| c.get("max.message.bytes"))
+            .map(String::as_str),
+        Some("65536"),
+        "{read:?}"
+    );
+
     let big = |seed| entry_bytes(seed, 300 * 1024);
     // Sized for Kafka's default limit, one 300 KiB record is refused by this topic, naming it; nothing is written.
-    let unsized_store = KafkaLogStore::new(
-        ready_partition(&client, &config, &topic).await,
-        KafkaLogStoreConfig::default(),
-    );
+    let unsized_store = KafkaLogStore::new(partition, KafkaLogStoreConfig::default());
     let err = unsized_store
         .append(vec![EntryToWrite {
             region_id: 1,
