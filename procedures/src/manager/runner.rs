@@ -154,17 +154,31 @@ impl Runner {
 
     /// What the procedure shows: its last record with `state` and `error`, plus the live introspection.
     fn info(&self, state: ProcedureState, error: Option<String>) -> ProcedureInfo {
-        let mut info = ProcedureInfo::from(&self.record);
-        info.state = state;
-        info.error = error;
-        info.step_name = self.procedure.step_name();
+        let r = &self.record;
+        let step_name = self.procedure.step_name();
         let live = self.live();
-        info.attempt = live.attempt;
-        info.last_error = live.last_error.clone();
-        info.next_retry_at_ms = live.next_retry_at_ms;
-        info.step_started_at_ms = live.step_started_at_ms;
-        info.events = live.events.clone();
-        info
+        // Built field by field (not from `ProcedureInfo::from(&self.record)`): the record's own copies of the
+        // history and the error would be cloned only to be replaced.
+        ProcedureInfo {
+            id: r.id.clone(),
+            type_name: r.type_name.clone(),
+            parent_id: r.parent_id.clone(),
+            state,
+            step: r.step,
+            output: r.output.clone(),
+            error,
+            created_at_ms: r.created_at_ms,
+            updated_at_ms: r.updated_at_ms,
+            step_name,
+            attempt: live.attempt,
+            last_error: live.last_error.clone(),
+            next_retry_at_ms: live.next_retry_at_ms,
+            step_started_at_ms: live.step_started_at_ms,
+            lock_keys: r.lock_keys.clone(),
+            locks_held: Vec::new(),
+            lock_wait: None,
+            events: live.events.clone(),
+        }
     }
 
     /// Publishes what the procedure shows now (nothing is written).
