@@ -107,6 +107,17 @@ impl Entry {
         self.info = info;
     }
 
+    /// [`Entry::publish`] of `info`, whose `copy` (equal to it) goes to the watchers: made by the caller before it
+    /// took the manager's state lock. Returns what it replaced, for the caller to drop after the lock.
+    pub(crate) fn publish_copy(
+        &mut self,
+        info: ProcedureInfo,
+        copy: ProcedureInfo,
+    ) -> (ProcedureInfo, Option<ProcedureInfo>) {
+        let sent = self.tx.as_ref().map(|tx| tx.send_replace(copy));
+        (std::mem::replace(&mut self.info, info), sent)
+    }
+
     /// Publishes `info` as the last word of this manager on the procedure: watchers of an unfinished procedure then
     /// resolve with [`Error::ManagerNotRunning`].
     pub(crate) fn close(&mut self, info: ProcedureInfo) {

@@ -89,12 +89,23 @@ enum Boundary {
 struct Live {
     /// Every event, persisted or not yet (bounded like the record's).
     events: Vec<ProcedureEvent>,
+    /// The JSON of the first `encoded.len()` of `events`, each as it appears in a record: a write serialises only
+    /// the events new since the last one, not the whole history again.
+    encoded: Vec<String>,
     /// Starts of the current step in this manager.
     attempt: u32,
     /// The current step's last error, or the error that stalled it.
     last_error: Option<String>,
     next_retry_at_ms: Option<u64>,
     step_started_at_ms: Option<u64>,
+}
+
+/// How the history of a record [`Runner::next_record`] made differs from the live one it encoded.
+struct HistoryTail {
+    /// Oldest live events left out (beyond the bound).
+    dropped: usize,
+    /// The JSON of the event the record adds, if any.
+    added: Option<String>,
 }
 
 pub(crate) struct Runner {
@@ -149,7 +160,27 @@ impl Runner {
         {
             observer.retried(&self.record.type_name, step.as_deref(), error);
         }
-        push_event(&mut self.live().events, now_ms(), kind);
+        let mut live = self.live();
+        let before = live.events.len();
+        push_event(&mut live.events, now_ms(), kind);
+        // The oldest events the push dropped take their JSON along.
+        let dropped = (before + 1 - live.events.len()).min(live.encoded.len());
+        live.encoded.drain(..dropped);
+    }
+
+    /// Takes the history of `record`, just written, as the live one: `tail` says how it differs from the live one
+    /// [`Runner::next_record`] encoded (the events it dropped, and the JSON of the one it added).
+    fn written_history(&self, record: &ProcedureRecord, tail: HistoryTail) {
+        let mut live = self.live();
+        live.events = record.events.clone();
+        let dropped = tail.dropped.min(live.encoded.len());
+        live.encoded.drain(..dropped);
+        live.encoded.extend(tail.added);
+        if live.encoded.len() > live.events.len() {
+            // Not the history that was encoded (cannot happen: only this runner changes it, and not while it
+            // writes); encode it afresh next time rather than write a wrong one.
+            live.encoded.clear();
+        }
     }
 
     /// What the procedure shows: its last record with `state` and `error`, plus the live introspection.
@@ -184,8 +215,25 @@ impl Runner {
     /// Publishes what the procedure shows now (nothing is written).
     fn publish(&self, state: ProcedureState, error: Option<String>) {
         let info = self.info(state, error);
-        self.inner
-            .with_entry(&self.record.id, |entry| entry.publish(info));
+        // Copied, and the replaced information dropped, outside the manager's state lock: every runner takes it.
+        let copy = info.clone();
+        let _replaced = self
+            .inner
+            .with_entry(&self.record.id, |entry| entry.publish_copy(info, copy));
+    }
+
+    /// Publishes the live introspection (a step starting) with the state and error the procedure shows now: one
+    /// pass under the manager's state lock.
+    fn publish_shown(&self) {
+        let mut info = self.info(self.record.state, None);
+        let mut copy = info.clone();
+        let _replaced = self.inner.with_entry(&self.record.id, |entry| {
+            info.state = entry.info.state;
+            info.error.clone_from(&entry.info.error);
+            copy.state = info.state;
+            copy.error.clone_from(&info.error);
+            entry.publish_copy(info, copy)
+        });
     }
 
     /// Halts the manager on a fatal error; a fence is noted in the history first (in memory: nothing more is
@@ -378,13 +426,7 @@ impl Runner {
                 step: step.clone(),
                 attempt,
             });
-            let shown = self
-                .inner
-                .with_entry(&self.record.id, |entry| {
-                    (entry.info.state, entry.info.error.clone())
-                })
-                .unwrap_or((self.record.state, None));
-            self.publish(shown.0, shown.1);
+            self.publish_shown();
             let result = match deadline {
                 None => self.procedure.execute(&ctx).await,
                 Some((deadline, timeout)) => {
@@ -543,7 +585,8 @@ impl Runner {
         children: Vec<ProcedureWithId>,
     ) -> Result<Vec<Watcher>, Stopped> {
         let waiting_for: Vec<ProcedureId> = children.iter().map(|c| c.id.clone()).collect();
-        let (record, value) = self.next_record(
+        // No event is added: the live history is the record's (`_tail` changes nothing).
+        let (record, value, _tail) = self.next_record(
             ProcedureState::Running,
             None,
             None,
@@ -1045,7 +1088,7 @@ impl Runner {
         error: Option<String>,
         waiting_for: Vec<ProcedureId>,
         event: Option<EventKind>,
-    ) -> Result<(ProcedureRecord, Vec<u8>), Stopped> {
+    ) -> Result<(ProcedureRecord, Vec<u8>, HistoryTail), Stopped> {
         let data = match self.procedure.dump() {
             Ok(data) => data,
             Err(e) if state.is_finished() || state == ProcedureState::RollingBack => {
@@ -1059,10 +1102,34 @@ impl Runner {
             }
         };
         let now = now_ms();
-        let mut events = self.live().events.clone();
-        if let Some(event) = event {
-            push_event(&mut events, now, event);
-        }
+        // The history's JSON: the live events' (encoded once each, here or at an earlier write), then the event this
+        // write adds, the oldest dropped beyond the bound.
+        let (events, events_json, tail) = {
+            let mut live = self.live();
+            let live = &mut *live;
+            while live.encoded.len() < live.events.len() {
+                match serde_json::to_string(&live.events[live.encoded.len()]) {
+                    Ok(json) => live.encoded.push(json),
+                    Err(source) => return Err(self.unserialisable(source)),
+                }
+            }
+            let mut events = live.events.clone();
+            let mut added = None;
+            if let Some(event) = event {
+                push_event(&mut events, now, event);
+                match events.last().map(serde_json::to_string) {
+                    Some(Ok(json)) => added = Some(json),
+                    Some(Err(source)) => return Err(self.unserialisable(source)),
+                    None => {}
+                }
+            }
+            let dropped = live.events.len() + usize::from(added.is_some()) - events.len();
+            let mut json = Vec::with_capacity(events.len());
+            json.extend(live.encoded[dropped..].iter().map(String::as_str));
+            json.extend(added.as_deref());
+            let events_json = crate::record::history_json(&json);
+            (events, events_json, HistoryTail { dropped, added })
+        };
         let mut record = ProcedureRecord {
             format_version: RECORD_FORMAT_VERSION,
             type_name: self.record.type_name.clone(),
@@ -1078,21 +1145,31 @@ impl Runner {
             updated_at_ms: now,
             step_name: self.procedure.step_name(),
             lock_keys: declared_keys(&self.procedure.lock_key()),
-            events,
+            events: Vec::new(),
         };
         record.format_version = record.required_format_version();
-        match serde_json::to_vec(&record) {
-            Ok(value) => Ok((record, value)),
-            Err(source) => {
-                let e = Error::Serialize {
-                    id: record.id.clone(),
-                    what: "record",
-                    source,
-                };
-                self.stop_with(e.to_string());
-                Err(Stopped)
-            }
-        }
+        let value = match crate::record::encode_with_history(&record, events_json.as_deref()) {
+            Ok(value) => value,
+            Err(source) => return Err(self.unserialisable(source)),
+        };
+        record.events = events;
+        debug_assert_eq!(
+            serde_json::to_vec(&record).ok().as_deref(),
+            Some(value.as_slice()),
+            "a record encoded with its cached history differs from its plain encoding"
+        );
+        Ok((record, value, tail))
+    }
+
+    /// A record that cannot be serialised: the procedure stops without writing.
+    fn unserialisable(&self, source: serde_json::Error) -> Stopped {
+        let e = Error::Serialize {
+            id: self.record.id.clone(),
+            what: "record",
+            source,
+        };
+        self.stop_with(e.to_string());
+        Stopped
     }
 
     /// Writes the next record (step + 1) and publishes it. On a write that fails for good, the procedure stops
@@ -1120,7 +1197,7 @@ impl Runner {
         if self.inner.is_halted() {
             return Err(Stopped);
         }
-        let (record, value) = self.next_record(state, output, error, Vec::new(), event)?;
+        let (record, value, tail) = self.next_record(state, output, error, Vec::new(), event)?;
         let key = record_key(&record.id);
         let mut ops = vec![WriteOp::Put { key, value }];
         ops.extend(extra);
@@ -1135,7 +1212,7 @@ impl Runner {
             .await
         {
             Ok(WriteOutcome::Applied) => {
-                self.live().events = record.events.clone();
+                self.written_history(&record, tail);
                 self.record = record;
                 self.publish(self.record.state, self.record.error.clone());
                 Ok(())
@@ -1202,7 +1279,7 @@ impl Runner {
                 }
             };
         }
-        let (record, value) = self.next_record(state, output, None, Vec::new(), event)?;
+        let (record, value, tail) = self.next_record(state, output, None, Vec::new(), event)?;
         let ops = vec![WriteOp::Put {
             key: record_key(&record.id),
             value: value.clone(),
@@ -1219,7 +1296,7 @@ impl Runner {
             .await;
         match written {
             Ok(WriteOutcome::Applied) => {
-                self.live().events = record.events.clone();
+                self.written_history(&record, tail);
                 self.record = record;
                 self.publish(self.record.state, self.record.error.clone());
                 Ok(Ok(()))
@@ -1230,7 +1307,7 @@ impl Runner {
                 let key = record_key(&record.id);
                 let stored = self.inner.read(|| self.inner.store.get(&key)).await;
                 if matches!(&stored, Ok(Some(bytes)) if *bytes == value) {
-                    self.live().events = record.events.clone();
+                    self.written_history(&record, tail);
                     self.record = record;
                     self.publish(self.record.state, self.record.error.clone());
                     return Ok(Ok(()));
