@@ -16,8 +16,8 @@ use crate::manager::local::{Inner, NewProcedure, backoff};
 use crate::manager::lock::Requester;
 use crate::procedure::{BoxedProcedure, Context, Output, ProcedureId, ProcedureWithId, Status};
 use crate::record::{
-    ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, declared_keys, now_ms,
-    record_key,
+    MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, declared_keys,
+    now_ms, record_key,
 };
 use crate::step_writes::StepWrites;
 use crate::store::{Condition, WriteOp, WriteOutcome};
@@ -100,12 +100,11 @@ struct Live {
     step_started_at_ms: Option<u64>,
 }
 
-/// How the history of a record [`Runner::next_record`] made differs from the live one it encoded.
+/// What the history of a record [`Runner::next_record`] made adds to the live one it encoded (the oldest beyond
+/// [`MAX_EVENTS`] left out).
 struct HistoryTail {
-    /// Oldest live events left out (beyond the bound).
-    dropped: usize,
-    /// The JSON of the event the record adds, if any.
-    added: Option<String>,
+    /// The event the record adds, with its JSON, if any.
+    added: Option<(ProcedureEvent, String)>,
 }
 
 pub(crate) struct Runner {
@@ -113,7 +112,8 @@ pub(crate) struct Runner {
     epoch: u64,
     root: ProcedureId,
     procedure: BoxedProcedure,
-    /// The last record persisted for the procedure.
+    /// The last record persisted for the procedure — without its history, which is `live.events` (written with
+    /// every record, so never behind it).
     record: ProcedureRecord,
     /// The epoch of this manager when it loaded the procedure from the store (not when it submitted it).
     recovered_by: Option<u64>,
@@ -125,12 +125,12 @@ impl Runner {
         inner: Arc<Inner>,
         epoch: u64,
         root: ProcedureId,
-        record: ProcedureRecord,
+        mut record: ProcedureRecord,
         procedure: BoxedProcedure,
         recovered: bool,
     ) -> Self {
         let live = Live {
-            events: record.events.clone(),
+            events: std::mem::take(&mut record.events),
             ..Live::default()
         };
         Runner {
@@ -168,19 +168,27 @@ impl Runner {
         live.encoded.drain(..dropped);
     }
 
-    /// Takes the history of `record`, just written, as the live one: `tail` says how it differs from the live one
-    /// [`Runner::next_record`] encoded (the events it dropped, and the JSON of the one it added).
-    fn written_history(&self, record: &ProcedureRecord, tail: HistoryTail) {
+    /// Makes the live history the one of the record just written: the live one [`Runner::next_record`] encoded plus
+    /// the event `tail` adds (with its JSON), bounded like every history. Only this runner changes its history, and
+    /// not while it writes, so the live one is still the one that was encoded.
+    fn written_history(&self, tail: HistoryTail) {
         let mut live = self.live();
-        live.events = record.events.clone();
-        let dropped = tail.dropped.min(live.encoded.len());
-        live.encoded.drain(..dropped);
-        live.encoded.extend(tail.added);
-        if live.encoded.len() > live.events.len() {
-            // Not the history that was encoded (cannot happen: only this runner changes it, and not while it
-            // writes); encode it afresh next time rather than write a wrong one.
-            live.encoded.clear();
+        let live = &mut *live;
+        if let Some((event, json)) = tail.added {
+            let complete = live.encoded.len() == live.events.len();
+            live.events.push(event);
+            if complete {
+                live.encoded.push(json);
+            } else {
+                // Not fully encoded (cannot happen after `next_record`): encode afresh at the next write rather
+                // than keep JSON that does not match its event.
+                live.encoded.clear();
+            }
         }
+        let extra = live.events.len().saturating_sub(MAX_EVENTS);
+        live.events.drain(..extra);
+        let extra = extra.min(live.encoded.len());
+        live.encoded.drain(..extra);
     }
 
     /// What the procedure shows: its last record with `state` and `error`, plus the live introspection.
@@ -1113,22 +1121,33 @@ impl Runner {
                     Err(source) => return Err(self.unserialisable(source)),
                 }
             }
-            let mut events = live.events.clone();
-            let mut added = None;
-            if let Some(event) = event {
-                push_event(&mut events, now, event);
-                match events.last().map(serde_json::to_string) {
-                    Some(Ok(json)) => added = Some(json),
-                    Some(Err(source)) => return Err(self.unserialisable(source)),
-                    None => {}
+            let added = match event {
+                Some(kind) => {
+                    let event = ProcedureEvent { at_ms: now, kind };
+                    match serde_json::to_string(&event) {
+                        Ok(json) => Some((event, json)),
+                        Err(source) => return Err(self.unserialisable(source)),
+                    }
                 }
-            }
-            let dropped = live.events.len() + usize::from(added.is_some()) - events.len();
-            let mut json = Vec::with_capacity(events.len());
+                None => None,
+            };
+            let total = live.events.len() + usize::from(added.is_some());
+            let dropped = total.saturating_sub(MAX_EVENTS);
+            let mut json = Vec::with_capacity(total - dropped);
             json.extend(live.encoded[dropped..].iter().map(String::as_str));
-            json.extend(added.as_deref());
+            json.extend(added.as_ref().map(|(_, json)| json.as_str()));
             let events_json = crate::record::history_json(&json);
-            (events, events_json, HistoryTail { dropped, added })
+            // The full history is only needed to check the encoding (debug builds).
+            let events = if cfg!(debug_assertions) {
+                let mut events = live.events.clone();
+                events.extend(added.as_ref().map(|(event, _)| event.clone()));
+                let extra = events.len().saturating_sub(MAX_EVENTS);
+                events.drain(..extra);
+                events
+            } else {
+                Vec::new()
+            };
+            (events, events_json, HistoryTail { added })
         };
         let mut record = ProcedureRecord {
             format_version: RECORD_FORMAT_VERSION,
@@ -1152,12 +1171,15 @@ impl Runner {
             Ok(value) => value,
             Err(source) => return Err(self.unserialisable(source)),
         };
-        record.events = events;
-        debug_assert_eq!(
-            serde_json::to_vec(&record).ok().as_deref(),
-            Some(value.as_slice()),
-            "a record encoded with its cached history differs from its plain encoding"
-        );
+        if cfg!(debug_assertions) {
+            record.events = events;
+            debug_assert_eq!(
+                serde_json::to_vec(&record).ok().as_deref(),
+                Some(value.as_slice()),
+                "a record encoded with its cached history differs from its plain encoding"
+            );
+            record.events = Vec::new();
+        }
         Ok((record, value, tail))
     }
 
@@ -1212,7 +1234,7 @@ impl Runner {
             .await
         {
             Ok(WriteOutcome::Applied) => {
-                self.written_history(&record, tail);
+                self.written_history(tail);
                 self.record = record;
                 self.publish(self.record.state, self.record.error.clone());
                 Ok(())
@@ -1296,7 +1318,7 @@ impl Runner {
             .await;
         match written {
             Ok(WriteOutcome::Applied) => {
-                self.written_history(&record, tail);
+                self.written_history(tail);
                 self.record = record;
                 self.publish(self.record.state, self.record.error.clone());
                 Ok(Ok(()))
@@ -1307,7 +1329,7 @@ impl Runner {
                 let key = record_key(&record.id);
                 let stored = self.inner.read(|| self.inner.store.get(&key)).await;
                 if matches!(&stored, Ok(Some(bytes)) if *bytes == value) {
-                    self.written_history(&record, tail);
+                    self.written_history(tail);
                     self.record = record;
                     self.publish(self.record.state, self.record.error.clone());
                     return Ok(Ok(()));
