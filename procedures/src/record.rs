@@ -334,7 +334,7 @@ mod tests {
 
     #[test]
     fn a_record_encoded_with_a_cached_history_is_byte_for_byte_its_plain_encoding() {
-        let events = vec![
+        let events = [
             ProcedureEvent {
                 at_ms: 5,
                 kind: EventKind::Submitted,
@@ -363,8 +363,8 @@ mod tests {
                 .map(|e| serde_json::to_string(e).unwrap())
                 .collect();
             let refs: Vec<&str> = encoded.iter().map(String::as_str).collect();
-            let spliced = encode_with_history(&record(Vec::new()), history_json(&refs).as_deref())
-                .unwrap();
+            let spliced =
+                encode_with_history(&record(Vec::new()), history_json(&refs).as_deref()).unwrap();
             assert_eq!(
                 String::from_utf8(spliced).unwrap(),
                 serde_json::to_string(&full).unwrap(),

@@ -16,8 +16,8 @@ use crate::manager::local::{Inner, NewProcedure, backoff};
 use crate::manager::lock::Requester;
 use crate::procedure::{BoxedProcedure, Context, Output, ProcedureId, ProcedureWithId, Status};
 use crate::record::{
-    MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, declared_keys,
-    now_ms, record_key,
+    MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION,
+    declared_keys, now_ms, record_key,
 };
 use crate::step_writes::StepWrites;
 use crate::store::{Condition, WriteOp, WriteOutcome};
