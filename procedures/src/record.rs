@@ -145,6 +145,45 @@ impl ProcedureRecord {
     }
 }
 
+/// The JSON array of a history whose events are already encoded one by one (`None` for an empty history, which a
+/// record leaves out).
+pub(crate) fn history_json(events: &[&str]) -> Option<String> {
+    if events.is_empty() {
+        return None;
+    }
+    let mut json = String::with_capacity(events.iter().map(|e| e.len() + 1).sum::<usize>() + 1);
+    json.push('[');
+    for (i, event) in events.iter().enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        json.push_str(event);
+    }
+    json.push(']');
+    Some(json)
+}
+
+/// The bytes of `record` (whose `events` are empty) with `history` (from [`history_json`]) as its events: exactly
+/// what `serde_json::to_vec` writes for the record holding those events, since `events` is its last field and left
+/// out when empty. A runner thus serialises each event once, not its whole history at every write.
+pub(crate) fn encode_with_history(
+    record: &ProcedureRecord,
+    history: Option<&str>,
+) -> serde_json::Result<Vec<u8>> {
+    debug_assert!(record.events.is_empty());
+    let mut bytes = serde_json::to_vec(record)?;
+    if let Some(history) = history
+        && bytes.last() == Some(&b'}')
+    {
+        bytes.pop();
+        bytes.reserve(history.len() + 12);
+        bytes.extend_from_slice(br#","events":"#);
+        bytes.extend_from_slice(history.as_bytes());
+        bytes.push(b'}');
+    }
+    Ok(bytes)
+}
+
 /// How many events a procedure keeps (in memory and in its record); older ones are dropped.
 pub const MAX_EVENTS: usize = 100;
 
@@ -263,4 +302,74 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::EventKind;
+
+    fn record(events: Vec<ProcedureEvent>) -> ProcedureRecord {
+        ProcedureRecord {
+            format_version: 1,
+            type_name: "t".to_string(),
+            id: ProcedureId::new("p \"q\""),
+            parent_id: Some(ProcedureId::new("parent")),
+            step: 3,
+            state: ProcedureState::Running,
+            data: serde_json::json!({"a": [1, 2], "b": "é\n"}),
+            output: None,
+            error: Some("bad \"thing\"".to_string()),
+            waiting_for: Vec::new(),
+            created_at_ms: 1,
+            updated_at_ms: 2,
+            step_name: Some("Step".to_string()),
+            lock_keys: vec![HeldKey {
+                key: "k".to_string(),
+                exclusive: true,
+            }],
+            events,
+        }
+    }
+
+    #[test]
+    fn a_record_encoded_with_a_cached_history_is_byte_for_byte_its_plain_encoding() {
+        let events = [
+            ProcedureEvent {
+                at_ms: 5,
+                kind: EventKind::Submitted,
+            },
+            ProcedureEvent {
+                at_ms: 6,
+                kind: EventKind::StepStarted {
+                    step: Some("S".to_string()),
+                    attempt: 1,
+                },
+            },
+            ProcedureEvent {
+                at_ms: 7,
+                kind: EventKind::Retry {
+                    step: None,
+                    attempt: 2,
+                    error: "x \"y\"".to_string(),
+                    delay_ms: 9,
+                },
+            },
+        ];
+        for n in 0..=events.len() {
+            let full = record(events[..n].to_vec());
+            let encoded: Vec<String> = events[..n]
+                .iter()
+                .map(|e| serde_json::to_string(e).unwrap())
+                .collect();
+            let refs: Vec<&str> = encoded.iter().map(String::as_str).collect();
+            let spliced =
+                encode_with_history(&record(Vec::new()), history_json(&refs).as_deref()).unwrap();
+            assert_eq!(
+                String::from_utf8(spliced).unwrap(),
+                serde_json::to_string(&full).unwrap(),
+                "{n} events"
+            );
+        }
+    }
 }

@@ -179,19 +179,7 @@ pub(crate) async fn run(inner: Weak<Inner>) {
 
 /// One poll (see [`run`]).
 pub(crate) async fn poll(inner: &Arc<Inner>) {
-    // Finished before the scan: a key the scan then finds for one of them is stale (a request that arrived as it
-    // finished). A procedure finishing during the scan is left for the next poll: its own last write may be the one
-    // deleting its key.
-    let (epoch, finished): (Option<u64>, std::collections::BTreeSet<ProcedureId>) = {
-        let state = inner.state();
-        let finished = state
-            .procedures
-            .iter()
-            .filter(|(_, e)| e.info.state.is_finished() && !e.unrecoverable)
-            .map(|(id, _)| id.clone())
-            .collect();
-        (state.epoch, finished)
-    };
+    let epoch = inner.state().epoch;
     // A newer manager claimed the store: halt now, not only at this manager's next write, so a step with several
     // outside effects (a bootstrap creating topics batch after batch) stops at its next side-effect point or await.
     if let Some(own) = epoch
@@ -205,13 +193,42 @@ pub(crate) async fn poll(inner: &Arc<Inner>) {
         });
         return;
     }
-    let requests = match ControlRequests::read(inner.store.as_ref()).await {
+    let mut requests = match ControlRequests::read(inner.store.as_ref()).await {
         Ok(requests) => requests,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the control keys; keeping the last ones");
             return;
         }
     };
+    // Keys of procedures this manager knows as finished are stale (a request that arrived as it finished) — when
+    // they were finished before the scan that found the key: a procedure finishing during the scan is left for the
+    // next poll, since its own last write may be the one deleting its key. So the finished ones among the keys'
+    // procedures are noted, and the keys read again. (Only the procedures that have a key are looked at: a poll
+    // costs nothing per procedure the manager holds.)
+    let mut finished = std::collections::BTreeSet::new();
+    if !requests.procedures.is_empty() {
+        {
+            let state = inner.state();
+            for id in requests.procedures.keys() {
+                if state
+                    .procedures
+                    .get(id)
+                    .is_some_and(|e| e.info.state.is_finished() && !e.unrecoverable)
+                {
+                    finished.insert(id.clone());
+                }
+            }
+        }
+        if !finished.is_empty() {
+            requests = match ControlRequests::read(inner.store.as_ref()).await {
+                Ok(requests) => requests,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the control keys; keeping the last ones");
+                    return;
+                }
+            };
+        }
+    }
     let stale: Vec<WriteOp> = requests
         .procedures
         .keys()

@@ -107,6 +107,17 @@ impl Entry {
         self.info = info;
     }
 
+    /// [`Entry::publish`] of `info`, whose `copy` (equal to it) goes to the watchers: made by the caller before it
+    /// took the manager's state lock. Returns what it replaced, for the caller to drop after the lock.
+    pub(crate) fn publish_copy(
+        &mut self,
+        info: ProcedureInfo,
+        copy: ProcedureInfo,
+    ) -> (ProcedureInfo, Option<ProcedureInfo>) {
+        let sent = self.tx.as_ref().map(|tx| tx.send_replace(copy));
+        (std::mem::replace(&mut self.info, info), sent)
+    }
+
     /// Publishes `info` as the last word of this manager on the procedure: watchers of an unfinished procedure then
     /// resolve with [`Error::ManagerNotRunning`].
     pub(crate) fn close(&mut self, info: ProcedureInfo) {
@@ -958,10 +969,12 @@ impl Inner {
     /// or finished, when it is of the same type ([`Error::ProcedureIdInUse`] otherwise): a caller-chosen id is an
     /// idempotency key.
     ///
-    /// Cancellation-safe: the id is reserved, and the submission task spawned, without an await in between; the
-    /// caller then only awaits the task's answer. Dropping this future therefore never cancels the write: the
-    /// task still runs the procedure if its record is written, or forgets the reservation if not. Only `stop`
-    /// aborts the task (and then the next start recovers whatever record landed).
+    /// Cancellation-safe: the id is reserved, the submission is polled once, and — when the store did not answer in
+    /// that poll — handed to a submission task, all without an await in between; the caller then only awaits the
+    /// task's answer. Dropping this future therefore never cancels the write: the task still runs the procedure if
+    /// its record is written, or forgets the reservation if not. Only `stop` aborts the task (and then the next
+    /// start recovers whatever record landed). A store that answers at once (in memory) settles the submission in
+    /// the caller's own poll, without a task and the two thread hand-offs it would cost.
     pub(crate) async fn submit_root(
         self: &Arc<Self>,
         procedure: ProcedureWithId,
@@ -969,7 +982,7 @@ impl Inner {
         let epoch = self.running_epoch()?;
         let new = NewProcedure::new(procedure, None)?;
         let id = new.record.id.clone();
-        let answer = {
+        {
             let mut state = self.state();
             if let Phase::Halted(reason) = &state.phase {
                 return Err(reason.error());
@@ -981,19 +994,30 @@ impl Inner {
                 id.clone(),
                 Entry::new(ProcedureInfo::from(&new.record), id.clone()),
             );
+        }
+        // Boxed, so that a submission still pending after its first poll can move into a task.
+        let mut settle = Box::pin(Arc::clone(self).settle_root(epoch, new));
+        if let std::task::Poll::Ready(answer) = futures::poll!(&mut settle) {
+            return answer;
+        }
+        let stopped = || Error::ManagerNotRunning {
+            reason: format!("the manager stopped while procedure {id} was being submitted"),
+        };
+        let answer = {
+            let mut state = self.state();
+            if matches!(state.phase, Phase::Halted(_)) || state.epoch != Some(epoch) {
+                // Halted since the poll: `stop` may have drained the tasks already, so none may be spawned. The
+                // write in flight is dropped like an aborted task; the next start recovers it if it landed.
+                return Err(stopped());
+            }
             let (tx, rx) = oneshot::channel();
-            let this = Arc::clone(self);
             state.spawn(async move {
                 // The caller may be gone; the submission is settled all the same.
-                let _ = tx.send(this.settle_root(epoch, new).await);
+                let _ = tx.send(settle.await);
             });
             rx
         };
-        answer.await.unwrap_or_else(|_| {
-            Err(Error::ManagerNotRunning {
-                reason: format!("the manager stopped while procedure {id} was being submitted"),
-            })
-        })
+        answer.await.unwrap_or_else(|_| Err(stopped()))
     }
 
     /// The submission task of a root reserved by `submit_root`: writes its first record and runs it, or finds the
@@ -1035,13 +1059,16 @@ impl Inner {
                     }),
                 }
             }
-            Err(e) => {
+            // Only the run that made the submission forgets it or halts on its error: a submission settled in its
+            // caller's poll may outlive its run, and a later run must not halt on a write fenced by its own epoch.
+            Err(e) if self.state().epoch == Some(epoch) => {
                 self.abandon(&id, &format!("its first record could not be written: {e}"));
                 if e.is_fatal() {
                     self.halt_on(&e);
                 }
                 Err(e)
             }
+            Err(e) => Err(e),
         }
     }
 
@@ -1141,6 +1168,13 @@ impl Inner {
         let mut state = self.state();
         if let Phase::Halted(reason) = &state.phase {
             return Err(reason.error());
+        }
+        if state.epoch != Some(epoch) {
+            // A submission settled in its caller's poll outlived the run it was made in (stopped and started again
+            // meanwhile): the new run loaded its record, if it landed, and runs it.
+            return Err(Error::ManagerNotRunning {
+                reason: format!("the manager restarted while procedure {id} was being submitted"),
+            });
         }
         self.spawn_locked(&mut state, epoch, record, procedure, Resume::Execute, false);
         state

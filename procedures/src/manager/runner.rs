@@ -16,8 +16,8 @@ use crate::manager::local::{Inner, NewProcedure, backoff};
 use crate::manager::lock::Requester;
 use crate::procedure::{BoxedProcedure, Context, Output, ProcedureId, ProcedureWithId, Status};
 use crate::record::{
-    ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, declared_keys, now_ms,
-    record_key,
+    MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION,
+    declared_keys, now_ms, record_key,
 };
 use crate::step_writes::StepWrites;
 use crate::store::{Condition, WriteOp, WriteOutcome};
@@ -89,6 +89,9 @@ enum Boundary {
 struct Live {
     /// Every event, persisted or not yet (bounded like the record's).
     events: Vec<ProcedureEvent>,
+    /// The JSON of the first `encoded.len()` of `events`, each as it appears in a record: a write serialises only
+    /// the events new since the last one, not the whole history again.
+    encoded: Vec<String>,
     /// Starts of the current step in this manager.
     attempt: u32,
     /// The current step's last error, or the error that stalled it.
@@ -97,12 +100,20 @@ struct Live {
     step_started_at_ms: Option<u64>,
 }
 
+/// What the history of a record [`Runner::next_record`] made adds to the live one it encoded (the oldest beyond
+/// [`MAX_EVENTS`] left out).
+struct HistoryTail {
+    /// The event the record adds, with its JSON, if any.
+    added: Option<(ProcedureEvent, String)>,
+}
+
 pub(crate) struct Runner {
     inner: Arc<Inner>,
     epoch: u64,
     root: ProcedureId,
     procedure: BoxedProcedure,
-    /// The last record persisted for the procedure.
+    /// The last record persisted for the procedure — without its history, which is `live.events` (written with
+    /// every record, so never behind it).
     record: ProcedureRecord,
     /// The epoch of this manager when it loaded the procedure from the store (not when it submitted it).
     recovered_by: Option<u64>,
@@ -114,12 +125,12 @@ impl Runner {
         inner: Arc<Inner>,
         epoch: u64,
         root: ProcedureId,
-        record: ProcedureRecord,
+        mut record: ProcedureRecord,
         procedure: BoxedProcedure,
         recovered: bool,
     ) -> Self {
         let live = Live {
-            events: record.events.clone(),
+            events: std::mem::take(&mut record.events),
             ..Live::default()
         };
         Runner {
@@ -149,29 +160,88 @@ impl Runner {
         {
             observer.retried(&self.record.type_name, step.as_deref(), error);
         }
-        push_event(&mut self.live().events, now_ms(), kind);
+        let mut live = self.live();
+        let before = live.events.len();
+        push_event(&mut live.events, now_ms(), kind);
+        // The oldest events the push dropped take their JSON along.
+        let dropped = (before + 1 - live.events.len()).min(live.encoded.len());
+        live.encoded.drain(..dropped);
+    }
+
+    /// Makes the live history the one of the record just written: the live one [`Runner::next_record`] encoded plus
+    /// the event `tail` adds (with its JSON), bounded like every history. Only this runner changes its history, and
+    /// not while it writes, so the live one is still the one that was encoded.
+    fn written_history(&self, tail: HistoryTail) {
+        let mut live = self.live();
+        let live = &mut *live;
+        if let Some((event, json)) = tail.added {
+            let complete = live.encoded.len() == live.events.len();
+            live.events.push(event);
+            if complete {
+                live.encoded.push(json);
+            } else {
+                // Not fully encoded (cannot happen after `next_record`): encode afresh at the next write rather
+                // than keep JSON that does not match its event.
+                live.encoded.clear();
+            }
+        }
+        let extra = live.events.len().saturating_sub(MAX_EVENTS);
+        live.events.drain(..extra);
+        let extra = extra.min(live.encoded.len());
+        live.encoded.drain(..extra);
     }
 
     /// What the procedure shows: its last record with `state` and `error`, plus the live introspection.
     fn info(&self, state: ProcedureState, error: Option<String>) -> ProcedureInfo {
-        let mut info = ProcedureInfo::from(&self.record);
-        info.state = state;
-        info.error = error;
-        info.step_name = self.procedure.step_name();
+        let r = &self.record;
+        let step_name = self.procedure.step_name();
         let live = self.live();
-        info.attempt = live.attempt;
-        info.last_error = live.last_error.clone();
-        info.next_retry_at_ms = live.next_retry_at_ms;
-        info.step_started_at_ms = live.step_started_at_ms;
-        info.events = live.events.clone();
-        info
+        // Built field by field (not from `ProcedureInfo::from(&self.record)`): the record's own copies of the
+        // history and the error would be cloned only to be replaced.
+        ProcedureInfo {
+            id: r.id.clone(),
+            type_name: r.type_name.clone(),
+            parent_id: r.parent_id.clone(),
+            state,
+            step: r.step,
+            output: r.output.clone(),
+            error,
+            created_at_ms: r.created_at_ms,
+            updated_at_ms: r.updated_at_ms,
+            step_name,
+            attempt: live.attempt,
+            last_error: live.last_error.clone(),
+            next_retry_at_ms: live.next_retry_at_ms,
+            step_started_at_ms: live.step_started_at_ms,
+            lock_keys: r.lock_keys.clone(),
+            locks_held: Vec::new(),
+            lock_wait: None,
+            events: live.events.clone(),
+        }
     }
 
     /// Publishes what the procedure shows now (nothing is written).
     fn publish(&self, state: ProcedureState, error: Option<String>) {
         let info = self.info(state, error);
-        self.inner
-            .with_entry(&self.record.id, |entry| entry.publish(info));
+        // Copied, and the replaced information dropped, outside the manager's state lock: every runner takes it.
+        let copy = info.clone();
+        let _replaced = self
+            .inner
+            .with_entry(&self.record.id, |entry| entry.publish_copy(info, copy));
+    }
+
+    /// Publishes the live introspection (a step starting) with the state and error the procedure shows now: one
+    /// pass under the manager's state lock.
+    fn publish_shown(&self) {
+        let mut info = self.info(self.record.state, None);
+        let mut copy = info.clone();
+        let _replaced = self.inner.with_entry(&self.record.id, |entry| {
+            info.state = entry.info.state;
+            info.error.clone_from(&entry.info.error);
+            copy.state = info.state;
+            copy.error.clone_from(&info.error);
+            entry.publish_copy(info, copy)
+        });
     }
 
     /// Halts the manager on a fatal error; a fence is noted in the history first (in memory: nothing more is
@@ -364,13 +434,7 @@ impl Runner {
                 step: step.clone(),
                 attempt,
             });
-            let shown = self
-                .inner
-                .with_entry(&self.record.id, |entry| {
-                    (entry.info.state, entry.info.error.clone())
-                })
-                .unwrap_or((self.record.state, None));
-            self.publish(shown.0, shown.1);
+            self.publish_shown();
             let result = match deadline {
                 None => self.procedure.execute(&ctx).await,
                 Some((deadline, timeout)) => {
@@ -529,7 +593,8 @@ impl Runner {
         children: Vec<ProcedureWithId>,
     ) -> Result<Vec<Watcher>, Stopped> {
         let waiting_for: Vec<ProcedureId> = children.iter().map(|c| c.id.clone()).collect();
-        let (record, value) = self.next_record(
+        // No event is added: the live history is the record's (`_tail` changes nothing).
+        let (record, value, _tail) = self.next_record(
             ProcedureState::Running,
             None,
             None,
@@ -1031,7 +1096,7 @@ impl Runner {
         error: Option<String>,
         waiting_for: Vec<ProcedureId>,
         event: Option<EventKind>,
-    ) -> Result<(ProcedureRecord, Vec<u8>), Stopped> {
+    ) -> Result<(ProcedureRecord, Vec<u8>, HistoryTail), Stopped> {
         let data = match self.procedure.dump() {
             Ok(data) => data,
             Err(e) if state.is_finished() || state == ProcedureState::RollingBack => {
@@ -1045,10 +1110,45 @@ impl Runner {
             }
         };
         let now = now_ms();
-        let mut events = self.live().events.clone();
-        if let Some(event) = event {
-            push_event(&mut events, now, event);
-        }
+        // The history's JSON: the live events' (encoded once each, here or at an earlier write), then the event this
+        // write adds, the oldest dropped beyond the bound.
+        let (events, events_json, tail) = {
+            let mut live = self.live();
+            let live = &mut *live;
+            while live.encoded.len() < live.events.len() {
+                match serde_json::to_string(&live.events[live.encoded.len()]) {
+                    Ok(json) => live.encoded.push(json),
+                    Err(source) => return Err(self.unserialisable(source)),
+                }
+            }
+            let added = match event {
+                Some(kind) => {
+                    let event = ProcedureEvent { at_ms: now, kind };
+                    match serde_json::to_string(&event) {
+                        Ok(json) => Some((event, json)),
+                        Err(source) => return Err(self.unserialisable(source)),
+                    }
+                }
+                None => None,
+            };
+            let total = live.events.len() + usize::from(added.is_some());
+            let dropped = total.saturating_sub(MAX_EVENTS);
+            let mut json = Vec::with_capacity(total - dropped);
+            json.extend(live.encoded[dropped..].iter().map(String::as_str));
+            json.extend(added.as_ref().map(|(_, json)| json.as_str()));
+            let events_json = crate::record::history_json(&json);
+            // The full history is only needed to check the encoding (debug builds).
+            let events = if cfg!(debug_assertions) {
+                let mut events = live.events.clone();
+                events.extend(added.as_ref().map(|(event, _)| event.clone()));
+                let extra = events.len().saturating_sub(MAX_EVENTS);
+                events.drain(..extra);
+                events
+            } else {
+                Vec::new()
+            };
+            (events, events_json, HistoryTail { added })
+        };
         let mut record = ProcedureRecord {
             format_version: RECORD_FORMAT_VERSION,
             type_name: self.record.type_name.clone(),
@@ -1064,21 +1164,34 @@ impl Runner {
             updated_at_ms: now,
             step_name: self.procedure.step_name(),
             lock_keys: declared_keys(&self.procedure.lock_key()),
-            events,
+            events: Vec::new(),
         };
         record.format_version = record.required_format_version();
-        match serde_json::to_vec(&record) {
-            Ok(value) => Ok((record, value)),
-            Err(source) => {
-                let e = Error::Serialize {
-                    id: record.id.clone(),
-                    what: "record",
-                    source,
-                };
-                self.stop_with(e.to_string());
-                Err(Stopped)
-            }
+        let value = match crate::record::encode_with_history(&record, events_json.as_deref()) {
+            Ok(value) => value,
+            Err(source) => return Err(self.unserialisable(source)),
+        };
+        if cfg!(debug_assertions) {
+            record.events = events;
+            debug_assert_eq!(
+                serde_json::to_vec(&record).ok().as_deref(),
+                Some(value.as_slice()),
+                "a record encoded with its cached history differs from its plain encoding"
+            );
+            record.events = Vec::new();
         }
+        Ok((record, value, tail))
+    }
+
+    /// A record that cannot be serialised: the procedure stops without writing.
+    fn unserialisable(&self, source: serde_json::Error) -> Stopped {
+        let e = Error::Serialize {
+            id: self.record.id.clone(),
+            what: "record",
+            source,
+        };
+        self.stop_with(e.to_string());
+        Stopped
     }
 
     /// Writes the next record (step + 1) and publishes it. On a write that fails for good, the procedure stops
@@ -1106,7 +1219,7 @@ impl Runner {
         if self.inner.is_halted() {
             return Err(Stopped);
         }
-        let (record, value) = self.next_record(state, output, error, Vec::new(), event)?;
+        let (record, value, tail) = self.next_record(state, output, error, Vec::new(), event)?;
         let key = record_key(&record.id);
         let mut ops = vec![WriteOp::Put { key, value }];
         ops.extend(extra);
@@ -1121,7 +1234,7 @@ impl Runner {
             .await
         {
             Ok(WriteOutcome::Applied) => {
-                self.live().events = record.events.clone();
+                self.written_history(tail);
                 self.record = record;
                 self.publish(self.record.state, self.record.error.clone());
                 Ok(())
@@ -1188,7 +1301,7 @@ impl Runner {
                 }
             };
         }
-        let (record, value) = self.next_record(state, output, None, Vec::new(), event)?;
+        let (record, value, tail) = self.next_record(state, output, None, Vec::new(), event)?;
         let ops = vec![WriteOp::Put {
             key: record_key(&record.id),
             value: value.clone(),
@@ -1205,7 +1318,7 @@ impl Runner {
             .await;
         match written {
             Ok(WriteOutcome::Applied) => {
-                self.live().events = record.events.clone();
+                self.written_history(tail);
                 self.record = record;
                 self.publish(self.record.state, self.record.error.clone());
                 Ok(Ok(()))
@@ -1216,7 +1329,7 @@ impl Runner {
                 let key = record_key(&record.id);
                 let stored = self.inner.read(|| self.inner.store.get(&key)).await;
                 if matches!(&stored, Ok(Some(bytes)) if *bytes == value) {
-                    self.live().events = record.events.clone();
+                    self.written_history(tail);
                     self.record = record;
                     self.publish(self.record.state, self.record.error.clone());
                     return Ok(Ok(()));

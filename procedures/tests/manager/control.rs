@@ -128,11 +128,17 @@ async fn a_paused_procedure_keeps_its_locks_runs_no_step_and_finishes_once_resum
         .await
         .unwrap();
     until_state(&m, "q", ProcedureState::Running).await;
-    assert!(
-        m.procedure_locks(&ProcedureId::new("q"))
+    // Its runner may not have asked for the key yet when `submit` returns: wait until it queued for it.
+    within(async {
+        while m
+            .procedure_locks(&ProcedureId::new("q"))
             .and_then(|l| l.waiting)
-            .is_some()
-    );
+            .is_none()
+        {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
 
     m.resume(&id).await.unwrap();
     assert!(!store.snapshot().contains_key(&control_key(&id)));

@@ -767,6 +767,13 @@ async fn a_retried_control_read_at_a_step_boundary_shows_the_procedure_retrying_
     };
     let mut watcher = m.submit(env.with_id("p", plan)).await.unwrap();
     until_state(&m, "p", ProcedureState::Running).await;
+    // Its first step is entered (past the boundary's read) before the store goes down.
+    within(async {
+        while !env.events().contains(&"enter p at 0".to_string()) {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    })
+    .await;
 
     // The store stops answering reads; the first step ends and the boundary before the second reads the
     // procedure's control key: the procedure shows the read's error while it is retried, not a silent `running`.
