@@ -1,5 +1,6 @@
-//! Create-table end to end (64 regions), group commit against one commit per write on redb (64 create-tables of 8
-//! regions in flight, and one alone), and building a datanode's open requests (100k regions).
+//! Create-table end to end (64 regions), group commit against one commit per write on redb and (with
+//! `ETCD_ENDPOINTS`) etcd (64 create-tables of 8 regions in flight, and one alone), and building a datanode's open
+//! requests (100k regions).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,6 +18,7 @@ use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::redb::RedbKvBackend;
 use remote_wal::kv::state_store::KvStateStore;
 use remote_wal::kv::{CountingKvBackend, KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
+use remote_wal::metasrv::NamespacedKvBackend;
 use remote_wal::wal::WalOptions;
 use tokio::runtime::Runtime;
 
@@ -91,56 +93,87 @@ fn bench_create_table(c: &mut Criterion) {
     group.finish();
 }
 
-/// 64 create-tables of 8 regions in flight on redb, and one alone, with group commit on and off. Each
-/// configuration has a redb file of its own; metadata and procedure state share it, as a metasrv runs. Throughput
-/// is in tables.
+/// 64 create-tables of 8 regions in flight, and one alone, with group commit on and off: on redb, and on etcd
+/// when `ETCD_ENDPOINTS` is set (a cluster of its own; each configuration under a fresh key prefix). Each redb
+/// configuration has a file of its own; metadata and procedure state share one backend, as a metasrv runs.
+/// Throughput is in tables.
 fn bench_group_commit(c: &mut Criterion) {
     let rt = Runtime::new().expect("runtime");
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut group = c.benchmark_group("group_commit_redb");
-    group.sample_size(10);
-    group.measurement_time(std::time::Duration::from_secs(5));
-    for (in_flight, label) in [(64usize, "64_in_flight_8_regions"), (1, "alone_8_regions")] {
-        group.throughput(Throughput::Elements(in_flight as u64));
-        for on in [true, false] {
-            let name = if on {
-                "group_commit"
-            } else {
-                "no_group_commit"
-            };
-            let path = dir.path().join(format!("{label}-{name}.redb"));
-            let redb: KvBackendRef = Arc::new(RedbKvBackend::open(path).expect("redb"));
-            let counting = Arc::new(CountingKvBackend::new(redb));
-            let kv: KvBackendRef = counting.clone();
-            let store = Arc::new(KvStateStore::new(kv.clone()).with_group_commit(on));
-            let ddl = ddl_manager(&rt, kv, store);
-            let n = AtomicUsize::new(0);
-            let commits_before = counting.commits();
-            group.bench_function(format!("{label}/{name}"), |b| {
-                b.to_async(&rt).iter(|| async {
-                    let creates = (0..in_flight).map(|_| {
-                        let i = n.fetch_add(1, Ordering::Relaxed);
-                        let table = TableName::new("greptime", "public", format!("t{i}"));
-                        ddl.create_table(CreateTableTask::new(table, 8))
-                    });
-                    for id in futures::future::join_all(creates).await {
-                        id.expect("create");
-                    }
-                })
-            });
-            let tables = n.load(Ordering::Relaxed);
-            let commits = counting.commits() - commits_before;
-            // Nothing to say of a case the filter left out.
-            if tables == 0 {
-                continue;
-            }
-            eprintln!(
-                "{label}/{name}: {tables} tables, {commits} store commits ({:.2} per table)",
-                commits as f64 / tables as f64
-            );
-        }
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let etcd: Option<KvBackendRef> = std::env::var("ETCD_ENDPOINTS").ok().map(|endpoints| {
+        let config = EtcdConfig::new(endpoints.split(',').map(str::trim));
+        let etcd = rt.block_on(EtcdKvBackend::connect(config)).expect("etcd");
+        Arc::new(etcd) as KvBackendRef
+    });
+    let mut stores: Vec<&str> = vec!["redb"];
+    if etcd.is_some() {
+        stores.push("etcd");
     }
-    group.finish();
+    for store_name in stores {
+        let mut group = c.benchmark_group(format!("group_commit_{store_name}"));
+        group.sample_size(10);
+        group.measurement_time(std::time::Duration::from_secs(5));
+        for (in_flight, label) in [(64usize, "64_in_flight_8_regions"), (1, "alone_8_regions")] {
+            group.throughput(Throughput::Elements(in_flight as u64));
+            for on in [true, false] {
+                let name = if on {
+                    "group_commit"
+                } else {
+                    "no_group_commit"
+                };
+                let backend: KvBackendRef = match (store_name, &etcd) {
+                    ("etcd", Some(etcd)) => NamespacedKvBackend::wrap(
+                        etcd.clone(),
+                        &format!("__bench_ddl/{run}/{label}/{name}/"),
+                    ),
+                    _ => {
+                        let path = dir.path().join(format!("{label}-{name}.redb"));
+                        Arc::new(RedbKvBackend::open(path).expect("redb"))
+                    }
+                };
+                let counting = Arc::new(CountingKvBackend::new(backend));
+                let kv: KvBackendRef = counting.clone();
+                let store = Arc::new(KvStateStore::new(kv.clone()).with_group_commit(on));
+                let ddl = ddl_manager(&rt, kv, store);
+                let n = AtomicUsize::new(0);
+                let commits_before = counting.commits();
+                group.bench_function(format!("{label}/{name}"), |b| {
+                    b.to_async(&rt).iter(|| async {
+                        let creates = (0..in_flight).map(|_| {
+                            let i = n.fetch_add(1, Ordering::Relaxed);
+                            let table = TableName::new("greptime", "public", format!("t{i}"));
+                            ddl.create_table(CreateTableTask::new(table, 8))
+                        });
+                        for id in futures::future::join_all(creates).await {
+                            id.expect("create");
+                        }
+                    })
+                });
+                let tables = n.load(Ordering::Relaxed);
+                let commits = counting.commits() - commits_before;
+                // Nothing to say of a case the filter left out.
+                if tables == 0 {
+                    continue;
+                }
+                eprintln!(
+                    "{store_name}/{label}/{name}: {tables} tables, {commits} store commits ({:.2} per table)",
+                    commits as f64 / tables as f64
+                );
+            }
+        }
+        group.finish();
+    }
+    // The etcd keys of this run go with it.
+    if let Some(etcd) = etcd {
+        let prefix = format!("__bench_ddl/{run}/").into_bytes();
+        let end = remote_wal::kv::prefix_end(&prefix);
+        rt.block_on(etcd.delete_range(&prefix, &end, false))
+            .expect("delete the run's etcd keys");
+    }
 }
 
 fn bench_open_regions(c: &mut Criterion) {
