@@ -1,11 +1,16 @@
 //! [`Sequence`]: ids from a kv-backed counter, reserved in batches.
 //!
 //! The key holds, as decimal text, the first id not yet reserved by anyone. To hand out ids, a sequence reserves
-//! `[current, current + step)` with one compare-and-put and then serves that range from memory. Ids of a reserved
+//! `[current, current + n)` with one compare-and-put and then serves that range from memory. Ids of a reserved
 //! range that were never handed out (the process stopped) are skipped, never reused: a new sequence on the same kv
 //! continues after the last reserved range. A key holding less than the sequence's start is read as the start.
+//!
+//! `n` is the sequence's step, or, when more callers than that are waiting for an id at the moment a reservation
+//! starts, their number (at most [`MAX_RESERVATION`]): a burst of concurrent callers (a DDL storm) is served by one
+//! reservation instead of one per `step` callers, each of which would hold the others behind one store commit.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use snafu::ensure;
 use tokio::sync::Mutex;
@@ -15,6 +20,9 @@ use crate::kv::{CompareAndPutRequest, KvBackendRef};
 
 /// How many times a batch reservation retries after losing a compare-and-put race.
 const MAX_RESERVE_ATTEMPTS: usize = 16;
+
+/// The most ids one reservation takes when many callers wait at once.
+pub const MAX_RESERVATION: u64 = 1024;
 
 /// A kv-backed id sequence. Ids are strictly increasing within one instance and unique across every instance
 /// sharing the key.
@@ -26,6 +34,24 @@ pub struct Sequence {
     step: u64,
     max: u64,
     range: Mutex<Range<u64>>,
+    /// Callers inside [`Sequence::next`] (waiting for the range or holding it).
+    waiting: AtomicU64,
+}
+
+/// Counts a caller of [`Sequence::next`] for as long as it is inside, cancelled or not.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn enter(count: &'a AtomicU64) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Waiting(count)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Sequence {
@@ -39,6 +65,7 @@ impl Sequence {
             step: step.max(1),
             max,
             range: Mutex::new(0..0),
+            waiting: AtomicU64::new(0),
         }
     }
 
@@ -49,17 +76,21 @@ impl Sequence {
 
     /// The next id.
     pub async fn next(&self) -> Result<u64> {
+        let _waiting = Waiting::enter(&self.waiting);
         let mut range = self.range.lock().await;
         if range.is_empty() {
-            *range = self.reserve().await?;
+            // This caller and every one queued behind it get an id of the same reservation.
+            let callers = self.waiting.load(Ordering::Relaxed);
+            let n = self.step.max(callers.min(MAX_RESERVATION));
+            *range = self.reserve(n).await?;
         }
         let id = range.start;
         range.start += 1;
         Ok(id)
     }
 
-    /// Reserves the next batch in the kv.
-    async fn reserve(&self) -> Result<Range<u64>> {
+    /// Reserves the next `n` ids in the kv (fewer at `max`).
+    async fn reserve(&self, n: u64) -> Result<Range<u64>> {
         let mut current = self.kv.get(self.key.as_bytes()).await?.map(|kv| kv.value);
         for _ in 0..MAX_RESERVE_ATTEMPTS {
             // A key below the start (written by hand or by another tool) never makes ids below the start: they are
@@ -71,7 +102,7 @@ impl Sequence {
             // `end` is exclusive; it may be `max + 1`, which is what the key then holds. At `u64::MAX` no end past
             // the id can be stored, so that id is never handed out.
             let end = first
-                .saturating_add(self.step)
+                .saturating_add(n)
                 .min(self.max.saturating_add(1));
             ensure!(
                 first <= self.max && first < end,
@@ -143,6 +174,51 @@ mod tests {
         }
         // `a` used up its batch and reserves after `b`'s.
         assert_eq!(a.next().await.unwrap(), 1044);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_waiting_at_once_share_one_reservation() {
+        let kv = kv();
+        let seq = Arc::new(Sequence::new(kv.clone(), "seq", 1024, 10, u64::MAX));
+        // Hold the range so that 50 callers queue behind it, as while a reservation is in flight.
+        let held = seq.range.lock().await;
+        let callers: Vec<_> = (0..50)
+            .map(|_| {
+                let seq = seq.clone();
+                tokio::spawn(async move { seq.next().await.unwrap() })
+            })
+            .collect();
+        while seq.waiting.load(Ordering::Relaxed) < 50 {
+            tokio::task::yield_now().await;
+        }
+        drop(held);
+        let mut ids = BTreeSet::new();
+        for caller in callers {
+            assert!(ids.insert(caller.await.unwrap()), "an id was handed out twice");
+        }
+        // One reservation of 50 ids (not five of 10), served in order.
+        assert_eq!(ids.into_iter().collect::<Vec<_>>(), (1024..1074).collect::<Vec<_>>());
+        assert_eq!(kv.get(b"seq").await.unwrap().unwrap().value, b"1074");
+        assert_eq!(seq.waiting.load(Ordering::Relaxed), 0);
+        // Alone again: the step.
+        assert_eq!(seq.next().await.unwrap(), 1074);
+        assert_eq!(kv.get(b"seq").await.unwrap().unwrap().value, b"1084");
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_caller_is_no_longer_counted() {
+        let kv = kv();
+        let seq = Sequence::new(kv.clone(), "seq", 0, 2, u64::MAX);
+        let held = seq.range.lock().await;
+        {
+            let waiting = std::pin::pin!(seq.next());
+            // Polled once: it waits for the range, counted; then dropped.
+            assert!(futures::poll!(waiting).is_pending());
+        }
+        assert_eq!(seq.waiting.load(Ordering::Relaxed), 0);
+        drop(held);
+        assert_eq!(seq.next().await.unwrap(), 0);
+        assert_eq!(kv.get(b"seq").await.unwrap().unwrap().value, b"2");
     }
 
     #[tokio::test]
