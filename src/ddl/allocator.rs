@@ -22,7 +22,8 @@ pub const TABLE_ID_SEQ_KEY: &str = "__table_id_seq";
 /// The first table id handed out (ids below are left for system tables, as in GreptimeDB).
 pub const MIN_USER_TABLE_ID: u32 = 1024;
 
-/// How many table ids one sequence reservation takes.
+/// How many table ids one sequence reservation takes at least (more when more callers wait at once, see
+/// [`Sequence`]).
 pub const TABLE_ID_STEP: u64 = 10;
 
 /// Prefix of allocation reservations: `__table_allocation/{procedure_id}` holds the [`TableAllocation`] a

@@ -425,29 +425,35 @@ impl KvBackend for RedbKvBackend {
         usize::MAX
     }
 
+    // Point reads run on the caller's thread: a read transaction never waits for the writer (redb keeps the last
+    // committed version for readers), and a lookup in its page cache takes microseconds, less than handing the
+    // call to the blocking pool and waking the task again. Ranges, which may read many pages, and every write go
+    // to the blocking pool.
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
-        let k = key.to_vec();
-        self.blocking("get", key, move |db| {
+        self.run_sync("get", key, |db| {
             let table = db.begin_read()?.open_table(TABLE)?;
-            Ok(read_value(&table, &k)?.map(|value| KeyValue { key: k, value }))
+            Ok(read_value(&table, key)?.map(|value| KeyValue {
+                key: key.to_vec(),
+                value,
+            }))
         })
-        .await
     }
 
     async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<KeyValue>> {
-        let first = keys.first().cloned().unwrap_or_default();
-        let keys = keys.to_vec();
-        self.blocking("batch_get", &first, move |db| {
+        let first = keys.first().map(Vec::as_slice).unwrap_or_default();
+        self.run_sync("batch_get", first, |db| {
             let table = db.begin_read()?.open_table(TABLE)?;
             let mut out = Vec::new();
             for k in keys {
-                if let Some(value) = read_value(&table, &k)? {
-                    out.push(KeyValue { key: k, value });
+                if let Some(value) = read_value(&table, k)? {
+                    out.push(KeyValue {
+                        key: k.clone(),
+                        value,
+                    });
                 }
             }
             Ok(out)
         })
-        .await
     }
 
     async fn range(&self, req: RangeRequest) -> Result<RangeResponse> {
