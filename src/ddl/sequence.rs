@@ -101,9 +101,7 @@ impl Sequence {
             };
             // `end` is exclusive; it may be `max + 1`, which is what the key then holds. At `u64::MAX` no end past
             // the id can be stored, so that id is never handed out.
-            let end = first
-                .saturating_add(n)
-                .min(self.max.saturating_add(1));
+            let end = first.saturating_add(n).min(self.max.saturating_add(1));
             ensure!(
                 first <= self.max && first < end,
                 SequenceExhaustedSnafu {
@@ -194,10 +192,16 @@ mod tests {
         drop(held);
         let mut ids = BTreeSet::new();
         for caller in callers {
-            assert!(ids.insert(caller.await.unwrap()), "an id was handed out twice");
+            assert!(
+                ids.insert(caller.await.unwrap()),
+                "an id was handed out twice"
+            );
         }
         // One reservation of 50 ids (not five of 10), served in order.
-        assert_eq!(ids.into_iter().collect::<Vec<_>>(), (1024..1074).collect::<Vec<_>>());
+        assert_eq!(
+            ids.into_iter().collect::<Vec<_>>(),
+            (1024..1074).collect::<Vec<_>>()
+        );
         assert_eq!(kv.get(b"seq").await.unwrap().unwrap().value, b"1074");
         assert_eq!(seq.waiting.load(Ordering::Relaxed), 0);
         // Alone again: the step.

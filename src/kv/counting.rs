@@ -97,6 +97,10 @@ impl KvBackend for CountingKvBackend {
         self.inner.max_request_bytes()
     }
 
+    fn max_txns_in_flight(&self) -> usize {
+        self.inner.max_txns_in_flight()
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         self.inner.get(key).await
     }

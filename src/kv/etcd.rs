@@ -39,6 +39,9 @@ pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1536 * 1024 - 32 * 1024;
 
 /// The largest response the client accepts (a range of many large values).
+/// Transactions a writer keeps in flight at once on etcd ([`KvBackend::max_txns_in_flight`]).
+pub const ETCD_TXNS_IN_FLIGHT: usize = 8;
+
 const MAX_RESPONSE_BYTES: usize = 512 << 20;
 
 /// gRPC status codes that may clear up on retry: DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE.
@@ -408,6 +411,12 @@ impl KvBackend for EtcdKvBackend {
 
     fn max_request_bytes(&self) -> usize {
         self.config.max_request_bytes
+    }
+
+    /// etcd orders concurrent txns in its raft log and makes them durable together, so a writer gains by keeping
+    /// several in flight.
+    fn max_txns_in_flight(&self) -> usize {
+        ETCD_TXNS_IN_FLIGHT
     }
 
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {

@@ -221,6 +221,14 @@ pub trait KvBackend: Send + Sync + Debug {
     /// The largest request, in bytes of keys and values, one call may carry; `usize::MAX` if unbounded.
     fn max_request_bytes(&self) -> usize;
 
+    /// How many transactions a writer should keep in flight at once to use the backend well: 1 (the default) for
+    /// a backend that commits one write at a time anyway (redb's single writer, memory), more for one that
+    /// pipelines independent transactions (etcd). The state store's group commit sends up to this many batches
+    /// at once, on disjoint keys.
+    fn max_txns_in_flight(&self) -> usize {
+        1
+    }
+
     /// One key.
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>>;
 

@@ -112,6 +112,10 @@ impl KvBackend for NamespacedKvBackend {
         self.inner.max_request_bytes()
     }
 
+    fn max_txns_in_flight(&self) -> usize {
+        self.inner.max_txns_in_flight()
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         Ok(self
             .inner

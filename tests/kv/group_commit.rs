@@ -34,6 +34,8 @@ struct Gate {
     waiting: AtomicUsize,
     /// The limit of operations per transaction it reports (its inner backend's when `None`).
     max_ops: Option<usize>,
+    /// The transactions in flight it asks a writer for (its inner backend's when `None`).
+    in_flight: Option<usize>,
     txns: Mutex<Vec<Txn>>,
 }
 
@@ -45,8 +47,33 @@ impl Gate {
             permits: Semaphore::new(0),
             waiting: AtomicUsize::new(0),
             max_ops: None,
+            in_flight: None,
             txns: Mutex::new(Vec::new()),
         })
+    }
+
+    /// A gate of `max_ops` operations per transaction that asks for `in_flight` transactions at once.
+    fn pipelining(inner: KvBackendRef, max_ops: usize, in_flight: usize) -> Arc<Self> {
+        let mut gate = Arc::into_inner(Gate::new(inner)).expect("not shared yet");
+        gate.max_ops = Some(max_ops);
+        gate.in_flight = Some(in_flight);
+        Arc::new(gate)
+    }
+
+    /// Lets `n` held (or later) transactions through, the gate staying closed.
+    fn release(&self, n: usize) {
+        self.permits.add_permits(n);
+    }
+
+    /// Waits until exactly `n` transactions wait at the closed gate.
+    async fn holding_exactly(&self, n: usize) {
+        tokio::time::timeout(WAIT, async {
+            while self.waiting.load(Ordering::SeqCst) != n {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{n} transactions at the gate"));
     }
 
     /// A gate that reports at most `max_ops` operations per transaction, and refuses a larger one as etcd does.
@@ -92,6 +119,10 @@ impl KvBackend for Gate {
     }
     fn max_request_bytes(&self) -> usize {
         self.inner.max_request_bytes()
+    }
+    fn max_txns_in_flight(&self) -> usize {
+        self.in_flight
+            .unwrap_or_else(|| self.inner.max_txns_in_flight())
     }
     async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
         self.inner.get(key).await
@@ -142,6 +173,7 @@ impl KvBackend for Gate {
                 .await
                 .expect("the gate's semaphore is never closed")
                 .forget();
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
         self.txns.lock().unwrap().push(txn.clone());
         let ops = txn.compare.len() + txn.success.len().max(txn.failure.len());
@@ -490,4 +522,104 @@ async fn a_batch_over_the_backends_transaction_limit_is_split_into_several_commi
     // The held write alone, then the six queued ones in two commits of three.
     let sizes: Vec<usize> = gate.txns().iter().map(|t| t.success.len()).collect();
     assert_eq!(sizes, vec![1, 3, 3], "{:#?}", gate.txns());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_pipelining_backend_batches_on_disjoint_keys_are_in_flight_together() {
+    // 8 operations per transaction (3 writes of one compare and one put), two transactions in flight.
+    let gate = Gate::pipelining(Arc::new(MemoryKvBackend::new()), 8, 2);
+    let store = Arc::new(KvStateStore::new(gate.clone()));
+    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
+    let absent = |key: &str| Condition::Absent {
+        key: key.to_string(),
+    };
+    gate.close();
+    let spawn_write = |conditions: Vec<Condition>, ops: Vec<WriteOp>| {
+        let store = store.clone();
+        tokio::spawn(async move { store.write(conditions, ops).await })
+    };
+    let held = spawn_write(vec![epoch_is(1)], vec![put("held")]);
+    gate.holding_exactly(1).await;
+    // Six writes on keys of their own, then one more on the held write's key with a compare of its own (too big to
+    // join a batch of three).
+    let mut tasks: Vec<_> = (0..6)
+        .map(|i| {
+            let key = format!("k{i}");
+            spawn_write(vec![epoch_is(1), absent(&key)], vec![put(&key)])
+        })
+        .collect();
+    queued(&store, 6).await;
+    tasks.push(spawn_write(
+        vec![epoch_is(1), absent("other")],
+        vec![put("held")],
+    ));
+    queued(&store, 7).await;
+    gate.release(1);
+    // The held commit done, two batches of three go out together; the last write waits for a free slot.
+    gate.holding_exactly(2).await;
+    assert_eq!(store.queued_writes(), 1, "{:#?}", gate.txns());
+    gate.open();
+    assert_eq!(held.await.unwrap().unwrap(), WriteOutcome::Applied);
+    for (i, t) in tasks.into_iter().enumerate() {
+        let outcome = tokio::time::timeout(WAIT, t).await.unwrap().unwrap();
+        assert_eq!(outcome.unwrap(), WriteOutcome::Applied, "write {i}");
+    }
+    let txns = gate.txns();
+    let sizes: Vec<usize> = txns.iter().map(|t| t.success.len()).collect();
+    assert_eq!(sizes, vec![1, 3, 3, 1], "{txns:#?}");
+    // The two in flight together touch no key in common.
+    let keys = |t: &Txn| -> std::collections::BTreeSet<Vec<u8>> {
+        t.success
+            .iter()
+            .filter_map(|op| match op {
+                remote_wal::kv::TxnOp::Put(key, _) => Some(key.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(keys(&txns[1]).is_disjoint(&keys(&txns[2])), "{txns:#?}");
+    for i in 0..6 {
+        assert!(store.get(&format!("k{i}")).await.unwrap().is_some(), "k{i}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_pipelining_backend_the_epoch_claim_goes_alone_and_nothing_overtakes_it() {
+    let gate = Gate::pipelining(Arc::new(MemoryKvBackend::new()), 128, 4);
+    let store = Arc::new(KvStateStore::new(gate.clone()));
+    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
+    gate.close();
+    let spawn_write = |conditions: Vec<Condition>, ops: Vec<WriteOp>| {
+        let store = store.clone();
+        tokio::spawn(async move { store.write(conditions, ops).await })
+    };
+    let held = spawn_write(vec![epoch_is(1)], vec![put("held")]);
+    gate.holding_exactly(1).await;
+    // A newer manager's claim of the epoch, then a write of the old epoch on another key.
+    let claim = spawn_write(
+        vec![epoch_is(1)],
+        vec![WriteOp::Put {
+            key: EPOCH_KEY.to_string(),
+            value: b"2".to_vec(),
+        }],
+    );
+    queued(&store, 1).await;
+    let late = spawn_write(vec![epoch_is(1)], vec![put("late")]);
+    queued(&store, 2).await;
+    gate.release(1);
+    // The claim goes alone; the late write stays queued behind it although slots are free.
+    gate.holding_exactly(1).await;
+    assert_eq!(store.queued_writes(), 1);
+    gate.open();
+    assert_eq!(held.await.unwrap().unwrap(), WriteOutcome::Applied);
+    assert_eq!(claim.await.unwrap().unwrap(), WriteOutcome::Applied);
+    // Sent after the claim, the late write finds the epoch moved.
+    assert!(
+        matches!(late.await.unwrap().unwrap(), WriteOutcome::Rejected { .. }),
+        "{:#?}",
+        gate.txns()
+    );
+    assert!(store.get("late").await.unwrap().is_none());
+    let sizes: Vec<usize> = gate.txns().iter().map(|t| t.success.len()).collect();
+    assert_eq!(sizes, vec![1, 1, 1], "{:#?}", gate.txns());
 }

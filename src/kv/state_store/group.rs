@@ -24,6 +24,8 @@
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use procedures::StepWrites;
 use procedures::record::EPOCH_KEY;
 use procedures::store::{Condition, WriteOp, WriteOutcome};
@@ -302,29 +304,60 @@ impl KvStateStore {
         }
     }
 
-    /// The commit task: takes the next batch off the queue and commits it, until the queue is empty.
+    /// The commit task: takes the next batch off the queue and commits it, until the queue is empty. Up to
+    /// [`KvBackend::max_txns_in_flight`](crate::kv::KvBackend::max_txns_in_flight) batches are in flight at once
+    /// (one on redb and memory); batches in flight together touch no key in common, and the manager's claim of
+    /// the epoch is sent only when nothing else is in flight, and nothing is sent beside it.
     async fn run_commits(self, group: Arc<GroupCommit>) {
         let mut guard = CommitTaskGuard {
             group: Arc::clone(&group),
             armed: true,
         };
-        // Let the tasks already woken run first: writes they are about to make join this first commit rather than
-        // wait for the next one. (Later batches gather while the commit before them is in flight.)
-        tokio::task::yield_now().await;
+        let slots = self.kv.max_txns_in_flight().max(1);
+        let mut in_flight = FuturesUnordered::new();
+        // Keys of the batches in flight; and whether one of them is the epoch claim.
+        let mut busy: HashSet<Vec<u8>> = HashSet::new();
+        let mut claim_in_flight = false;
         loop {
-            let batch = {
-                let mut queue = group.lock();
-                let batch = self.take_batch(&mut queue.pending);
+            // Let the tasks already woken run first: writes they are about to make join this commit rather than
+            // wait for the next one. (While commits are in flight, the next batch gathers behind them.)
+            tokio::task::yield_now().await;
+            while in_flight.len() < slots && !claim_in_flight {
+                let batch = {
+                    let mut queue = group.lock();
+                    self.take_batch(&mut queue.pending, &busy, in_flight.is_empty())
+                };
                 if batch.is_empty() {
+                    break;
+                }
+                let (writes, replies): (Vec<Prepared>, Vec<_>) =
+                    batch.into_iter().map(|p| (p.write, p.reply)).unzip();
+                let keys: Vec<Vec<u8>> =
+                    writes.iter().flat_map(|w| w.keys.iter().cloned()).collect();
+                let claim = writes.iter().any(|w| w.writes_epoch);
+                claim_in_flight |= claim;
+                busy.extend(keys.iter().cloned());
+                let store = &self;
+                in_flight.push(async move {
+                    let outcomes = store.commit_batch(writes).await;
+                    (keys, claim, replies, outcomes)
+                });
+            }
+            let Some((keys, claim, replies, outcomes)) = in_flight.next().await else {
+                // Nothing in flight and nothing taken: done, unless a write arrived since the last look (its
+                // caller saw this task running and left the write to it).
+                let mut queue = group.lock();
+                if queue.pending.is_empty() {
                     queue.committing = false;
                     guard.armed = false;
                     return;
                 }
-                batch
+                continue;
             };
-            let (writes, replies): (Vec<Prepared>, Vec<_>) =
-                batch.into_iter().map(|p| (p.write, p.reply)).unzip();
-            let outcomes = self.commit_batch(writes).await;
+            for key in &keys {
+                busy.remove(key);
+            }
+            claim_in_flight &= !claim;
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
                 // A caller that went away no longer wants the answer; its write is committed (or not) all the same.
                 let _ = reply.send(outcome);
@@ -332,40 +365,59 @@ impl KvStateStore {
         }
     }
 
-    /// The next batch: the first write waiting, and every later one that may join it (see the module
-    /// documentation). The others stay queued, in order.
-    fn take_batch(&self, pending: &mut VecDeque<Pending>) -> Vec<Pending> {
-        let Some(first) = pending.pop_front() else {
-            return Vec::new();
-        };
-        if first.write.writes_epoch {
-            return vec![first];
-        }
+    /// The next batch: the first write waiting that may go now, and every later one that may join it (see the
+    /// module documentation). A write touching a key of a batch in flight (`busy`), or of a write left waiting
+    /// before it, waits; the epoch claim goes alone and only when nothing is in flight (`idle`), and nothing after
+    /// it overtakes it. The others stay queued, in order.
+    fn take_batch(
+        &self,
+        pending: &mut VecDeque<Pending>,
+        busy: &HashSet<Vec<u8>>,
+        idle: bool,
+    ) -> Vec<Pending> {
         let (max_ops, max_bytes) = (self.kv.max_txn_ops(), self.kv.max_request_bytes());
         let max_writes = if max_ops == usize::MAX {
             MAX_BATCH_WRITES
         } else {
             usize::MAX
         };
-        let (c, s, f) = first.write.ops();
         let epoch_ops = self.epoch_ops();
-        let (mut compares, mut success, mut failure) = (epoch_ops + c, s, epoch_ops + f);
-        let mut bytes = self.epoch_reserve_bytes() + first.write.bytes;
-        let mut taken: HashSet<Vec<u8>> = first.write.keys.clone();
+        let (mut compares, mut success, mut failure) = (0usize, 0usize, 0usize);
+        let mut bytes = 0usize;
+        let mut taken: HashSet<Vec<u8>> = HashSet::new();
         let mut deferred_keys: HashSet<Vec<u8>> = HashSet::new();
-        let epoch = first.write.epoch.clone();
-        let mut batch = vec![first];
+        let mut epoch: Option<Condition> = None;
+        // Set once the batch is closed to every later write (a claim is in it, or waits before them).
+        let mut closed = false;
+        let mut batch: Vec<Pending> = Vec::new();
         let mut rest = VecDeque::with_capacity(pending.len());
         while let Some(p) = pending.pop_front() {
+            let blocked = closed
+                || !p.write.keys.is_disjoint(busy)
+                || !p.write.keys.is_disjoint(&deferred_keys);
+            if !blocked && p.write.writes_epoch {
+                if batch.is_empty() && idle {
+                    batch.push(p);
+                } else {
+                    rest.push_back(p);
+                }
+                closed = true;
+                continue;
+            }
             let (c, s, f) = p.write.ops();
-            let fits = batch.len() < max_writes
-                && !p.write.writes_epoch
-                && p.write.epoch == epoch
-                && p.write.keys.is_disjoint(&taken)
-                && p.write.keys.is_disjoint(&deferred_keys)
-                && compares + c + (success + s).max(failure + f) <= max_ops
-                && bytes.saturating_add(p.write.bytes) <= max_bytes;
+            let fits = !blocked
+                && (batch.is_empty()
+                    || (batch.len() < max_writes
+                        && p.write.epoch == epoch
+                        && p.write.keys.is_disjoint(&taken)
+                        && compares + c + (success + s).max(failure + f) <= max_ops
+                        && bytes.saturating_add(p.write.bytes) <= max_bytes));
             if fits {
+                if batch.is_empty() {
+                    (compares, success, failure) = (epoch_ops, 0, epoch_ops);
+                    bytes = self.epoch_reserve_bytes();
+                    epoch = p.write.epoch.clone();
+                }
                 compares += c;
                 success += s;
                 failure += f;
