@@ -1,6 +1,7 @@
 //! Create-table end to end (64 regions), group commit against one commit per write on redb and (with
 //! `ETCD_ENDPOINTS`) etcd (64 create-tables of 8 regions in flight, and one alone), and building a datanode's open
-//! requests (100k regions).
+//! requests (100k regions). `BENCH_ALONE_PAIRS=N` adds N interleaved pairs of one create-table alone with group
+//! commit on and off (see [`alone_pairs`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -98,6 +99,7 @@ fn bench_create_table(c: &mut Criterion) {
 /// configuration has a file of its own; metadata and procedure state share one backend, as a metasrv runs.
 /// Throughput is in tables.
 fn bench_group_commit(c: &mut Criterion) {
+    alone_pairs();
     let rt = Runtime::new().expect("runtime");
     let dir = tempfile::tempdir().expect("temp dir");
     let run = std::time::SystemTime::now()
@@ -174,6 +176,53 @@ fn bench_group_commit(c: &mut Criterion) {
         rt.block_on(etcd.delete_range(&prefix, &end, false))
             .expect("delete the run's etcd keys");
     }
+}
+
+/// With `BENCH_ALONE_PAIRS=N`: one create-table of 8 regions alone with group commit on, then one with it off,
+/// N times over (each configuration on a redb file of its own), and the median of each: the two configurations
+/// meet the same moments of the disk, which separate criterion runs do not. Prints the medians and their ratio.
+fn alone_pairs() {
+    let Some(pairs) = std::env::var("BENCH_ALONE_PAIRS")
+        .ok()
+        .and_then(|n| n.parse::<usize>().ok())
+    else {
+        return;
+    };
+    let rt = Runtime::new().expect("runtime");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let managers: Vec<DdlManager> = [true, false]
+        .into_iter()
+        .map(|on| {
+            let path = dir.path().join(format!("pairs-{on}.redb"));
+            let kv: KvBackendRef = Arc::new(RedbKvBackend::open(path).expect("redb"));
+            let store = Arc::new(KvStateStore::new(kv.clone()).with_group_commit(on));
+            ddl_manager(&rt, kv, store)
+        })
+        .collect();
+    let mut times: [Vec<std::time::Duration>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..pairs {
+        // Which configuration goes first alternates too.
+        let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+        for which in order {
+            let table = TableName::new("greptime", "public", format!("t{i}"));
+            let start = std::time::Instant::now();
+            rt.block_on(managers[which].create_table(CreateTableTask::new(table, 8)))
+                .expect("create");
+            times[which].push(start.elapsed());
+        }
+    }
+    let median = |v: &mut Vec<std::time::Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let on = median(&mut times[0]);
+    let off = median(&mut times[1]);
+    eprintln!(
+        "alone, {pairs} interleaved pairs on redb: median {:.3} ms with group commit, {:.3} ms without ({:.3}x)",
+        on.as_secs_f64() * 1e3,
+        off.as_secs_f64() * 1e3,
+        on.as_secs_f64() / off.as_secs_f64()
+    );
 }
 
 fn bench_open_regions(c: &mut Criterion) {

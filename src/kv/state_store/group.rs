@@ -9,6 +9,9 @@
 //! the backend's limits ([`KvBackend::max_txn_ops`], [`KvBackend::max_request_bytes`]); a write that changes the
 //! epoch key itself (the manager's claim) always commits alone. The rest wait for the next commit.
 //!
+//! **Batches in flight**: up to [`KvBackend::max_txns_in_flight`] batches are sent at once (one on redb and
+//! memory, several on etcd), on disjoint keys; the epoch claim goes only when nothing else is in flight.
+//!
 //! **A failed compare** fails only its write. When the transaction is refused, the reads of its failure branch
 //! (taken atomically with the compares) say which compares failed: when it is the epoch (or the leader key), every
 //! write of the batch is refused as fenced; otherwise the writes whose own compares failed are answered with their
@@ -20,6 +23,7 @@
 //!
 //! [`KvBackend::max_txn_ops`]: crate::kv::KvBackend::max_txn_ops
 //! [`KvBackend::max_request_bytes`]: crate::kv::KvBackend::max_request_bytes
+//! [`KvBackend::max_txns_in_flight`]: crate::kv::KvBackend::max_txns_in_flight
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
