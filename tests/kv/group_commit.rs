@@ -36,6 +36,9 @@ struct Gate {
     max_ops: Option<usize>,
     /// The transactions in flight it asks a writer for (its inner backend's when `None`).
     in_flight: Option<usize>,
+    /// While the gate is closed, transactions putting this key wait for a permit of `key_permits` instead.
+    held_key: Mutex<Option<Vec<u8>>>,
+    key_permits: Semaphore,
     txns: Mutex<Vec<Txn>>,
 }
 
@@ -48,6 +51,8 @@ impl Gate {
             waiting: AtomicUsize::new(0),
             max_ops: None,
             in_flight: None,
+            held_key: Mutex::new(None),
+            key_permits: Semaphore::new(0),
             txns: Mutex::new(Vec::new()),
         })
     }
@@ -91,6 +96,12 @@ impl Gate {
     fn open(&self) {
         *self.closed.lock().unwrap() = false;
         self.permits.add_permits(1024);
+        self.key_permits.add_permits(1024);
+    }
+
+    /// While closed, holds transactions that put `key` until [`Gate::open`], whatever [`Gate::release`] lets by.
+    fn hold_key(&self, key: &str) {
+        *self.held_key.lock().unwrap() = Some(format!("__procedure__/{key}").into_bytes());
     }
 
     fn txns(&self) -> Vec<Txn> {
@@ -167,8 +178,19 @@ impl KvBackend for Gate {
     async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
         let closed = *self.closed.lock().unwrap();
         if closed {
+            let held_key = self.held_key.lock().unwrap().clone();
+            let puts_held_key = held_key.is_some_and(|held| {
+                txn.success
+                    .iter()
+                    .any(|op| matches!(op, remote_wal::kv::TxnOp::Put(key, _) if *key == held))
+            });
+            let permits = if puts_held_key {
+                &self.key_permits
+            } else {
+                &self.permits
+            };
             self.waiting.fetch_add(1, Ordering::SeqCst);
-            self.permits
+            permits
                 .acquire()
                 .await
                 .expect("the gate's semaphore is never closed")
@@ -542,13 +564,16 @@ async fn on_a_pipelining_backend_batches_on_disjoint_keys_are_in_flight_together
     gate.holding_exactly(1).await;
     // Six writes on keys of their own, then one more on the held write's key with a compare of its own (too big to
     // join a batch of three).
-    let mut tasks: Vec<_> = (0..6)
-        .map(|i| {
-            let key = format!("k{i}");
-            spawn_write(vec![epoch_is(1), absent(&key)], vec![put(&key)])
-        })
-        .collect();
-    queued(&store, 6).await;
+    // Queued one after the other, so the queue's order is theirs.
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let key = format!("k{i}");
+        tasks.push(spawn_write(
+            vec![epoch_is(1), absent(&key)],
+            vec![put(&key)],
+        ));
+        queued(&store, i + 1).await;
+    }
     tasks.push(spawn_write(
         vec![epoch_is(1), absent("other")],
         vec![put("held")],
@@ -564,9 +589,14 @@ async fn on_a_pipelining_backend_batches_on_disjoint_keys_are_in_flight_together
         let outcome = tokio::time::timeout(WAIT, t).await.unwrap().unwrap();
         assert_eq!(outcome.unwrap(), WriteOutcome::Applied, "write {i}");
     }
+    // The held write, the two batches of three (in either order) and the last write, which may pass the gate
+    // before the second batch does once the gate opens.
     let txns = gate.txns();
-    let sizes: Vec<usize> = txns.iter().map(|t| t.success.len()).collect();
-    assert_eq!(sizes, vec![1, 3, 3, 1], "{txns:#?}");
+    let mut sizes: Vec<usize> = txns.iter().map(|t| t.success.len()).collect();
+    assert_eq!(sizes[0], 1, "{txns:#?}");
+    sizes.sort();
+    assert_eq!(sizes, vec![1, 1, 3, 3], "{txns:#?}");
+    let batches: Vec<&Txn> = txns.iter().filter(|t| t.success.len() == 3).collect();
     // The two in flight together touch no key in common.
     let keys = |t: &Txn| -> std::collections::BTreeSet<Vec<u8>> {
         t.success
@@ -577,7 +607,7 @@ async fn on_a_pipelining_backend_batches_on_disjoint_keys_are_in_flight_together
             })
             .collect()
     };
-    assert!(keys(&txns[1]).is_disjoint(&keys(&txns[2])), "{txns:#?}");
+    assert!(keys(batches[0]).is_disjoint(&keys(batches[1])), "{txns:#?}");
     for i in 0..6 {
         assert!(store.get(&format!("k{i}")).await.unwrap().is_some(), "k{i}");
     }
@@ -607,11 +637,11 @@ async fn on_a_pipelining_backend_the_epoch_claim_goes_alone_and_nothing_overtake
     let late = spawn_write(vec![epoch_is(1)], vec![put("late")]);
     queued(&store, 2).await;
     gate.release(1);
+    assert_eq!(held.await.unwrap().unwrap(), WriteOutcome::Applied);
     // The claim goes alone; the late write stays queued behind it although slots are free.
     gate.holding_exactly(1).await;
     assert_eq!(store.queued_writes(), 1);
     gate.open();
-    assert_eq!(held.await.unwrap().unwrap(), WriteOutcome::Applied);
     assert_eq!(claim.await.unwrap().unwrap(), WriteOutcome::Applied);
     // Sent after the claim, the late write finds the epoch moved.
     assert!(
@@ -622,4 +652,74 @@ async fn on_a_pipelining_backend_the_epoch_claim_goes_alone_and_nothing_overtake
     assert!(store.get("late").await.unwrap().is_none());
     let sizes: Vec<usize> = gate.txns().iter().map(|t| t.success.len()).collect();
     assert_eq!(sizes, vec![1, 1, 1], "{:#?}", gate.txns());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_pipelining_backend_a_write_on_a_key_in_flight_waits_for_that_commit() {
+    // 3 writes a transaction, two transactions in flight; transactions putting `k0` held until the gate opens.
+    let gate = Gate::pipelining(Arc::new(MemoryKvBackend::new()), 8, 2);
+    let store = Arc::new(KvStateStore::new(gate.clone()));
+    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
+    let absent = |key: &str| Condition::Absent {
+        key: key.to_string(),
+    };
+    gate.close();
+    gate.hold_key("k0");
+    let spawn_write = |conditions: Vec<Condition>, ops: Vec<WriteOp>| {
+        let store = store.clone();
+        tokio::spawn(async move { store.write(conditions, ops).await })
+    };
+    let held = spawn_write(vec![epoch_is(1)], vec![put("held")]);
+    gate.holding_exactly(1).await;
+    // Queued one after the other, so the queue's order is theirs.
+    let mut first = Vec::new();
+    for i in 0..6 {
+        let key = format!("k{i}");
+        first.push(spawn_write(
+            vec![epoch_is(1), absent(&key)],
+            vec![put(&key)],
+        ));
+        queued(&store, i + 1).await;
+    }
+    // A second write on k0, whose first write goes in the batch of k0, k1, k2.
+    let again = spawn_write(
+        vec![epoch_is(1)],
+        vec![WriteOp::Put {
+            key: "k0".to_string(),
+            value: b"second".to_vec(),
+        }],
+    );
+    queued(&store, 7).await;
+    gate.release(1);
+    // Batches {k0, k1, k2} and {k3, k4, k5} in flight; let the second through, the first stays held.
+    gate.holding_exactly(2).await;
+    gate.release(1);
+    let mut first = first.into_iter();
+    let held_batch: Vec<_> = first.by_ref().take(3).collect();
+    for t in first {
+        let outcome = tokio::time::timeout(WAIT, t).await.unwrap().unwrap();
+        assert_eq!(outcome.unwrap(), WriteOutcome::Applied);
+    }
+    // A slot is free, but the second write on k0 must not go beside the commit that holds k0's first write.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(store.queued_writes(), 1, "{:#?}", gate.txns());
+    assert_eq!(gate.waiting.load(Ordering::SeqCst), 1, "{:#?}", gate.txns());
+    gate.open();
+    assert_eq!(held.await.unwrap().unwrap(), WriteOutcome::Applied);
+    for t in held_batch {
+        let outcome = tokio::time::timeout(WAIT, t).await.unwrap().unwrap();
+        assert_eq!(outcome.unwrap(), WriteOutcome::Applied);
+    }
+    assert_eq!(
+        tokio::time::timeout(WAIT, again)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap(),
+        WriteOutcome::Applied
+    );
+    // The second write on k0 was sent after the first: the value is its own.
+    assert_eq!(store.get("k0").await.unwrap(), Some(b"second".to_vec()));
+    let last = gate.txns().last().cloned().expect("transactions");
+    assert_eq!(last.success.len(), 1, "{last:#?}");
 }
