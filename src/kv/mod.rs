@@ -19,6 +19,8 @@ pub mod memory;
 pub mod redb;
 pub mod state_store;
 pub mod step_store;
+#[cfg(any(test, feature = "testing"))]
+pub mod wrapper;
 
 pub use counting::{CommitObserver, CountingKvBackend};
 pub use etcd::{EtcdConfig, EtcdKvBackend};
@@ -26,6 +28,8 @@ pub use memory::MemoryKvBackend;
 pub use redb::RedbKvBackend;
 pub use state_store::KvStateStore;
 pub use step_store::KvStepStore;
+#[cfg(any(test, feature = "testing"))]
+pub use wrapper::KvWrapper;
 
 /// A key with its value.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -16,8 +16,8 @@ use remote_wal::ddl::{
 };
 use remote_wal::kv::{
     CompareAndPutRequest, CompareAndPutResponse, CountingKvBackend, EtcdConfig, EtcdKvBackend,
-    KeyValue, KvBackend, KvBackendRef, KvStateStore, MemoryKvBackend, PutRequest, RangeRequest,
-    RangeResponse, RedbKvBackend, Txn, TxnOp, TxnResponse,
+    KeyValue, KvBackend, KvBackendRef, KvStateStore, KvWrapper, MemoryKvBackend, PutRequest,
+    RangeRequest, RedbKvBackend, Txn, TxnOp, TxnResponse,
 };
 
 /// A kv backend that counts the calls that change something (a commit each; a refused transaction is none).
@@ -34,24 +34,9 @@ impl Counting {
 }
 
 #[async_trait]
-impl KvBackend for Counting {
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-    fn max_txn_ops(&self) -> usize {
-        self.inner.max_txn_ops()
-    }
-    fn max_request_bytes(&self) -> usize {
-        self.inner.max_request_bytes()
-    }
-    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.get(key).await
-    }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_get(keys).await
-    }
-    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
-        self.inner.range(req).await
+impl KvWrapper for Counting {
+    fn inner(&self) -> &dyn KvBackend {
+        self.inner.as_ref()
     }
     async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
         self.commit();

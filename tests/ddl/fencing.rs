@@ -23,8 +23,8 @@ use remote_wal::ddl::{
     TableMetadataManager, TableName, WalOptionsSource, WalOptionsSourceRef,
 };
 use remote_wal::kv::{
-    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
-    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
+    CompareAndPutRequest, CompareAndPutResponse, KvBackend, KvBackendRef, KvStateStore, KvWrapper,
+    MemoryKvBackend,
 };
 use remote_wal::wal::WalOptions;
 use tokio::sync::Semaphore;
@@ -97,34 +97,9 @@ struct GatedKv {
 }
 
 #[async_trait]
-impl KvBackend for GatedKv {
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-    fn max_txn_ops(&self) -> usize {
-        self.inner.max_txn_ops()
-    }
-    fn max_request_bytes(&self) -> usize {
-        self.inner.max_request_bytes()
-    }
-    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.get(key).await
-    }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_get(keys).await
-    }
-    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
-        self.inner.range(req).await
-    }
-    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.put(req).await
-    }
-    async fn batch_put(
-        &self,
-        kvs: Vec<KeyValue>,
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_put(kvs, prev_kv).await
+impl KvWrapper for GatedKv {
+    fn inner(&self) -> &dyn KvBackend {
+        self.inner.as_ref()
     }
     async fn compare_and_put(
         &self,
@@ -136,24 +111,6 @@ impl KvBackend for GatedKv {
             self.gate.pass().await;
         }
         Ok(resp)
-    }
-    async fn delete_range(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        prev_kv: bool,
-    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
-        self.inner.delete_range(key, range_end, prev_kv).await
-    }
-    async fn batch_delete(
-        &self,
-        keys: &[Vec<u8>],
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_delete(keys, prev_kv).await
-    }
-    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
-        self.inner.txn(txn).await
     }
 }
 

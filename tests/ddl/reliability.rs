@@ -8,10 +8,7 @@ use crate::support::kv_keys;
 use remote_wal::config::{DatanodesConfig, MetadataBackend, MetadataStoreConfig, MetasrvConfig};
 use remote_wal::ddl::allocator::MIN_USER_TABLE_ID;
 use remote_wal::ddl::{MemoryDatanodeManager, TableName};
-use remote_wal::kv::{
-    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef,
-    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
-};
+use remote_wal::kv::{KeyValue, KvBackend, KvBackendRef, KvWrapper, MemoryKvBackend, PutRequest};
 use remote_wal::metasrv::Metasrv;
 use remote_wal::wal::WalConfig;
 
@@ -149,15 +146,9 @@ struct TableInfoReadsTimeOut {
 }
 
 #[async_trait::async_trait]
-impl KvBackend for TableInfoReadsTimeOut {
-    fn name(&self) -> String {
-        self.inner.name()
-    }
-    fn max_txn_ops(&self) -> usize {
-        self.inner.max_txn_ops()
-    }
-    fn max_request_bytes(&self) -> usize {
-        self.inner.max_request_bytes()
+impl KvWrapper for TableInfoReadsTimeOut {
+    fn inner(&self) -> &dyn KvBackend {
+        self.inner.as_ref()
     }
     async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
         if self.failing.load(std::sync::atomic::Ordering::SeqCst)
@@ -171,46 +162,6 @@ impl KvBackend for TableInfoReadsTimeOut {
             });
         }
         self.inner.get(key).await
-    }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_get(keys).await
-    }
-    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
-        self.inner.range(req).await
-    }
-    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.put(req).await
-    }
-    async fn batch_put(
-        &self,
-        kvs: Vec<KeyValue>,
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_put(kvs, prev_kv).await
-    }
-    async fn compare_and_put(
-        &self,
-        req: CompareAndPutRequest,
-    ) -> remote_wal::Result<CompareAndPutResponse> {
-        self.inner.compare_and_put(req).await
-    }
-    async fn delete_range(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        prev_kv: bool,
-    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
-        self.inner.delete_range(key, range_end, prev_kv).await
-    }
-    async fn batch_delete(
-        &self,
-        keys: &[Vec<u8>],
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_delete(keys, prev_kv).await
-    }
-    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
-        self.inner.txn(txn).await
     }
 }
 

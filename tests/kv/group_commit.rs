@@ -15,9 +15,8 @@ use procedures::{
     ProcedureWithId, Status,
 };
 use remote_wal::kv::{
-    Compare, CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef,
-    KvStateStore, MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, RedbKvBackend, Txn,
-    TxnResponse,
+    Compare, KvBackend, KvBackendRef, KvStateStore, KvWrapper, MemoryKvBackend, PutRequest,
+    RedbKvBackend, Txn, TxnResponse,
 };
 use tokio::sync::Semaphore;
 
@@ -121,59 +120,16 @@ impl Gate {
 }
 
 #[async_trait]
-impl KvBackend for Gate {
-    fn name(&self) -> String {
-        self.inner.name()
+impl KvWrapper for Gate {
+    fn inner(&self) -> &dyn KvBackend {
+        self.inner.as_ref()
     }
     fn max_txn_ops(&self) -> usize {
         self.max_ops.unwrap_or_else(|| self.inner.max_txn_ops())
     }
-    fn max_request_bytes(&self) -> usize {
-        self.inner.max_request_bytes()
-    }
     fn max_txns_in_flight(&self) -> usize {
         self.in_flight
             .unwrap_or_else(|| self.inner.max_txns_in_flight())
-    }
-    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.get(key).await
-    }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_get(keys).await
-    }
-    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
-        self.inner.range(req).await
-    }
-    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.put(req).await
-    }
-    async fn batch_put(
-        &self,
-        kvs: Vec<KeyValue>,
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_put(kvs, prev_kv).await
-    }
-    async fn compare_and_put(
-        &self,
-        req: CompareAndPutRequest,
-    ) -> remote_wal::Result<CompareAndPutResponse> {
-        self.inner.compare_and_put(req).await
-    }
-    async fn delete_range(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        prev_kv: bool,
-    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
-        self.inner.delete_range(key, range_end, prev_kv).await
-    }
-    async fn batch_delete(
-        &self,
-        keys: &[Vec<u8>],
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_delete(keys, prev_kv).await
     }
     async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
         let closed = *self.closed.lock().unwrap();

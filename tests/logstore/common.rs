@@ -15,7 +15,7 @@ use remote_wal::datanode::log_store::{
 };
 use remote_wal::kv::{
     CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
-    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
+    KvWrapper, MemoryKvBackend, PutRequest,
 };
 use remote_wal::wal::KafkaConfig;
 use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
@@ -144,24 +144,12 @@ impl WatchedKv {
 }
 
 #[async_trait]
-impl KvBackend for WatchedKv {
+impl KvWrapper for WatchedKv {
+    fn inner(&self) -> &dyn KvBackend {
+        self.inner.as_ref()
+    }
     fn name(&self) -> String {
         format!("watched-{}", self.inner.name())
-    }
-    fn max_txn_ops(&self) -> usize {
-        self.inner.max_txn_ops()
-    }
-    fn max_request_bytes(&self) -> usize {
-        self.inner.max_request_bytes()
-    }
-    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.get(key).await
-    }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_get(keys).await
-    }
-    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
-        self.inner.range(req).await
     }
     async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
         self.note(&req.key, &req.value);
@@ -187,24 +175,6 @@ impl KvBackend for WatchedKv {
             self.note(&key, &value);
         }
         Ok(response)
-    }
-    async fn delete_range(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        prev_kv: bool,
-    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
-        self.inner.delete_range(key, range_end, prev_kv).await
-    }
-    async fn batch_delete(
-        &self,
-        keys: &[Vec<u8>],
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_delete(keys, prev_kv).await
-    }
-    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
-        self.inner.txn(txn).await
     }
 }
 

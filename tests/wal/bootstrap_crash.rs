@@ -16,8 +16,7 @@ use procedures::testing::{
 };
 use procedures::{ProcedureManager, ProcedureWithId, StateStore};
 use remote_wal::kv::{
-    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
-    MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
+    KvBackend, KvBackendRef, KvStateStore, KvWrapper, MemoryKvBackend, Txn, TxnResponse,
 };
 use remote_wal::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
@@ -81,55 +80,15 @@ struct LimitedKv {
 }
 
 #[async_trait]
-impl KvBackend for LimitedKv {
+impl KvWrapper for LimitedKv {
+    fn inner(&self) -> &dyn KvBackend {
+        self.inner.as_ref()
+    }
     fn name(&self) -> String {
         format!("limited-{}", self.inner.name())
     }
     fn max_txn_ops(&self) -> usize {
         self.max_txn_ops
-    }
-    fn max_request_bytes(&self) -> usize {
-        self.inner.max_request_bytes()
-    }
-    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.get(key).await
-    }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_get(keys).await
-    }
-    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
-        self.inner.range(req).await
-    }
-    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
-        self.inner.put(req).await
-    }
-    async fn batch_put(
-        &self,
-        kvs: Vec<KeyValue>,
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_put(kvs, prev_kv).await
-    }
-    async fn compare_and_put(
-        &self,
-        req: CompareAndPutRequest,
-    ) -> remote_wal::Result<CompareAndPutResponse> {
-        self.inner.compare_and_put(req).await
-    }
-    async fn delete_range(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        prev_kv: bool,
-    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
-        self.inner.delete_range(key, range_end, prev_kv).await
-    }
-    async fn batch_delete(
-        &self,
-        keys: &[Vec<u8>],
-        prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
-        self.inner.batch_delete(keys, prev_kv).await
     }
     async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
         assert!(
