@@ -179,6 +179,49 @@ fn put(key: &str) -> WriteOp {
     }
 }
 
+fn absent(key: &str) -> Condition {
+    Condition::Absent {
+        key: key.to_string(),
+    }
+}
+
+/// A group-committing store at epoch 1 on a gate of `max_ops` operations per transaction that asks for
+/// `in_flight` transactions at once.
+async fn pipelining_store(max_ops: usize, in_flight: usize) -> (Arc<Gate>, Arc<KvStateStore>) {
+    let gate = Gate::pipelining(Arc::new(MemoryKvBackend::new()), max_ops, in_flight);
+    let store = Arc::new(KvStateStore::new(gate.clone()));
+    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
+    (gate, store)
+}
+
+fn spawn_write(
+    store: &Arc<KvStateStore>,
+    conditions: Vec<Condition>,
+    ops: Vec<WriteOp>,
+) -> tokio::task::JoinHandle<procedures::Result<WriteOutcome>> {
+    let store = store.clone();
+    tokio::spawn(async move { store.write(conditions, ops).await })
+}
+
+/// Writes `k0`, `k1`, … (each absent, then put), queued one after the other so the queue's order is theirs.
+async fn queue_in_order(
+    store: &Arc<KvStateStore>,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<procedures::Result<WriteOutcome>>> {
+    let queued_before = store.queued_writes();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let key = format!("k{i}");
+        tasks.push(spawn_write(
+            store,
+            vec![epoch_is(1), absent(&key)],
+            vec![put(&key)],
+        ));
+        queued(store, queued_before + i + 1).await;
+    }
+    tasks
+}
+
 /// Waits until `n` writes are queued behind the commit in flight.
 async fn queued(store: &KvStateStore, n: usize) {
     tokio::time::timeout(WAIT, async {
@@ -243,9 +286,6 @@ async fn store_on(kv: KvBackendRef) -> (Arc<Gate>, Arc<KvStateStore>) {
 async fn one_failed_condition_fails_alone(kv: KvBackendRef) {
     let (gate, store) = store_on(kv).await;
     store.put("taken", b"old".to_vec()).await.unwrap();
-    let absent = |key: &str| Condition::Absent {
-        key: key.to_string(),
-    };
     let outcomes = batch_behind_a_held_commit(
         &store,
         &gate,
@@ -483,9 +523,6 @@ async fn a_batch_over_the_backends_transaction_limit_is_split_into_several_commi
     let gate = Gate::with_max_ops(Arc::new(MemoryKvBackend::new()), 8);
     let store = Arc::new(KvStateStore::new(gate.clone()));
     store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
-    let absent = |key: &str| Condition::Absent {
-        key: key.to_string(),
-    };
     let writes = (0..6)
         .map(|i| {
             let key = format!("k{i}");
@@ -505,32 +542,15 @@ async fn a_batch_over_the_backends_transaction_limit_is_split_into_several_commi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_pipelining_backend_batches_on_disjoint_keys_are_in_flight_together() {
     // 8 operations per transaction (3 writes of one compare and one put), two transactions in flight.
-    let gate = Gate::pipelining(Arc::new(MemoryKvBackend::new()), 8, 2);
-    let store = Arc::new(KvStateStore::new(gate.clone()));
-    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
-    let absent = |key: &str| Condition::Absent {
-        key: key.to_string(),
-    };
+    let (gate, store) = pipelining_store(8, 2).await;
     gate.close();
-    let spawn_write = |conditions: Vec<Condition>, ops: Vec<WriteOp>| {
-        let store = store.clone();
-        tokio::spawn(async move { store.write(conditions, ops).await })
-    };
-    let held = spawn_write(vec![epoch_is(1)], vec![put("held")]);
+    let held = spawn_write(&store, vec![epoch_is(1)], vec![put("held")]);
     gate.holding_exactly(1).await;
     // Six writes on keys of their own, then one more on the held write's key with a compare of its own (too big to
     // join a batch of three).
-    // Queued one after the other, so the queue's order is theirs.
-    let mut tasks = Vec::new();
-    for i in 0..6 {
-        let key = format!("k{i}");
-        tasks.push(spawn_write(
-            vec![epoch_is(1), absent(&key)],
-            vec![put(&key)],
-        ));
-        queued(&store, i + 1).await;
-    }
+    let mut tasks = queue_in_order(&store, 6).await;
     tasks.push(spawn_write(
+        &store,
         vec![epoch_is(1), absent("other")],
         vec![put("held")],
     ));
@@ -571,18 +591,13 @@ async fn on_a_pipelining_backend_batches_on_disjoint_keys_are_in_flight_together
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_pipelining_backend_the_epoch_claim_goes_alone_and_nothing_overtakes_it() {
-    let gate = Gate::pipelining(Arc::new(MemoryKvBackend::new()), 128, 4);
-    let store = Arc::new(KvStateStore::new(gate.clone()));
-    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
+    let (gate, store) = pipelining_store(128, 4).await;
     gate.close();
-    let spawn_write = |conditions: Vec<Condition>, ops: Vec<WriteOp>| {
-        let store = store.clone();
-        tokio::spawn(async move { store.write(conditions, ops).await })
-    };
-    let held = spawn_write(vec![epoch_is(1)], vec![put("held")]);
+    let held = spawn_write(&store, vec![epoch_is(1)], vec![put("held")]);
     gate.holding_exactly(1).await;
     // A newer manager's claim of the epoch, then a write of the old epoch on another key.
     let claim = spawn_write(
+        &store,
         vec![epoch_is(1)],
         vec![WriteOp::Put {
             key: EPOCH_KEY.to_string(),
@@ -590,7 +605,7 @@ async fn on_a_pipelining_backend_the_epoch_claim_goes_alone_and_nothing_overtake
         }],
     );
     queued(&store, 1).await;
-    let late = spawn_write(vec![epoch_is(1)], vec![put("late")]);
+    let late = spawn_write(&store, vec![epoch_is(1)], vec![put("late")]);
     queued(&store, 2).await;
     gate.release(1);
     assert_eq!(held.await.unwrap().unwrap(), WriteOutcome::Applied);
@@ -613,32 +628,15 @@ async fn on_a_pipelining_backend_the_epoch_claim_goes_alone_and_nothing_overtake
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_pipelining_backend_a_write_on_a_key_in_flight_waits_for_that_commit() {
     // 3 writes a transaction, two transactions in flight; transactions putting `k0` held until the gate opens.
-    let gate = Gate::pipelining(Arc::new(MemoryKvBackend::new()), 8, 2);
-    let store = Arc::new(KvStateStore::new(gate.clone()));
-    store.put(EPOCH_KEY, b"1".to_vec()).await.unwrap();
-    let absent = |key: &str| Condition::Absent {
-        key: key.to_string(),
-    };
+    let (gate, store) = pipelining_store(8, 2).await;
     gate.close();
     gate.hold_key("k0");
-    let spawn_write = |conditions: Vec<Condition>, ops: Vec<WriteOp>| {
-        let store = store.clone();
-        tokio::spawn(async move { store.write(conditions, ops).await })
-    };
-    let held = spawn_write(vec![epoch_is(1)], vec![put("held")]);
+    let held = spawn_write(&store, vec![epoch_is(1)], vec![put("held")]);
     gate.holding_exactly(1).await;
-    // Queued one after the other, so the queue's order is theirs.
-    let mut first = Vec::new();
-    for i in 0..6 {
-        let key = format!("k{i}");
-        first.push(spawn_write(
-            vec![epoch_is(1), absent(&key)],
-            vec![put(&key)],
-        ));
-        queued(&store, i + 1).await;
-    }
+    let first = queue_in_order(&store, 6).await;
     // A second write on k0, whose first write goes in the batch of k0, k1, k2.
     let again = spawn_write(
+        &store,
         vec![epoch_is(1)],
         vec![WriteOp::Put {
             key: "k0".to_string(),
