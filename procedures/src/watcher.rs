@@ -1,5 +1,7 @@
 //! [`Watcher`]: how a submitter waits for a procedure's result.
 
+use std::sync::Arc;
+
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
@@ -10,13 +12,14 @@ use crate::record::{ProcedureInfo, ProcedureState};
 #[derive(Clone, Debug)]
 pub struct Watcher {
     id: ProcedureId,
-    rx: watch::Receiver<ProcedureInfo>,
+    rx: watch::Receiver<Arc<ProcedureInfo>>,
     stored: bool,
 }
 
 impl Watcher {
-    /// A watcher over the manager's state channel of procedure `id`.
-    pub fn new(id: ProcedureId, rx: watch::Receiver<ProcedureInfo>) -> Self {
+    /// A watcher over the manager's state channel of procedure `id` (the information is shared, not copied, with
+    /// every watcher).
+    pub fn new(id: ProcedureId, rx: watch::Receiver<Arc<ProcedureInfo>>) -> Self {
         Watcher {
             id,
             rx,
@@ -44,7 +47,7 @@ impl Watcher {
 
     /// The latest known information.
     pub fn info(&self) -> ProcedureInfo {
-        self.rx.borrow().clone()
+        ProcedureInfo::clone(&self.rx.borrow())
     }
 
     /// Waits until the procedure is done (its output) or failed ([`Error::ProcedureFailed`] with the recorded

@@ -76,9 +76,10 @@ impl HaltReason {
 /// What the manager knows of one procedure.
 pub(crate) struct Entry {
     /// The latest information (also after the channel is closed).
-    pub(crate) info: ProcedureInfo,
-    /// The channel watchers follow; `None` once no more updates will come from this manager.
-    pub(crate) tx: Option<watch::Sender<ProcedureInfo>>,
+    pub(crate) info: Arc<ProcedureInfo>,
+    /// The channel watchers follow, carrying the same shared information as `info`; `None` once no more updates
+    /// will come from this manager.
+    pub(crate) tx: Option<watch::Sender<Arc<ProcedureInfo>>>,
     /// The root id of the procedure's tree (its own id for a root).
     pub(crate) root: ProcedureId,
     /// The record could not be recovered: shown as failed, but its record is left as it is in the store.
@@ -89,7 +90,8 @@ pub(crate) struct Entry {
 
 impl Entry {
     fn new(info: ProcedureInfo, root: ProcedureId) -> Self {
-        let (tx, _) = watch::channel(info.clone());
+        let info = Arc::new(info);
+        let (tx, _) = watch::channel(Arc::clone(&info));
         Entry {
             info,
             tx: Some(tx),
@@ -101,21 +103,25 @@ impl Entry {
 
     /// Records new information and tells the watchers.
     pub(crate) fn publish(&mut self, info: ProcedureInfo) {
-        if let Some(tx) = &self.tx {
-            tx.send_replace(info.clone());
-        }
-        self.info = info;
+        drop(self.publish_shared(Arc::new(info)));
     }
 
-    /// [`Entry::publish`] of `info`, whose `copy` (equal to it) goes to the watchers: made by the caller before it
-    /// took the manager's state lock. Returns what it replaced, for the caller to drop after the lock.
-    pub(crate) fn publish_copy(
+    /// [`Entry::publish`] of information the caller wrapped before it took the manager's state lock: the entry
+    /// and the watchers share it. Returns what it replaced, for the caller to drop after the lock.
+    pub(crate) fn publish_shared(
         &mut self,
-        info: ProcedureInfo,
-        copy: ProcedureInfo,
-    ) -> (ProcedureInfo, Option<ProcedureInfo>) {
-        let sent = self.tx.as_ref().map(|tx| tx.send_replace(copy));
+        info: Arc<ProcedureInfo>,
+    ) -> (Arc<ProcedureInfo>, Option<Arc<ProcedureInfo>>) {
+        let sent = self
+            .tx
+            .as_ref()
+            .map(|tx| tx.send_replace(Arc::clone(&info)));
         (std::mem::replace(&mut self.info, info), sent)
+    }
+
+    /// A copy of the latest information, to change and publish.
+    pub(crate) fn info_copy(&self) -> ProcedureInfo {
+        ProcedureInfo::clone(&self.info)
     }
 
     /// Publishes `info` as the last word of this manager on the procedure: watchers of an unfinished procedure then
@@ -130,7 +136,7 @@ impl Entry {
         match &self.tx {
             Some(tx) => Watcher::new(self.info.id.clone(), tx.subscribe()),
             None => {
-                let (_, rx) = watch::channel(self.info.clone());
+                let (_, rx) = watch::channel(Arc::clone(&self.info));
                 Watcher::new(self.info.id.clone(), rx)
             }
         }
@@ -292,7 +298,7 @@ impl Inner {
                 task.abort();
             }
             if !entry.info.state.is_finished() {
-                let mut info = entry.info.clone();
+                let mut info = entry.info_copy();
                 // `retrying` is never persisted: the last persisted state of a retrying procedure is `running`.
                 if info.state == ProcedureState::Retrying {
                     info.state = ProcedureState::Running;
@@ -304,7 +310,7 @@ impl Inner {
                         push_event(&mut info.events, now_ms(), kind);
                     }
                 }
-                if info != entry.info {
+                if info != *entry.info {
                     entry.publish(info);
                 }
                 entry.tx = None;
@@ -475,9 +481,9 @@ impl Inner {
                 continue;
             };
             if first {
-                kept.push((id.clone(), entry.info.clone()));
+                kept.push((id.clone(), entry.info_copy()));
             }
-            let mut info = entry.info.clone();
+            let mut info = entry.info_copy();
             info.state = ProcedureState::Retrying;
             info.error = Some(text.clone());
             info.updated_at_ms = now;
@@ -1077,7 +1083,7 @@ impl Inner {
     fn abandon(&self, id: &ProcedureId, why: &str) {
         let mut state = self.state();
         if let Some(mut entry) = state.procedures.remove(id) {
-            let mut info = entry.info.clone();
+            let mut info = entry.info_copy();
             info.error = Some(format!("not submitted: {why}"));
             entry.close(info);
         }
@@ -1438,18 +1444,13 @@ impl ProcedureManager for LocalManager {
         }
         // A finished procedure that left memory: a watcher that resolves at once from its record.
         Ok(self.inner.stored_finished(id).await?.map(|info| {
-            let (_, rx) = watch::channel(info);
+            let (_, rx) = watch::channel(Arc::new(info));
             Watcher::new(id.clone(), rx)
         }))
     }
 
     async fn procedure_state(&self, id: &ProcedureId) -> Result<Option<ProcedureInfo>> {
-        let info = self
-            .inner
-            .state()
-            .procedures
-            .get(id)
-            .map(|e| e.info.clone());
+        let info = self.inner.state().procedures.get(id).map(Entry::info_copy);
         let Some(mut info) = info else {
             return self.inner.stored_finished(id).await;
         };
@@ -1465,7 +1466,7 @@ impl ProcedureManager for LocalManager {
             .state()
             .procedures
             .iter()
-            .map(|(id, e)| (id.clone(), e.info.clone()))
+            .map(|(id, e)| (id.clone(), e.info_copy()))
             .collect();
         let mut locks: HashMap<ProcedureId, ProcedureLocks> = self
             .inner

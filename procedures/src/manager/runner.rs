@@ -1,5 +1,6 @@
 //! The run loop of one procedure: locks, admission, steps, persistence, children, retry, rollback.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -222,25 +223,25 @@ impl Runner {
 
     /// Publishes what the procedure shows now (nothing is written).
     fn publish(&self, state: ProcedureState, error: Option<String>) {
-        let info = self.info(state, error);
-        // Copied, and the replaced information dropped, outside the manager's state lock: every runner takes it.
-        let copy = info.clone();
+        // Built, and the replaced information dropped, outside the manager's state lock: every runner takes it.
+        let info = Arc::new(self.info(state, error));
         let _replaced = self
             .inner
-            .with_entry(&self.record.id, |entry| entry.publish_copy(info, copy));
+            .with_entry(&self.record.id, |entry| entry.publish_shared(info));
     }
 
     /// Publishes the live introspection (a step starting) with the state and error the procedure shows now: one
     /// pass under the manager's state lock.
     fn publish_shown(&self) {
-        let mut info = self.info(self.record.state, None);
-        let mut copy = info.clone();
+        let mut info = Arc::new(self.info(self.record.state, None));
+        // The state and error shown are read under the lock, so the information is completed there (it is not
+        // shared yet: `get_mut` cannot fail).
         let _replaced = self.inner.with_entry(&self.record.id, |entry| {
-            info.state = entry.info.state;
-            info.error.clone_from(&entry.info.error);
-            copy.state = info.state;
-            copy.error.clone_from(&info.error);
-            entry.publish_copy(info, copy)
+            if let Some(info) = Arc::get_mut(&mut info) {
+                info.state = entry.info.state;
+                info.error.clone_from(&entry.info.error);
+            }
+            entry.publish_shared(info)
         });
     }
 
@@ -296,17 +297,22 @@ impl Runner {
         else {
             return;
         };
+        Self::stall_on_panic(&inner, &id, panic);
+    }
+
+    /// Shows a procedure whose step panicked as stalled, with the panic's text, and closes its channel.
+    fn stall_on_panic(inner: &Inner, id: &ProcedureId, panic: Box<dyn std::any::Any + Send>) {
         let message = panic
             .downcast_ref::<&str>()
             .map(|s| s.to_string())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "a non-text panic payload".to_string());
         tracing::error!(%id, panic = %message, "procedure stalls: it panicked");
-        let stalled = inner.with_entry(&id, |entry| {
+        let stalled = inner.with_entry(id, |entry| {
             if entry.info.state.is_finished() {
                 return false;
             }
-            let mut info = entry.info.clone();
+            let mut info = entry.info_copy();
             let reason = format!("the procedure panicked: {message}");
             info.state = ProcedureState::Stalled;
             info.error = Some(reason.clone());
@@ -1075,15 +1081,16 @@ impl Runner {
         Ok(())
     }
 
-    async fn finish(&mut self, output: Option<Output>) -> Result<(), Stopped> {
+    fn finish(
+        &mut self,
+        output: Option<Output>,
+    ) -> impl Future<Output = Result<(), Stopped>> + Send + '_ {
         self.persist(ProcedureState::Done, output, None, Some(EventKind::Done))
-            .await
     }
 
     /// Persists a step of a running procedure (its history since the last write rides along).
-    async fn persist_step(&mut self) -> Result<(), Stopped> {
+    fn persist_step(&mut self) -> impl Future<Output = Result<(), Stopped>> + Send + '_ {
         self.persist(ProcedureState::Running, None, None, None)
-            .await
     }
 
     /// The next record (step + 1) with the procedure's current data, its history plus `event` (the state change
@@ -1196,15 +1203,16 @@ impl Runner {
 
     /// Writes the next record (step + 1) and publishes it. On a write that fails for good, the procedure stops
     /// without any further write; the error shows in its information.
-    async fn persist(
+    /// A plain function around `persist_with`, so its future is that one, not one more layer holding the same
+    /// arguments.
+    fn persist(
         &mut self,
         state: ProcedureState,
         output: Option<Output>,
         error: Option<String>,
         event: Option<EventKind>,
-    ) -> Result<(), Stopped> {
+    ) -> impl Future<Output = Result<(), Stopped>> + Send + '_ {
         self.persist_with(state, output, error, event, Vec::new())
-            .await
     }
 
     /// [`Runner::persist`], with `extra` ops in the same atomic write.
