@@ -48,7 +48,7 @@ pub struct ManagerConfig {
     /// at most every 10 ms), so a finished tree leaves memory within 1.5 times this after it finished.
     pub finished_in_memory: Duration,
     /// How often the control keys (cancel, pause, resume written by any process) are read for procedures that
-    /// wait — for a retry, a lock, or a resume. A running procedure reads its own key at each step boundary.
+    /// wait — for a retry, a lock, or a resume. A running procedure reads the control keys at each step boundary.
     pub control_poll_interval: Duration,
 }
 

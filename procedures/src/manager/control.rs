@@ -4,9 +4,10 @@
 //!
 //! The keys are the truth (see [`crate::control`]); the manager keeps a copy in memory that runners consult while
 //! they wait, refreshed by the poll every `control_poll_interval` and at once by the manager's own requests. A
-//! runner reads its own key from the store at each step boundary, so a request written anywhere is honoured at the
-//! very next boundary.
+//! runner reads the control keys from the store at each step boundary, so a request written anywhere is honoured at
+//! the very next boundary. Runners reaching a boundary together share one read (see [`BoundaryScans`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::control::{
@@ -18,6 +19,68 @@ use crate::manager::local::{Inner, parse_epoch};
 use crate::procedure::ProcedureId;
 use crate::record::EPOCH_KEY;
 use crate::store::{WriteOp, WriteOutcome};
+
+/// The step boundaries' reads of the control keys: one scan of `control/` serves every runner that reached a
+/// boundary before it began, so 64 procedures at their boundaries at once cost the store one read, not 64 — on
+/// etcd each read is a round trip through the leader, as dear as a write of a few keys.
+///
+/// A runner needs a scan that **began after it reached its boundary** (one that began earlier may have missed a
+/// request written meanwhile): it notes how many scans have begun, waits for its turn, and scans itself unless a
+/// scan numbered higher than the one it noted has completed while it waited. Scans run one at a time.
+#[derive(Debug, Default)]
+pub(crate) struct BoundaryScans {
+    /// Held by the scan in progress.
+    turn: tokio::sync::Mutex<()>,
+    /// Scans begun so far (each takes the next number).
+    begun: AtomicU64,
+    /// The number of the last scan that completed.
+    completed: AtomicU64,
+    /// The procedures waiting for a scan: the scanning runner shows them all as `retrying` while the store does
+    /// not answer, as each runner's own read did.
+    waiting: std::sync::Mutex<Vec<ProcedureId>>,
+}
+
+impl BoundaryScans {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Vec<ProcedureId>> {
+        // Changes under this lock are a push or a removal: they cannot panic half-way.
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A runner at a step boundary: listed as waiting for a scan until it leaves — also when its future is dropped —
+/// and only then gives up its turn, so the next scan never shows as `retrying` a runner already past its boundary.
+struct AtBoundary<'a> {
+    scans: &'a BoundaryScans,
+    id: &'a ProcedureId,
+    turn: Option<tokio::sync::MutexGuard<'a, ()>>,
+}
+
+impl<'a> AtBoundary<'a> {
+    fn new(scans: &'a BoundaryScans, id: &'a ProcedureId) -> Self {
+        scans.waiting().push(id.clone());
+        AtBoundary {
+            scans,
+            id,
+            turn: None,
+        }
+    }
+}
+
+impl Drop for AtBoundary<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.scans.waiting();
+        if let Some(at) = waiting.iter().position(|w| w == self.id) {
+            waiting.swap_remove(at);
+        }
+        drop(waiting);
+        self.turn = None;
+    }
+}
+
+/// Bumped by this manager's own changes of its requests (`set_control`, `control_all`): a scan that saw one
+/// happen while it read does not replace the requests with what it read (it could be older).
+#[derive(Debug, Default)]
+pub(crate) struct LocalControlChanges(AtomicU64);
 
 /// What the control keys ask of one procedure now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -39,23 +102,54 @@ impl Inner {
         }
     }
 
-    /// [`Inner::control_of`] after reading `id`'s key from the store (a step boundary). While the read is retried
-    /// the procedure shows the store's error. A store that cannot be read leaves the last known requests in force
-    /// (logged); the poll tries again.
+    /// [`Inner::control_of`] after a read of the control keys that began after this call (a step boundary), shared
+    /// with the runners at their boundaries meanwhile (see [`BoundaryScans`]). While the read is retried the
+    /// procedures waiting for it show the store's error. A store that cannot be read leaves the last known requests
+    /// in force (logged); the poll tries again.
     pub(crate) async fn control_now(&self, id: &ProcedureId) -> Control {
-        let shown = std::slice::from_ref(id);
-        match self
-            .read_shown(shown, || read_one(self.store.as_ref(), id))
-            .await
-        {
-            Ok(action) => self.set_control(id, action),
-            Err(e) => tracing::warn!(%id, error = %e, "cannot read the procedure's control key"),
+        let scans = &self.boundary_scans;
+        let arrived = scans.begun.load(Ordering::SeqCst);
+        let mut at = AtBoundary::new(scans, id);
+        at.turn = Some(scans.turn.lock().await);
+        if scans.completed.load(Ordering::SeqCst) <= arrived {
+            // No scan begun since this runner arrived has completed: this one scans, for itself and every
+            // runner queued behind it.
+            let number = scans.begun.fetch_add(1, Ordering::SeqCst) + 1;
+            let shown = scans.waiting().clone();
+            self.scan_controls(&shown).await;
+            scans.completed.store(number, Ordering::SeqCst);
         }
+        drop(at);
         self.control_of(id)
+    }
+
+    /// One boundary scan: every control key, read and put in force — unless this manager changed its requests
+    /// while the scan read, in which case the scan reads again (what it read may predate the change), a few times
+    /// at most.
+    async fn scan_controls(&self, shown: &[ProcedureId]) {
+        for _ in 0..3 {
+            let before = self.local_control_changes.0.load(Ordering::SeqCst);
+            match self
+                .read_shown(shown, || ControlRequests::read(self.store.as_ref()))
+                .await
+            {
+                Ok(requests) => {
+                    if self.local_control_changes.0.load(Ordering::SeqCst) == before {
+                        self.set_controls(requests);
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(procedures = ?shown, error = %e, "cannot read the control keys at a step boundary");
+                    return;
+                }
+            }
+        }
     }
 
     /// Records the request of `id` (`None`: none) and wakes the waiting runners if it changed.
     pub(crate) fn set_control(&self, id: &ProcedureId, action: Option<ControlAction>) {
+        self.local_control_changes.0.fetch_add(1, Ordering::SeqCst);
         let changed = {
             let mut controls = self.controls();
             let before = controls.procedures.get(id).copied();
@@ -129,6 +223,7 @@ impl Inner {
             }
         };
         self.fenced_control_write(epoch, write).await?;
+        self.local_control_changes.0.fetch_add(1, Ordering::SeqCst);
         let changed = {
             let mut controls = self.controls();
             let changed = controls.all_paused != pause;

@@ -187,6 +187,10 @@ pub(crate) struct Inner {
     controls: Mutex<ControlRequests>,
     /// Bumped whenever `controls` changes: runners waiting for a resume, a retry or a lock watch it.
     pub(crate) control_changed: watch::Sender<u64>,
+    /// The step boundaries' shared reads of the control keys.
+    pub(crate) boundary_scans: crate::manager::control::BoundaryScans,
+    /// This manager's own changes of its requests, counted (see [`crate::manager::control::LocalControlChanges`]).
+    pub(crate) local_control_changes: crate::manager::control::LocalControlChanges,
     /// Told of finished steps and retries (see [`crate::ProcedureObserver`]), once one is set.
     observer: RwLock<Option<crate::ProcedureObserverRef>>,
     /// Set once a finished procedure is known only to the store (it left memory, or `start` did not load it): only
@@ -220,6 +224,8 @@ impl Inner {
             lifecycle: tokio::sync::Mutex::new(()),
             controls: Mutex::new(ControlRequests::default()),
             control_changed: watch::channel(0).0,
+            boundary_scans: Default::default(),
+            local_control_changes: Default::default(),
             observer: RwLock::new(None),
             finished_only_in_store: AtomicBool::new(false),
         })

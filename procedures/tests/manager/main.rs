@@ -5,6 +5,7 @@
 mod support;
 
 mod behaviour;
+mod boundary_scans;
 mod control;
 mod epoch;
 mod finished;

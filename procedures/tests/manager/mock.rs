@@ -708,25 +708,26 @@ async fn a_retried_store_write_shows_the_procedure_retrying_with_the_store_error
     assert_eq!(done.error, None);
 }
 
-/// A store whose control-key reads fail (retryably) while `down` is set; every other call answers.
+/// A store whose reads of the control keys (a step boundary's scan, the poll's) fail (retryably) while `down` is
+/// set; every other call answers.
 fn store_with_failing_control_reads(down: Arc<std::sync::atomic::AtomicBool>) -> Arc<MockStore> {
     let mut mock = MockStore::new();
     mock.expect_get()
         .withf(|key| key.starts_with(CONTROL_PREFIX))
-        .returning(move |key| {
+        .returning(|_| Ok(None));
+    mock.expect_scan()
+        .withf(|prefix| prefix == CONTROL_PREFIX)
+        .returning(move |prefix| {
             if down.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(Error::Store {
-                    action: "read",
-                    key: key.to_string(),
+                    action: "scan",
+                    key: prefix.to_string(),
                     source: "backend unavailable".into(),
                     retryable: true,
                 });
             }
-            Ok(None)
+            Ok(Vec::new())
         });
-    mock.expect_scan()
-        .withf(|prefix| prefix == CONTROL_PREFIX)
-        .returning(|_| Ok(Vec::new()));
     mock.expect_get()
         .withf(|key| key == EPOCH_KEY)
         .returning(|_| Ok(Some(b"1".to_vec())));
@@ -775,15 +776,15 @@ async fn a_retried_control_read_at_a_step_boundary_shows_the_procedure_retrying_
     })
     .await;
 
-    // The store stops answering reads; the first step ends and the boundary before the second reads the
-    // procedure's control key: the procedure shows the read's error while it is retried, not a silent `running`.
+    // The store stops answering reads; the first step ends and the boundary before the second reads the control
+    // keys: the procedure shows the read's error while it is retried, not a silent `running`.
     down.store(true, Ordering::SeqCst);
     env.gate.add_permits(1);
     let retrying = until_state(&m, "p", ProcedureState::Retrying).await;
     assert_eq!(retrying.step, 1);
     assert_eq!(
         retrying.error.as_deref(),
-        Some("state store failed to read 'control/proc/p': backend unavailable")
+        Some("state store failed to scan 'control/': backend unavailable")
     );
 
     // The store answers again: the procedure goes on and finishes, the error gone.

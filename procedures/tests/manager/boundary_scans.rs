@@ -1,0 +1,206 @@
+//! The step boundaries' shared reads of the control keys: runners at their boundaries together cost one scan, and
+//! a runner never settles for a scan that began before it reached its boundary.
+//!
+//! Both tests run on the current-thread runtime of `#[tokio::test]` with a memory store: a runner runs only while the
+//! test awaits, and a store call never suspends except at the test's gate.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Semaphore;
+
+use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
+use procedures::control::{self, CONTROL_PREFIX, ControlOp};
+use procedures::store::{Condition, WriteOp, WriteOutcome};
+use procedures::{
+    LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager, ProcedureState,
+    Result, StateStore,
+};
+
+/// A memory store whose scans of the control keys are counted and, while `hold` is set, each wait for a permit of
+/// `gate` after reading: what such a scan returns was read before the permit was given.
+struct GatedScans {
+    inner: MemoryStateStore,
+    hold: AtomicBool,
+    gate: Semaphore,
+    scans: AtomicUsize,
+}
+
+impl GatedScans {
+    fn new() -> Arc<Self> {
+        Arc::new(GatedScans {
+            inner: MemoryStateStore::new(),
+            hold: AtomicBool::new(false),
+            gate: Semaphore::new(0),
+            scans: AtomicUsize::new(0),
+        })
+    }
+
+    fn scans(&self) -> usize {
+        self.scans.load(Ordering::SeqCst)
+    }
+
+    /// Lets every scan through from now on.
+    fn open(&self) {
+        self.hold.store(false, Ordering::SeqCst);
+        self.gate.add_permits(1_000);
+    }
+}
+
+#[async_trait]
+impl StateStore for GatedScans {
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.get(key).await
+    }
+
+    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        let read = self.inner.scan(prefix).await?;
+        if prefix == CONTROL_PREFIX {
+            self.scans.fetch_add(1, Ordering::SeqCst);
+            if self.hold.load(Ordering::SeqCst)
+                && let Ok(permit) = self.gate.acquire().await
+            {
+                permit.forget();
+            }
+        }
+        Ok(read)
+    }
+
+    async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
+        self.inner.put(key, value).await
+    }
+
+    async fn delete(&self, keys: &[String]) -> Result<()> {
+        self.inner.delete(keys).await
+    }
+
+    async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome> {
+        self.inner.write(conditions, ops).await
+    }
+}
+
+/// A manager on `store` whose poll never runs during a test (its scans would take the gate's permits).
+async fn started(store: &Arc<GatedScans>, env: &Arc<Env>) -> LocalManager {
+    let config = ManagerConfig {
+        control_poll_interval: Duration::from_secs(3600),
+        ..fast_config()
+    };
+    let manager = LocalManager::new(store.clone(), config);
+    manager.register_loader(TYPE, env.loader()).unwrap();
+    manager.start().await.unwrap();
+    manager
+}
+
+/// Waits until `store` has seen `n` scans of the control keys.
+async fn until_scans(store: &GatedScans, n: usize) {
+    within(async {
+        while store.scans() < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+}
+
+/// Lets the runners spawned so far run until each waits (at its boundary's turn, or at the gate).
+async fn settle() {
+    for _ in 0..1_000 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn runners_at_their_boundaries_together_share_one_read_of_the_control_keys() {
+    let env = Env::new(true);
+    let store = GatedScans::new();
+    let m = started(&store, &env).await;
+    let before = store.scans();
+    store.hold.store(true, Ordering::SeqCst);
+
+    // p0's first boundary scans and waits at the gate; p1..p10 reach theirs meanwhile and queue.
+    let mut watchers = vec![
+        m.submit(env.with_id("p0", Plan::steps(1, true)))
+            .await
+            .unwrap(),
+    ];
+    until_scans(&store, before + 1).await;
+    for i in 1..=10 {
+        let id = format!("p{i}");
+        watchers.push(
+            m.submit(env.with_id(&id, Plan::steps(1, true)))
+                .await
+                .unwrap(),
+        );
+    }
+    settle().await;
+
+    // p0's scan ends; the first of the queue scans for all ten (it waits at the gate in turn).
+    store.gate.add_permits(1);
+    until_scans(&store, before + 2).await;
+    // That one scan lets all ten into their first step: two permits, eleven boundaries passed.
+    store.gate.add_permits(1);
+    within(async {
+        while !(1..=10).all(|i| env.events().contains(&format!("enter p{i} at 0"))) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    // At most one more scan has begun (a second boundary's, held at the gate).
+    assert!(
+        store.scans() <= before + 3,
+        "{} scans for the first boundaries of 11 procedures",
+        store.scans() - before
+    );
+
+    store.open();
+    for mut watcher in watchers {
+        within(watcher.wait()).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_request_written_while_a_scan_reads_is_seen_by_a_runner_that_arrives_after_it() {
+    let env = Env::new(true);
+    let store = GatedScans::new();
+    let m = started(&store, &env).await;
+    let before = store.scans();
+    store.hold.store(true, Ordering::SeqCst);
+
+    // p0's boundary scan has read the control keys (none) and waits at the gate.
+    let mut first = m
+        .submit(env.with_id("p0", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    until_scans(&store, before + 1).await;
+    // p1 is submitted and cancelled by another process after that read; it reaches its boundary while the scan
+    // that cannot have seen the cancel is still in flight.
+    let mut second = m
+        .submit(env.with_id("p1", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    let outside: &dyn StateStore = store.as_ref();
+    control::request(outside, &ProcedureId::new("p1"), ControlOp::Cancel)
+        .await
+        .unwrap();
+    settle().await;
+
+    store.open();
+    within(first.wait()).await.unwrap();
+    let cancelled = within(second.wait()).await.unwrap_err();
+    assert!(
+        matches!(cancelled, procedures::Error::ProcedureCancelled { .. }),
+        "{cancelled}"
+    );
+    let info = m
+        .procedure_state(&ProcedureId::new("p1"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(info.state, ProcedureState::Cancelled);
+    assert!(
+        !env.events().contains(&"enter p1 at 0".to_string()),
+        "p1 ran a step although its cancel was stored before it reached its boundary: {:?}",
+        env.events()
+    );
+}
