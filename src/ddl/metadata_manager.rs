@@ -294,8 +294,14 @@ impl TableMetadataManager {
             encode_kv(table_info_key(id), &metadata.info)?,
             encode_kv(table_route_key(id), &metadata.route)?,
         ];
+        // One read for both keys: on etcd each read waits for the writes before it to apply.
+        let keys: Vec<Vec<u8>> = mine
+            .iter()
+            .map(|(key, _)| key.clone().into_bytes())
+            .collect();
+        let found = self.kv.batch_get(&keys).await?;
         for (key, want) in mine {
-            if let Some(have) = self.kv.get(key.as_bytes()).await? {
+            if let Some(have) = found.iter().find(|kv| kv.key == key.as_bytes()) {
                 ensure!(
                     same_json(&have.value, &want),
                     TableMetadataConflictSnafu { table: &table, key }

@@ -1,9 +1,11 @@
 //! [`Sequence`]: ids from a kv-backed counter, reserved in batches.
 //!
 //! The key holds, as decimal text, the first id not yet reserved by anyone. To hand out ids, a sequence reserves
-//! `[current, current + n)` with one compare-and-put and then serves that range from memory. Ids of a reserved
-//! range that were never handed out (the process stopped) are skipped, never reused: a new sequence on the same kv
-//! continues after the last reserved range. A key holding less than the sequence's start is read as the start.
+//! `[current, current + n)` with one compare-and-put and then serves that range from memory. Only its first
+//! reservation reads the key: later ones expect the value it wrote, and a compare that fails answers with the key's
+//! value. Ids of a reserved range that were never handed out (the process stopped) are skipped, never reused: a new
+//! sequence on the same kv continues after the last reserved range. A key holding less than the sequence's start is
+//! read as the start.
 //!
 //! `n` is the sequence's step, or, when more callers than that are waiting for an id at the moment a reservation
 //! starts, their number (at most [`MAX_RESERVATION`]): a burst of concurrent callers (a DDL storm) is served by one
@@ -33,7 +35,10 @@ pub struct Sequence {
     start: u64,
     step: u64,
     max: u64,
-    range: Mutex<Range<u64>>,
+    /// The ids reserved and not handed out yet, and what this sequence last wrote to its key (`None` before its
+    /// first reservation): the expected value of the next reservation's compare-and-put, so it needs no read first.
+    /// A key moved by another writer meanwhile fails that compare, which answers with the key's value.
+    range: Mutex<(Range<u64>, Option<Vec<u8>>)>,
     /// Callers inside [`Sequence::next`] (waiting for the range or holding it).
     waiting: AtomicU64,
 }
@@ -64,7 +69,7 @@ impl Sequence {
             start,
             step: step.max(1),
             max,
-            range: Mutex::new(0..0),
+            range: Mutex::new((0..0, None)),
             waiting: AtomicU64::new(0),
         }
     }
@@ -77,21 +82,28 @@ impl Sequence {
     /// The next id.
     pub async fn next(&self) -> Result<u64> {
         let _waiting = Waiting::enter(&self.waiting);
-        let mut range = self.range.lock().await;
+        let mut guard = self.range.lock().await;
+        let (range, written) = &mut *guard;
         if range.is_empty() {
             // This caller and every one queued behind it get an id of the same reservation.
             let callers = self.waiting.load(Ordering::Relaxed);
             let n = self.step.max(callers.min(MAX_RESERVATION));
-            *range = self.reserve(n).await?;
+            let (reserved, value) = self.reserve(n, written.take()).await?;
+            *range = reserved;
+            *written = Some(value);
         }
         let id = range.start;
         range.start += 1;
         Ok(id)
     }
 
-    /// Reserves the next `n` ids in the kv (fewer at `max`).
-    async fn reserve(&self, n: u64) -> Result<Range<u64>> {
-        let mut current = self.kv.get(self.key.as_bytes()).await?.map(|kv| kv.value);
+    /// Reserves the next `n` ids in the kv (fewer at `max`); returns them and the value written. `known` is what
+    /// the key is believed to hold (what this sequence last wrote); without it the key is read first.
+    async fn reserve(&self, n: u64, known: Option<Vec<u8>>) -> Result<(Range<u64>, Vec<u8>)> {
+        let mut current = match known {
+            Some(value) => Some(value),
+            None => self.kv.get(self.key.as_bytes()).await?.map(|kv| kv.value),
+        };
         for _ in 0..MAX_RESERVE_ATTEMPTS {
             // A key below the start (written by hand or by another tool) never makes ids below the start: they are
             // reserved for others (system tables for table ids).
@@ -110,16 +122,17 @@ impl Sequence {
                     max: self.max,
                 }
             );
+            let value = end.to_string().into_bytes();
             let resp = self
                 .kv
                 .compare_and_put(CompareAndPutRequest {
                     key: self.key.as_bytes().to_vec(),
                     expect: current.clone(),
-                    value: end.to_string().into_bytes(),
+                    value: value.clone(),
                 })
                 .await?;
             if resp.success {
-                return Ok(first..end);
+                return Ok((first..end, value));
             }
             current = resp.prev_kv.map(|kv| kv.value);
         }
@@ -172,6 +185,54 @@ mod tests {
         }
         // `a` used up its batch and reserves after `b`'s.
         assert_eq!(a.next().await.unwrap(), 1044);
+    }
+
+    /// A backend that counts the reads of its key.
+    #[derive(Debug)]
+    struct CountedReads {
+        inner: KvBackendRef,
+        reads: AtomicU64,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::kv::KvWrapper for CountedReads {
+        fn inner(&self) -> &dyn crate::kv::KvBackend {
+            self.inner.as_ref()
+        }
+
+        async fn get(&self, key: &[u8]) -> Result<Option<crate::kv::KeyValue>> {
+            self.reads.fetch_add(1, Ordering::Relaxed);
+            self.inner.get(key).await
+        }
+    }
+
+    #[tokio::test]
+    async fn only_the_first_reservation_reads_the_key_and_a_key_moved_meanwhile_is_honoured() {
+        let inner = kv();
+        let counted = Arc::new(CountedReads {
+            inner: inner.clone(),
+            reads: AtomicU64::new(0),
+        });
+        let seq = Sequence::new(counted.clone(), "seq", 0, 2, u64::MAX);
+        for expected in 0..6 {
+            assert_eq!(seq.next().await.unwrap(), expected);
+        }
+        // Three reservations, one read: the later ones expect what the sequence itself wrote.
+        assert_eq!(counted.reads.load(Ordering::Relaxed), 1);
+        assert_eq!(inner.get(b"seq").await.unwrap().unwrap().value, b"6");
+        // Another writer moves the key: the next compare-and-put fails, answers with the key's value, and the
+        // reservation continues from there.
+        inner
+            .put(PutRequest {
+                key: b"seq".to_vec(),
+                value: b"100".to_vec(),
+                prev_kv: false,
+            })
+            .await
+            .unwrap();
+        assert_eq!(seq.next().await.unwrap(), 100);
+        assert_eq!(inner.get(b"seq").await.unwrap().unwrap().value, b"102");
+        assert_eq!(counted.reads.load(Ordering::Relaxed), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -163,6 +163,23 @@ impl KvWrapper for TableInfoReadsTimeOut {
         }
         self.inner.get(key).await
     }
+    /// As etcd's: one timeout for the chunk, naming its first key.
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst)
+            && keys.iter().any(|key| key.starts_with(b"__table_info/"))
+        {
+            return Err(remote_wal::Error::EtcdTimeout {
+                endpoints: "127.0.0.1:2379".into(),
+                action: "batch_get",
+                key: keys
+                    .first()
+                    .map(|key| String::from_utf8_lossy(key).into_owned())
+                    .unwrap_or_default(),
+                timeout: Duration::from_secs(1),
+            });
+        }
+        self.inner.batch_get(keys).await
+    }
 }
 
 /// Issue 16, F3: a reservation written by Allocate does not outlive a procedure whose Allocate then failed
@@ -189,7 +206,7 @@ async fn an_allocate_whose_retries_run_out_leaves_no_reservation() {
     assert!(err.contains("retries ran out"), "{err}");
     // Each attempt draws a fresh table id (an id is never reused; the allocation is stored only with the state).
     let named_id: u64 = err
-        .split("get on key '__table_info/")
+        .split("batch_get on key '__table_info/")
         .nth(1)
         .and_then(|rest| rest.split('\'').next())
         .and_then(|id| id.parse().ok())
