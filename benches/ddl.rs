@@ -7,8 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use futures::StreamExt;
 use procedures::{LocalManager, ManagerConfig, ProcedureManager, StateStore};
 use remote_wal::datanode::{RegionOpener, WalProviderKind};
+use remote_wal::ddl::allocator::TABLE_ID_SEQ_KEY;
 use remote_wal::ddl::datanode_table::datanode_table_key;
 use remote_wal::ddl::{
     CreateTableTask, DatanodeTableValue, DdlContext, DdlManager, MemoryDatanodeManager,
@@ -17,8 +19,11 @@ use remote_wal::ddl::{
 };
 use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::redb::RedbKvBackend;
-use remote_wal::kv::state_store::KvStateStore;
-use remote_wal::kv::{CountingKvBackend, KeyValue, KvBackend, KvBackendRef, MemoryKvBackend};
+use remote_wal::kv::state_store::{KvStateStore, PROCEDURE_PREFIX};
+use remote_wal::kv::{
+    Compare, CountingKvBackend, KeyValue, KvBackend, KvBackendRef, MemoryKvBackend, PutRequest,
+    RangeRequest, Txn, TxnOp, range_all,
+};
 use remote_wal::metasrv::NamespacedKvBackend;
 use remote_wal::wal::WalOptions;
 use tokio::runtime::Runtime;
@@ -225,6 +230,188 @@ fn alone_pairs() {
     );
 }
 
+/// The bytes one create-table of 8 regions leaves in the store: its `done` record and its metadata pairs (the id
+/// sequence left out), from a real create-table on a memory backend.
+fn one_table_bytes(rt: &Runtime) -> (Vec<u8>, Vec<KeyValue>) {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let ddl = ddl_manager(rt, kv.clone(), Arc::new(KvStateStore::new(kv.clone())));
+    let table = TableName::new("greptime", "public", "sample");
+    rt.block_on(ddl.create_table(CreateTableTask::new(table, 8)))
+        .expect("create the sample table");
+    let all = rt
+        .block_on(range_all(kv.as_ref(), RangeRequest::prefix(Vec::new()), 0))
+        .expect("read the sample table");
+    let record_prefix = format!("{PROCEDURE_PREFIX}proc/").into_bytes();
+    let record = all
+        .iter()
+        .find(|pair| pair.key.starts_with(&record_prefix))
+        .map(|pair| pair.value.clone())
+        .expect("the sample table's record");
+    let metadata = all
+        .into_iter()
+        .filter(|pair| {
+            !pair.key.starts_with(PROCEDURE_PREFIX.as_bytes())
+                && pair.key != TABLE_ID_SEQ_KEY.as_bytes()
+        })
+        .collect();
+    (record, metadata)
+}
+
+/// The three transactions of create-table `i` as the state store and the metadata make them, with the bytes of
+/// the sample table: its submission (record absent → put), its allocation (the record), its `done` record with
+/// every metadata key put if absent. Each under the manager's epoch, as the engine writes.
+fn table_txns(i: usize, record: &[u8], metadata: &[KeyValue]) -> [Txn; 3] {
+    let epoch = Compare::ValueEquals(b"ceiling/epoch".to_vec(), b"1".to_vec());
+    let record_key = format!("ceiling/proc/{i:08}").into_bytes();
+    let put_record = TxnOp::Put(record_key.clone(), record.to_vec());
+    let mut done = Txn {
+        compare: vec![epoch.clone()],
+        success: vec![put_record.clone()],
+        failure: Vec::new(),
+    };
+    for pair in metadata {
+        let mut key = format!("ceiling/{i:08}/").into_bytes();
+        key.extend_from_slice(&pair.key);
+        done.compare.push(Compare::Absent(key.clone()));
+        done.success.push(TxnOp::Put(key, pair.value.clone()));
+    }
+    [
+        Txn {
+            compare: vec![epoch.clone(), Compare::Absent(record_key)],
+            success: vec![put_record.clone()],
+            failure: Vec::new(),
+        },
+        Txn {
+            compare: vec![epoch],
+            success: vec![put_record],
+            failure: Vec::new(),
+        },
+        done,
+    ]
+}
+
+/// `txns` merged into as few transactions as the backend takes (its op limit; one epoch comparison each).
+fn merged(txns: Vec<Txn>, max_ops: usize) -> Vec<Txn> {
+    let mut out: Vec<Txn> = Vec::new();
+    for txn in txns {
+        let size = |t: &Txn| t.compare.len() + t.success.len();
+        let fits = out
+            .last()
+            .is_some_and(|last| size(last) + size(&txn) - 1 <= max_ops);
+        match out.last_mut() {
+            Some(last) if fits => {
+                // The epoch comparison once per transaction.
+                last.compare.extend(txn.compare.into_iter().skip(1));
+                last.success.extend(txn.success);
+            }
+            _ => out.push(txn),
+        }
+    }
+    out
+}
+
+/// The store alone, as an anchor for the group-commit figures: the writes of 64 create-tables of 8 regions (the
+/// sample table's bytes, three transactions each, see [`table_txns`]) without the engine or the DDL around them.
+/// `one_by_one`: each table's three transactions in turn, 64 tables at once (what the store does without group
+/// commit); `merged`: the 64 tables' first transactions merged into as few as the backend takes, sent up to its
+/// transactions in flight at once, then the second, then the third (the best a group commit could do). On redb,
+/// and on etcd when `ETCD_ENDPOINTS` is set. Throughput is in tables.
+fn bench_store_ceiling(c: &mut Criterion) {
+    let rt = Runtime::new().expect("runtime");
+    let (record, metadata) = one_table_bytes(&rt);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let etcd: Option<KvBackendRef> = std::env::var("ETCD_ENDPOINTS").ok().map(|endpoints| {
+        let config = EtcdConfig::new(endpoints.split(',').map(str::trim));
+        let etcd = rt.block_on(EtcdKvBackend::connect(config)).expect("etcd");
+        Arc::new(etcd) as KvBackendRef
+    });
+    let mut stores = vec!["redb"];
+    if etcd.is_some() {
+        stores.push("etcd");
+    }
+    for store_name in stores {
+        let mut group = c.benchmark_group(format!("store_ceiling_{store_name}"));
+        group.sample_size(10);
+        group.measurement_time(std::time::Duration::from_secs(5));
+        group.throughput(Throughput::Elements(64));
+        for mode in ["one_by_one", "merged"] {
+            let kv: KvBackendRef = match (store_name, &etcd) {
+                ("etcd", Some(etcd)) => NamespacedKvBackend::wrap(
+                    etcd.clone(),
+                    &format!("__bench_ceiling/{run}/{mode}/"),
+                ),
+                _ => Arc::new(
+                    RedbKvBackend::open(dir.path().join(format!("ceiling-{mode}.redb")))
+                        .expect("redb"),
+                ),
+            };
+            rt.block_on(kv.put(PutRequest {
+                key: b"ceiling/epoch".to_vec(),
+                value: b"1".to_vec(),
+                prev_kv: false,
+            }))
+            .expect("the epoch");
+            let max_ops = kv.max_txn_ops();
+            let in_flight = kv.max_txns_in_flight();
+            let n = AtomicUsize::new(0);
+            group.bench_function(format!("64_tables_8_regions/{mode}"), |b| {
+                b.to_async(&rt).iter(|| async {
+                    let first = n.fetch_add(64, Ordering::Relaxed);
+                    let tables: Vec<[Txn; 3]> = (first..first + 64)
+                        .map(|i| table_txns(i, &record, &metadata))
+                        .collect();
+                    if mode == "one_by_one" {
+                        let writes = tables.into_iter().map(|txns| {
+                            let kv = &kv;
+                            async move {
+                                for txn in txns {
+                                    let response = kv.txn(txn).await.expect("txn");
+                                    assert!(
+                                        response.succeeded,
+                                        "a ceiling transaction was refused"
+                                    );
+                                }
+                            }
+                        });
+                        futures::future::join_all(writes).await;
+                        return;
+                    }
+                    let mut waves: [Vec<Txn>; 3] = Default::default();
+                    for txns in tables {
+                        for (wave, txn) in waves.iter_mut().zip(txns) {
+                            wave.push(txn);
+                        }
+                    }
+                    for wave in waves {
+                        let batches = merged(wave, max_ops);
+                        let sent =
+                            futures::stream::iter(batches.into_iter().map(|txn| kv.txn(txn)))
+                                .buffer_unordered(in_flight);
+                        let responses: Vec<_> = sent.collect().await;
+                        for response in responses {
+                            assert!(
+                                response.expect("txn").succeeded,
+                                "a merged ceiling transaction was refused"
+                            );
+                        }
+                    }
+                })
+            });
+        }
+        group.finish();
+    }
+    if let Some(etcd) = etcd {
+        let prefix = format!("__bench_ceiling/{run}/").into_bytes();
+        let end = remote_wal::kv::prefix_end(&prefix);
+        rt.block_on(etcd.delete_range(&prefix, &end, false))
+            .expect("delete the run's etcd keys");
+    }
+}
+
 fn bench_open_regions(c: &mut Criterion) {
     let rt = Runtime::new().expect("runtime");
     let kv = Arc::new(MemoryKvBackend::new());
@@ -274,6 +461,7 @@ criterion_group!(
     benches,
     bench_create_table,
     bench_group_commit,
+    bench_store_ceiling,
     bench_open_regions
 );
 criterion_main!(benches);
