@@ -1,8 +1,8 @@
 //! Create-table end to end (64 regions), group commit against one commit per write on redb and (with
 //! `ETCD_ENDPOINTS`) etcd (64 create-tables of 8 regions in flight, and one alone), the same stores' writes of 64
 //! create-tables without the engine (the anchor of those figures, see [`bench_store_ceiling`]), and building a
-//! datanode's open requests (100k regions). `BENCH_ALONE_PAIRS=N` adds N interleaved pairs of one create-table alone with group
-//! commit on and off (see [`alone_pairs`]).
+//! datanode's open requests (100k regions). `BENCH_ALONE_PAIRS=N` adds N interleaved pairs of one create-table
+//! alone with group commit on and off (see [`alone_pairs`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
