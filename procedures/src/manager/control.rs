@@ -7,7 +7,7 @@
 //! runner reads the control keys from the store at each step boundary, so a request written anywhere is honoured at
 //! the very next boundary. Runners reaching a boundary together share one read (see [`BoundaryScans`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use crate::control::{
@@ -22,58 +22,98 @@ use crate::store::{WriteOp, WriteOutcome};
 
 /// The step boundaries' reads of the control keys: one scan of `control/` serves every runner that reached a
 /// boundary before it began, so 64 procedures at their boundaries at once cost the store one read, not 64 — on
-/// etcd each read is a round trip through the leader, as dear as a write of a few keys.
+/// etcd each read is a request the leader answers only after applying the writes before it.
 ///
 /// A runner needs a scan that **began after it reached its boundary** (one that began earlier may have missed a
-/// request written meanwhile): it notes how many scans have begun, waits for its turn, and scans itself unless a
-/// scan numbered higher than the one it noted has completed while it waited. Scans run one at a time.
+/// request written meanwhile): it notes how many scans have begun; when no scan is in progress it scans itself,
+/// else it waits for the scan in progress to end (every waiter is woken at once) and looks again — done once a
+/// scan numbered higher than the one it noted has completed. Scans run one at a time.
 #[derive(Debug, Default)]
 pub(crate) struct BoundaryScans {
-    /// Held by the scan in progress.
-    turn: tokio::sync::Mutex<()>,
+    /// Set while a scan is in progress (by the runner making it).
+    scanning: AtomicBool,
     /// Scans begun so far (each takes the next number).
     begun: AtomicU64,
     /// The number of the last scan that completed.
     completed: AtomicU64,
-    /// The procedures waiting for a scan: the scanning runner shows them all as `retrying` while the store does
-    /// not answer, as each runner's own read did.
-    waiting: std::sync::Mutex<Vec<ProcedureId>>,
+    /// Woken whenever a scan ends.
+    ended: tokio::sync::Notify,
+    /// The runners waiting for a scan in progress, with the number of scans begun when each arrived: while a
+    /// scan is retried (the store not answering), the ones it leaves waiting show as `retrying`, as each runner's
+    /// own read did. A runner that finds no scan in progress scans at once and is never listed.
+    waiting: std::sync::Mutex<Vec<(ProcedureId, u64)>>,
 }
 
 impl BoundaryScans {
-    fn waiting(&self) -> std::sync::MutexGuard<'_, Vec<ProcedureId>> {
+    fn waiting(&self) -> std::sync::MutexGuard<'_, Vec<(ProcedureId, u64)>> {
         // Changes under this lock are a push or a removal: they cannot panic half-way.
         self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// `scanner` and the runners still waiting for a scan (none of the scans completed so far began after they
+    /// arrived): none of them goes on before the scan in progress ends.
+    fn unserved(&self, scanner: &ProcedureId) -> Vec<ProcedureId> {
+        let completed = self.completed.load(Ordering::SeqCst);
+        let mut ids = vec![scanner.clone()];
+        ids.extend(
+            self.waiting()
+                .iter()
+                .filter(|(id, arrived)| *arrived >= completed && id != scanner)
+                .map(|(id, _)| id.clone()),
+        );
+        ids
+    }
 }
 
-/// A runner at a step boundary: listed as waiting for a scan until it leaves — also when its future is dropped —
-/// and only then gives up its turn, so the next scan never shows as `retrying` a runner already past its boundary.
-struct AtBoundary<'a> {
+/// A runner waiting for a scan in progress, listed until it leaves (also when its future is dropped).
+struct Waiting<'a> {
     scans: &'a BoundaryScans,
     id: &'a ProcedureId,
-    turn: Option<tokio::sync::MutexGuard<'a, ()>>,
 }
 
-impl<'a> AtBoundary<'a> {
-    fn new(scans: &'a BoundaryScans, id: &'a ProcedureId) -> Self {
-        scans.waiting().push(id.clone());
-        AtBoundary {
-            scans,
-            id,
-            turn: None,
+impl<'a> Waiting<'a> {
+    fn new(scans: &'a BoundaryScans, id: &'a ProcedureId, arrived: u64) -> Self {
+        scans.waiting().push((id.clone(), arrived));
+        Waiting { scans, id }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut waiting = self.scans.waiting();
+        if let Some(at) = waiting.iter().position(|(w, _)| w == self.id) {
+            waiting.swap_remove(at);
         }
     }
 }
 
-impl Drop for AtBoundary<'_> {
+/// The scan in progress, held by the runner making it: when it ends (completed, or its future dropped) the next
+/// scan may begin and every waiting runner looks again.
+struct Scanning<'a>(&'a BoundaryScans);
+
+impl<'a> Scanning<'a> {
+    fn take(scans: &'a BoundaryScans) -> Option<Self> {
+        scans
+            .scanning
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+            // Made only when taken: a guard made and dropped would end the scan in progress.
+            .then(|| Scanning(scans))
+    }
+
+    /// Scan `number` completed.
+    fn completed(self, number: u64) {
+        self.0.completed.fetch_max(number, Ordering::SeqCst);
+        // Dropped now: the scan in progress is cleared, then the waiters are woken.
+    }
+}
+
+impl Drop for Scanning<'_> {
     fn drop(&mut self) {
-        let mut waiting = self.scans.waiting();
-        if let Some(at) = waiting.iter().position(|w| w == self.id) {
-            waiting.swap_remove(at);
-        }
-        drop(waiting);
-        self.turn = None;
+        // Cleared before the waiters are woken, so a waiter that must scan again finds no scan in progress; a scan
+        // dropped before it completed leaves `completed` as it was, and a waiter scans instead.
+        self.0.scanning.store(false, Ordering::SeqCst);
+        self.0.ended.notify_waiters();
     }
 }
 
@@ -109,30 +149,46 @@ impl Inner {
     pub(crate) async fn control_now(&self, id: &ProcedureId) -> Control {
         let scans = &self.boundary_scans;
         let arrived = scans.begun.load(Ordering::SeqCst);
-        let mut at = AtBoundary::new(scans, id);
-        at.turn = Some(scans.turn.lock().await);
-        if scans.completed.load(Ordering::SeqCst) <= arrived {
-            // No scan begun since this runner arrived has completed: this one scans, for itself and every
-            // runner queued behind it.
-            let number = scans.begun.fetch_add(1, Ordering::SeqCst) + 1;
-            let shown = scans.waiting().clone();
-            self.scan_controls(&shown).await;
-            scans.completed.store(number, Ordering::SeqCst);
+        let mut listed = None;
+        loop {
+            // Enabled before looking: a scan ending after the look wakes this runner.
+            let ended = scans.ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            ended.as_mut().enable();
+            if scans.completed.load(Ordering::SeqCst) > arrived {
+                break;
+            }
+            if let Some(scanning) = Scanning::take(scans) {
+                let number = scans.begun.fetch_add(1, Ordering::SeqCst) + 1;
+                self.scan_controls(id).await;
+                scanning.completed(number);
+                break;
+            }
+            if listed.is_none() {
+                listed = Some(Waiting::new(scans, id, arrived));
+            }
+            ended.await;
         }
-        drop(at);
+        drop(listed);
         self.control_of(id)
     }
 
     /// One boundary scan: every control key, read and put in force — unless this manager changed its requests
     /// while the scan read, in which case the scan reads again (what it read may predate the change), a few times
-    /// at most.
-    async fn scan_controls(&self, shown: &[ProcedureId]) {
+    /// at most. A retryable error is retried with the store retry policy, the runners left waiting shown as
+    /// `retrying` meanwhile; a read that fails for good leaves the last known requests in force (logged).
+    async fn scan_controls(&self, scanner: &ProcedureId) {
         for _ in 0..3 {
             let before = self.local_control_changes.0.load(Ordering::SeqCst);
-            match self
-                .read_shown(shown, || ControlRequests::read(self.store.as_ref()))
-                .await
-            {
+            let read = match ControlRequests::read(self.store.as_ref()).await {
+                Err(e) if e.is_retryable() => {
+                    let shown = self.boundary_scans.unserved(scanner);
+                    self.read_shown(&shown, || ControlRequests::read(self.store.as_ref()))
+                        .await
+                }
+                read => read,
+            };
+            match read {
                 Ok(requests) => {
                     if self.local_control_changes.0.load(Ordering::SeqCst) == before {
                         self.set_controls(requests);
@@ -140,7 +196,7 @@ impl Inner {
                     }
                 }
                 Err(e) => {
-                    tracing::warn!(procedures = ?shown, error = %e, "cannot read the control keys at a step boundary");
+                    tracing::warn!(error = %e, "cannot read the control keys at a step boundary");
                     return;
                 }
             }
