@@ -67,18 +67,13 @@ fn bench_create_table(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("temp dir");
     let redb: KvBackendRef =
         Arc::new(RedbKvBackend::open(dir.path().join("ddl.redb")).expect("redb"));
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
+    let run = run_id();
     // Metadata and procedure state on the same backend, as a metasrv runs.
     let mut backends: Vec<(&str, KvBackendRef)> =
         vec![("memory", Arc::new(MemoryKvBackend::new())), ("redb", redb)];
     // etcd only when a cluster is given (a separate run: set ETCD_ENDPOINTS first); keys are unique per run.
-    if let Ok(endpoints) = std::env::var("ETCD_ENDPOINTS") {
-        let config = EtcdConfig::new(endpoints.split(',').map(str::trim));
-        let etcd = rt.block_on(EtcdKvBackend::connect(config)).expect("etcd");
-        backends.push(("etcd", Arc::new(etcd)));
+    if let Some(etcd) = etcd_from_env(&rt) {
+        backends.push(("etcd", etcd));
     }
     for (name, kv) in backends {
         let store = Arc::new(KvStateStore::with_prefix(
@@ -100,6 +95,23 @@ fn bench_create_table(c: &mut Criterion) {
     group.finish();
 }
 
+/// A key prefix of this run's own: the time in nanoseconds.
+fn run_id() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default()
+}
+
+/// The etcd of `ETCD_ENDPOINTS`, when it is set.
+fn etcd_from_env(rt: &Runtime) -> Option<KvBackendRef> {
+    std::env::var("ETCD_ENDPOINTS").ok().map(|endpoints| {
+        let config = EtcdConfig::new(endpoints.split(',').map(str::trim));
+        let etcd = rt.block_on(EtcdKvBackend::connect(config)).expect("etcd");
+        Arc::new(etcd) as KvBackendRef
+    })
+}
+
 /// 64 create-tables of 8 regions in flight, and one alone, with group commit on and off: on redb, and on etcd
 /// when `ETCD_ENDPOINTS` is set (a cluster of its own; each configuration under a fresh key prefix). Each redb
 /// configuration has a file of its own; metadata and procedure state share one backend, as a metasrv runs.
@@ -108,15 +120,8 @@ fn bench_group_commit(c: &mut Criterion) {
     alone_pairs();
     let rt = Runtime::new().expect("runtime");
     let dir = tempfile::tempdir().expect("temp dir");
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let etcd: Option<KvBackendRef> = std::env::var("ETCD_ENDPOINTS").ok().map(|endpoints| {
-        let config = EtcdConfig::new(endpoints.split(',').map(str::trim));
-        let etcd = rt.block_on(EtcdKvBackend::connect(config)).expect("etcd");
-        Arc::new(etcd) as KvBackendRef
-    });
+    let run = run_id();
+    let etcd = etcd_from_env(&rt);
     let mut stores: Vec<&str> = vec!["redb"];
     if etcd.is_some() {
         stores.push("etcd");
@@ -321,15 +326,8 @@ fn bench_store_ceiling(c: &mut Criterion) {
     let rt = Runtime::new().expect("runtime");
     let (record, metadata) = one_table_bytes(&rt);
     let dir = tempfile::tempdir().expect("temp dir");
-    let run = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    let etcd: Option<KvBackendRef> = std::env::var("ETCD_ENDPOINTS").ok().map(|endpoints| {
-        let config = EtcdConfig::new(endpoints.split(',').map(str::trim));
-        let etcd = rt.block_on(EtcdKvBackend::connect(config)).expect("etcd");
-        Arc::new(etcd) as KvBackendRef
-    });
+    let run = run_id();
+    let etcd = etcd_from_env(&rt);
     let mut stores = vec!["redb"];
     if etcd.is_some() {
         stores.push("etcd");
