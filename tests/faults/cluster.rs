@@ -62,14 +62,28 @@ async fn start_pool(
     (manager, wal)
 }
 
-async fn topics_of(admin: &RsKafkaTopicAdmin, prefix: &str) -> BTreeMap<String, usize> {
-    admin
-        .list_topics()
-        .await
-        .expect("list topics")
-        .into_iter()
-        .filter(|(t, _)| t.starts_with(&format!("{prefix}_")))
-        .collect()
+/// The topics under `prefix` as the cluster lists them, once every one of `wanted` is listed (or after 30 s): in a
+/// 3-broker cluster the broker that answers may not have caught up with the controller's metadata yet right after
+/// the topics were created.
+async fn topics_of(
+    admin: &RsKafkaTopicAdmin,
+    prefix: &str,
+    wanted: &BTreeSet<String>,
+) -> BTreeMap<String, usize> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let found: BTreeMap<String, usize> = admin
+            .list_topics()
+            .await
+            .expect("list topics")
+            .into_iter()
+            .filter(|(t, _)| t.starts_with(&format!("{prefix}_")))
+            .collect();
+        if wanted.iter().all(|t| found.contains_key(t)) || tokio::time::Instant::now() >= deadline {
+            return found;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 async fn persisted(kv: &KvBackendRef, prefix: &str) -> BTreeSet<String> {
@@ -92,7 +106,7 @@ async fn three_broker_cluster_pool_survives_a_lost_broker_and_controller_moves()
     let admin = RsKafkaTopicAdmin::connect(&config).await.expect("admin");
     let wanted: BTreeSet<String> = config.topic_names().into_iter().collect();
     assert_eq!(
-        topics_of(&admin, &rf3)
+        topics_of(&admin, &rf3, &wanted)
             .await
             .keys()
             .cloned()
@@ -161,7 +175,7 @@ async fn three_broker_cluster_pool_survives_a_lost_broker_and_controller_moves()
     let config = pool_config(&cluster.endpoints, &moving, num_topics, 2);
     let admin = RsKafkaTopicAdmin::connect(&config).await.expect("admin");
     let wanted: BTreeSet<String> = config.topic_names().into_iter().collect();
-    let found = topics_of(&admin, &moving).await;
+    let found = topics_of(&admin, &moving, &wanted).await;
     assert_eq!(
         found.keys().cloned().collect::<BTreeSet<_>>(),
         wanted,
