@@ -62,6 +62,11 @@ pub struct CreateTableData {
 pub struct CreateTableProcedure {
     context: DdlContext,
     data: CreateTableData,
+    /// Made by [`CreateTableProcedure::new`] in this process and never rebuilt from a stored record: no earlier
+    /// run of it can have written anything, so its steps skip the reads that look for an earlier run's writes
+    /// (a reservation of an older release, metadata written alone). The engine rebuilds a procedure from its
+    /// record after a refused step write, and recovery always does, so every replay reads.
+    first_run: bool,
 }
 
 /// The procedure's output: `{"table_id":N}`.
@@ -104,13 +109,18 @@ impl CreateTableProcedure {
                 task,
                 allocation: None,
             },
+            first_run: true,
         }
     }
 
     /// Rebuilds a procedure from its persisted state.
     pub fn from_json(value: serde_json::Value, context: DdlContext) -> Result<Self> {
         let data = serde_json::from_value(value).context(CreateTableStateSnafu)?;
-        Ok(CreateTableProcedure { context, data })
+        Ok(CreateTableProcedure {
+            context,
+            data,
+            first_run: false,
+        })
     }
 
     /// The loader to register with a procedure manager under [`CREATE_TABLE_TYPE_NAME`].
@@ -132,10 +142,12 @@ impl CreateTableProcedure {
         task.validate()?;
         if let Some(table_id) = self.context.metadata.table_id(&task.name).await? {
             // A reservation of an earlier run of this procedure (if any) will not be used.
-            self.context
-                .allocator
-                .release(ctx.procedure_id().as_str())
-                .await?;
+            if !self.first_run {
+                self.context
+                    .allocator
+                    .release(ctx.procedure_id().as_str())
+                    .await?;
+            }
             if task.if_not_exists {
                 return Ok(Status::done_with_output(table_id_output(table_id)));
             }
@@ -152,7 +164,7 @@ impl CreateTableProcedure {
     /// Allocate: table id, placement and WAL options, stored in the procedure's state by the engine's write of
     /// the next step (one commit; the id sequence commits only when its batch of ids runs out). An allocation already
     /// in the state is kept; one an older release reserved at `__table_allocation/{procedure_id}` is reused, and
-    /// its key removed in the same commit as the state.
+    /// its key removed in the same commit as the state (only a procedure rebuilt from its record looks for one).
     ///
     /// A table whose metadata transaction the kv backend would refuse (too many datanodes, too large options), or
     /// whose id another table's metadata already holds (`__table_info/{id}`, after the id sequence was set back),
@@ -161,6 +173,8 @@ impl CreateTableProcedure {
         let procedure_id = ctx.procedure_id().as_str();
         let legacy = match &self.data.allocation {
             Some(_) => None,
+            // A procedure made in this process has no reservation of an older release.
+            None if self.first_run => None,
             None => {
                 self.context
                     .allocator
@@ -212,13 +226,23 @@ impl CreateTableProcedure {
     /// `done` record (one transaction when the procedure state lives in the metadata kv); done with the table id.
     /// The commit also removes a reservation an older release may have left at `__table_allocation/{id}`. Metadata
     /// already there with exactly these values (written alone by an earlier run) needs no write.
+    ///
+    /// On a first run (see `first_run`) nothing is read first and there is no reservation to remove: the commit's
+    /// conditions alone keep another table's keys safe, and refuse the writes naming the first key present.
     async fn on_persist_metadata(&mut self, ctx: &Context) -> Result<Status> {
         let allocation = self.allocation()?;
         let metadata = TableMetadata::new(&self.data.task, &allocation);
+        let output = Some(table_id_output(allocation.table_id));
+        if self.first_run {
+            let writes = self
+                .context
+                .metadata
+                .first_create_table_writes(&metadata, Vec::new())?;
+            return Ok(Status::done_with(output, writes));
+        }
         let legacy = WriteOp::Delete {
             key: allocation_key(ctx.procedure_id().as_str()),
         };
-        let output = Some(table_id_output(allocation.table_id));
         let writes = self
             .context
             .metadata

@@ -175,9 +175,12 @@ async fn allocate_reuses_and_removes_a_reservation_an_older_release_left() {
         .allocate_once("test", &task("cpu", 3))
         .await
         .unwrap();
-    // This release resumes the procedure (under the same id) from its submitted state: no new allocation.
+    // This release resumes the procedure (under the same id) from its submitted record: no new allocation.
     let c2 = context(kv.clone(), Arc::new(kafka_source(0)), dns.clone());
-    let again = CreateTableProcedure::new(task("cpu", 3), c2.clone());
+    let submitted = CreateTableProcedure::new(task("cpu", 3), c2.clone())
+        .dump()
+        .unwrap();
+    let again = CreateTableProcedure::from_json(submitted, c2.clone()).unwrap();
     let out = run_to_end(again, &c2).await.unwrap();
     assert_eq!(out["table_id"].as_u64(), Some(u64::from(reserved.table_id)));
     let metadata = TableMetadataManager::new(kv.clone());
@@ -672,4 +675,120 @@ async fn a_table_whose_metadata_is_over_the_byte_limit_fails_before_any_region_i
     assert_eq!(dns.calls(), 0, "regions were created: {:?}", dns.regions());
     let left = kv.keys_left();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// Records every key read (`get`, `batch_get`, `range` start) and forwards to a memory backend.
+#[derive(Debug, Default)]
+struct ReadKeys {
+    inner: MemoryKvBackend,
+    read: Mutex<Vec<String>>,
+}
+
+impl ReadKeys {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.read.lock().unwrap())
+    }
+    fn note(&self, key: &[u8]) {
+        self.read
+            .lock()
+            .unwrap()
+            .push(String::from_utf8_lossy(key).into_owned());
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::kv::wrapper::KvWrapper for ReadKeys {
+    fn inner(&self) -> &dyn KvBackend {
+        &self.inner
+    }
+    async fn get(&self, key: &[u8]) -> crate::Result<Option<crate::kv::KeyValue>> {
+        self.note(key);
+        self.inner.get(key).await
+    }
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> crate::Result<Vec<crate::kv::KeyValue>> {
+        keys.iter().for_each(|k| self.note(k));
+        self.inner.batch_get(keys).await
+    }
+    async fn range(&self, req: crate::kv::RangeRequest) -> crate::Result<crate::kv::RangeResponse> {
+        self.note(&req.key);
+        self.inner.range(req).await
+    }
+}
+
+/// Runs the steps of `p` on the one object (no rebuild), applying each step's writes alone; the keys each step read.
+async fn keys_read_per_step(mut p: CreateTableProcedure, kv: &ReadKeys) -> Vec<Vec<String>> {
+    let mut per_step = Vec::new();
+    kv.take();
+    loop {
+        let status = p.execute(&ctx()).await.unwrap();
+        if let Some(writes) = status.writes() {
+            writes.apply_alone().await.unwrap();
+        }
+        per_step.push(kv.take());
+        if matches!(status, Status::Done { .. }) {
+            return per_step;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_first_run_skips_the_reads_that_look_for_an_earlier_runs_writes_and_a_rebuilt_one_does_not()
+ {
+    let kv = Arc::new(ReadKeys::default());
+    let c = context(
+        kv.clone(),
+        Arc::new(kafka_source(2)),
+        Arc::new(MemoryDatanodeManager::new()),
+    );
+    let reservation = crate::ddl::allocator::allocation_key("test");
+
+    // Made in this process: Allocate does not look for an older release's reservation, and the last step writes
+    // its metadata under conditions without reading it first.
+    let first = CreateTableProcedure::new(task("cpu", 2), c.clone());
+    let steps = keys_read_per_step(first, &kv).await;
+    assert_eq!(steps.len(), 4, "{steps:?}");
+    assert!(!steps[1].contains(&reservation), "{steps:?}");
+    assert!(steps[3].is_empty(), "the metadata step read {:?}", steps[3]);
+
+    // Rebuilt from its submitted record (a recovery): both reads happen.
+    let submitted = CreateTableProcedure::new(task("mem", 2), c.clone())
+        .dump()
+        .unwrap();
+    let rebuilt = CreateTableProcedure::from_json(submitted, c.clone()).unwrap();
+    let steps = keys_read_per_step(rebuilt, &kv).await;
+    assert_eq!(steps.len(), 4, "{steps:?}");
+    assert!(steps[1].contains(&reservation), "{steps:?}");
+    let name_key = TableName::new("greptime", "public", "mem").key();
+    assert!(steps[3].contains(&name_key), "{steps:?}");
+}
+
+#[tokio::test]
+async fn a_first_run_whose_metadata_keys_were_taken_meanwhile_is_refused_by_the_commit_naming_the_key()
+ {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let c = context(
+        kv.clone(),
+        Arc::new(kafka_source(2)),
+        Arc::new(MemoryDatanodeManager::new()),
+    );
+    // One procedure reaches its last step; meanwhile a writer outside its lock creates the same table.
+    let mut p = at_create_regions(&c, task("cpu", 2)).await;
+    p.execute(&ctx()).await.unwrap();
+    run_to_end(CreateTableProcedure::new(task("cpu", 2), c.clone()), &c)
+        .await
+        .unwrap();
+    let before = kv.range(crate::kv::RangeRequest::prefix("")).await.unwrap();
+
+    let status = p.execute(&ctx()).await.unwrap();
+    let err = status.writes().unwrap().apply_alone().await.unwrap_err();
+    let name_key = TableName::new("greptime", "public", "cpu").key();
+    assert!(
+        matches!(&err, procedures::Error::StepConditionFailed { key, .. } if *key == name_key),
+        "{err}"
+    );
+    assert!(!err.is_retryable(), "{err}");
+    assert_eq!(
+        kv.range(crate::kv::RangeRequest::prefix("")).await.unwrap(),
+        before
+    );
 }

@@ -265,6 +265,24 @@ impl TableMetadataManager {
             self.check_replay(metadata, &table, &kvs, &current)?;
             return Ok(None);
         }
+        Ok(Some(self.absent_keys_writes(kvs, extra)))
+    }
+
+    /// The writes that create `metadata` without reading first, for a step that knows no earlier run of it wrote
+    /// anything (a create-table procedure made in this process, on its first run of the step): every key put, each
+    /// only if absent, plus `extra` ops. Keys already present make the commit refuse the writes, naming the first
+    /// such key ([`procedures::Error::StepConditionFailed`]); nothing is written then.
+    pub fn first_create_table_writes(
+        &self,
+        metadata: &TableMetadata,
+        extra: Vec<WriteOp>,
+    ) -> Result<StepWrites> {
+        let kvs = metadata.encode()?;
+        self.check_fits(&metadata.name.to_string(), &kvs)?;
+        Ok(self.absent_keys_writes(kvs, extra))
+    }
+
+    fn absent_keys_writes(&self, kvs: Vec<(String, Vec<u8>)>, extra: Vec<WriteOp>) -> StepWrites {
         let conditions = kvs
             .iter()
             .map(|(k, _)| Condition::Absent { key: k.clone() })
@@ -274,11 +292,7 @@ impl TableMetadataManager {
             .map(|(key, value)| WriteOp::Put { key, value })
             .collect();
         ops.extend(extra);
-        Ok(Some(StepWrites::new(
-            Arc::new(KvStepStore::new(self.kv.clone())),
-            conditions,
-            ops,
-        )))
+        StepWrites::new(Arc::new(KvStepStore::new(self.kv.clone())), conditions, ops)
     }
 
     /// Refuses a table id already used by another table's metadata: an error naming the key that holds it
