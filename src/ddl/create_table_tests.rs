@@ -38,6 +38,15 @@ fn context(
     }
 }
 
+/// A context on `kv` with datanodes in memory and a Kafka source that expects `allocations` batches.
+fn memory_context(kv: KvBackendRef, allocations: usize) -> DdlContext {
+    context(
+        kv,
+        Arc::new(kafka_source(allocations)),
+        Arc::new(MemoryDatanodeManager::new()),
+    )
+}
+
 fn kafka_source(times: usize) -> MockWalOptionsSource {
     let mut wal = MockWalOptionsSource::new();
     wal.expect_load_if_needed().returning(|| Ok(()));
@@ -77,11 +86,7 @@ async fn run_to_end(
 #[tokio::test]
 async fn prepare_refuses_a_bad_name_naming_it() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let c = context(
-        kv,
-        Arc::new(kafka_source(0)),
-        Arc::new(MemoryDatanodeManager::new()),
-    );
+    let c = memory_context(kv, 0);
     let mut p = CreateTableProcedure::new(task("bad.name", 1), c);
     let err = p.execute(&ctx()).await.unwrap_err();
     assert!(!err.is_retryable());
@@ -409,11 +414,7 @@ async fn an_unavailable_datanode_is_a_retryable_step_error() {
 #[tokio::test]
 async fn persist_succeeds_on_identical_replay_and_fails_for_another_table_of_the_same_name() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let c = context(
-        kv.clone(),
-        Arc::new(kafka_source(2)),
-        Arc::new(MemoryDatanodeManager::new()),
-    );
+    let c = memory_context(kv.clone(), 2);
     let mut p = at_create_regions(&c, task("cpu", 2)).await;
     p.execute(&ctx()).await.unwrap();
     let persisted = p.dump().unwrap();
@@ -732,14 +733,9 @@ async fn keys_read_per_step(mut p: CreateTableProcedure, kv: &ReadKeys) -> Vec<V
 }
 
 #[tokio::test]
-async fn a_first_run_skips_the_reads_that_look_for_an_earlier_runs_writes_and_a_rebuilt_one_does_not()
- {
+async fn a_first_run_skips_the_reads_for_an_earlier_runs_writes_and_a_rebuilt_one_does_not() {
     let kv = Arc::new(ReadKeys::default());
-    let c = context(
-        kv.clone(),
-        Arc::new(kafka_source(2)),
-        Arc::new(MemoryDatanodeManager::new()),
-    );
+    let c = memory_context(kv.clone(), 2);
     let reservation = crate::ddl::allocator::allocation_key("test");
 
     // Made in this process: Allocate does not look for an older release's reservation, and the last step writes
@@ -763,14 +759,9 @@ async fn a_first_run_skips_the_reads_that_look_for_an_earlier_runs_writes_and_a_
 }
 
 #[tokio::test]
-async fn a_first_run_whose_metadata_keys_were_taken_meanwhile_is_refused_by_the_commit_naming_the_key()
- {
+async fn a_first_run_whose_keys_were_taken_meanwhile_is_refused_by_the_commit_naming_the_key() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
-    let c = context(
-        kv.clone(),
-        Arc::new(kafka_source(2)),
-        Arc::new(MemoryDatanodeManager::new()),
-    );
+    let c = memory_context(kv.clone(), 2);
     // One procedure reaches its last step; meanwhile a writer outside its lock creates the same table.
     let mut p = at_create_regions(&c, task("cpu", 2)).await;
     p.execute(&ctx()).await.unwrap();
