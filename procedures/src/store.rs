@@ -90,12 +90,7 @@ pub trait StateStore: Send + Sync {
         after: Option<&str>,
         limit: usize,
     ) -> Result<Vec<(String, Vec<u8>)>> {
-        let all = self.scan(prefix).await?;
-        Ok(all
-            .into_iter()
-            .filter(|(k, _)| after.is_none_or(|after| k.as_str() > after))
-            .take(limit.max(1))
-            .collect())
+        Ok(page_of(self.scan(prefix).await?, after, limit))
     }
 
     /// Sets `key` to `value`.
@@ -135,4 +130,17 @@ pub trait StateStore: Send + Sync {
             retryable: false,
         })
     }
+}
+
+/// The page [`StateStore::scan_page`] returns by default: at most `limit` (at least 1) of `all` (one whole scan, in
+/// key order) after `after`.
+pub(crate) fn page_of(
+    all: Vec<(String, Vec<u8>)>,
+    after: Option<&str>,
+    limit: usize,
+) -> Vec<(String, Vec<u8>)> {
+    all.into_iter()
+        .filter(|(k, _)| after.is_none_or(|after| k.as_str() > after))
+        .take(limit.max(1))
+        .collect()
 }

@@ -12,6 +12,7 @@
 //! - [`CrashingStore`]: a [`StateStore`](crate::StateStore) wrapper (and
 //!   [`SideEffectHook`](crate::SideEffectHook)) carrying out a controller's plan.
 //! - [`state_store_suite`]: the behaviour every state store must have.
+//! - [`StateStoreWrapper`]: a test store that changes a few calls of another and forwards the rest.
 //!
 //! See `docs/crash-testing.md` in the repository for the semantics and how to write a scenario.
 
@@ -22,6 +23,7 @@ mod matrix;
 mod scenario;
 mod store_suite;
 mod tracked;
+mod wrapper;
 
 pub use crash::{
     CrashController, CrashPlan, CrashPoint, CrashRecord, CrashingStore, InjectedCrash,
@@ -31,3 +33,4 @@ pub use digest::{DigestEntry, RecordDigest, StoreDigest, store_digest};
 pub use matrix::{MatrixConfig, MatrixReport, Mismatch, RootResult, run_crash_matrix};
 pub use scenario::CrashScenario;
 pub use store_suite::state_store_suite;
+pub use wrapper::StateStoreWrapper;

@@ -1073,19 +1073,11 @@ struct LostAck {
 }
 
 #[async_trait::async_trait]
-impl StateStore for LostAck {
-    async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
-        self.inner.get(key).await
+impl procedures::testing::StateStoreWrapper for LostAck {
+    fn inner(&self) -> &dyn StateStore {
+        &self.inner
     }
-    async fn scan(&self, prefix: &str) -> procedures::Result<Vec<(String, Vec<u8>)>> {
-        self.inner.scan(prefix).await
-    }
-    async fn put(&self, key: &str, value: Vec<u8>) -> procedures::Result<()> {
-        self.inner.put(key, value).await
-    }
-    async fn delete(&self, keys: &[String]) -> procedures::Result<()> {
-        self.inner.delete(keys).await
-    }
+
     async fn write(
         &self,
         conditions: Vec<procedures::Condition>,

@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use procedures::testing::StateStoreWrapper;
 use tokio::sync::Semaphore;
 
 use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
 use procedures::control::{self, CONTROL_PREFIX, ControlOp};
-use procedures::store::{Condition, WriteOp, WriteOutcome};
 use procedures::{
     LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager, ProcedureState,
     Result, StateStore,
@@ -50,9 +50,9 @@ impl GatedScans {
 }
 
 #[async_trait]
-impl StateStore for GatedScans {
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.inner.get(key).await
+impl StateStoreWrapper for GatedScans {
+    fn inner(&self) -> &dyn StateStore {
+        &self.inner
     }
 
     async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
@@ -66,18 +66,6 @@ impl StateStore for GatedScans {
             }
         }
         Ok(read)
-    }
-
-    async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
-        self.inner.put(key, value).await
-    }
-
-    async fn delete(&self, keys: &[String]) -> Result<()> {
-        self.inner.delete(keys).await
-    }
-
-    async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome> {
-        self.inner.write(conditions, ops).await
     }
 }
 

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use procedures::record::{RECORD_PREFIX, now_ms};
+use procedures::testing::StateStoreWrapper;
 use procedures::{
-    Condition, LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
-    ProcedureRecord, ProcedureState, Result, StateStore, WriteOp, WriteOutcome,
+    LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager, ProcedureRecord,
+    ProcedureState, Result, StateStore,
 };
 
 use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
@@ -38,37 +39,16 @@ impl Reads {
 }
 
 #[async_trait]
-impl StateStore for Reads {
+impl StateStoreWrapper for Reads {
+    fn inner(&self) -> &dyn StateStore {
+        &self.inner
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
         if key.starts_with(RECORD_PREFIX) {
             self.record_gets.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.get(key).await
-    }
-
-    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        self.inner.scan(prefix).await
-    }
-
-    async fn scan_page(
-        &self,
-        prefix: &str,
-        after: Option<&str>,
-        limit: usize,
-    ) -> Result<Vec<(String, Vec<u8>)>> {
-        self.inner.scan_page(prefix, after, limit).await
-    }
-
-    async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
-        self.inner.put(key, value).await
-    }
-
-    async fn delete(&self, keys: &[String]) -> Result<()> {
-        self.inner.delete(keys).await
-    }
-
-    async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome> {
-        self.inner.write(conditions, ops).await
     }
 }
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use procedures::event::MAX_EVENT_TEXT;
 use procedures::record::{MAX_EVENTS, record_key};
+use procedures::testing::StateStoreWrapper;
 use procedures::{
     Condition, Context, Error, EventKind, LocalManager, LockKey, MemoryStateStore, Procedure,
     ProcedureId, ProcedureInfo, ProcedureManager, ProcedureRecord, ProcedureState, ProcedureWithId,
@@ -99,21 +100,9 @@ struct Recording {
 }
 
 #[async_trait]
-impl StateStore for Recording {
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.inner.get(key).await
-    }
-
-    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        self.inner.scan(prefix).await
-    }
-
-    async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
-        self.inner.put(key, value).await
-    }
-
-    async fn delete(&self, keys: &[String]) -> Result<()> {
-        self.inner.delete(keys).await
+impl StateStoreWrapper for Recording {
+    fn inner(&self) -> &dyn StateStore {
+        &self.inner
     }
 
     async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome> {

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use procedures::record::RECORD_PREFIX;
-use procedures::store::{Condition, StateStore, WriteOp, WriteOutcome};
+use procedures::store::StateStore;
+use procedures::testing::StateStoreWrapper;
 use procedures::{
     Error, LocalManager, MemoryStateStore, ProcedureId, ProcedureManager, ProcedureState, Result,
 };
@@ -24,9 +25,9 @@ impl SmallPages {
 }
 
 #[async_trait]
-impl StateStore for SmallPages {
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.inner.get(key).await
+impl StateStoreWrapper for SmallPages {
+    fn inner(&self) -> &dyn StateStore {
+        self.inner.as_ref()
     }
 
     async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
@@ -51,18 +52,6 @@ impl StateStore for SmallPages {
         self.inner
             .scan_page(prefix, after, limit.min(Self::PAGE))
             .await
-    }
-
-    async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
-        self.inner.put(key, value).await
-    }
-
-    async fn delete(&self, keys: &[String]) -> Result<()> {
-        self.inner.delete(keys).await
-    }
-
-    async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome> {
-        self.inner.write(conditions, ops).await
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use async_trait::async_trait;
 use procedures::record::record_key;
+use procedures::testing::StateStoreWrapper;
 use procedures::{
     Condition, Context, Error, EventKind, LocalManager, LockKey, MemoryStateStore, Procedure,
     ProcedureId, ProcedureManager, ProcedureRecord, ProcedureState, ProcedureWithId, Result,
@@ -37,22 +38,14 @@ impl LimitedStore {
 }
 
 #[async_trait]
-impl StateStore for LimitedStore {
-    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        self.inner.get(key).await
-    }
-
-    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        self.inner.scan(prefix).await
+impl StateStoreWrapper for LimitedStore {
+    fn inner(&self) -> &dyn StateStore {
+        &self.inner
     }
 
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
         self.refuse(key, &value)?;
         self.inner.put(key, value).await
-    }
-
-    async fn delete(&self, keys: &[String]) -> Result<()> {
-        self.inner.delete(keys).await
     }
 
     async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome> {
