@@ -21,7 +21,7 @@ use snafu::ResultExt;
 use crate::ddl::allocator::{TableAllocation, allocation_key};
 use crate::ddl::context::DdlContext;
 use crate::ddl::datanode_manager::RegionCreateRequest;
-use crate::ddl::metadata_manager::TableMetadata;
+use crate::ddl::metadata_manager::{EncodedMetadata, TableMetadata};
 use crate::ddl::region::{region_dir, region_id, region_storage_path};
 use crate::ddl::task::CreateTableTask;
 use crate::error::{CreateTableStateSnafu, Result, TableAlreadyExistsSnafu};
@@ -67,6 +67,9 @@ pub struct CreateTableProcedure {
     /// (a reservation of an older release, metadata written alone). The engine rebuilds a procedure from its
     /// record after a refused step write, and recovery always does, so every replay reads.
     first_run: bool,
+    /// The metadata Allocate encoded and checked, kept for the last step of a first run (not persisted: it
+    /// follows from the task and the allocation, which do not change after Allocate).
+    encoded: Option<EncodedMetadata>,
 }
 
 /// The procedure's output: `{"table_id":N}`.
@@ -110,6 +113,7 @@ impl CreateTableProcedure {
                 allocation: None,
             },
             first_run: true,
+            encoded: None,
         }
     }
 
@@ -120,6 +124,7 @@ impl CreateTableProcedure {
             context,
             data,
             first_run: false,
+            encoded: None,
         })
     }
 
@@ -187,8 +192,9 @@ impl CreateTableProcedure {
             (None, None) => self.context.allocator.allocate(&self.data.task).await?,
         };
         let metadata = TableMetadata::new(&self.data.task, &allocation);
-        self.context.metadata.check_metadata_fits(&metadata)?;
-        self.context.metadata.check_table_id_free(&metadata).await?;
+        let encoded = self.context.metadata.encode_checked(&metadata)?;
+        self.context.metadata.check_table_id_free(&encoded).await?;
+        self.encoded = Some(encoded);
         self.data.allocation = Some(allocation);
         self.data.state = CreateTableState::CreateRegions;
         if legacy.is_none() {
@@ -231,15 +237,20 @@ impl CreateTableProcedure {
     /// conditions alone keep another table's keys safe, and refuse the writes naming the first key present.
     async fn on_persist_metadata(&mut self, ctx: &Context) -> Result<Status> {
         let allocation = self.allocation()?;
-        let metadata = TableMetadata::new(&self.data.task, &allocation);
         let output = Some(table_id_output(allocation.table_id));
+        let metadata = || TableMetadata::new(&self.data.task, &allocation);
         if self.first_run {
+            let encoded = match self.encoded.take() {
+                Some(encoded) => encoded,
+                None => self.context.metadata.encode_checked(&metadata())?,
+            };
             let writes = self
                 .context
                 .metadata
-                .first_create_table_writes(&metadata, Vec::new())?;
+                .first_create_table_writes(encoded, Vec::new());
             return Ok(Status::done_with(output, writes));
         }
+        let metadata = metadata();
         let legacy = WriteOp::Delete {
             key: allocation_key(ctx.procedure_id().as_str()),
         };

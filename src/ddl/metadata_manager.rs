@@ -24,6 +24,15 @@ use procedures::{Condition, StepWrites, WriteOp};
 /// Operations the procedure engine adds to the metadata transaction of a create-table (see `check_fits`).
 const COMMIT_OVERHEAD_OPS: usize = 4;
 
+/// A table's metadata encoded ([`TableMetadata::encode`]) and checked to fit one transaction of the backend
+/// ([`TableMetadataManager::encode_checked`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EncodedMetadata {
+    table: String,
+    table_id: u32,
+    kvs: Vec<(String, Vec<u8>)>,
+}
+
 /// Every value a new table's metadata consists of.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TableMetadata {
@@ -268,18 +277,16 @@ impl TableMetadataManager {
         Ok(Some(self.absent_keys_writes(kvs, extra)))
     }
 
-    /// The writes that create `metadata` without reading first, for a step that knows no earlier run of it wrote
+    /// The writes that create the `encoded` metadata without reading first, for a step that knows no earlier run of it wrote
     /// anything (a create-table procedure made in this process, on its first run of the step): every key put, each
     /// only if absent, plus `extra` ops. Keys already present make the commit refuse the writes, naming the first
     /// such key ([`procedures::Error::StepConditionFailed`]); nothing is written then.
     pub fn first_create_table_writes(
         &self,
-        metadata: &TableMetadata,
+        encoded: EncodedMetadata,
         extra: Vec<WriteOp>,
-    ) -> Result<StepWrites> {
-        let kvs = metadata.encode()?;
-        self.check_fits(&metadata.name.to_string(), &kvs)?;
-        Ok(self.absent_keys_writes(kvs, extra))
+    ) -> StepWrites {
+        self.absent_keys_writes(encoded.kvs, extra)
     }
 
     fn absent_keys_writes(&self, kvs: Vec<(String, Vec<u8>)>, extra: Vec<WriteOp>) -> StepWrites {
@@ -301,35 +308,49 @@ impl TableMetadataManager {
     ///
     /// Keys that already hold exactly this table's values (its own metadata, written by an earlier run of the same
     /// procedure) are not a clash.
-    pub async fn check_table_id_free(&self, metadata: &TableMetadata) -> Result<()> {
-        let table = metadata.name.to_string();
-        let id = metadata.table_id();
-        let mine = [
-            encode_kv(table_info_key(id), &metadata.info)?,
-            encode_kv(table_route_key(id), &metadata.route)?,
+    pub async fn check_table_id_free(&self, encoded: &EncodedMetadata) -> Result<()> {
+        let id_keys = [
+            table_info_key(encoded.table_id),
+            table_route_key(encoded.table_id),
         ];
+        let mine: Vec<&(String, Vec<u8>)> = encoded
+            .kvs
+            .iter()
+            .filter(|(key, _)| id_keys.contains(key))
+            .collect();
         // One read for both keys: on etcd each read waits for the writes before it to apply.
         let keys: Vec<Vec<u8>> = mine
             .iter()
-            .map(|(key, _)| key.clone().into_bytes())
+            .map(|(key, _)| key.as_bytes().to_vec())
             .collect();
         let found = self.kv.batch_get(&keys).await?;
         for (key, want) in mine {
             if let Some(have) = found.iter().find(|kv| kv.key == key.as_bytes()) {
                 ensure!(
-                    same_json(&have.value, &want),
-                    TableMetadataConflictSnafu { table: &table, key }
+                    same_json(&have.value, want),
+                    TableMetadataConflictSnafu {
+                        table: &encoded.table,
+                        key: key.clone(),
+                    }
                 );
             }
         }
         Ok(())
     }
 
-    /// Refuses, before anything is written anywhere, a table whose metadata transaction the backend would refuse
-    /// (over `max_txn_ops` or `max_request_bytes`): the create-table procedure checks this before it creates any
-    /// region, so such a table fails without leaving regions nobody records.
-    pub fn check_metadata_fits(&self, metadata: &TableMetadata) -> Result<()> {
-        self.check_fits(&metadata.name.to_string(), &metadata.encode()?)
+    /// `metadata` encoded, once it is known to fit one transaction: refuses, before anything is written anywhere, a
+    /// table whose metadata transaction the backend would refuse (over `max_txn_ops` or `max_request_bytes`). The
+    /// create-table procedure checks this before it creates any region, so such a table fails without leaving
+    /// regions nobody records, and keeps what it encoded for its last step.
+    pub fn encode_checked(&self, metadata: &TableMetadata) -> Result<EncodedMetadata> {
+        let table = metadata.name.to_string();
+        let kvs = metadata.encode()?;
+        self.check_fits(&table, &kvs)?;
+        Ok(EncodedMetadata {
+            table,
+            table_id: metadata.table_id(),
+            kvs,
+        })
     }
 
     fn check_fits(&self, table: &str, kvs: &[(String, Vec<u8>)]) -> Result<()> {
