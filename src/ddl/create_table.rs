@@ -194,7 +194,9 @@ impl CreateTableProcedure {
         let metadata = TableMetadata::new(&self.data.task, &allocation);
         let encoded = self.context.metadata.encode_checked(&metadata)?;
         self.context.metadata.check_table_id_free(&encoded).await?;
-        self.encoded = Some(encoded);
+        if self.first_run {
+            self.encoded = Some(encoded);
+        }
         self.data.allocation = Some(allocation);
         self.data.state = CreateTableState::CreateRegions;
         if legacy.is_none() {

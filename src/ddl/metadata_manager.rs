@@ -277,10 +277,10 @@ impl TableMetadataManager {
         Ok(Some(self.absent_keys_writes(kvs, extra)))
     }
 
-    /// The writes that create the `encoded` metadata without reading first, for a step that knows no earlier run of it wrote
-    /// anything (a create-table procedure made in this process, on its first run of the step): every key put, each
-    /// only if absent, plus `extra` ops. Keys already present make the commit refuse the writes, naming the first
-    /// such key ([`procedures::Error::StepConditionFailed`]); nothing is written then.
+    /// The writes that create the `encoded` metadata without reading first, for a step that knows no earlier run
+    /// of it wrote anything (a create-table procedure made in this process, on its first run of the step): every
+    /// key put, each only if absent, plus `extra` ops. Keys already present make the commit refuse the writes,
+    /// naming the first such key ([`procedures::Error::StepConditionFailed`]); nothing is written then.
     pub fn first_create_table_writes(
         &self,
         encoded: EncodedMetadata,
