@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::{Semaphore, oneshot, watch};
-use tokio::task::{AbortHandle, JoinSet};
+use tokio::task::JoinSet;
 
 use crate::config::{ManagerConfig, RetryPolicy};
 use crate::control::{ControlOp, ControlRequests};
@@ -84,8 +84,6 @@ pub(crate) struct Entry {
     pub(crate) root: ProcedureId,
     /// The record could not be recovered: shown as failed, but its record is left as it is in the store.
     pub(crate) unrecoverable: bool,
-    /// The runner task, while there is one.
-    pub(crate) task: Option<AbortHandle>,
 }
 
 impl Entry {
@@ -97,7 +95,6 @@ impl Entry {
             tx: Some(tx),
             root,
             unrecoverable: false,
-            task: None,
         }
     }
 
@@ -155,13 +152,11 @@ pub(crate) struct State {
 
 impl State {
     /// Spawns a task of this manager, reaping the ones already finished (the set would grow without bound in a
-    /// long-lived manager otherwise).
-    pub(crate) fn spawn(
-        &mut self,
-        task: impl std::future::Future<Output = ()> + Send + 'static,
-    ) -> AbortHandle {
+    /// long-lived manager otherwise). The set holds the only handle to a task: a finished task's memory goes when
+    /// it is reaped, not when its procedure is forgotten.
+    pub(crate) fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
         while self.tasks.try_join_next().is_some() {}
-        self.tasks.spawn(task)
+        self.tasks.spawn(task);
     }
 }
 
@@ -300,9 +295,6 @@ impl Inner {
         self.admission().close();
         state.tasks.abort_all();
         for entry in state.procedures.values_mut() {
-            if let Some(task) = entry.task.take() {
-                task.abort();
-            }
             if !entry.info.state.is_finished() {
                 let mut info = entry.info_copy();
                 // `retrying` is never persisted: the last persisted state of a retrying procedure is `running`.
@@ -1252,8 +1244,7 @@ impl Inner {
         resume: Resume,
         recovered: bool,
     ) {
-        let id = record.id.clone();
-        let Some(entry) = state.procedures.get_mut(&id) else {
+        let Some(entry) = state.procedures.get(&record.id) else {
             return;
         };
         let runner = Runner::new(
@@ -1264,10 +1255,7 @@ impl Inner {
             procedure,
             recovered,
         );
-        let task = state.spawn(runner.run(resume));
-        if let Some(entry) = state.procedures.get_mut(&id) {
-            entry.task = Some(task);
-        }
+        state.spawn(runner.run(resume));
     }
 }
 
