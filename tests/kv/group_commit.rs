@@ -507,11 +507,20 @@ async fn fenced_in_the_middle_of_a_batch_the_whole_batch_is_refused_and_the_mana
         .to_string();
     assert!(err.contains("fenced by epoch"), "{err}");
     // The four queued submissions were refused in one transaction (plus the held one's): the epoch once a batch.
-    let batch: Vec<Txn> = gate
-        .txns()
-        .into_iter()
-        .filter(|t| t.success.len() == 4)
-        .collect();
+    // The halted manager may answer its submitters before the store's commit task has sent that batch (the
+    // submitters learn of the halt, not of the refusal), so the batch is waited for, not assumed sent.
+    let batch_of_four = |txns: Vec<Txn>| -> Vec<Txn> {
+        txns.into_iter().filter(|t| t.success.len() == 4).collect()
+    };
+    tokio::time::timeout(WAIT, async {
+        while batch_of_four(gate.txns()).is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the queued batch is sent: {:#?}", gate.txns()));
+    assert_eq!(store.queued_writes(), 0, "nothing is left queued");
+    let batch = batch_of_four(gate.txns());
     assert_eq!(batch.len(), 1, "{:#?}", gate.txns());
     assert_eq!(epoch_compares(&batch[0]), 1);
 }
