@@ -1247,14 +1247,14 @@ impl Inner {
         let Some(entry) = state.procedures.get(&record.id) else {
             return;
         };
-        let runner = Runner::new(
+        let runner = Box::new(Runner::new(
             Arc::clone(self),
             epoch,
             entry.root.clone(),
             record,
             procedure,
             recovered,
-        );
+        ));
         state.spawn(runner.run(resume));
     }
 }

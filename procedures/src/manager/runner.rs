@@ -288,7 +288,7 @@ impl Runner {
     /// Runs the procedure until it is done, failed, or stopped. A panic in the procedure stops it like a write that
     /// fails for good (no further write, its watchers resolve, its locks and slot are released): without this the
     /// task would end silently and leave its watchers and its parent waiting forever.
-    pub(crate) async fn run(self, resume: Resume) {
+    pub(crate) async fn run(self: Box<Self>, resume: Resume) {
         let inner = Arc::clone(&self.inner);
         let id = self.record.id.clone();
         let Err(panic) = AssertUnwindSafe(self.run_to_end(resume))
@@ -333,7 +333,7 @@ impl Runner {
         }
     }
 
-    async fn run_to_end(mut self, resume: Resume) {
+    async fn run_to_end(mut self: Box<Self>, resume: Resume) {
         if let Some(epoch) = self.recovered_by {
             self.event(EventKind::Recovered { epoch });
             self.publish(self.record.state, self.record.error.clone());
@@ -368,7 +368,7 @@ impl Runner {
                         // Nothing of it ran (or it cannot undo anything): it ends cancelled without its keys. Dropping
                         // the request leaves the lock queues.
                         drop(acquire);
-                        let _ = self.cancel_run(true).await;
+                        let _ = Box::pin(self.cancel_run(true)).await;
                         return;
                     }
                 };
@@ -385,7 +385,7 @@ impl Runner {
             Ok(guard) => guard,
             Err(e) => {
                 // Its locks would deadlock with its own tree: it fails without a step (its parent then fails).
-                let _ = self.fail(e).await;
+                let _ = Box::pin(self.fail(e)).await;
                 return;
             }
         };
@@ -396,7 +396,7 @@ impl Runner {
             Resume::Execute => self.execute_loop(permit).await,
             Resume::RollBack(cause) => {
                 let _permit = permit;
-                self.roll_back_and_fail(cause).await
+                Box::pin(self.roll_back_and_fail(cause)).await
             }
         };
     }
@@ -408,11 +408,12 @@ impl Runner {
         let deadline = self.procedure.timeout().map(|t| (Instant::now() + t, t));
         if !self.record.waiting_for.is_empty() {
             // Recovered after persisting a suspension: the children its record names finish before its next step.
-            let watchers = self.recorded_children().await?;
-            let (slot, failed) = self.wait_children_without_slot(permit, watchers).await?;
+            let watchers = Box::pin(self.recorded_children()).await?;
+            let (slot, failed) =
+                Box::pin(self.wait_children_without_slot(permit, watchers)).await?;
             permit = slot;
             if let Some(error) = failed {
-                return self.fail(error).await;
+                return Box::pin(self.fail(error)).await;
             }
         }
         let mut retry = backoff(&self.inner.config.step_retry);
@@ -424,7 +425,7 @@ impl Runner {
                 Boundary::Run(permit) => permit,
                 Boundary::Cancel(permit) => {
                     let _permit = permit;
-                    return self.cancel_run(false).await;
+                    return Box::pin(self.cancel_run(false)).await;
                 }
             };
             let step = self.procedure.step_name();
@@ -516,17 +517,18 @@ impl Runner {
                     });
                     self.publish(self.record.state, None);
                     if let Err(e) = self.check_children_locks(&subprocedures) {
-                        return self.fail(e).await;
+                        return Box::pin(self.fail(e)).await;
                     }
                     let watchers = if persist {
-                        self.persist_suspension(subprocedures).await?
+                        Box::pin(self.persist_suspension(subprocedures)).await?
                     } else {
-                        self.start_children(subprocedures).await?
+                        Box::pin(self.start_children(subprocedures)).await?
                     };
-                    let (slot, failed) = self.wait_children_without_slot(permit, watchers).await?;
+                    let (slot, failed) =
+                        Box::pin(self.wait_children_without_slot(permit, watchers)).await?;
                     permit = slot;
                     if let Some(error) = failed {
-                        return self.fail(error).await;
+                        return Box::pin(self.fail(error)).await;
                     }
                 }
                 Ok(Status::Done { output, .. }) => {
@@ -563,10 +565,10 @@ impl Runner {
                         let cause = format!(
                             "{e} (gave up after {attempt} attempt(s): the step's retries ran out)"
                         );
-                        return self.fail_with(cause).await;
+                        return Box::pin(self.fail_with(cause)).await;
                     }
                 },
-                Err(e) => return self.fail(e).await,
+                Err(e) => return Box::pin(self.fail(e)).await,
             }
         }
     }
@@ -978,19 +980,19 @@ impl Runner {
                 let permit = take_slot(self.inner.admission(), slot).await?;
                 if self.record.state == ProcedureState::Paused {
                     tracing::info!(id = %self.id(), "procedure resumed");
-                    self.persist(
+                    Box::pin(self.persist(
                         ProcedureState::Running,
                         None,
                         None,
                         Some(EventKind::Resumed),
-                    )
+                    ))
                     .await?;
                 }
                 return Ok(Boundary::Run(permit));
             }
             if self.record.state != ProcedureState::Paused {
                 tracing::info!(id = %self.id(), "procedure paused");
-                self.persist(ProcedureState::Paused, None, None, Some(EventKind::Paused))
+                Box::pin(self.persist(ProcedureState::Paused, None, None, Some(EventKind::Paused)))
                     .await?;
             }
             slot = None;
@@ -1296,7 +1298,7 @@ impl Runner {
             };
             return match applied {
                 Ok(()) => {
-                    self.persist(state, output, None, event).await?;
+                    Box::pin(self.persist(state, output, None, event)).await?;
                     Ok(Ok(()))
                 }
                 Err(e) if e.is_fatal() => {
@@ -1335,7 +1337,7 @@ impl Runner {
                 // A write retried after its answer was lost finds its own step writes applied: the record it wrote
                 // is there, byte for byte (it carries its own timestamp).
                 let key = record_key(&record.id);
-                let stored = self.inner.read(|| self.inner.store.get(&key)).await;
+                let stored = Box::pin(self.inner.read(|| self.inner.store.get(&key))).await;
                 if matches!(&stored, Ok(Some(bytes)) if *bytes == value) {
                     self.written_history(tail);
                     self.record = record;
@@ -1395,5 +1397,55 @@ impl Runner {
         self.inner
             .with_entry(&self.record.id, |entry| entry.close(info));
         self.inner.stalled_total.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use async_trait::async_trait;
+
+    use super::*;
+    use crate::{LockKey, ManagerConfig, MemoryStateStore, Procedure};
+
+    struct Nothing;
+
+    #[async_trait]
+    impl Procedure for Nothing {
+        fn type_name(&self) -> &str {
+            "nothing"
+        }
+
+        async fn execute(&mut self, _ctx: &Context) -> crate::Result<Status> {
+            Ok(Status::done())
+        }
+
+        fn dump(&self) -> crate::Result<serde_json::Value> {
+            Ok(serde_json::Value::Null)
+        }
+
+        fn lock_key(&self) -> LockKey {
+            LockKey::none()
+        }
+    }
+
+    /// Every procedure's task holds its runner's future, allocated (and copied into place) at each submission. The
+    /// paths a procedure rarely takes (failure, cancel, rollback, pause, children) are boxed when taken, so they do
+    /// not set the size of every task: the bound is the run of steps and records.
+    #[test]
+    fn a_runner_task_holds_under_3_kib() {
+        let inner = Inner::new(
+            Arc::new(MemoryStateStore::new()),
+            ManagerConfig::default(),
+            None,
+        );
+        let id = ProcedureId::new("p");
+        let new =
+            NewProcedure::new(ProcedureWithId::new(id.clone(), Box::new(Nothing)), None).unwrap();
+        let runner = Box::new(Runner::new(inner, 1, id, new.record, new.procedure, false));
+        let size = std::mem::size_of_val(&runner.run(Resume::Execute));
+        assert!(
+            size < 3 * 1024,
+            "a runner's future is {size} bytes: box the await of a path most procedures never take"
+        );
     }
 }
