@@ -105,14 +105,23 @@ impl Entry {
 
     /// [`Entry::publish`] of information the caller wrapped before it took the manager's state lock: the entry
     /// and the watchers share it. Returns what it replaced, for the caller to drop after the lock.
+    ///
+    /// The watchers read the new information at once, but only a finished state wakes them: a watcher waits for
+    /// the end ([`Watcher::wait`]) or reads the latest ([`Watcher::info`]), so waking its task at every step
+    /// would be a thread wake-up for nothing. (A closed channel wakes them too: see [`Entry::close`].)
     pub(crate) fn publish_shared(
         &mut self,
         info: Arc<ProcedureInfo>,
     ) -> (Arc<ProcedureInfo>, Option<Arc<ProcedureInfo>>) {
-        let sent = self
-            .tx
-            .as_ref()
-            .map(|tx| tx.send_replace(Arc::clone(&info)));
+        let finished = info.state.is_finished();
+        let sent = self.tx.as_ref().and_then(|tx| {
+            let mut replaced = None;
+            tx.send_if_modified(|shown| {
+                replaced = Some(std::mem::replace(shown, Arc::clone(&info)));
+                finished
+            });
+            replaced
+        });
         (std::mem::replace(&mut self.info, info), sent)
     }
 

@@ -7,6 +7,7 @@
 //! deterministic rather than a race with the machine's load. Without the paused clock these tests would be slow and
 //! their orderings could flake.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -70,6 +71,60 @@ async fn output_comes_back_through_the_watcher() {
     let listed = m.list_procedures().await.unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].state, ProcedureState::Done);
+}
+
+/// Counts the wake-ups of the task it is the waker of.
+struct Wakes(std::sync::atomic::AtomicUsize);
+
+impl futures::task::ArcWake for Wakes {
+    fn wake_by_ref(arc_self: &Arc<Self>) {
+        arc_self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// A watcher waits for the end: the steps before it publish what they do (a reader sees it at once) but do not wake
+/// the waiting task, which would be a thread wake-up per step for nothing; the end wakes it.
+#[tokio::test]
+async fn a_watcher_is_woken_when_its_procedure_finishes_not_at_every_step() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(false);
+    let m = manager(&store, fast_config(), &env).await;
+    let plan = Plan {
+        block_at: Some(2),
+        ..Plan::steps(3, true)
+    };
+    let watcher = m.submit(env.with_id("p", plan)).await.unwrap();
+    let wakes = Arc::new(Wakes(std::sync::atomic::AtomicUsize::new(0)));
+    let waker = futures::task::waker(Arc::clone(&wakes));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut reader = watcher.clone();
+    let mut wait = Box::pin(async move { reader.wait().await });
+    assert!(wait.as_mut().poll(&mut cx).is_pending());
+    // Two persisted steps and a third started (blocked at the gate): five publications.
+    until_step(&m, "p", 2).await;
+    within(async {
+        while env.running.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    let shown = watcher.info();
+    assert_eq!((shown.state, shown.step), (ProcedureState::Running, 2));
+    assert_eq!(shown.attempt, 1, "the watcher reads the third step's start");
+    assert_eq!(wakes.0.load(Ordering::SeqCst), 0, "woken before the end");
+    env.gate.add_permits(1);
+    within(async {
+        while wakes.0.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    match wait.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => {
+            assert_eq!(output.unwrap(), Some(serde_json::json!({ "steps": 3 })))
+        }
+        std::task::Poll::Pending => panic!("woken, but the procedure is not done"),
+    }
 }
 
 #[tokio::test(start_paused = true)]
