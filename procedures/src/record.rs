@@ -145,43 +145,35 @@ impl ProcedureRecord {
     }
 }
 
-/// The JSON array of a history whose events are already encoded one by one (`None` for an empty history, which a
-/// record leaves out).
-pub(crate) fn history_json(events: &[&str]) -> Option<String> {
-    if events.is_empty() {
-        return None;
-    }
-    let mut json = String::with_capacity(events.iter().map(|e| e.len() + 1).sum::<usize>() + 1);
-    json.push('[');
-    for (i, event) in events.iter().enumerate() {
-        if i > 0 {
-            json.push(',');
-        }
-        json.push_str(event);
-    }
-    json.push(']');
-    Some(json)
-}
-
-/// The bytes of `record` (whose `events` are empty) with `history` (from [`history_json`]) as its events: exactly
-/// what `serde_json::to_vec` writes for the record holding those events, since `events` is its last field and left
-/// out when empty. A runner thus serialises each event once, not its whole history at every write.
+/// The bytes of `record` (whose `events` are empty) with `history` (each event's JSON, oldest first) as its
+/// events: exactly what `serde_json::to_vec` writes for the record holding those events, since `events` is its last
+/// field and left out when empty. A runner thus serialises each event once, not its whole history at every write.
+/// `size_hint` is the expected length of the record's bytes without the history (the previous record's, say): the
+/// bytes are written into one buffer of about that size plus the history's, not grown as they are written (a
+/// buffer a store keeps as it is). Returns the bytes and the length of the record without its history, the hint
+/// for the next one.
 pub(crate) fn encode_with_history(
     record: &ProcedureRecord,
-    history: Option<&str>,
-) -> serde_json::Result<Vec<u8>> {
+    history: &[&str],
+    size_hint: usize,
+) -> serde_json::Result<(Vec<u8>, usize)> {
     debug_assert!(record.events.is_empty());
-    let mut bytes = serde_json::to_vec(record)?;
-    if let Some(history) = history
-        && bytes.last() == Some(&b'}')
-    {
+    let history_len: usize = history.iter().map(|e| e.len() + 1).sum();
+    let mut bytes = Vec::with_capacity(size_hint.max(192) + 64 + history_len + 12);
+    serde_json::to_writer(&mut bytes, record)?;
+    let body_len = bytes.len();
+    if !history.is_empty() && bytes.last() == Some(&b'}') {
         bytes.pop();
-        bytes.reserve(history.len() + 12);
-        bytes.extend_from_slice(br#","events":"#);
-        bytes.extend_from_slice(history.as_bytes());
-        bytes.push(b'}');
+        bytes.extend_from_slice(br#","events":["#);
+        for (i, event) in history.iter().enumerate() {
+            if i > 0 {
+                bytes.push(b',');
+            }
+            bytes.extend_from_slice(event.as_bytes());
+        }
+        bytes.extend_from_slice(b"]}");
     }
-    Ok(bytes)
+    Ok((bytes, body_len))
 }
 
 /// How many events a procedure keeps (in memory and in its record); older ones are dropped.
@@ -363,8 +355,11 @@ mod tests {
                 .map(|e| serde_json::to_string(e).unwrap())
                 .collect();
             let refs: Vec<&str> = encoded.iter().map(String::as_str).collect();
-            let spliced =
-                encode_with_history(&record(Vec::new()), history_json(&refs).as_deref()).unwrap();
+            let (spliced, body_len) = encode_with_history(&record(Vec::new()), &refs, 0).unwrap();
+            assert_eq!(
+                body_len,
+                serde_json::to_vec(&record(Vec::new())).unwrap().len()
+            );
             assert_eq!(
                 String::from_utf8(spliced).unwrap(),
                 serde_json::to_string(&full).unwrap(),

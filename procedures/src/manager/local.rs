@@ -1327,7 +1327,9 @@ impl NewProcedure {
             events,
         };
         record.format_version = record.required_format_version();
-        let value = serde_json::to_vec(&record).map_err(|source| Error::Serialize {
+        // Sized for a typical first record, so it is not grown (and copied) as it is written.
+        let mut value = Vec::with_capacity(512);
+        serde_json::to_writer(&mut value, &record).map_err(|source| Error::Serialize {
             id,
             what: "record",
             source,

@@ -99,6 +99,8 @@ struct Live {
     last_error: Option<String>,
     next_retry_at_ms: Option<u64>,
     step_started_at_ms: Option<u64>,
+    /// The length of the last record written without its history: the size of the next one's buffer.
+    record_body_len: usize,
 }
 
 /// What the history of a record [`Runner::next_record`] made adds to the live one it encoded (the oldest beyond
@@ -1119,45 +1121,6 @@ impl Runner {
             }
         };
         let now = now_ms();
-        // The history's JSON: the live events' (encoded once each, here or at an earlier write), then the event this
-        // write adds, the oldest dropped beyond the bound.
-        let (events, events_json, tail) = {
-            let mut live = self.live();
-            let live = &mut *live;
-            while live.encoded.len() < live.events.len() {
-                match serde_json::to_string(&live.events[live.encoded.len()]) {
-                    Ok(json) => live.encoded.push(json),
-                    Err(source) => return Err(self.unserialisable(source)),
-                }
-            }
-            let added = match event {
-                Some(kind) => {
-                    let event = ProcedureEvent { at_ms: now, kind };
-                    match serde_json::to_string(&event) {
-                        Ok(json) => Some((event, json)),
-                        Err(source) => return Err(self.unserialisable(source)),
-                    }
-                }
-                None => None,
-            };
-            let total = live.events.len() + usize::from(added.is_some());
-            let dropped = total.saturating_sub(MAX_EVENTS);
-            let mut json = Vec::with_capacity(total - dropped);
-            json.extend(live.encoded[dropped..].iter().map(String::as_str));
-            json.extend(added.as_ref().map(|(_, json)| json.as_str()));
-            let events_json = crate::record::history_json(&json);
-            // The full history is only needed to check the encoding (debug builds).
-            let events = if cfg!(debug_assertions) {
-                let mut events = live.events.clone();
-                events.extend(added.as_ref().map(|(event, _)| event.clone()));
-                let extra = events.len().saturating_sub(MAX_EVENTS);
-                events.drain(..extra);
-                events
-            } else {
-                Vec::new()
-            };
-            (events, events_json, HistoryTail { added })
-        };
         let mut record = ProcedureRecord {
             format_version: RECORD_FORMAT_VERSION,
             type_name: self.record.type_name.clone(),
@@ -1176,8 +1139,11 @@ impl Runner {
             events: Vec::new(),
         };
         record.format_version = record.required_format_version();
-        let value = match crate::record::encode_with_history(&record, events_json.as_deref()) {
-            Ok(value) => value,
+        // Encoded under the live lock (the history's JSON is borrowed from it), the error handled after it: stopping
+        // takes that lock too.
+        let encoded = encode_next(&mut self.live(), &record, event, now);
+        let (value, tail, events) = match encoded {
+            Ok(encoded) => encoded,
             Err(source) => return Err(self.unserialisable(source)),
         };
         if cfg!(debug_assertions) {
@@ -1398,6 +1364,47 @@ impl Runner {
             .with_entry(&self.record.id, |entry| entry.close(info));
         self.inner.stalled_total.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// The bytes of `record` with its history: the live events' JSON (encoded once each, here or at an earlier write),
+/// then the event this write adds (`event`, at `now`), the oldest dropped beyond [`MAX_EVENTS`]. Returns the bytes,
+/// the history they add to the live one, and (debug builds only, to check the encoding) the full history.
+fn encode_next(
+    live: &mut Live,
+    record: &ProcedureRecord,
+    event: Option<EventKind>,
+    now: u64,
+) -> serde_json::Result<(Vec<u8>, HistoryTail, Vec<ProcedureEvent>)> {
+    while live.encoded.len() < live.events.len() {
+        let json = serde_json::to_string(&live.events[live.encoded.len()])?;
+        live.encoded.push(json);
+    }
+    let added = match event {
+        Some(kind) => {
+            let event = ProcedureEvent { at_ms: now, kind };
+            let json = serde_json::to_string(&event)?;
+            Some((event, json))
+        }
+        None => None,
+    };
+    let total = live.events.len() + usize::from(added.is_some());
+    let dropped = total.saturating_sub(MAX_EVENTS);
+    let mut json = Vec::with_capacity(total - dropped);
+    json.extend(live.encoded[dropped..].iter().map(String::as_str));
+    json.extend(added.as_ref().map(|(_, json)| json.as_str()));
+    let (value, body_len) =
+        crate::record::encode_with_history(record, &json, live.record_body_len)?;
+    live.record_body_len = body_len;
+    let events = if cfg!(debug_assertions) {
+        let mut events = live.events.clone();
+        events.extend(added.as_ref().map(|(event, _)| event.clone()));
+        let extra = events.len().saturating_sub(MAX_EVENTS);
+        events.drain(..extra);
+        events
+    } else {
+        Vec::new()
+    };
+    Ok((value, HistoryTail { added }, events))
 }
 
 #[cfg(test)]
