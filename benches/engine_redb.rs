@@ -11,12 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use procedures::{
-    Context, LocalManager, LockKey, ManagerConfig, Procedure, ProcedureId, ProcedureManager,
-    ProcedureWithId, Result, Status,
-};
+use procedures::testing::Steps;
+use procedures::{LocalManager, ManagerConfig, ProcedureId, ProcedureManager, ProcedureWithId};
 use redb::{Database, TableDefinition};
 use remote_wal::kv::redb::RedbKvBackend;
 use remote_wal::kv::state_store::KvStateStore;
@@ -24,35 +21,6 @@ use remote_wal::kv::{CountingKvBackend, KvBackendRef};
 
 /// Procedures in flight at once in the engine cases.
 const IN_FLIGHT: u64 = 64;
-
-/// Runs `steps` steps, each persisted, then finishes.
-struct Steps {
-    steps: u32,
-    at: u32,
-}
-
-#[async_trait]
-impl Procedure for Steps {
-    fn type_name(&self) -> &str {
-        "bench_steps"
-    }
-
-    async fn execute(&mut self, _ctx: &Context) -> Result<Status> {
-        if self.at < self.steps {
-            self.at += 1;
-            return Ok(Status::executing(true));
-        }
-        Ok(Status::done())
-    }
-
-    fn dump(&self) -> Result<serde_json::Value> {
-        Ok(serde_json::json!({ "steps": self.steps, "at": self.at }))
-    }
-
-    fn lock_key(&self) -> LockKey {
-        LockKey::none()
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -117,7 +85,7 @@ fn bench_engine_on_redb(c: &mut Criterion) {
                                 "p{}",
                                 next_id.fetch_add(1, Ordering::Relaxed)
                             ));
-                            let procedure = Box::new(Steps { steps, at: 0 });
+                            let procedure = Box::new(Steps::new(steps, true));
                             let manager = &manager;
                             async move {
                                 let mut watcher = manager

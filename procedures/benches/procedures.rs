@@ -5,42 +5,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use procedures::testing::Steps;
 use procedures::{
-    Context, LocalManager, LockKey, ManagerConfig, MemoryStateStore, Procedure, ProcedureId,
-    ProcedureManager, ProcedureWithId, Result, Status,
+    LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager, ProcedureWithId,
 };
-
-/// Runs `steps` steps, each asking to be persisted or not, then finishes.
-struct Steps {
-    steps: u32,
-    at: u32,
-    persist: bool,
-}
-
-#[async_trait]
-impl Procedure for Steps {
-    fn type_name(&self) -> &str {
-        "bench_steps"
-    }
-
-    async fn execute(&mut self, _ctx: &Context) -> Result<Status> {
-        if self.at < self.steps {
-            self.at += 1;
-            return Ok(Status::executing(self.persist));
-        }
-        Ok(Status::done())
-    }
-
-    fn dump(&self) -> Result<serde_json::Value> {
-        Ok(serde_json::json!({ "steps": self.steps, "at": self.at, "persist": self.persist }))
-    }
-
-    fn lock_key(&self) -> LockKey {
-        LockKey::none()
-    }
-}
 
 fn throughput(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -80,11 +49,7 @@ fn throughput(c: &mut Criterion) {
                                     "p{}",
                                     next_id.fetch_add(1, Ordering::Relaxed)
                                 ));
-                                let procedure = Box::new(Steps {
-                                    steps,
-                                    at: 0,
-                                    persist,
-                                });
+                                let procedure = Box::new(Steps::new(steps, persist));
                                 watchers.push(
                                     manager
                                         .submit(ProcedureWithId::new(id, procedure))

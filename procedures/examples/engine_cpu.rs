@@ -9,40 +9,10 @@ use std::error::Error as StdError;
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
+use procedures::testing::Steps;
 use procedures::{
-    Context, LocalManager, LockKey, ManagerConfig, MemoryStateStore, Procedure, ProcedureId,
-    ProcedureManager, ProcedureWithId, Result, Status,
+    LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager, ProcedureWithId,
 };
-
-/// `steps` persisted steps, then done.
-struct Steps {
-    steps: u32,
-    at: u32,
-}
-
-#[async_trait]
-impl Procedure for Steps {
-    fn type_name(&self) -> &str {
-        "engine_cpu_steps"
-    }
-
-    async fn execute(&mut self, _ctx: &Context) -> Result<Status> {
-        if self.at < self.steps {
-            self.at += 1;
-            return Ok(Status::executing(true));
-        }
-        Ok(Status::done())
-    }
-
-    fn dump(&self) -> Result<serde_json::Value> {
-        Ok(serde_json::json!({ "steps": self.steps, "at": self.at }))
-    }
-
-    fn lock_key(&self) -> LockKey {
-        LockKey::none()
-    }
-}
 
 /// The process's CPU time so far, in seconds (fields 14 and 15 of `/proc/self/stat`, in clock ticks of 1/100 s).
 fn cpu_seconds() -> std::result::Result<f64, Box<dyn StdError>> {
@@ -78,7 +48,7 @@ fn main() -> std::result::Result<(), Box<dyn StdError>> {
                 for _ in 0..64 {
                     next += 1;
                     let id = ProcedureId::new(format!("p{next}"));
-                    let procedure = Box::new(Steps { steps, at: 0 });
+                    let procedure = Box::new(Steps::new(steps, true));
                     watchers.push(manager.submit(ProcedureWithId::new(id, procedure)).await?);
                 }
                 for mut watcher in watchers {

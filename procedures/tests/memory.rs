@@ -7,10 +7,9 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use async_trait::async_trait;
+use procedures::testing::Steps;
 use procedures::{
-    Context, LocalManager, LockKey, ManagerConfig, MemoryStateStore, Procedure, ProcedureId,
-    ProcedureManager, ProcedureWithId, Result, Status,
+    LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager, ProcedureWithId,
 };
 
 /// The system allocator, counting the bytes allocated and not yet freed.
@@ -51,40 +50,12 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// One step that asks to be persisted, then done: the smallest persisted procedure.
-struct OneStep {
-    done_steps: u32,
-}
-
-#[async_trait]
-impl Procedure for OneStep {
-    fn type_name(&self) -> &str {
-        "memory_one_step"
-    }
-
-    async fn execute(&mut self, _ctx: &Context) -> Result<Status> {
-        if self.done_steps == 0 {
-            self.done_steps = 1;
-            return Ok(Status::executing(true));
-        }
-        Ok(Status::done())
-    }
-
-    fn dump(&self) -> Result<serde_json::Value> {
-        Ok(serde_json::json!({ "done_steps": self.done_steps }))
-    }
-
-    fn lock_key(&self) -> LockKey {
-        LockKey::none()
-    }
-}
-
 /// Runs `count` procedures, 64 in flight, and waits for every one.
 async fn run(manager: &LocalManager, first: usize, count: usize) {
     for chunk in (first..first + count).collect::<Vec<_>>().chunks(64) {
         let mut watchers = Vec::with_capacity(chunk.len());
         for i in chunk {
-            let procedure = Box::new(OneStep { done_steps: 0 });
+            let procedure = Box::new(Steps::new(1, true));
             let id = ProcedureId::new(format!("memory-{i:06}"));
             watchers.push(
                 manager

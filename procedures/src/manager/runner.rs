@@ -1409,31 +1409,9 @@ fn encode_next(
 
 #[cfg(test)]
 mod tests {
-    use async_trait::async_trait;
-
     use super::*;
-    use crate::{LockKey, ManagerConfig, MemoryStateStore, Procedure};
-
-    struct Nothing;
-
-    #[async_trait]
-    impl Procedure for Nothing {
-        fn type_name(&self) -> &str {
-            "nothing"
-        }
-
-        async fn execute(&mut self, _ctx: &Context) -> crate::Result<Status> {
-            Ok(Status::done())
-        }
-
-        fn dump(&self) -> crate::Result<serde_json::Value> {
-            Ok(serde_json::Value::Null)
-        }
-
-        fn lock_key(&self) -> LockKey {
-            LockKey::none()
-        }
-    }
+    use crate::testing::Steps;
+    use crate::{ManagerConfig, MemoryStateStore};
 
     /// Every procedure's task holds its runner's future, allocated (and copied into place) at each submission. The
     /// paths a procedure rarely takes (failure, cancel, rollback, pause, children) are boxed when taken, so they do
@@ -1446,8 +1424,11 @@ mod tests {
             None,
         );
         let id = ProcedureId::new("p");
-        let new =
-            NewProcedure::new(ProcedureWithId::new(id.clone(), Box::new(Nothing)), None).unwrap();
+        let new = NewProcedure::new(
+            ProcedureWithId::new(id.clone(), Box::new(Steps::new(0, false))),
+            None,
+        )
+        .unwrap();
         let runner = Box::new(Runner::new(inner, 1, id, new.record, new.procedure, false));
         let size = std::mem::size_of_val(&runner.run(Resume::Execute));
         assert!(
