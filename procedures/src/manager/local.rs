@@ -164,8 +164,20 @@ impl State {
     /// long-lived manager otherwise). The set holds the only handle to a task: a finished task's memory goes when
     /// it is reaped, not when its procedure is forgotten.
     pub(crate) fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        while self.tasks.try_join_next().is_some() {}
+        self.reap();
         self.tasks.spawn(task);
+    }
+
+    /// Frees the tasks that have ended. Every spawn does; so does the retention task at each of its rounds, so a
+    /// burst's tasks do not wait for the next submission to go.
+    pub(crate) fn reap(&mut self) {
+        while self.tasks.try_join_next().is_some() {}
+    }
+
+    /// The tasks spawned and not reaped yet, running or ended.
+    #[cfg(test)]
+    pub(crate) fn tasks_held(&self) -> usize {
+        self.tasks.len()
     }
 }
 

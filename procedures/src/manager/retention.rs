@@ -68,12 +68,14 @@ pub(crate) async fn run(inner: Weak<Inner>) {
 }
 
 /// Forgets every finished tree in memory whose members all finished `finished_in_memory` ago or earlier. Their
-/// watchers resolve from the last information (the channel closes with a finished state). Returns how many
+/// watchers resolve from the last information (the channel closes with a finished state). Also frees the tasks that
+/// have ended (runners of finished procedures), which otherwise wait for the next spawn. Returns how many
 /// procedures were forgotten.
 pub(crate) fn evict(inner: &Inner) -> usize {
     let keep_ms = u64::try_from(inner.config.finished_in_memory.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();
     let mut state = inner.state();
+    state.reap();
     let mut trees: BTreeMap<ProcedureId, (bool, Vec<ProcedureId>)> = BTreeMap::new();
     for (id, entry) in &state.procedures {
         let tree = trees
@@ -227,4 +229,52 @@ fn root_in(
         }
     }
     current
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::testing::Steps;
+    use crate::{
+        LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
+        ProcedureWithId,
+    };
+
+    /// The runners of a burst are freed by the retention task's next round, with no submission after them. Runs on
+    /// tokio's paused clock, and depends on it: the sleep elapses at once, after the retention task's rounds.
+    #[tokio::test(start_paused = true)]
+    async fn the_tasks_of_a_burst_are_freed_without_another_submission() {
+        let config = ManagerConfig {
+            retention_check_interval: Duration::from_millis(20),
+            ..ManagerConfig::default()
+        };
+        let manager = LocalManager::new(Arc::new(MemoryStateStore::new()), config);
+        manager.start().await.unwrap();
+        // The manager's own tasks (retention, control poll).
+        let own = manager.inner.state().tasks_held();
+        let mut watchers = Vec::new();
+        for i in 0..10 {
+            let id = ProcedureId::new(format!("burst-{i}"));
+            let procedure = Box::new(Steps::new(1, true));
+            watchers.push(
+                manager
+                    .submit(ProcedureWithId::new(id, procedure))
+                    .await
+                    .unwrap(),
+            );
+        }
+        for mut watcher in watchers {
+            watcher.wait().await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(manager.inner.state().tasks_held(), own, "runner tasks left");
+        assert_eq!(
+            manager.list_procedures().await.unwrap().len(),
+            10,
+            "nothing forgotten"
+        );
+        manager.stop().await.unwrap();
+    }
 }
