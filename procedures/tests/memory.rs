@@ -7,10 +7,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use procedures::testing::Steps;
-use procedures::{
-    LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager, ProcedureWithId,
-};
+use procedures::testing::run_steps;
+use procedures::{LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager};
 
 /// The system allocator, counting the bytes allocated and not yet freed.
 struct Counting;
@@ -53,20 +51,10 @@ static ALLOCATOR: Counting = Counting;
 /// Runs `count` procedures, 64 in flight, and waits for every one.
 async fn run(manager: &LocalManager, first: usize, count: usize) {
     for chunk in (first..first + count).collect::<Vec<_>>().chunks(64) {
-        let mut watchers = Vec::with_capacity(chunk.len());
-        for i in chunk {
-            let procedure = Box::new(Steps::new(1, true));
-            let id = ProcedureId::new(format!("memory-{i:06}"));
-            watchers.push(
-                manager
-                    .submit(ProcedureWithId::new(id, procedure))
-                    .await
-                    .unwrap(),
-            );
-        }
-        for mut watcher in watchers {
-            watcher.wait().await.unwrap();
-        }
+        let ids = chunk
+            .iter()
+            .map(|i| ProcedureId::new(format!("memory-{i:06}")));
+        run_steps(manager, ids, 1, true).await.unwrap();
     }
 }
 

@@ -236,11 +236,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use crate::testing::Steps;
-    use crate::{
-        LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
-        ProcedureWithId,
-    };
+    use crate::testing::run_steps;
+    use crate::{LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager};
 
     /// The runners of a burst are freed by the retention task's next round, with no submission after them. Runs on
     /// tokio's paused clock, and depends on it: the sleep elapses at once, after the retention task's rounds.
@@ -254,20 +251,8 @@ mod tests {
         manager.start().await.unwrap();
         // The manager's own tasks (retention, control poll).
         let own = manager.inner.state().tasks_held();
-        let mut watchers = Vec::new();
-        for i in 0..10 {
-            let id = ProcedureId::new(format!("burst-{i}"));
-            let procedure = Box::new(Steps::new(1, true));
-            watchers.push(
-                manager
-                    .submit(ProcedureWithId::new(id, procedure))
-                    .await
-                    .unwrap(),
-            );
-        }
-        for mut watcher in watchers {
-            watcher.wait().await.unwrap();
-        }
+        let ids = (0..10).map(|i| ProcedureId::new(format!("burst-{i}")));
+        run_steps(&manager, ids, 1, true).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(manager.inner.state().tasks_held(), own, "runner tasks left");
         assert_eq!(

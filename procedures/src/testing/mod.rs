@@ -13,7 +13,7 @@
 //!   [`SideEffectHook`](crate::SideEffectHook)) carrying out a controller's plan.
 //! - [`state_store_suite`]: the behaviour every state store must have.
 //! - [`StateStoreWrapper`]: a test store that changes a few calls of another and forwards the rest.
-//! - [`Steps`]: the smallest procedure, for measuring the engine itself.
+//! - [`Steps`]: the smallest procedure, for measuring the engine itself, and [`run_steps`], a burst of them.
 //!
 //! See `docs/crash-testing.md` in the repository for the semantics and how to write a scenario.
 
@@ -34,6 +34,6 @@ pub use crash::{
 pub use digest::{DigestEntry, RecordDigest, StoreDigest, store_digest};
 pub use matrix::{MatrixConfig, MatrixReport, Mismatch, RootResult, run_crash_matrix};
 pub use scenario::CrashScenario;
-pub use steps::Steps;
+pub use steps::{Steps, run_steps};
 pub use store_suite::state_store_suite;
 pub use wrapper::StateStoreWrapper;

@@ -4,7 +4,8 @@
 use async_trait::async_trait;
 
 use crate::error::Result;
-use crate::procedure::{Context, LockKey, Procedure, Status};
+use crate::manager::ProcedureManager;
+use crate::procedure::{Context, LockKey, Procedure, ProcedureId, ProcedureWithId, Status};
 
 /// Runs `steps` steps, each asking to be persisted or not, then finishes with no output. It takes no lock and
 /// touches nothing outside its own record.
@@ -50,4 +51,24 @@ impl Procedure for Steps {
     fn lock_key(&self) -> LockKey {
         LockKey::none()
     }
+}
+
+/// Submits a [`Steps`] of `steps` steps (persisted when `persist`) under each of `ids`, all at once, then waits for
+/// every one to finish: a burst of procedures in flight together. The first error (of a submission or a procedure)
+/// is returned.
+pub async fn run_steps(
+    manager: &dyn ProcedureManager,
+    ids: impl IntoIterator<Item = ProcedureId>,
+    steps: u32,
+    persist: bool,
+) -> Result<()> {
+    let mut watchers = Vec::new();
+    for id in ids {
+        let procedure = Box::new(Steps::new(steps, persist));
+        watchers.push(manager.submit(ProcedureWithId::new(id, procedure)).await?);
+    }
+    for mut watcher in watchers {
+        watcher.wait().await?;
+    }
+    Ok(())
 }
