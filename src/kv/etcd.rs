@@ -7,8 +7,15 @@
 //!   the client: `batch_get`, `batch_put` and `batch_delete` are split into several transactions (each atomic,
 //!   the batch as a whole then is not); a [`Txn`] or a single value over the limits is refused before anything is
 //!   sent.
+//! - Point reads (`get`, and `batch_get` up to one request's limits) that callers make while another is in flight
+//!   wait for it and then go out together, as one read-only transaction: every etcd read is a linearizable request
+//!   whose cost is mostly per request. A queued read is sent after it was queued, so it still sees every write
+//!   answered before it; a queued caller waits at most twice the request timeout; a shared read that fails leaves
+//!   each caller its own error (a timeout naming its key, any other error by reading alone).
 //! - `Compare::Absent` / `Present` compare the key's create revision with 0; `ValueEquals` compares the value
 //!   (which fails on an absent key, as etcd does).
+
+mod point_reads;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,6 +29,7 @@ use etcd_client::{
 use serde::{Deserialize, Serialize};
 use snafu::{IntoError, ensure};
 
+use self::point_reads::{PointReads, Reader, Values};
 use crate::error::{
     EtcdConfigSnafu, EtcdConnectSnafu, EtcdConnectTimeoutSnafu, EtcdOpSnafu, EtcdTimeoutSnafu,
     KvLimitSnafu, Result,
@@ -96,6 +104,8 @@ pub struct EtcdKvBackend {
     preferred: Arc<AtomicUsize>,
     config: EtcdConfig,
     endpoints: String,
+    /// The point reads in flight and queued: concurrent ones share a request.
+    reads: Arc<PointReads>,
 }
 
 impl std::fmt::Debug for EtcdKvBackend {
@@ -170,11 +180,18 @@ impl EtcdKvBackend {
             .iter()
             .map(|c| c.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES))
             .collect();
+        let reads = PointReads::new(point_reads::Limits {
+            max_keys: config.max_txn_ops,
+            max_bytes: config.max_request_bytes,
+            request_timeout: config.request_timeout,
+            endpoints: endpoints.clone(),
+        });
         Ok(EtcdKvBackend {
             members: Arc::new(members),
             preferred: Arc::new(AtomicUsize::new(preferred)),
             config,
             endpoints,
+            reads,
         })
     }
 
@@ -399,6 +416,33 @@ pub(crate) fn is_retryable(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// One read request: a range of one key, or a read-only transaction of one get per key.
+#[async_trait]
+impl Reader for EtcdKvBackend {
+    async fn read(&self, action: &'static str, keys: &[Vec<u8>]) -> Result<Values> {
+        if let [key] = keys {
+            let resp = self
+                .call(action, key, |mut kv| async move {
+                    kv.get(key.as_slice(), None).await
+                })
+                .await?;
+            return Ok(vec![resp.kvs().first().map(to_kv)]);
+        }
+        let first = keys.first().map(Vec::as_slice).unwrap_or_default();
+        let ops = keys
+            .iter()
+            .map(|k| EtcdTxnOp::get(k.clone(), None))
+            .collect();
+        let mut values = Vec::with_capacity(keys.len());
+        for resp in self.plain_txn(action, first, ops).await? {
+            if let EtcdTxnOpResponse::Get(get) = resp {
+                values.push(get.kvs().first().map(to_kv));
+            }
+        }
+        Ok(values)
+    }
+}
+
 #[async_trait]
 impl KvBackend for EtcdKvBackend {
     fn name(&self) -> String {
@@ -419,27 +463,24 @@ impl KvBackend for EtcdKvBackend {
         ETCD_TXNS_IN_FLIGHT
     }
 
+    /// Shares its request with the point reads other callers make at the same time (see the module
+    /// documentation).
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         if key.is_empty() {
             return Ok(None);
         }
-        let resp = self
-            .call("get", key, |mut kv| async move { kv.get(key, None).await })
-            .await?;
-        Ok(resp.kvs().first().map(to_kv))
+        let values = self.reads.read(self, "get", vec![key.to_vec()]).await?;
+        Ok(values.into_iter().next().flatten())
     }
 
+    /// Each request's worth of keys shares its request with the point reads other callers make at the same time
+    /// (see the module documentation).
     async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<KeyValue>> {
         let mut out = Vec::new();
         let keys: Vec<Vec<u8>> = keys.iter().filter(|k| !k.is_empty()).cloned().collect();
         for chunk in self.chunks(keys, Vec::len) {
-            let first = chunk[0].clone();
-            let ops = chunk.into_iter().map(|k| EtcdTxnOp::get(k, None)).collect();
-            for resp in self.plain_txn("batch_get", &first, ops).await? {
-                if let EtcdTxnOpResponse::Get(get) = resp {
-                    out.extend(get.kvs().first().map(to_kv));
-                }
-            }
+            let values = self.reads.read(self, "batch_get", chunk).await?;
+            out.extend(values.into_iter().flatten());
         }
         Ok(out)
     }

@@ -219,3 +219,120 @@ async fn a_member_going_down_fails_no_call() {
         assert_eq!(read.map(|kv| kv.value), Some(value));
     }
 }
+
+/// The sum of etcd's `grpc_server_handled_total` for `methods` (read from its `/metrics` over plain HTTP; a
+/// blocking read of a local page, short enough for a test's runtime thread).
+fn handled(endpoint: &str, methods: &[&str]) -> u64 {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(endpoint).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {endpoint}\r\n\r\n");
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    let mut total = 0;
+    for line in body.lines() {
+        for method in methods {
+            let prefix =
+                format!("grpc_server_handled_total{{grpc_code=\"OK\",grpc_method=\"{method}\",");
+            if line.starts_with(&prefix) {
+                let count = line.rsplit(' ').next().unwrap();
+                total += count.parse::<f64>().unwrap() as u64;
+            }
+        }
+    }
+    total
+}
+
+#[tokio::test]
+async fn point_reads_made_together_share_one_request_each_answered_its_own() {
+    // An etcd of this test's own: no other client's requests are counted.
+    let etcd = Service::etcd("point-reads");
+    let endpoint = etcd.endpoints[0].clone();
+    let kv = EtcdKvBackend::connect(config(&endpoint)).await.unwrap();
+    let key = |i: usize| format!("point/{i:02}").into_bytes();
+    // Even keys hold a value, odd ones are absent.
+    let present: Vec<KeyValue> = (0..64)
+        .step_by(2)
+        .map(|i| KeyValue {
+            key: key(i),
+            value: format!("v{i}").into_bytes(),
+        })
+        .collect();
+    kv.batch_put(present, false).await.unwrap();
+
+    let before = handled(&endpoint, &["Range", "Txn"]);
+    // 64 gets and a batch_get, polled together: the first goes out alone, the rest queue behind it.
+    let keys: Vec<Vec<u8>> = (0..64).map(key).collect();
+    let gets = futures::future::join_all(keys.iter().map(|k| kv.get(k)));
+    let batch_keys = [key(1), key(2), key(4)];
+    let batch = kv.batch_get(&batch_keys);
+    let (gets, batch) = futures::join!(gets, batch);
+    let after = handled(&endpoint, &["Range", "Txn"]);
+
+    for (i, got) in gets.into_iter().enumerate() {
+        let got = got.unwrap().map(|kv| kv.value);
+        let expected = (i % 2 == 0).then(|| format!("v{i}").into_bytes());
+        assert_eq!(got, expected, "key point/{i:02}");
+    }
+    let batch: Vec<Vec<u8>> = batch.unwrap().into_iter().map(|kv| kv.value).collect();
+    assert_eq!(batch, [b"v2".to_vec(), b"v4".to_vec()]);
+    // 65 calls, 67 keys: the first get's request and one for all the others (within 128 ops).
+    assert_eq!(
+        after - before,
+        2,
+        "etcd handled {} read requests",
+        after - before
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_point_read_queued_behind_another_sees_every_write_answered_before_it() {
+    let etcd = Service::etcd("point-reads-fresh");
+    let kv = std::sync::Arc::new(
+        EtcdKvBackend::connect(config(&etcd.endpoints[0]))
+            .await
+            .unwrap(),
+    );
+    // Readers of other keys keep a point read in flight nearly all the time, so the reads below queue.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let noise: Vec<_> = (0..8)
+        .map(|i| {
+            let (kv, stop) = (kv.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    kv.get(format!("noise/{i}").as_bytes()).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let kv = kv.clone();
+            tokio::spawn(async move {
+                let key = format!("fresh/{w}").into_bytes();
+                for n in 0..40 {
+                    let value = format!("{n}").into_bytes();
+                    kv.put(PutRequest {
+                        key: key.clone(),
+                        value: value.clone(),
+                        prev_kv: false,
+                    })
+                    .await
+                    .unwrap();
+                    let read = kv.get(&key).await.unwrap().map(|kv| kv.value);
+                    assert_eq!(read, Some(value), "writer {w}, write {n}");
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        bounded(writer).await.unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for reader in noise {
+        reader.await.unwrap();
+    }
+}
