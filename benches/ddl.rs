@@ -4,6 +4,10 @@
 //! datanode's open requests (100k regions). `BENCH_ALONE_PAIRS=N` adds N interleaved pairs of one create-table
 //! alone with group commit on and off (see [`alone_pairs`]).
 
+// The allocator walctl runs with, so the figures are the ones an operator gets.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

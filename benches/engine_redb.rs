@@ -7,6 +7,10 @@
 //! so criterion's elements/s read side by side. After each engine case it prints the store commits per step,
 //! counted by `CountingKvBackend`.
 
+// The allocator walctl runs with, so the figures are the ones an operator gets (see docs/procedures.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

@@ -1,6 +1,10 @@
 //! Throughput of the procedure engine on the in-memory store: procedures of 1, 4 and 16 steps, persisted or not,
 //! submitted one at a time or 64 at once. Reported as procedures per second.
 
+// The allocator walctl runs with, so the figures are the ones an operator gets (see docs/procedures.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
