@@ -343,6 +343,24 @@ mod tests {
         tokio::spawn(async move { reads.read(&fake, "get", keys).await })
     }
 
+    /// A read of `a` in flight (the fake's gate shut), then reads of `second` and `third` queued behind it.
+    async fn two_queued_behind_a(
+        reads: &Arc<PointReads>,
+        fake: &Fake,
+        second: &str,
+        third: &str,
+    ) -> [tokio::task::JoinHandle<Result<Values>>; 3] {
+        let first = spawn_read(reads, fake, &["a"]);
+        settle(reads, fake, 1, 0).await;
+        let queued = [
+            spawn_read(reads, fake, &[second]),
+            spawn_read(reads, fake, &[third]),
+        ];
+        settle(reads, fake, 1, 2).await;
+        let [b, c] = queued;
+        [first, b, c]
+    }
+
     /// Waits until `n` requests were sent and `queued` callers wait.
     async fn settle(reads: &PointReads, fake: &Fake, n: usize, queued: usize) {
         for _ in 0..10_000 {
@@ -427,11 +445,7 @@ mod tests {
             .build()
         });
         let reads = reads(128);
-        let first = spawn_read(&reads, &fake, &["a"]);
-        settle(&reads, &fake, 1, 0).await;
-        let b = spawn_read(&reads, &fake, &["b"]);
-        let broken = spawn_read(&reads, &fake, &["broken"]);
-        settle(&reads, &fake, 1, 2).await;
+        let [first, b, broken] = two_queued_behind_a(&reads, &fake, "b", "broken").await;
         fake.gate.add_permits(100);
         first.await.unwrap().unwrap();
         assert_eq!(present(&b.await.unwrap().unwrap()), [Some("v-b".into())]);
@@ -459,11 +473,7 @@ mod tests {
             .build()
         });
         let reads = reads(128);
-        let first = spawn_read(&reads, &fake, &["a"]);
-        settle(&reads, &fake, 1, 0).await;
-        let b = spawn_read(&reads, &fake, &["b"]);
-        let c = spawn_read(&reads, &fake, &["c"]);
-        settle(&reads, &fake, 1, 2).await;
+        let [first, b, c] = two_queued_behind_a(&reads, &fake, "b", "c").await;
         fake.gate.add_permits(100);
         first.await.unwrap().unwrap();
         for (read, key) in [(b, "b"), (c, "c")] {
@@ -482,11 +492,7 @@ mod tests {
     async fn the_callers_queued_behind_a_cancelled_read_each_read_alone() {
         let fake = Fake::new(&["b", "c"]);
         let reads = reads(128);
-        let first = spawn_read(&reads, &fake, &["a"]);
-        settle(&reads, &fake, 1, 0).await;
-        let b = spawn_read(&reads, &fake, &["b"]);
-        let c = spawn_read(&reads, &fake, &["c"]);
-        settle(&reads, &fake, 1, 2).await;
+        let [first, b, c] = two_queued_behind_a(&reads, &fake, "b", "c").await;
         first.abort();
         assert!(first.await.unwrap_err().is_cancelled());
         fake.gate.add_permits(100);
