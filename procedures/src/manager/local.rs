@@ -152,7 +152,9 @@ impl Entry {
 pub(crate) struct State {
     pub(crate) phase: Phase,
     pub(crate) epoch: Option<u64>,
-    pub(crate) procedures: BTreeMap<ProcedureId, Entry>,
+    /// Keyed by a hash of the id: every publication looks its entry up, and nothing needs them in id order (a
+    /// listing sorts what it copies out).
+    pub(crate) procedures: HashMap<ProcedureId, Entry>,
     /// Every task this manager spawned (runners, submissions, retention) and not yet reaped: `stop` aborts them and
     /// awaits each, so no task of the manager outlives it. Spawning happens only under the state lock while
     /// running, so a halted manager's set only shrinks.
@@ -229,7 +231,7 @@ impl Inner {
             state: Mutex::new(State {
                 phase: Phase::New,
                 epoch: None,
-                procedures: BTreeMap::new(),
+                procedures: HashMap::new(),
                 tasks: JoinSet::new(),
             }),
             halted: AtomicBool::new(false),
@@ -1385,7 +1387,7 @@ enum Recovered {
 /// parent's id when the parent is unknown, or its own id for a root. (`root_of` on its id would stop at once, since
 /// the id is not known yet, and make it a tree of its own: locked out of its parent's keys, deleted apart from it.)
 fn adopted_root(
-    procedures: &BTreeMap<ProcedureId, Entry>,
+    procedures: &HashMap<ProcedureId, Entry>,
     record: &ProcedureRecord,
 ) -> ProcedureId {
     match &record.parent_id {
@@ -1398,7 +1400,7 @@ fn adopted_root(
 }
 
 /// The root of `id`'s tree among `procedures` (a procedure whose parent is unknown is its own root).
-fn root_of(procedures: &BTreeMap<ProcedureId, Entry>, id: &ProcedureId) -> ProcedureId {
+fn root_of(procedures: &HashMap<ProcedureId, Entry>, id: &ProcedureId) -> ProcedureId {
     let mut current = id.clone();
     // Bounded walk: a cycle of parent links in damaged records must not hang the manager.
     for _ in 0..=procedures.len() {
