@@ -109,6 +109,11 @@ impl Entry {
     /// The watchers read the new information at once, but only a finished state wakes them: a watcher waits for
     /// the end ([`Watcher::wait`]) or reads the latest ([`Watcher::info`]), so waking its task at every step
     /// would be a thread wake-up for nothing. (A closed channel wakes them too: see [`Entry::close`].)
+    ///
+    /// A finished state is the last word on a procedure, so its channel is dropped once it is sent: the watchers
+    /// it woke read it from their receivers, and later ones get a channel of their own that already holds it (see
+    /// [`Entry::watcher`]). A finished procedure stays in memory for `finished_in_memory` (ten minutes by
+    /// default); its channel's shared state (the value's lock and the receivers' notifiers) would stay with it.
     pub(crate) fn publish_shared(
         &mut self,
         info: Arc<ProcedureInfo>,
@@ -122,6 +127,9 @@ impl Entry {
             });
             replaced
         });
+        if finished {
+            self.tx = None;
+        }
         (std::mem::replace(&mut self.info, info), sent)
     }
 
@@ -1386,10 +1394,7 @@ enum Recovered {
 /// The root of the tree of `record`, a record being adopted (not in `procedures` yet): its parent's root, or the
 /// parent's id when the parent is unknown, or its own id for a root. (`root_of` on its id would stop at once, since
 /// the id is not known yet, and make it a tree of its own: locked out of its parent's keys, deleted apart from it.)
-fn adopted_root(
-    procedures: &HashMap<ProcedureId, Entry>,
-    record: &ProcedureRecord,
-) -> ProcedureId {
+fn adopted_root(procedures: &HashMap<ProcedureId, Entry>, record: &ProcedureRecord) -> ProcedureId {
     match &record.parent_id {
         Some(parent) => procedures
             .get(parent)
@@ -1543,5 +1548,47 @@ impl Drop for LocalManager {
     fn drop(&mut self) {
         // Tasks hold the shared state; without a handle nobody could stop them.
         self.inner.halt(HaltReason::Stopped);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::testing::Steps;
+    use crate::{
+        LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
+        ProcedureState, ProcedureWithId,
+    };
+
+    /// A finished procedure keeps no watch channel in memory, and both the watcher taken while it ran and one
+    /// taken afterwards resolve with its end.
+    #[tokio::test]
+    async fn a_finished_procedure_drops_its_channel_and_its_watchers_still_resolve() {
+        let manager =
+            LocalManager::new(Arc::new(MemoryStateStore::new()), ManagerConfig::default());
+        manager.start().await.unwrap();
+        let id = ProcedureId::new("finishes");
+        let mut early = manager
+            .submit(ProcedureWithId::new(
+                id.clone(),
+                Box::new(Steps::new(3, true)),
+            ))
+            .await
+            .unwrap();
+        early.wait().await.unwrap();
+        {
+            let state = manager.inner.state();
+            let entry = state.procedures.get(&id).unwrap();
+            assert_eq!(entry.info.state, ProcedureState::Done);
+            assert!(
+                entry.tx.is_none(),
+                "the finished procedure still holds its channel"
+            );
+        }
+        let mut late = manager.watch(&id).await.unwrap().unwrap();
+        late.wait().await.unwrap();
+        assert_eq!(late.info().state, ProcedureState::Done);
+        manager.stop().await.unwrap();
     }
 }
