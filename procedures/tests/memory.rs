@@ -58,12 +58,13 @@ async fn run(manager: &LocalManager, first: usize, count: usize) {
     }
 }
 
-/// A finished procedure keeps its information (state, output, history) and the store its record: under 4 KiB of
-/// heap for the smallest persisted procedure. (The manager also holds no handle to a runner's task once it ends:
+/// A finished procedure keeps its information (state, output, history) and the store its record: under 1,900 bytes
+/// of heap for the smallest persisted procedure (about 1,700 in debug and release builds; it was about 2,040 while
+/// a finished procedure kept its watch channel, and about 7,600 while it kept its runner's task). (The manager also holds no handle to a runner's task once it ends:
 /// in a release build the task is a few kilobytes, but a debug build boxes a future that large, so this test, in a
 /// debug build, would not see a task kept.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_finished_one_step_procedure_keeps_under_4_kib_of_heap() {
+async fn a_finished_one_step_procedure_keeps_under_1900_bytes_of_heap() {
     const COUNT: usize = 2_000;
     let store = Arc::new(MemoryStateStore::new());
     let manager = LocalManager::new(store, ManagerConfig::default());
@@ -75,8 +76,9 @@ async fn a_finished_one_step_procedure_keeps_under_4_kib_of_heap() {
     let after = LIVE.load(Ordering::Relaxed);
     let per_procedure = (after - before) / COUNT as isize;
     manager.stop().await.unwrap();
+    eprintln!("a finished one-step procedure keeps {per_procedure} bytes on the heap");
     assert!(
-        per_procedure < 4 * 1024,
+        per_procedure < 1_900,
         "a finished procedure keeps {per_procedure} bytes on the heap"
     );
 }
