@@ -1,5 +1,5 @@
 //! The `engine_cpu` example on the system allocator (glibc's malloc) instead of mimalloc: `cargo run --release -p
-//! procedures --example engine_cpu_system -- [STEPS] [COUNT]`. See `engine_cpu.rs` for what it prints.
+//! procedures --example engine_cpu_system -- [STEPS] [COUNT] [waves|window]`. See `engine_cpu.rs` for what it prints.
 
 #[path = "shared/engine_cpu.rs"]
 mod engine_cpu;
