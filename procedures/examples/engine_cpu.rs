@@ -3,8 +3,8 @@
 //! persisted steps, 64 in flight from a submitter outside the runtime, after 20,000 to warm up, and prints
 //! procedures per second and the process's CPU time (user + system, from `/proc/self/stat`) per procedure.
 //! `waves` (the default, the shape of the `procedures` bench) submits 64 and waits for all of them before the next
-//! 64; `window` submits the next one as soon as one finishes, so 64 are always in flight. On a shared machine the CPU time moves less than the throughput between runs, so it is the figure to
-//! compare two builds by. Linux only.
+//! 64; `window` submits the next one as soon as one finishes, so 64 are always in flight. On a shared machine the
+//! CPU time moves less than the throughput between runs, so it is the figure to compare two builds by. Linux only.
 //!
 //! It runs with mimalloc, the allocator `walctl` and the benches use; `--example engine_cpu_system` is the same run
 //! on the system allocator (glibc's malloc), to compare the two.
