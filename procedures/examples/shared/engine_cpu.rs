@@ -35,6 +35,16 @@ enum Shape {
     Window,
 }
 
+impl Shape {
+    /// The argument that picks it, as printed with the figures.
+    fn name(self) -> &'static str {
+        match self {
+            Shape::Waves => "waves",
+            Shape::Window => "window",
+        }
+    }
+}
+
 /// Runs the example with the arguments of the process; the two `engine_cpu` mains differ only in their allocator.
 pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
     let mut args = std::env::args().skip(1);
@@ -80,11 +90,7 @@ pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
         if !warm_up {
             println!(
                 "{steps} persisted step(s), {done} procedures, 64 in flight ({}): {:.1} k/s, {:.1} µs of CPU per procedure",
-                if shape == Shape::Window {
-                    "window"
-                } else {
-                    "waves"
-                },
+                shape.name(),
                 done as f64 / wall / 1000.0,
                 cpu * 1e6 / done as f64
             );
