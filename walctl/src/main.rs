@@ -8,8 +8,9 @@
 //! `wal write` and `wal flush` write WAL entries and checkpoints without procedures. See `docs/walctl.md`.
 
 // mimalloc rather than glibc's malloc: the procedure engine allocates per step and per publication, and with it a
-// one-step procedure costs about a fifth less CPU (docs/procedures.md, "The allocator"). The library leaves
-// the choice to the binary that embeds it.
+// one-step procedure costs about a fifth less CPU; built without transparent huge pages (the workspace's `no_thp`
+// feature), about a ninth less again (docs/procedures.md, "The allocator"). The library leaves the choice to the
+// binary that embeds it.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
