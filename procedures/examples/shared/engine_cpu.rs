@@ -5,10 +5,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::watch;
 
+use procedures::record::{now_ms, record_key};
 use procedures::testing::Steps;
 use procedures::{
-    LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager, ProcedureWithId,
+    Condition, EventKind, LocalManager, ManagerConfig, MemoryStateStore, ProcedureEvent,
+    ProcedureId, ProcedureManager, ProcedureRecord, ProcedureState, ProcedureWithId, StateStore,
+    WriteOp,
 };
 
 /// The process's CPU time so far, in seconds (fields 14 and 15 of `/proc/self/stat`, in clock ticks of 1/100 s).
@@ -64,6 +68,7 @@ pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
     let manager = LocalManager::new(Arc::new(MemoryStateStore::new()), ManagerConfig::default());
     rt.block_on(manager.start())?;
     let mut next = 0u64;
+    let mut engine_cpu_per_procedure = f64::NAN;
     for (warm_up, total) in [(true, 20_000), (false, count)] {
         let (started, cpu_before) = (Instant::now(), cpu_seconds()?);
         let mut done = 0;
@@ -88,15 +93,30 @@ pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
         }
         let (wall, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds()? - cpu_before);
         if !warm_up {
+            engine_cpu_per_procedure = cpu * 1e6 / done as f64;
             println!(
                 "{steps} persisted step(s), {done} procedures, 64 in flight ({}): {:.1} k/s, {:.1} µs of CPU per procedure",
                 shape.name(),
                 done as f64 / wall / 1000.0,
-                cpu * 1e6 / done as f64
+                engine_cpu_per_procedure
             );
         }
     }
     rt.block_on(manager.stop())?;
+    let store = Arc::new(MemoryStateStore::new());
+    for (warm_up, total) in [(true, 20_000), (false, count)] {
+        let (started, cpu_before) = (Instant::now(), cpu_seconds()?);
+        let done = rt.block_on(bare_waves(&store, steps, total, &mut next))?;
+        let (wall, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds()? - cpu_before);
+        if !warm_up {
+            let floor = cpu * 1e6 / done as f64;
+            println!(
+                "the same writes without the engine (waves): {:.1} k/s, {floor:.1} µs of CPU per procedure; the engine takes {:.2}× that CPU",
+                done as f64 / wall / 1000.0,
+                engine_cpu_per_procedure / floor
+            );
+        }
+    }
     Ok(())
 }
 
@@ -129,4 +149,150 @@ async fn window(
         }
     }
     Ok(done)
+}
+
+/// The floor the engine's figure is read against, run in the same process on the same runtime: `total` (rounded up
+/// to a multiple of 64) "procedures" in waves of 64, each only what a persisted procedure of `steps` steps cannot
+/// do without. The submitter writes its first record (conditional on its key being absent) and spawns a task that
+/// writes one record per step and a last one, done, each a [`ProcedureRecord`] with the history so far (every
+/// event encoded once, as the engine does), to a [`MemoryStateStore`] of its own; a watch channel tells the
+/// submitter the end. No manager: no epoch, admission, locks, introspection or retries. Returns how many ran.
+async fn bare_waves(
+    store: &Arc<MemoryStateStore>,
+    steps: u32,
+    total: u64,
+    next: &mut u64,
+) -> std::result::Result<u64, procedures::Error> {
+    let mut done = 0;
+    while done < total {
+        let mut ends = Vec::with_capacity(64);
+        for _ in 0..64 {
+            *next += 1;
+            let mut bare = Bare::new(ProcedureId::new(format!("p{next}")), steps)?;
+            store
+                .write(
+                    vec![Condition::Absent {
+                        key: record_key(&bare.record.id),
+                    }],
+                    vec![bare.put()?],
+                )
+                .await?;
+            let (tx, rx) = watch::channel(false);
+            let store = Arc::clone(store);
+            tokio::spawn(async move {
+                if bare.run(&store, steps).await.is_ok() {
+                    let _ = tx.send(true);
+                }
+            });
+            ends.push(rx);
+        }
+        for mut end in ends {
+            // A task that could not write leaves its channel closed: the run then counts it as done all the same.
+            let _ = end.wait_for(|done| *done).await;
+        }
+        done += 64;
+    }
+    Ok(done)
+}
+
+/// A procedure of the floor: its record (without events) and the JSON of each event of its history.
+struct Bare {
+    record: ProcedureRecord,
+    history: Vec<String>,
+}
+
+impl Bare {
+    /// The first record, as a manager writes it for `Steps`.
+    fn new(id: ProcedureId, steps: u32) -> std::result::Result<Self, procedures::Error> {
+        let now = now_ms();
+        let mut bare = Bare {
+            record: ProcedureRecord {
+                format_version: 1,
+                type_name: "testing_steps".to_string(),
+                id,
+                parent_id: None,
+                step: 0,
+                state: ProcedureState::Running,
+                data: serde_json::json!({ "steps": steps, "at": 0, "persist": true }),
+                output: None,
+                error: None,
+                waiting_for: Vec::new(),
+                created_at_ms: now,
+                updated_at_ms: now,
+                step_name: None,
+                lock_keys: Vec::new(),
+                events: Vec::new(),
+            },
+            history: Vec::new(),
+        };
+        bare.event(EventKind::Submitted)?;
+        Ok(bare)
+    }
+
+    /// Writes the records of the steps and the last one, done.
+    async fn run(
+        &mut self,
+        store: &MemoryStateStore,
+        steps: u32,
+    ) -> std::result::Result<(), procedures::Error> {
+        for step in 1..=u64::from(steps) + 1 {
+            self.record.step = step;
+            self.record.updated_at_ms = now_ms();
+            self.record.data = serde_json::json!({ "steps": steps, "at": step, "persist": true });
+            self.event(EventKind::StepStarted {
+                step: None,
+                attempt: 1,
+            })?;
+            self.event(EventKind::StepFinished {
+                step: None,
+                duration_ms: 0,
+            })?;
+            if step == u64::from(steps) + 1 {
+                self.record.state = ProcedureState::Done;
+                self.event(EventKind::Done)?;
+            }
+            store.write(Vec::new(), vec![self.put()?]).await?;
+        }
+        Ok(())
+    }
+
+    /// Adds an event to the history, encoded once.
+    fn event(&mut self, kind: EventKind) -> std::result::Result<(), procedures::Error> {
+        let event = ProcedureEvent {
+            at_ms: now_ms(),
+            kind,
+        };
+        let json = serde_json::to_string(&event).map_err(|e| self.unserialisable(e))?;
+        self.history.push(json);
+        Ok(())
+    }
+
+    /// The put of the record with its history under its key: the record's JSON with the events' spliced in as its
+    /// last field.
+    fn put(&self) -> std::result::Result<WriteOp, procedures::Error> {
+        let mut value = serde_json::to_vec(&self.record).map_err(|e| self.unserialisable(e))?;
+        if value.pop() != Some(b'}') {
+            return Err(self.unserialisable(serde::ser::Error::custom("not a JSON object")));
+        }
+        value.extend_from_slice(br#","events":["#);
+        for (i, event) in self.history.iter().enumerate() {
+            if i > 0 {
+                value.push(b',');
+            }
+            value.extend_from_slice(event.as_bytes());
+        }
+        value.extend_from_slice(b"]}");
+        Ok(WriteOp::Put {
+            key: record_key(&self.record.id),
+            value,
+        })
+    }
+
+    fn unserialisable(&self, source: serde_json::Error) -> procedures::Error {
+        procedures::Error::Serialize {
+            id: self.record.id.clone(),
+            what: "record",
+            source,
+        }
+    }
 }
