@@ -12,7 +12,7 @@ use procedures::testing::Steps;
 use procedures::{
     Condition, EventKind, LocalManager, ManagerConfig, MemoryStateStore, ProcedureEvent,
     ProcedureId, ProcedureManager, ProcedureRecord, ProcedureState, ProcedureWithId, StateStore,
-    WriteOp,
+    WriteOp, WriteOutcome,
 };
 
 /// The process's CPU time so far, in seconds (fields 14 and 15 of `/proc/self/stat`, in clock ticks of 1/100 s).
@@ -156,20 +156,21 @@ async fn window(
 /// do without. The submitter writes its first record (conditional on its key being absent) and spawns a task that
 /// writes one record per step and a last one, done, each a [`ProcedureRecord`] with the history so far (every
 /// event encoded once, as the engine does), to a [`MemoryStateStore`] of its own; a watch channel tells the
-/// submitter the end. No manager: no epoch, admission, locks, introspection or retries. Returns how many ran.
+/// submitter the end. No manager: no epoch, admission, locks, introspection or retries. Returns how many ran; a
+/// write that fails or is refused ends the run with its error (a run that skipped writes would flatter the floor).
 async fn bare_waves(
     store: &Arc<MemoryStateStore>,
     steps: u32,
     total: u64,
     next: &mut u64,
-) -> std::result::Result<u64, procedures::Error> {
+) -> std::result::Result<u64, Box<dyn StdError>> {
     let mut done = 0;
     while done < total {
         let mut ends = Vec::with_capacity(64);
         for _ in 0..64 {
             *next += 1;
             let mut bare = Bare::new(ProcedureId::new(format!("p{next}")), steps)?;
-            store
+            let first = store
                 .write(
                     vec![Condition::Absent {
                         key: record_key(&bare.record.id),
@@ -177,22 +178,39 @@ async fn bare_waves(
                     vec![bare.put()?],
                 )
                 .await?;
-            let (tx, rx) = watch::channel(false);
+            applied(first, &bare.record)?;
+            let (tx, rx) = watch::channel(None);
             let store = Arc::clone(store);
             tokio::spawn(async move {
-                if bare.run(&store, steps).await.is_ok() {
-                    let _ = tx.send(true);
-                }
+                let result = bare.run(&store, steps).await.map_err(|e| e.to_string());
+                let _ = tx.send(Some(result));
             });
             ends.push(rx);
         }
         for mut end in ends {
-            // A task that could not write leaves its channel closed: the run then counts it as done all the same.
-            let _ = end.wait_for(|done| *done).await;
+            let ended = end
+                .wait_for(Option::is_some)
+                .await
+                .map_err(|_| "a bare procedure's task ended without a word")?;
+            if let Some(Err(e)) = &*ended {
+                return Err(e.clone().into());
+            }
         }
         done += 64;
     }
     Ok(done)
+}
+
+/// `Ok` when the write of `record` was applied; a refusal as an error naming its key.
+fn applied(outcome: WriteOutcome, record: &ProcedureRecord) -> std::result::Result<(), String> {
+    match outcome {
+        WriteOutcome::Applied => Ok(()),
+        WriteOutcome::Rejected { .. } => Err(format!(
+            "the store refused the write of '{}' (step {})",
+            record_key(&record.id),
+            record.step
+        )),
+    }
 }
 
 /// A procedure of the floor: its record (without events) and the JSON of each event of its history.
@@ -234,7 +252,7 @@ impl Bare {
         &mut self,
         store: &MemoryStateStore,
         steps: u32,
-    ) -> std::result::Result<(), procedures::Error> {
+    ) -> std::result::Result<(), Box<dyn StdError + Send + Sync>> {
         for step in 1..=u64::from(steps) + 1 {
             self.record.step = step;
             self.record.updated_at_ms = now_ms();
@@ -251,7 +269,8 @@ impl Bare {
                 self.record.state = ProcedureState::Done;
                 self.event(EventKind::Done)?;
             }
-            store.write(Vec::new(), vec![self.put()?]).await?;
+            let outcome = store.write(Vec::new(), vec![self.put()?]).await?;
+            applied(outcome, &self.record)?;
         }
         Ok(())
     }
