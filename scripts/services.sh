@@ -27,8 +27,29 @@ READY_TIMEOUT=${SERVICES_READY_TIMEOUT:-240}
 log() { echo "[services] $*" >&2; }
 die() { echo "[services] error: $*" >&2; exit 1; }
 
+# A free loopback port that no service's state dir has saved (a stopped service keeps its port for its restart,
+# and the kernel may hand a port it just gave out again: two members of one cluster once got the same peer port).
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+  python3 - "$STATE" <<'PY'
+import glob, socket, sys
+saved = set()
+for f in glob.glob(sys.argv[1] + "/*/*port"):
+    try:
+        saved.add(int(open(f).read().strip()))
+    except (OSError, ValueError):
+        pass
+held = []
+for _ in range(100):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    if port not in saved:
+        print(port)
+        break
+    held.append(s)  # kept bound, so the kernel offers another one next
+else:
+    sys.exit("no free port that no service has saved after 100 tries")
+PY
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -61,9 +82,15 @@ install() {
 
 pid_alive() { [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
-wait_ready() { # name check-fn logfile
-  local name=$1 check=$2 logf=$3 deadline=$((SECONDS + READY_TIMEOUT))
+wait_ready() { # name check-fn logfile pidfile
+  local name=$1 check=$2 logf=$3 pidf=$4 deadline=$((SECONDS + READY_TIMEOUT))
   until $check; do
+    if ! pid_alive "$pidf"; then
+      # Exited (a bad flag, a port taken): waiting out the timeout would only hide it.
+      log "$name exited before it was ready; last lines of $logf:"
+      tail -n 40 "$logf" >&2 || true
+      return 1
+    fi
     if ((SECONDS > deadline)); then
       log "$name not ready after ${READY_TIMEOUT}s; last lines of $logf:"
       tail -n 40 "$logf" >&2 || true
@@ -161,7 +188,7 @@ kafka_wait() {
   local name=${1:-kafka} dir="$STATE/${1:-kafka}"
   local port; port=$(cat "$dir/port")
   check() { pid_alive "$dir/pid" && port_open "$port" && grep -q "Kafka Server started" "$dir/kafka.log"; }
-  wait_ready "kafka($name)" check "$dir/kafka.log" || { stop_pid "$dir"; die "kafka $name did not start"; }
+  wait_ready "kafka($name)" check "$dir/kafka.log" "$dir/pid" || { stop_pid "$dir"; die "kafka $name did not start"; }
 }
 
 stop_pid() { # dir
@@ -190,7 +217,7 @@ etcd_start() {
     --initial-cluster "$name=http://127.0.0.1:$pport" >>"$dir/etcd.log" 2>&1 &
   echo $! >"$dir/pid"
   check() { pid_alive "$dir/pid" && ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$port" --dial-timeout=1s endpoint health >/dev/null 2>&1; }
-  wait_ready "etcd($name)" check "$dir/etcd.log" || { stop_pid "$dir"; die "etcd $name did not start"; }
+  wait_ready "etcd($name)" check "$dir/etcd.log" "$dir/pid" || { stop_pid "$dir"; die "etcd $name did not start"; }
 }
 
 # N members NAME-1..NAME-N on free loopback ports, one initial cluster; fresh data each time (a new cluster token).
@@ -220,7 +247,7 @@ etcd_cluster_start() { # name n
     local dir="$STATE/$m" port
     port=$(cat "$dir/port")
     check() { pid_alive "$dir/pid" && ETCDCTL_API=3 etcdctl --endpoints="127.0.0.1:$port" --dial-timeout=1s endpoint health >/dev/null 2>&1; }
-    wait_ready "etcd($m)" check "$dir/etcd.log" || { for x in "${members[@]}"; do stop_pid "$STATE/$x"; done; die "etcd cluster $name did not start"; }
+    wait_ready "etcd($m)" check "$dir/etcd.log" "$dir/pid" || { for x in "${members[@]}"; do stop_pid "$STATE/$x"; done; die "etcd cluster $name did not start"; }
   done
   local eps=""; for m in "${members[@]}"; do eps+="${eps:+,}127.0.0.1:$(cat "$STATE/$m/port")"; done
   echo "$eps"
