@@ -907,6 +907,17 @@ pub enum Error {
         /// Offsets the broker answered with.
         acknowledged: usize,
     },
+    /// An append for a region the log store was not told it may write: on a datanode, a region whose
+    /// `__topic_region` key the metasrv has not shown (so a prune could not see its entries). Nothing was written.
+    #[snafu(display(
+        "WAL topic '{topic}': region {region_id} may not append here (it is not open on this store)"
+    ))]
+    LogRegionNotRegistered {
+        /// The topic.
+        topic: String,
+        /// The region.
+        region_id: u64,
+    },
     /// A flush asked to record a checkpoint above the end of the region's WAL: the region's next entries would
     /// look flushed and never be replayed. Nothing is recorded.
     #[snafu(display(

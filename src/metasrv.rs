@@ -22,7 +22,6 @@ use snafu::{ResultExt, ensure};
 use tokio::sync::OnceCell;
 
 use crate::config::{MetadataBackend, MetasrvConfig};
-use crate::datanode::prune_deleter::LazyRecordDeleter;
 use crate::datanode::{OpenRegions, RegionOpener, WalProviderKind};
 use crate::ddl::{
     CreateTableTask, DatanodeManagerRef, DatanodeTableValue, DdlContext, DdlManager,
@@ -38,6 +37,7 @@ use crate::kv::redb::RedbOpenMode;
 use crate::kv::state_store::LeaderFence;
 use crate::kv::{CommitObserver, CountingKvBackend, KvBackendRef, RangeRequest};
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
+use crate::wal::kafka::record_deleter::LazyRecordDeleter;
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::kafka::timed_admin::{TimedTopicAdmin, TopicAdminObserver};
 use crate::wal::kafka::topic_key::list_persisted_topics;
@@ -47,11 +47,8 @@ use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
 pub mod election;
 mod namespace;
-mod table_wal;
-pub mod wal_flush;
 mod wal_prune;
 pub mod wal_stats;
-pub mod wal_write;
 
 pub use namespace::NamespacedKvBackend;
 

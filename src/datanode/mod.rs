@@ -1,12 +1,10 @@
-//! What a datanode opens when it starts: it reads every `DatanodeTableValue` recorded for it and turns each region
-//! into a [`RegionOpenRequest`] carrying the region's encoded WAL options.
+//! What the metasrv knows of datanodes, shared with the datanode package: what a datanode opens when it starts (every
+//! `DatanodeTableValue` recorded for it, one [`RegionOpenRequest`] per region with its encoded WAL options). The
+//! datanode runtime itself (log stores, replay, checkpoints, region storage, leases, the write path) is the
+//! `datanode` package of the workspace, which depends on this crate and never the other way round.
 
-pub mod checkpoint;
-pub mod log_store;
 pub mod open_request;
 pub mod opener;
-pub mod prune_deleter;
-pub mod replay;
 
 pub use open_request::RegionOpenRequest;
 pub use opener::{OpenRegions, RegionOpenError, RegionOpener, WalProviderKind};

@@ -19,6 +19,8 @@ use crate::error::{
     Result, TableAlreadyExistsSnafu, TableMetadataConflictSnafu,
 };
 use crate::kv::{Compare, KvBackendRef, KvStepStore, Txn, TxnOp, TxnOpResponse};
+use crate::wal::WalOptions;
+use crate::wal::topic_region::{TOPIC_REGION_PREFIX, TopicRegionValue, topic_region_key};
 use procedures::{Condition, StepWrites, WriteOp};
 
 /// Operations the procedure engine adds to the metadata transaction of a create-table (see `check_fits`).
@@ -46,6 +48,9 @@ pub struct TableMetadata {
     pub route: TableRouteValue,
     /// `__dn_table/{datanode}/{id}` → this, per datanode id.
     pub datanode_tables: BTreeMap<u64, DatanodeTableValue>,
+    /// `__topic_region/{topic}/{region_id}` → empty (no checkpoint yet), per region on a Kafka topic: the region
+    /// pins its topic against a prune from the moment the table exists, before any datanode opened it.
+    pub topic_regions: Vec<(String, u64)>,
 }
 
 impl TableMetadata {
@@ -82,6 +87,18 @@ impl TableMetadata {
                 (dn, value)
             })
             .collect();
+        let mut topic_regions: Vec<(String, u64)> = allocation
+            .region_wal_options
+            .iter()
+            .filter_map(|(number, encoded)| match WalOptions::decode(encoded) {
+                Ok(WalOptions::Kafka(kafka)) => Some((
+                    kafka.topic,
+                    crate::ddl::region::region_id(table_id, *number),
+                )),
+                _ => None,
+            })
+            .collect();
+        topic_regions.sort();
         TableMetadata {
             name: task.name.clone(),
             name_value: TableNameValue { table_id },
@@ -97,6 +114,7 @@ impl TableMetadata {
             },
             route,
             datanode_tables,
+            topic_regions,
         }
     }
 
@@ -105,7 +123,7 @@ impl TableMetadata {
         self.name_value.table_id
     }
 
-    /// Every key with its encoded value: name, info, route, then one per datanode.
+    /// Every key with its encoded value: name, info, route, one per datanode, then one per region on a Kafka topic.
     pub fn encode(&self) -> Result<Vec<(String, Vec<u8>)>> {
         let id = self.table_id();
         let mut kvs = vec![
@@ -115,6 +133,10 @@ impl TableMetadata {
         ];
         for (dn, value) in &self.datanode_tables {
             kvs.push(encode_kv(datanode_table_key(*dn, id), value)?);
+        }
+        for (topic, region_id) in &self.topic_regions {
+            let key = String::from_utf8_lossy(&topic_region_key(topic, *region_id)).into_owned();
+            kvs.push((key, TopicRegionValue::default().encode()));
         }
         Ok(kvs)
     }
@@ -406,9 +428,14 @@ impl TableMetadataManager {
         }
         // Name the key that clashed: one holding another value (e.g. `__table_info/{id}` of another table when the
         // id sequence was set back), before any key merely absent.
+        // A region's topic-region key holds its checkpoint once a datanode opened it: any value there is this
+        // table's own.
         let pairs = || kvs.iter().zip(current);
         let clash = pairs()
-            .find(|((_, want), have)| have.as_deref().is_some_and(|have| !same_json(have, want)))
+            .find(|((key, want), have)| {
+                !key.starts_with(TOPIC_REGION_PREFIX)
+                    && have.as_deref().is_some_and(|have| !same_json(have, want))
+            })
             .or_else(|| pairs().find(|(_, have)| have.is_none()));
         if let Some(((key, _), _)) = clash {
             return TableMetadataConflictSnafu { table, key }.fail();

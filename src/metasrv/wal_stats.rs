@@ -2,35 +2,26 @@
 //! writing to it, and what a replay of those regions would read (`walctl wal stats`).
 //!
 //! A replay of a topic's regions reads the topic once, from the lowest replay checkpoint among them (each region's
-//! the higher of its flushed entry id and the topic's pruned entry id) to the high watermark
-//! ([`crate::datanode::replay`]). The bytes reported are the key and value bytes of the records in that range,
-//! counted by reading it; the replay's look-back of one produce request before the checkpoint is not included.
+//! the higher of its flushed entry id and the topic's pruned entry id) to the high watermark (the datanode
+//! package's replay). The metasrv reads offsets and watermarks only, never a record: the records counted are the
+//! offsets in that range; the replay's look-back of one produce request before the checkpoint is not included.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::table_wal::WalStores;
 use super::{Metasrv, SCAN_PAGE};
-use crate::datanode::checkpoint::CheckpointStore;
-use crate::datanode::log_store::kafka::PartitionLog;
-use crate::datanode::log_store::record::offset_of_entry_id;
-use crate::datanode::log_store::{EntryId, RegionId};
 use crate::ddl::DatanodeTableValue;
 use crate::ddl::datanode_table::parse_datanode_table_key;
-use crate::error::{LogFetchStalledSnafu, NoKafkaPoolSnafu, Result};
+use crate::error::{NoKafkaPoolSnafu, Result};
 use crate::kv::RangeRequest;
+use crate::wal::kafka::partition::{KafkaPartition, call_bound, connect_client};
 use crate::wal::kafka::topic_key::{get_topic_value, list_persisted_topics};
+use crate::wal::topic_region::{EntryId, RegionId, read_topic_regions};
 use crate::wal::{WalConfig, WalOptions};
 
 /// The command's name in errors.
 const OPERATION: &str = "wal stats";
-
-/// Bytes asked for per fetch while counting.
-const FETCH_BYTES: i32 = 4 * 1024 * 1024;
-
-/// Consecutive empty fetches below the high watermark tolerated while counting.
-const MAX_EMPTY_FETCHES: u32 = 3;
 
 /// One topic's WAL figures.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -48,10 +39,8 @@ pub struct TopicWalStats {
     /// The entry id a replay of them starts after (the lowest replay checkpoint), when there is a region.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub replay_from: Option<EntryId>,
-    /// Records a replay of them would read.
+    /// Records a replay of them would read (from the offsets alone: no record is read).
     pub replay_records: u64,
-    /// Key and value bytes of those records.
-    pub replay_bytes: u64,
 }
 
 impl Metasrv {
@@ -75,19 +64,22 @@ impl Metasrv {
         };
         topics.sort_by(|a, b| (index(a), a).cmp(&(index(b), b)));
         let regions = self.region_ids_per_topic().await?;
-        let checkpoints = CheckpointStore::new(self.kv.clone());
-        let mut stores = WalStores::default();
+        let mut client = None;
+        let bound = call_bound(kafka);
         let mut out = Vec::with_capacity(topics.len());
         for topic in topics {
-            let store = self.kafka_store(&mut stores, OPERATION, &topic).await?;
-            let partition = store.partition();
+            let client = match &client {
+                Some(client) => client,
+                None => client.insert(connect_client(kafka).await?),
+            };
+            let partition = KafkaPartition::new(client, &topic, bound).await?;
             let low_watermark = partition.low_watermark().await?;
             let high_watermark = partition.high_watermark().await?;
             let pruned_entry_id = get_topic_value(self.kv.as_ref(), &topic)
                 .await?
                 .map_or(0, |v| v.pruned_entry_id);
             let on_topic = regions.get(&topic).cloned().unwrap_or_default();
-            let stored = checkpoints.regions(&topic).await?;
+            let stored = read_topic_regions(self.kv.as_ref(), &topic).await?;
             let replay_from = on_topic
                 .iter()
                 .map(|region| {
@@ -98,12 +90,14 @@ impl Metasrv {
                         .max(pruned_entry_id)
                 })
                 .min();
-            let (replay_records, replay_bytes) = match replay_from {
+            // Offsets of a pool topic are contiguous (no compaction, no transactions): the records a replay reads
+            // are the offsets from its start to the high watermark.
+            let replay_records = match replay_from {
                 Some(from) => {
-                    let start = offset_of_entry_id(from.saturating_add(1)).max(low_watermark);
-                    count_records(partition, start, high_watermark).await?
+                    let start = i64::try_from(from).unwrap_or(i64::MAX).max(low_watermark);
+                    u64::try_from(high_watermark.saturating_sub(start)).unwrap_or(0)
                 }
-                None => (0, 0),
+                None => 0,
             };
             out.push(TopicWalStats {
                 topic,
@@ -113,7 +107,6 @@ impl Metasrv {
                 regions: on_topic.len(),
                 replay_from,
                 replay_records,
-                replay_bytes,
             });
         }
         Ok(out)
@@ -143,43 +136,4 @@ impl Metasrv {
         }
         Ok(out)
     }
-}
-
-/// The records and their key and value bytes from offset `start` up to `end`.
-async fn count_records<P: PartitionLog>(partition: &P, start: i64, end: i64) -> Result<(u64, u64)> {
-    let (mut records, mut bytes) = (0u64, 0u64);
-    let mut offset = start;
-    let mut empty = 0;
-    while offset < end {
-        let (fetched, _) = partition.fetch(offset, FETCH_BYTES).await?;
-        let mut advanced = false;
-        for record in fetched {
-            if record.offset >= end {
-                return Ok((records, bytes));
-            }
-            if record.offset < offset {
-                continue;
-            }
-            records += 1;
-            bytes += (record.key.as_ref().map_or(0, Vec::len)
-                + record.value.as_ref().map_or(0, Vec::len)) as u64;
-            offset = record.offset + 1;
-            advanced = true;
-        }
-        if advanced {
-            empty = 0;
-        } else {
-            empty += 1;
-            if empty >= MAX_EMPTY_FETCHES {
-                return LogFetchStalledSnafu {
-                    topic: partition.topic(),
-                    offset,
-                    end,
-                    attempts: empty,
-                }
-                .fail();
-            }
-        }
-    }
-    Ok((records, bytes))
 }

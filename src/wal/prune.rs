@@ -20,8 +20,8 @@
 //! moment, which is at or above every checkpoint step 1 read (a checkpoint never exceeds the end of the topic it
 //! was recorded on), and it writes its first entry only after recording it. The full argument: `docs/wal.md`.
 //!
-//! `__topic_region` values are read here without naming the datanode module (which sits above this one): only
-//! the checkpoint's `entry_id` and `metadata_entry_id` are decoded, the lower of the two being the flushed id.
+//! `__topic_region` values are read with the one codec of that key (`crate::wal::topic_region`); the lower of the
+//! checkpoint's `entry_id` and `metadata_entry_id` is the flushed id.
 
 use std::fmt;
 use std::sync::Arc;
@@ -31,11 +31,10 @@ use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, ProcedureId,
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use crate::error::{
-    InvalidTopicRegionKeySnafu, PruneTopicUnknownSnafu, PruneWatermarkContentionSnafu, Result,
-};
-use crate::kv::{CompareAndPutRequest, KvBackendRef, RangeRequest, range_all};
+use crate::error::{PruneTopicUnknownSnafu, PruneWatermarkContentionSnafu, Result};
+use crate::kv::{CompareAndPutRequest, KvBackendRef};
 use crate::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
+use crate::wal::topic_region::read_topic_regions;
 
 /// Compare-and-put attempts before advancing the watermark gives up (another writer kept changing the key).
 const MAX_CAS_ATTEMPTS: usize = 16;
@@ -79,11 +78,6 @@ pub fn prune_procedure_id(topic: &str) -> ProcedureId {
 /// The lock key every prune of `topic` holds exclusively: `wal/kafka/topic/{topic}`.
 pub fn prune_lock_key(topic: &str) -> LockKey {
     LockKey::exclusive(format!("wal/kafka/topic/{topic}"))
-}
-
-/// `__topic_region/{topic}/`: the prefix of the topic's region checkpoints.
-fn topic_region_prefix(topic: &str) -> Vec<u8> {
-    format!("__topic_region/{topic}/").into_bytes()
 }
 
 /// The step the procedure runs next.
@@ -219,16 +213,14 @@ impl WalPruneProcedure {
     /// Step 1: read the watermark and the regions' checkpoints, and persist the target.
     async fn compute_prunable(&mut self) -> Result<Status> {
         let (_, watermark) = self.read_watermark().await?;
-        let prefix = topic_region_prefix(&self.data.topic);
-        let kvs = range_all(self.kv.as_ref(), RangeRequest::prefix(prefix.clone()), 1024).await?;
+        let regions = read_topic_regions(self.kv.as_ref(), &self.data.topic).await?;
         let mut lowest: Option<u64> = None;
         let mut pinned_by = None;
-        for kv in &kvs {
-            let region_id = region_id_of(&prefix, &kv.key)?;
-            match flushed_entry_id(&kv.key, &kv.value)? {
+        for (region_id, value) in &regions {
+            match value.flushed_entry_id() {
                 Some(flushed) => lowest = Some(lowest.map_or(flushed, |l| l.min(flushed))),
                 None => {
-                    pinned_by = Some(region_id);
+                    pinned_by = Some(*region_id);
                     break;
                 }
             }
@@ -240,11 +232,11 @@ impl WalPruneProcedure {
         };
         self.data.old_pruned_entry_id = watermark.pruned_entry_id;
         self.data.target = prunable.max(watermark.pruned_entry_id);
-        self.data.regions = kvs.len();
+        self.data.regions = regions.len();
         self.data.pinned_by = pinned_by;
         info!(
             topic = %self.data.topic,
-            regions = kvs.len(),
+            regions = regions.len(),
             ?pinned_by,
             old = watermark.pruned_entry_id,
             target = self.data.target,
@@ -324,57 +316,6 @@ impl WalPruneProcedure {
     }
 }
 
-/// The region id ending a topic-region key; an error naming the key otherwise.
-fn region_id_of(prefix: &[u8], key: &[u8]) -> Result<u64> {
-    key.get(prefix.len()..)
-        .and_then(|rest| std::str::from_utf8(rest).ok())
-        .and_then(|rest| rest.parse::<u64>().ok())
-        .ok_or_else(|| {
-            InvalidTopicRegionKeySnafu {
-                key: String::from_utf8_lossy(key).into_owned(),
-                reason: "it does not end in a region id",
-            }
-            .build()
-        })
-}
-
-/// The checkpoint part of a topic-region value that a prune needs.
-#[derive(Deserialize)]
-struct CheckpointOnly {
-    #[serde(default)]
-    checkpoint: Option<CheckpointIds>,
-}
-
-#[derive(Deserialize)]
-struct CheckpointIds {
-    #[serde(default)]
-    entry_id: u64,
-    #[serde(default)]
-    metadata_entry_id: Option<u64>,
-}
-
-/// The flushed entry id of a topic-region value: `None` for an empty value or one without a checkpoint, the lower
-/// of `entry_id` and `metadata_entry_id` otherwise; an error naming the key when it does not decode.
-fn flushed_entry_id(key: &[u8], value: &[u8]) -> Result<Option<u64>> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    let decoded: CheckpointOnly = serde_json::from_slice(value).map_err(|e| {
-        InvalidTopicRegionKeySnafu {
-            key: String::from_utf8_lossy(key).into_owned(),
-            reason: format!(
-                "value '{}' is not a topic region value: {e}",
-                String::from_utf8_lossy(value)
-            ),
-        }
-        .build()
-    })?;
-    Ok(decoded.checkpoint.map(|c| match c.metadata_entry_id {
-        Some(m) => c.entry_id.min(m),
-        None => c.entry_id,
-    }))
-}
-
 #[async_trait]
 impl Procedure for WalPruneProcedure {
     fn type_name(&self) -> &str {
@@ -411,26 +352,6 @@ impl Procedure for WalPruneProcedure {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn flushed_ids_follow_the_lower_checkpoint() {
-        assert_eq!(flushed_entry_id(b"k", b"").unwrap(), None);
-        assert_eq!(flushed_entry_id(b"k", b"{}").unwrap(), None);
-        assert_eq!(
-            flushed_entry_id(b"k", br#"{"checkpoint":{"entry_id":9}}"#).unwrap(),
-            Some(9)
-        );
-        assert_eq!(
-            flushed_entry_id(
-                b"k",
-                br#"{"checkpoint":{"entry_id":9,"metadata_entry_id":4}}"#
-            )
-            .unwrap(),
-            Some(4)
-        );
-        let err = flushed_entry_id(b"__topic_region/t/1", b"nope").unwrap_err();
-        assert!(err.to_string().contains("__topic_region/t/1"), "{err}");
-    }
 
     #[test]
     fn modes_are_snake_case() {

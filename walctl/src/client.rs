@@ -241,11 +241,9 @@ pub fn execute(client: &mut Client, command: &Command, out: &mut Output) -> Resu
             )?;
             crate::wal::print_prune(out, &pruned.topics);
         }
-        Command::Wal(
-            command @ (WalCommand::Write { .. } | WalCommand::Flush { .. } | WalCommand::Stats),
-        ) => {
+        Command::Wal(command @ WalCommand::Stats) => {
             return Err(Failure::Refused(format!(
-                "wal {} talks to the regions' WALs where walctl runs; it cannot run with --server (run it without \
+                "wal {} reads the topics' offsets where walctl runs; it cannot run with --server (run it without \
                  --server)",
                 command.name()
             )));

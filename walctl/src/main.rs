@@ -220,7 +220,7 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
                     WalConfig::RaftEngine => None,
                 };
                 let dir = metasrv.config().datanodes.wal_dir_of(*datanode);
-                let outcomes = remote_wal::datanode::replay::replay_open_requests(
+                let outcomes = datanode::replay::replay_open_requests(
                     &open.requests,
                     metasrv.kv(),
                     kafka,

@@ -5,8 +5,8 @@ use std::io::Write;
 use std::time::Duration;
 
 use comfy_table::{CellAlignment, ColumnConstraint, Table};
+use datanode::replay::RegionReplayOutcome;
 use procedures::{HeldKey, LockWait, ProcedureEvent, ProcedureInfo};
-use remote_wal::datanode::replay::RegionReplayOutcome;
 use remote_wal::datanode::{OpenRegions, RegionOpenRequest};
 use remote_wal::metasrv::{
     BootstrapReport, RegionPlacement, RegionSpread, TableRegions, TopicUsage, TopicsReport,

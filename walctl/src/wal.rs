@@ -1,13 +1,10 @@
-//! `walctl wal …`: the WAL commands (`docs/walctl.md`). `wal write` appends synthetic entries to a table's regions
-//! through their own WALs and prints the throughput; `wal flush` records their replay checkpoints; `wal prune`
+//! `walctl wal …`: the WAL commands (`docs/walctl.md`). `wal prune`
 //! runs the WAL prune procedure on each topic of the Kafka pool (or the one named) and prints each topic's old and
 //! new pruned entry id; `wal stats` prints each topic's watermarks, regions and what a replay would read.
 
 use clap::Subcommand;
-use remote_wal::metasrv::wal_flush::RegionFlush;
+use remote_wal::metasrv::Metasrv;
 use remote_wal::metasrv::wal_stats::TopicWalStats;
-use remote_wal::metasrv::wal_write::WalWriteReport;
-use remote_wal::metasrv::{Metasrv, parse_table_name};
 use remote_wal::wal::prune::PruneOutput;
 
 use crate::output::Output;
@@ -15,32 +12,6 @@ use crate::output::Output;
 /// The `wal` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum WalCommand {
-    /// Append synthetic entries spread over a table's regions, each through its own WAL (Kafka topic or its
-    /// datanode's raft-engine directory), and print entries/s and MB/s.
-    Write {
-        /// `table`, `schema.table` or `catalog.schema.table`.
-        #[arg(long, value_name = "NAME")]
-        table: String,
-        /// Entries to write in all (entry i goes to the table's region i mod R).
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=MAX_ENTRIES))]
-        entries: u64,
-        /// Bytes per entry.
-        #[arg(long, value_name = "BYTES", default_value_t = 1024,
-              value_parser = clap::value_parser!(u64).range(1..=MAX_ENTRY_SIZE))]
-        entry_size: u64,
-    },
-    /// Record replay checkpoints for a table's regions, as a datanode does after a flush.
-    Flush {
-        /// `table`, `schema.table` or `catalog.schema.table`.
-        #[arg(long, value_name = "NAME")]
-        table: String,
-        /// Only this region number (default: every region of the table).
-        #[arg(long, value_name = "N")]
-        region: Option<u32>,
-        /// The flushed entry id to record (default: each region's last entry id); at most the WAL's end.
-        #[arg(long, value_name = "E")]
-        entry_id: Option<u64>,
-    },
     /// Prune the Kafka WAL: delete (or, with `prune_mode = "logical"`, only mark) the entries every region on a
     /// topic has flushed, and print each topic's old and new low watermark (pruned entry id).
     Prune {
@@ -62,19 +33,11 @@ impl WalCommand {
     /// The subcommand's name as typed (`write`, `flush`, `stats`, `prune`).
     pub fn name(&self) -> &'static str {
         match self {
-            WalCommand::Write { .. } => "write",
-            WalCommand::Flush { .. } => "flush",
             WalCommand::Stats => "stats",
             WalCommand::Prune { .. } => "prune",
         }
     }
 }
-
-/// The most entries one `wal write` writes.
-pub const MAX_ENTRIES: u64 = 100_000_000;
-
-/// The largest entry `wal write` writes (64 MiB).
-pub const MAX_ENTRY_SIZE: u64 = 64 * 1024 * 1024;
 
 /// Runs `command` on a started metasrv.
 pub async fn execute(
@@ -83,28 +46,6 @@ pub async fn execute(
     out: &mut Output,
 ) -> remote_wal::Result<()> {
     match command {
-        WalCommand::Write {
-            table,
-            entries,
-            entry_size,
-        } => {
-            let name = parse_table_name(table)?;
-            // Bounded by MAX_ENTRY_SIZE, far below usize::MAX.
-            let size = usize::try_from(*entry_size).unwrap_or(usize::MAX);
-            let report = metasrv.write_wal(&name, *entries, size).await?;
-            print_write(out, &report);
-            Ok(())
-        }
-        WalCommand::Flush {
-            table,
-            region,
-            entry_id,
-        } => {
-            let name = parse_table_name(table)?;
-            let flushed = metasrv.flush_wal(&name, *region, *entry_id).await?;
-            print_flush(out, &name.to_string(), &flushed);
-            Ok(())
-        }
         WalCommand::Stats => {
             let stats = metasrv.wal_stats().await?;
             print_stats(out, &stats);
@@ -144,71 +85,6 @@ pub fn print_prune(out: &mut Output, reports: &[PruneOutput]) {
     }
 }
 
-/// Per region its WAL, entries and last entry id, then `wrote N entries (B bytes) to table T in S s: E entries/s,
-/// M MB/s`; with `--json` the report as one object.
-fn print_write(out: &mut Output, report: &WalWriteReport) {
-    if out.is_json() {
-        out.json_line(report);
-        return;
-    }
-    let rows = report
-        .regions
-        .iter()
-        .map(|r| {
-            vec![
-                r.region_number.to_string(),
-                r.region_id.to_string(),
-                r.wal.clone(),
-                r.entries.to_string(),
-                r.last_entry_id.to_string(),
-            ]
-        })
-        .collect();
-    out.table(
-        &["REGION", "REGION_ID", "WAL", "ENTRIES", "LAST_ENTRY_ID"],
-        rows,
-    );
-    out.line(&format!(
-        "wrote {} entries ({} bytes) to table {} in {:.3} s: {:.0} entries/s, {:.2} MB/s",
-        report.entries,
-        report.bytes,
-        report.table,
-        report.seconds,
-        report.entries_per_sec,
-        report.mb_per_sec
-    ));
-}
-
-/// Per region its WAL and checkpoint before and after; with `--json` one object per region.
-fn print_flush(out: &mut Output, table: &str, flushed: &[RegionFlush]) {
-    if out.is_json() {
-        for r in flushed {
-            out.json_line(r);
-        }
-        return;
-    }
-    let rows = flushed
-        .iter()
-        .map(|r| {
-            vec![
-                r.region_number.to_string(),
-                r.region_id.to_string(),
-                r.wal.clone(),
-                r.old_checkpoint.to_string(),
-                r.checkpoint.to_string(),
-            ]
-        })
-        .collect();
-    out.table(
-        &["REGION", "REGION_ID", "WAL", "OLD_CHECKPOINT", "CHECKPOINT"],
-        rows,
-    );
-    out.line(&format!(
-        "recorded the checkpoints of {} regions of table {table}",
-        flushed.len()
-    ));
-}
-
 /// One row per topic; with `--json` one object per topic.
 fn print_stats(out: &mut Output, stats: &[TopicWalStats]) {
     if out.is_json() {
@@ -228,7 +104,6 @@ fn print_stats(out: &mut Output, stats: &[TopicWalStats]) {
                 t.regions.to_string(),
                 t.replay_from.map_or("-".to_string(), |f| f.to_string()),
                 t.replay_records.to_string(),
-                t.replay_bytes.to_string(),
             ]
         })
         .collect();
@@ -241,13 +116,12 @@ fn print_stats(out: &mut Output, stats: &[TopicWalStats]) {
             "REGIONS",
             "REPLAY_FROM",
             "REPLAY_RECORDS",
-            "REPLAY_BYTES",
         ],
         rows,
     );
-    let bytes: u64 = stats.iter().map(|t| t.replay_bytes).sum();
+    let records: u64 = stats.iter().map(|t| t.replay_records).sum();
     out.line(&format!(
-        "{} topics; a replay of their regions would read {bytes} bytes",
+        "{} topics; a replay of their regions would read {records} records",
         stats.len()
     ));
 }

@@ -3,6 +3,8 @@
 pub mod admin;
 pub mod batch_admin;
 pub mod bootstrap;
+pub mod partition;
+pub mod record_deleter;
 pub mod region_count;
 pub mod rskafka_admin;
 pub mod selector;

@@ -15,4 +15,3 @@ mod purge;
 mod readonly;
 mod replay;
 mod resume;
-mod wal_commands;

@@ -1,7 +1,7 @@
 //! `walctl open-regions --replay` on the embedded default (raft-engine WAL in `./walctl-data/wal/{datanode}`):
 //! each region reports the entries and bytes of its WAL, in text and JSON.
 
-use remote_wal::datanode::log_store::{EntryToWrite, LogStore, RaftEngineLogStore};
+use datanode::log_store::{EntryToWrite, LogStore, RaftEngineLogStore};
 
 use crate::support::Env;
 

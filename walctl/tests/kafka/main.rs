@@ -13,5 +13,4 @@ mod recovery;
 mod replay;
 mod spread;
 mod topic_config;
-mod wal_commands;
 mod wal_prune;

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use remote_wal::datanode::log_store::kafka::{RsKafkaPartition, call_bound, connect_client};
-use remote_wal::datanode::log_store::{EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, LogStore};
+use datanode::log_store::kafka::{RsKafkaPartition, call_bound, connect_client};
+use datanode::log_store::{EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, LogStore};
 use remote_wal::wal::{KafkaConfig, WalOptions};
 
 use crate::support::{Env, endpoints, kafka_redb_config, unique};

@@ -8,12 +8,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use datanode::checkpoint::CheckpointStore;
+use datanode::log_store::kafka::{PartitionLog, RsKafkaPartition, call_bound, connect_client};
+use datanode::log_store::{EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, LogStore};
 use remote_wal::config::MetasrvConfig;
-use remote_wal::datanode::checkpoint::CheckpointStore;
-use remote_wal::datanode::log_store::kafka::{
-    PartitionLog, RsKafkaPartition, call_bound, connect_client,
-};
-use remote_wal::datanode::log_store::{EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, LogStore};
 use remote_wal::kv::redb::RedbOpenMode;
 use remote_wal::metasrv::Metasrv;
 use remote_wal::wal::kafka::topic_key::get_topic_value;
@@ -71,7 +69,7 @@ fn prune_deletes_below_the_lowest_checkpoint_and_survives_kill_9() {
         let store = KafkaLogStore::new(partition, KafkaLogStoreConfig::default());
         let checkpoints = CheckpointStore::new(m.kv().clone());
         for region in &regions {
-            remote_wal::datanode::checkpoint::start_kafka_region(&store, &checkpoints, *region)
+            datanode::checkpoint::start_kafka_region(&store, &checkpoints, *region)
                 .await
                 .expect("start");
         }

@@ -120,8 +120,9 @@ fn the_leader_prunes_the_wal_every_prune_interval_and_a_follower_does_not() {
     );
     assert_eq!(status, 200, "{table}");
 
-    // Through the CLI on the same store (no manager started, so the leader is not fenced): 10 entries, 5 per
-    // region, then region 0 flushed up to entry 3 and region 1 up to entry 6; the lower one, 3, is prunable.
+    // As a datanode would, in this process on the same store (no manager started, so the leader is not fenced):
+    // 10 entries, 5 per region, then region 0 flushed up to entry 3 and region 1 up to entry 6; the lower one, 3, is
+    // prunable.
     let config = servers.servers[leader].config.clone();
     let walctl = |args: &[&str]| {
         let out = std::process::Command::new(crate::support::walctl_path())
@@ -139,27 +140,13 @@ fn the_leader_prunes_the_wal_every_prune_interval_and_a_follower_does_not() {
         );
         crate::support::json_lines(&String::from_utf8_lossy(&out.stdout))
     };
-    walctl(&["wal", "write", "--table", "pruned", "--entries", "10"]);
-    walctl(&[
-        "wal",
-        "flush",
-        "--table",
-        "pruned",
-        "--region",
-        "0",
-        "--entry-id",
-        "3",
-    ]);
-    walctl(&[
-        "wal",
-        "flush",
-        "--table",
-        "pruned",
-        "--region",
-        "1",
-        "--entry-id",
-        "6",
-    ]);
+    let regions: Vec<u64> = table["regions"]
+        .as_array()
+        .expect("regions")
+        .iter()
+        .map(|r| r["region_id"].as_u64().expect("region_id"))
+        .collect();
+    write_and_flush(&config, &format!("{prefix}_0"), &regions, &[3, 6]);
 
     // Nobody asks for a prune: the leader's next round (every second) moves the watermark and deletes the records.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -188,4 +175,55 @@ fn the_leader_prunes_the_wal_every_prune_interval_and_a_follower_does_not() {
         counter(&metrics(follower), "walctl_wal_prune_failures_total"),
         0
     );
+}
+
+/// Starts each of `regions` on `topic` (checkpoint = the topic's end), appends 10 entries alternating between them,
+/// and records region `i`'s flushed entry id `flushed[i]`, through the datanode package on the store of `config`.
+fn write_and_flush(config: &std::path::Path, topic: &str, regions: &[u64], flushed: &[u64]) {
+    use datanode::checkpoint::{CheckpointStore, start_kafka_region};
+    use datanode::log_store::kafka::{RsKafkaPartition, call_bound, connect_client};
+    use datanode::log_store::{EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, LogStore};
+    use remote_wal::config::MetasrvConfig;
+    use remote_wal::kv::redb::RedbOpenMode;
+    use remote_wal::metasrv::Metasrv;
+    use remote_wal::wal::WalConfig;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let config = MetasrvConfig::from_file(config).expect("config");
+        let metasrv = Metasrv::open(config, RedbOpenMode::MustExist)
+            .await
+            .expect("open");
+        let WalConfig::Kafka(kafka) = metasrv.config().wal.clone() else {
+            panic!("a Kafka config")
+        };
+        let client = connect_client(&kafka).await.expect("connect");
+        let partition = RsKafkaPartition::new(&client, topic, call_bound(&kafka))
+            .await
+            .expect("partition");
+        let store = KafkaLogStore::new(partition, KafkaLogStoreConfig::default());
+        let checkpoints = CheckpointStore::new(metasrv.kv().clone());
+        for region in regions {
+            start_kafka_region(&store, &checkpoints, *region)
+                .await
+                .expect("start");
+        }
+        let entries = (0..10)
+            .map(|i| EntryToWrite {
+                region_id: regions[i % regions.len()],
+                data: vec![7; 100],
+            })
+            .collect();
+        store.append(entries).await.expect("append");
+        for (region, entry_id) in regions.iter().zip(flushed) {
+            checkpoints
+                .record_flushed(topic, *region, *entry_id)
+                .await
+                .expect("flush");
+        }
+        metasrv.stop().await.expect("stop");
+    });
 }
