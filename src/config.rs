@@ -78,6 +78,142 @@ struct ConfigFile {
     datanodes: DatanodesConfig,
     procedure: ProcedureConfig,
     server: ServerConfig,
+    datanode: Option<DatanodeConfig>,
+}
+
+/// The default `[datanode] listen`.
+pub const DEFAULT_DATANODE_LISTEN: &str = "127.0.0.1:4100";
+
+/// The default `[datanode] region_storage`.
+pub const DEFAULT_REGION_STORAGE: &str = "./walctl-data/regions";
+
+/// The default `[datanode] flush_threshold`: 64 MiB of unflushed entries per region.
+pub const DEFAULT_FLUSH_THRESHOLD: u64 = 64 * 1024 * 1024;
+
+/// The `[datanode]` section, read by `walctl datanode` only: who this datanode is, where its API listens, the
+/// metasrv servers it heartbeats to, and where its regions live.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatanodeConfig {
+    /// The datanode's id: one of `[datanodes] ids`.
+    pub id: u64,
+    /// `host:port` its API listens on.
+    pub listen: String,
+    /// `host:port` clients and the metasrv reach it at. Empty: the listen address.
+    pub advertise: String,
+    /// The `walctl serve` servers (`host:port` or URLs); it follows the leader among them.
+    pub metasrv: Vec<String>,
+    /// Region storage, shared by every datanode (where flushed entries go; it stands in for an object store).
+    pub region_storage: String,
+    /// This datanode's raft-engine WAL directory. Empty: `[datanodes] wal_dir` with `{datanode}` = its id.
+    pub wal_dir: String,
+    /// How often it heartbeats; its region leases last 3 intervals + 1 s.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// Unflushed bytes per region past which a flush starts on its own (writes wait for it).
+    pub flush_threshold: u64,
+}
+
+impl Default for DatanodeConfig {
+    fn default() -> Self {
+        DatanodeConfig {
+            id: 0,
+            listen: DEFAULT_DATANODE_LISTEN.to_string(),
+            advertise: String::new(),
+            metasrv: Vec::new(),
+            region_storage: DEFAULT_REGION_STORAGE.to_string(),
+            wal_dir: String::new(),
+            heartbeat_interval: Duration::from_secs(1),
+            flush_threshold: DEFAULT_FLUSH_THRESHOLD,
+        }
+    }
+}
+
+impl DatanodeConfig {
+    /// The advertised address: `advertise`, or `listen` when it is empty.
+    pub fn advertised(&self) -> &str {
+        if self.advertise.trim().is_empty() {
+            &self.listen
+        } else {
+            &self.advertise
+        }
+    }
+
+    /// Checks the section against the metasrv's `datanodes`: the id among `[datanodes] ids`, addresses
+    /// `host:port`, at least one metasrv, a heartbeat interval of 100 ms to 60 s, a flush threshold of 1 KiB at
+    /// least. The error names the key and its value.
+    pub fn validate(&self, datanodes: &DatanodesConfig) -> Result<()> {
+        ensure!(
+            datanodes.ids.contains(&self.id),
+            InvalidConfigSnafu {
+                key: "datanode.id",
+                value: self.id.to_string(),
+                reason: format!("not one of [datanodes] ids {:?}", datanodes.ids),
+            }
+        );
+        for (key, value, may_be_empty) in [
+            ("datanode.listen", &self.listen, false),
+            ("datanode.advertise", &self.advertise, true),
+        ] {
+            if may_be_empty && value.is_empty() {
+                continue;
+            }
+            ensure!(
+                value
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()),
+                InvalidConfigSnafu {
+                    key,
+                    value: format!("{value:?}"),
+                    reason: "expected host:port",
+                }
+            );
+        }
+        ensure!(
+            !self.metasrv.is_empty(),
+            InvalidConfigSnafu {
+                key: "datanode.metasrv",
+                value: "[]",
+                reason: "name at least one walctl serve (host:port or URL)",
+            }
+        );
+        ensure!(
+            !self.region_storage.trim().is_empty(),
+            InvalidConfigSnafu {
+                key: "datanode.region_storage",
+                value: format!("{:?}", self.region_storage),
+                reason: "must name a directory",
+            }
+        );
+        ensure!(
+            (Duration::from_millis(100)..=Duration::from_secs(60))
+                .contains(&self.heartbeat_interval),
+            InvalidConfigSnafu {
+                key: "datanode.heartbeat_interval",
+                value: humantime_serde::re::humantime::format_duration(self.heartbeat_interval)
+                    .to_string(),
+                reason: "must be within 100ms and 60s",
+            }
+        );
+        ensure!(
+            self.flush_threshold >= 1024,
+            InvalidConfigSnafu {
+                key: "datanode.flush_threshold",
+                value: self.flush_threshold.to_string(),
+                reason: "must be at least 1024 bytes",
+            }
+        );
+        Ok(())
+    }
+
+    /// The raft-engine WAL directory: `wal_dir`, or the metasrv's `[datanodes] wal_dir` for this id.
+    pub fn wal_dir(&self, datanodes: &DatanodesConfig) -> std::path::PathBuf {
+        if self.wal_dir.trim().is_empty() {
+            datanodes.wal_dir_of(self.id)
+        } else {
+            std::path::PathBuf::from(&self.wal_dir)
+        }
+    }
 }
 
 /// The shortest leadership lease `[server] lease_ttl` accepts.
@@ -334,6 +470,31 @@ impl MetasrvConfig {
         Self::from_toml_str_with_server(&text, &path.display().to_string())
     }
 
+    /// [`MetasrvConfig::from_file`], also returning the file's `[datanode]` section, validated (an error naming the
+    /// file when it is missing).
+    pub fn from_file_with_datanode(path: &Path) -> Result<(Self, DatanodeConfig)> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).context(ReadConfigSnafu {
+            path: origin.clone(),
+        })?;
+        let (config, _, datanode) = Self::parse_sections(&text, &origin)?;
+        let datanode = datanode.ok_or_else(|| {
+            InvalidConfigSnafu {
+                key: "datanode",
+                value: "(absent)",
+                reason: "walctl datanode needs a [datanode] section (id, listen, metasrv, region_storage)",
+            }
+            .build()
+        });
+        let datanode = datanode.context(ValidateConfigSnafu {
+            origin: origin.clone(),
+        })?;
+        datanode
+            .validate(&config.datanodes)
+            .context(ValidateConfigSnafu { origin })?;
+        Ok((config, datanode))
+    }
+
     /// Parses and validates a TOML document; `origin` names it in errors (a file path).
     ///
     /// A parse error names the position (from the TOML error's span) and the dotted key (from
@@ -344,6 +505,16 @@ impl MetasrvConfig {
 
     /// [`MetasrvConfig::from_toml_str`], also returning the `[server]` section, validated.
     pub fn from_toml_str_with_server(text: &str, origin: &str) -> Result<(Self, ServerConfig)> {
+        let (config, server, _) = Self::parse_sections(text, origin)?;
+        Ok((config, server))
+    }
+
+    /// Every section of the file, the metasrv's and `[server]` validated (`[datanode]` is validated by whoever
+    /// reads it).
+    fn parse_sections(
+        text: &str,
+        origin: &str,
+    ) -> Result<(Self, ServerConfig, Option<DatanodeConfig>)> {
         let document = toml::Deserializer::parse(text)
             .map_err(|source| parse_error(text, origin, String::new(), source))?;
         let file: ConfigFile = serde_path_to_error::deserialize(document).map_err(|err| {
@@ -365,7 +536,7 @@ impl MetasrvConfig {
         file.server
             .validate()
             .context(ValidateConfigSnafu { origin })?;
-        Ok((config, file.server))
+        Ok((config, file.server, file.datanode))
     }
 
     /// Checks every value: the WAL section ([`WalConfig::validate`]), the metadata store and the datanodes. The

@@ -918,6 +918,62 @@ pub enum Error {
         /// The region.
         region_id: u64,
     },
+    /// A datanode registered or heartbeated with an id the metasrv does not place regions on.
+    #[snafu(display("datanode {datanode_id} is not one of [datanodes] ids {ids:?}"))]
+    DatanodeUnknown {
+        /// The id it gave.
+        datanode_id: u64,
+        /// The configured ids.
+        ids: Vec<u64>,
+    },
+    /// A datanode registered while its current incarnation still heartbeats: two processes with one id.
+    #[snafu(display(
+        "datanode {datanode_id}: incarnation {incarnation} at {address} is still heartbeating (its last heartbeat \
+         {age_ms} ms ago); stop it first, or give this one another id"
+    ))]
+    DatanodeStillHeartbeating {
+        /// The datanode.
+        datanode_id: u64,
+        /// The live incarnation.
+        incarnation: u64,
+        /// Where it runs.
+        address: String,
+        /// How long ago it last heartbeated.
+        age_ms: u64,
+    },
+    /// A heartbeat from an incarnation that a later registration replaced: that process must stop serving.
+    #[snafu(display(
+        "datanode {datanode_id}: incarnation {incarnation} is stale (incarnation {current} registered since); \
+         it must stop serving"
+    ))]
+    DatanodeStaleIncarnation {
+        /// The datanode.
+        datanode_id: u64,
+        /// The incarnation the heartbeat gave.
+        incarnation: u64,
+        /// The current one.
+        current: u64,
+    },
+    /// A heartbeat from a datanode incarnation this metadata store never registered.
+    #[snafu(display(
+        "datanode {datanode_id}: incarnation {incarnation} was never registered (register first)"
+    ))]
+    DatanodeNotRegistered {
+        /// The datanode.
+        datanode_id: u64,
+        /// The incarnation the heartbeat gave.
+        incarnation: u64,
+    },
+    /// The datanode's registration record kept changing under a compare-and-put.
+    #[snafu(display(
+        "datanode {datanode_id}: registration record '{key}' changed concurrently; retry"
+    ))]
+    DatanodeRegistrationContention {
+        /// The datanode.
+        datanode_id: u64,
+        /// The key.
+        key: String,
+    },
     /// A flush asked to record a checkpoint above the end of the region's WAL: the region's next entries would
     /// look flushed and never be replayed. Nothing is recorded.
     #[snafu(display(
@@ -1116,6 +1172,9 @@ impl Error {
             Error::EtcdConnectTimeout { .. } | Error::EtcdTimeout { .. } => true,
             Error::Election { retryable, .. } => *retryable,
             Error::NotLeader { .. } => true,
+            // ---- retryable: datanodes (src/metasrv/datanodes.rs) ----
+            Error::DatanodeStillHeartbeating { .. }
+            | Error::DatanodeRegistrationContention { .. } => true,
             // ---- retryable: wal (decided where built, src/wal/kafka) ----
             Error::KafkaConnect { retryable, .. }
             | Error::KafkaTimeout { retryable, .. }

@@ -45,6 +45,7 @@ use crate::wal::kafka::{KafkaTopicManager, TopicConfigDrift};
 use crate::wal::prune::{RecordDeleterRef, WalPruneProcedure};
 use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
+pub mod datanodes;
 pub mod election;
 mod namespace;
 mod wal_prune;
@@ -242,6 +243,8 @@ pub struct Metasrv {
     table_metadata: TableMetadataManagerRef,
     ddl: DdlManager,
     datanodes: DatanodeManagerRef,
+    /// The datanodes that registered and heartbeat with this server while it leads.
+    registry: Arc<datanodes::DatanodeRegistry>,
     started: AtomicBool,
     /// The procedures that were unfinished when the manager started (left by an earlier run).
     recovered: std::sync::Mutex<Vec<ProcedureId>>,
@@ -456,7 +459,17 @@ impl Metasrv {
             }
         };
 
+        let expected = match &config.wal {
+            WalConfig::RaftEngine => WalProviderKind::RaftEngine,
+            WalConfig::Kafka(_) => WalProviderKind::Kafka,
+        };
+        let registry = Arc::new(datanodes::DatanodeRegistry::new(
+            kv.clone(),
+            config.datanodes.ids.clone(),
+            expected,
+        ));
         Ok(Metasrv {
+            registry,
             config,
             kv,
             commits,
@@ -807,6 +820,46 @@ impl Metasrv {
             table: name.to_string(),
             table_id,
             regions,
+        })
+    }
+
+    /// The datanode registry: registrations, heartbeats and region leases (used while this server leads; see
+    /// [`datanodes::DatanodeRegistry::begin_term`]).
+    pub fn datanode_registry(&self) -> &Arc<datanodes::DatanodeRegistry> {
+        &self.registry
+    }
+
+    /// Table `name`'s regions with their leader datanodes, the datanodes' registered addresses and the regions'
+    /// epochs: what a client routes writes by. An error naming the table when it does not exist.
+    pub async fn table_leaders(&self, name: &TableName) -> Result<datanodes::TableLeaders> {
+        let Some(table_id) = self.table_id(name).await? else {
+            return crate::error::WalTableNotFoundSnafu {
+                operation: "table route",
+                table: name.to_string(),
+            }
+            .fail();
+        };
+        let placed = self.table_regions(name, table_id).await?;
+        let route = self.table_metadata.table_route(table_id).await?;
+        let ids: BTreeSet<u64> = placed.regions.iter().map(|r| r.datanode_id).collect();
+        let addresses = datanodes::registered_addresses(&self.kv, &ids).await?;
+        Ok(datanodes::TableLeaders {
+            table: placed.table,
+            table_id,
+            regions: placed
+                .regions
+                .into_iter()
+                .map(|r| datanodes::RegionLeader {
+                    region_number: r.region_number,
+                    region_id: r.region_id,
+                    datanode_id: r.datanode_id,
+                    address: addresses.get(&r.datanode_id).cloned(),
+                    epoch: route
+                        .as_ref()
+                        .map_or(0, |route| route.region_epoch(r.region_number)),
+                    wal_options: r.wal_options,
+                })
+                .collect(),
         })
     }
 

@@ -8,5 +8,12 @@
 #![warn(missing_docs)]
 
 pub mod checkpoint;
+pub mod error;
+pub mod heartbeat;
 pub mod log_store;
+pub mod region;
 pub mod replay;
+pub mod runtime;
+pub mod storage;
+
+pub use runtime::{Datanode, DatanodeOptions};

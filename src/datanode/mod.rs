@@ -5,6 +5,7 @@
 
 pub mod open_request;
 pub mod opener;
+pub mod protocol;
 
 pub use open_request::RegionOpenRequest;
 pub use opener::{OpenRegions, RegionOpenError, RegionOpener, WalProviderKind};

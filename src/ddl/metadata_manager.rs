@@ -60,6 +60,7 @@ impl TableMetadata {
         let route = TableRouteValue {
             region_routes: allocation.region_routes.clone(),
             version: 0,
+            region_epochs: BTreeMap::new(),
         };
         let storage_path = region_storage_path(&task.name.catalog, &task.name.schema);
         let datanode_tables = route

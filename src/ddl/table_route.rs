@@ -20,9 +20,18 @@ pub struct TableRouteValue {
     /// Version of the value, bumped by every change.
     #[serde(default)]
     pub version: u64,
+    /// Region number → its region epoch, for the regions whose epoch moved past 0 (a leader change bumps it;
+    /// absent = 0). Every lease carries its region's epoch, and so does every record written under it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub region_epochs: BTreeMap<u32, u64>,
 }
 
 impl TableRouteValue {
+    /// The region epoch of region `number` (0 unless recorded).
+    pub fn region_epoch(&self, number: u32) -> u64 {
+        self.region_epochs.get(&number).copied().unwrap_or(0)
+    }
+
     /// The regions each datanode serves, by datanode id.
     pub fn regions_by_datanode(&self) -> BTreeMap<u64, Vec<u32>> {
         let mut by_dn: BTreeMap<u64, Vec<u32>> = BTreeMap::new();

@@ -82,6 +82,9 @@ pub enum Command {
     /// Load generators: `bench ddl --tables N [--concurrency C] [--regions R]` (see `docs/walctl.md`).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
+    /// Run a datanode (the config file's `[datanode]` section) until SIGTERM/SIGINT: it registers with the
+    /// `walctl serve` leader, heartbeats, opens the regions the metasrv gives it and takes their writes.
+    Datanode,
     /// Run as a long-lived server with an HTTP API until SIGTERM/SIGINT; on etcd, servers elect one leader.
     Serve {
         /// `host:port` to listen on (overrides `[server] listen`).

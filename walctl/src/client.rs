@@ -255,6 +255,12 @@ pub fn execute(client: &mut Client, command: &Command, out: &mut Output) -> Resu
                     .to_string(),
             ));
         }
+        Command::Datanode => {
+            return Err(Failure::Refused(
+                "--server does not apply to datanode (its metasrv servers are [datanode] metasrv)"
+                    .to_string(),
+            ));
+        }
         Command::Serve { .. } => {
             return Err(Failure::Refused(
                 "--server does not apply to serve (a server is configured by --config and --listen)".to_string(),

@@ -17,6 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench;
 mod cli;
 mod client;
+mod datanode_server;
 mod election;
 mod output;
 mod progress;
@@ -108,6 +109,9 @@ impl From<remote_wal::Error> for Failure {
 async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Serve { listen } = &cli.command {
         return serve::run(cli.config.as_deref(), listen.clone()).await;
+    }
+    if let Command::Datanode = &cli.command {
+        return datanode_server::run(cli.config.as_deref()).await;
     }
     let mut config = match &cli.config {
         Some(path) => MetasrvConfig::from_file(path)?,
@@ -283,7 +287,7 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             Ok(())
         }
         // Handled by `run` before a metasrv is opened.
-        Command::Serve { .. } => Ok(()),
+        Command::Serve { .. } | Command::Datanode => Ok(()),
         // Writing entries, recording checkpoints and reading watermarks need no procedure: no manager is started
         // (a running `walctl serve` is not fenced).
         Command::Wal(command) if !command.runs_procedures() => {

@@ -52,10 +52,17 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/topics", get(topics))
         .route("/v1/wal/prune", post(prune_wal))
         .route("/v1/datanodes/{id}/open-requests", get(open_requests))
+        .route("/v1/datanodes", get(crate::serve::datanodes::list))
+        .route(
+            "/v1/datanodes/register",
+            post(crate::serve::datanodes::register),
+        )
+        .route("/v1/heartbeat", post(crate::serve::datanodes::heartbeat))
+        .route("/v1/tables/{*name}", get(crate::serve::datanodes::table))
         .with_state(state)
 }
 
-type ApiResult = Result<Response, ApiError>;
+pub(super) type ApiResult = Result<Response, ApiError>;
 
 /// How long a 503 `not_leader` waits for etcd to say who leads before it answers without naming the leader. Without
 /// a quorum that read cannot succeed, and a refused write must not wait for it: a deposed leader answers every
@@ -66,7 +73,7 @@ pub(super) const NOT_LEADER_LOOKUP: std::time::Duration = std::time::Duration::f
 const SUBMIT_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl AppState {
-    fn status(&self) -> Status {
+    pub(super) fn status(&self) -> Status {
         self.status.borrow().clone()
     }
 
@@ -104,6 +111,17 @@ impl AppState {
         error.message =
             format!("this server is not the leader, and the leader could not be read: {reason}");
         error
+    }
+
+    /// Refuses a request unless this server leads (its manager may still be recovering); returns the term's epoch.
+    pub(super) async fn ensure_leading(&self) -> Result<u64, ApiError> {
+        match self.status().leading {
+            Some(epoch) => Ok(epoch),
+            None => {
+                self.metrics.not_leader_answers.inc();
+                Err(self.not_leader().await)
+            }
+        }
     }
 
     /// Refuses a write unless this server leads with the manager started (a follower never queues one).

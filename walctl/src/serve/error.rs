@@ -11,8 +11,8 @@ use serde_json::json;
 pub struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
-    /// A stable machine-readable kind (`bad_request`, `not_found`, `already_exists`, `conflict`, `not_leader`, `not_ready`,
-    /// `internal`).
+    /// A stable machine-readable kind (`bad_request`, `not_found`, `not_registered`, `already_exists`, `conflict`,
+    /// `stale_incarnation`, `not_leader`, `not_ready`, `internal`).
     pub kind: &'static str,
     /// What went wrong, for people; names the field, table, procedure id or leader concerned.
     pub message: String,
@@ -104,7 +104,23 @@ impl From<remote_wal::Error> for ApiError {
                     }
                     E::NotLeader { leader } => return ApiError::not_leader(leader.clone()),
                     E::MetasrvNotStarted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
-                    E::NoKafkaPool { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+                    E::NoKafkaPool { .. } | E::DatanodeUnknown { .. } => {
+                        (StatusCode::BAD_REQUEST, "bad_request")
+                    }
+                    E::WalTableNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                    E::DatanodeNotRegistered { .. } => (StatusCode::NOT_FOUND, "not_registered"),
+                    E::DatanodeStaleIncarnation { .. } => {
+                        (StatusCode::CONFLICT, "stale_incarnation")
+                    }
+                    E::DatanodeStillHeartbeating { .. } => {
+                        return ApiError {
+                            status: StatusCode::CONFLICT,
+                            kind: "conflict",
+                            message,
+                            retryable: true,
+                            leader: None,
+                        };
+                    }
                     _ => {
                         cause = current.source();
                         continue;

@@ -98,6 +98,8 @@ async fn lead(
     term_epoch: Option<u64>,
     metrics: &Metrics,
 ) {
+    // Leases this term grants are reckoned from here: a previous leader stopped answering before its term ended.
+    metasrv.datanode_registry().begin_term();
     loop {
         match metasrv.start_procedures().await {
             Ok(()) => break,
@@ -163,6 +165,7 @@ async fn prune_periodically(metasrv: &Metasrv, metrics: &Metrics) {
 
 async fn stop(metasrv: &Metasrv, status: &watch::Sender<Status>, metrics: &Metrics) {
     status.send_replace(Status::default());
+    metasrv.datanode_registry().end_term();
     metrics.leader.set(0);
     if let Err(e) = metasrv.stop().await {
         tracing::warn!(error = %e, "stopping the procedure manager failed");

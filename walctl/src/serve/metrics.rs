@@ -74,6 +74,12 @@ pub struct Metrics {
     pub wal_prunes: Counter,
     /// Rounds of the periodic WAL prune that failed.
     pub wal_prune_failures: Counter,
+    /// Datanode registrations this server accepted.
+    pub datanode_registrations: Counter,
+    /// Datanode heartbeats this server answered.
+    pub heartbeats: Counter,
+    datanodes: Gauge,
+    region_leases: Gauge,
     step_duration: Family<TypeLabels, Histogram, fn() -> Histogram>,
     retries: Counter,
     commit_duration: Histogram,
@@ -138,6 +144,30 @@ impl Metrics {
             "Rounds of the leader's periodic WAL prune that failed",
             wal_prune_failures.clone(),
         );
+        let datanode_registrations = Counter::default();
+        registry.register(
+            "datanode_registrations",
+            "Datanode registrations (new incarnations) this server accepted while leading",
+            datanode_registrations.clone(),
+        );
+        let heartbeats = Counter::default();
+        registry.register(
+            "datanode_heartbeats",
+            "Datanode heartbeats this server answered while leading",
+            heartbeats.clone(),
+        );
+        let datanodes = Gauge::default();
+        registry.register(
+            "datanodes",
+            "Datanodes registered with this leader's term",
+            datanodes.clone(),
+        );
+        let region_leases = Gauge::default();
+        registry.register(
+            "region_leases",
+            "Region leases granted in the last answer to each datanode, summed (the leader only)",
+            region_leases.clone(),
+        );
         let step_duration: Family<TypeLabels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(latency_histogram);
         registry.register(
@@ -172,6 +202,10 @@ impl Metrics {
             admin_duration,
             wal_prunes,
             wal_prune_failures,
+            datanode_registrations,
+            heartbeats,
+            datanodes,
+            region_leases,
             procedures,
             topic_regions,
             elections_won,
@@ -214,6 +248,12 @@ impl Metrics {
                     .set(i64::try_from(usage.regions).unwrap_or(i64::MAX));
             }
         }
+        let datanodes = metasrv.datanode_registry().list();
+        self.datanodes
+            .set(i64::try_from(datanodes.len()).unwrap_or(i64::MAX));
+        self.region_leases.set(
+            i64::try_from(datanodes.iter().map(|d| d.leases).sum::<usize>()).unwrap_or(i64::MAX),
+        );
         let fenced = metasrv.fenced_writes();
         let counted = self.fenced_writes.get();
         if fenced > counted {

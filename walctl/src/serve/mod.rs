@@ -11,6 +11,7 @@
 //! SIGTERM or SIGINT: the leader resigns, the manager stops (every task joined), the HTTP server drains, exit 0.
 
 mod api;
+mod datanodes;
 mod error;
 mod leadership;
 mod metrics;
@@ -121,7 +122,7 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
 }
 
 /// Waits for SIGTERM or SIGINT.
-async fn wait_for_signal() -> Result<(), Failure> {
+pub(crate) async fn wait_for_signal() -> Result<(), Failure> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())
         .map_err(|e| Failure::Refused(format!("cannot listen for SIGTERM: {e}")))?;

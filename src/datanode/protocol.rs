@@ -1,0 +1,183 @@
+//! The messages between a datanode and the metasrv leader (`docs/datanode.md`): registration, which gives the
+//! datanode a new incarnation, and the heartbeat, which carries the datanode's regions and brings back a lease per
+//! region and instructions (open, close, flush). Both sides use these types; they travel as JSON over HTTP
+//! (`POST /v1/datanodes/register`, `POST /v1/heartbeat` on `walctl serve`).
+//!
+//! **Leases.** A lease lets a region take writes as leader until its deadline, which the datanode counts from the
+//! moment it *sent* the heartbeat that brought the lease (its monotonic clock), so the deadline is never later
+//! than the metasrv's own reckoning, which starts when it answered.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::datanode::RegionOpenRequest;
+
+/// How many heartbeat intervals a lease lasts, plus [`LEASE_SLACK`]: a lease survives two lost heartbeats.
+pub const LEASE_HEARTBEATS: u32 = 3;
+
+/// What a lease lasts beyond [`LEASE_HEARTBEATS`] intervals.
+pub const LEASE_SLACK: Duration = Duration::from_secs(1);
+
+/// The lease of a datanode heartbeating every `interval`: 3 intervals + 1 s (10 s at GreptimeDB's 3 s interval).
+pub fn lease_for(interval: Duration) -> Duration {
+    interval.saturating_mul(LEASE_HEARTBEATS) + LEASE_SLACK
+}
+
+/// A region's role on a datanode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RegionRole {
+    /// Takes writes while its lease holds.
+    Leader,
+    /// Open, refuses writes.
+    Follower,
+}
+
+impl RegionRole {
+    /// `leader` or `follower`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RegionRole::Leader => "leader",
+            RegionRole::Follower => "follower",
+        }
+    }
+}
+
+/// `POST /v1/datanodes/register`: a datanode starting.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    /// The datanode's id (one of the metasrv's `[datanodes] ids`).
+    pub datanode_id: u64,
+    /// Where its API listens, for clients and the metasrv.
+    pub address: String,
+    /// Its heartbeat interval in milliseconds (its leases last [`lease_for`] it).
+    pub heartbeat_interval_ms: u64,
+}
+
+/// The answer to a registration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    /// The datanode.
+    pub datanode_id: u64,
+    /// Its new incarnation: above every earlier one of this datanode, persisted before this answer.
+    pub incarnation: u64,
+}
+
+/// One region as the datanode reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionStat {
+    /// The region.
+    pub region_id: u64,
+    /// Its role now.
+    pub role: RegionRole,
+    /// The region epoch it last held a lease at (0 before any).
+    pub epoch: u64,
+    /// The entry id of its last acknowledged entry (its start when it has none).
+    pub last_entry_id: u64,
+    /// Entries up to this id are in region storage: where its replay starts, its checkpoint to be.
+    pub flushed_entry_id: u64,
+    /// Bytes of entries not yet flushed.
+    pub memtable_bytes: u64,
+}
+
+/// `POST /v1/heartbeat`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    /// The datanode.
+    pub datanode_id: u64,
+    /// The incarnation its registration gave it.
+    pub incarnation: u64,
+    /// Where its API listens.
+    pub address: String,
+    /// Its heartbeat interval in milliseconds.
+    pub heartbeat_interval_ms: u64,
+    /// Every region it has open.
+    pub regions: Vec<RegionStat>,
+}
+
+/// A lease on one region.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionLease {
+    /// The region.
+    pub region_id: u64,
+    /// What the region may be until the lease ends.
+    pub role: RegionRole,
+    /// The region epoch the route gives it: written in every record the region appends under this lease.
+    pub epoch: u64,
+    /// How long the lease lasts, counted from when the heartbeat was sent.
+    pub duration_ms: u64,
+}
+
+/// A region the datanode is to open, with what the metasrv knows of its WAL.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionToOpen {
+    /// The region's open request (its WAL options among its options).
+    pub request: RegionOpenRequest,
+    /// The region epoch of its route.
+    pub epoch: u64,
+    /// On a Kafka topic: whether its `__topic_region` key exists. A region without one is not opened (a prune
+    /// could not see what it writes).
+    #[serde(default)]
+    pub topic_region_key: bool,
+    /// On a Kafka topic: its checkpoint in that key (`None` while it has none: it was never opened).
+    #[serde(default)]
+    pub checkpoint: Option<u64>,
+    /// On a Kafka topic: the topic's pruned entry id (replay never starts below it).
+    #[serde(default)]
+    pub pruned_entry_id: u64,
+}
+
+/// What the metasrv asks of a datanode.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Instruction {
+    /// Open a region the route gives this datanode.
+    Open(RegionToOpen),
+    /// Close a region the route does not give this datanode.
+    Close {
+        /// The region.
+        region_id: u64,
+    },
+    /// Flush a region's unflushed entries to region storage.
+    Flush {
+        /// The region.
+        region_id: u64,
+    },
+}
+
+/// The answer to a heartbeat.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// A lease per region the route gives this datanode and that it reported open.
+    pub leases: Vec<RegionLease>,
+    /// What to do.
+    pub instructions: Vec<Instruction>,
+    /// When leases are held back (a new incarnation waits for its predecessor's leases to run out; a new metasrv
+    /// leader waits one lease), how long still, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases_in_ms: Option<u64>,
+}
+
+/// The writer id of a datanode incarnation in its WAL records: datanode id in the high 32 bits, incarnation in the
+/// low 32 (never 0: incarnations start at 1).
+pub fn writer_id(datanode_id: u64, incarnation: u64) -> u64 {
+    (datanode_id << 32) | (incarnation & 0xffff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_lease_is_three_intervals_and_a_second() {
+        assert_eq!(lease_for(Duration::from_secs(3)), Duration::from_secs(10));
+        assert_eq!(lease_for(Duration::from_secs(1)), Duration::from_secs(4));
+    }
+
+    #[test]
+    fn instructions_read_as_their_kind() {
+        let text = serde_json::to_string(&Instruction::Close { region_id: 7 }).unwrap();
+        assert_eq!(text, r#"{"close":{"region_id":7}}"#);
+    }
+}

@@ -1,0 +1,672 @@
+//! The metasrv leader's datanode registry: registrations (a new incarnation per datanode start, persisted by
+//! compare-and-put), heartbeats, and the region leases granted in their answers (`docs/datanode.md`).
+//!
+//! **Who gets a lease.** A region's leader lease goes only to the datanode its table route names, at the route's
+//! region epoch, and only while the datanode reports the region open. A Kafka region gets one only once its
+//! `__topic_region` key holds a checkpoint (so everything it writes is above a checkpoint a prune sees).
+//!
+//! **Why a lease never overlaps another holder's.** Leases are counted by the datanode from when it sent the
+//! heartbeat, by the metasrv from when it answered (later), plus [`LEASE_MARGIN`] for clock-rate drift. Within one
+//! incarnation the holder only extends its own lease. Between incarnations of one datanode: a new incarnation gets
+//! no lease until every lease of the one it replaced has run out — after the last grant this leader made to it, or,
+//! when this leader never saw it, one whole lease of the predecessor's after this leader's term began (a previous
+//! leader may have granted up to its last moment). The registration record says `cleared` once its incarnation
+//! waited that out, so a later leader can grant to it at once. Routes change only through procedures, whose
+//! writes are fenced by the leader's epoch.
+//!
+//! The registry lives in memory on the leader; after a failover the new leader rebuilds it from heartbeats.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::datanode::protocol::{
+    HeartbeatRequest, HeartbeatResponse, Instruction, RegionLease, RegionRole, RegionStat,
+    RegionToOpen, RegisterRequest, RegisterResponse, lease_for,
+};
+use crate::datanode::{RegionOpenRequest, RegionOpener, WalProviderKind};
+use crate::ddl::region::{region_number, region_table_id as table_id_of};
+use crate::ddl::table_route::TableRouteValue;
+use crate::ddl::table_route::table_route_key;
+use crate::error::{
+    DatanodeNotRegisteredSnafu, DatanodeRegistrationContentionSnafu, DatanodeStaleIncarnationSnafu,
+    DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu, DecodeMetadataSnafu, Result,
+};
+use crate::kv::{CompareAndPutRequest, KvBackendRef};
+use crate::wal::kafka::topic_key::get_topic_value;
+use crate::wal::topic_region::{TopicRegionValue, topic_region_key};
+use crate::wal::{WAL_OPTIONS_KEY, WalOptions};
+
+/// Prefix of the datanode registration keys: `__datanode/{id}`.
+pub const DATANODE_KEY_PREFIX: &str = "__datanode";
+
+/// What the metasrv adds to a lease when it reckons when the lease ends: for clock-rate drift between it and the
+/// datanode, and the time a heartbeat's answer takes to arrive.
+pub const LEASE_MARGIN: Duration = Duration::from_millis(500);
+
+/// A registration is refused while the current incarnation heartbeated within this many of its intervals.
+const LIVE_HEARTBEATS: u32 = 2;
+
+/// `__datanode/{id}`.
+pub fn datanode_key(datanode_id: u64) -> String {
+    format!("{DATANODE_KEY_PREFIX}/{datanode_id}")
+}
+
+/// The value of `__datanode/{id}`: the datanode's current incarnation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatanodeRecord {
+    /// The current incarnation (from 1).
+    pub incarnation: u64,
+    /// Where it said it listens.
+    pub address: String,
+    /// The lease its heartbeats get, in milliseconds.
+    pub lease_ms: u64,
+    /// The lease of the incarnation it replaced, in milliseconds (0 for the first).
+    #[serde(default)]
+    pub previous_lease_ms: u64,
+    /// Whether every lease of the incarnations before it had run out before it got its first.
+    #[serde(default)]
+    pub cleared: bool,
+}
+
+/// What the registry knows of one datanode.
+#[derive(Clone, Debug)]
+struct Node {
+    record: DatanodeRecord,
+    interval: Duration,
+    last_heartbeat: Option<Instant>,
+    /// When the last lease was granted (the answer's time).
+    last_grant: Option<Instant>,
+    /// No lease before this.
+    leases_from: Instant,
+    regions: Vec<RegionStat>,
+    leases: usize,
+    /// Regions whose checkpoint this term knows (read or written), region → checkpoint.
+    checkpoints: HashMap<u64, u64>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// When this server's current term began (`None`: not leading).
+    term_start: Option<Instant>,
+    nodes: BTreeMap<u64, Node>,
+}
+
+/// One datanode as `GET /v1/datanodes` shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DatanodeInfo {
+    /// Its id.
+    pub id: u64,
+    /// Its address.
+    pub address: String,
+    /// Its current incarnation.
+    pub incarnation: u64,
+    /// Milliseconds since its last heartbeat (`None` before the first this term).
+    pub last_heartbeat_ms: Option<u64>,
+    /// Its regions, as it last reported them.
+    pub regions: Vec<RegionStat>,
+    /// Leases granted in the last answer.
+    pub leases: usize,
+    /// Milliseconds until it may get leases (`None`: it may).
+    pub leases_in_ms: Option<u64>,
+}
+
+/// The datanodes registered with this leader.
+#[derive(Debug)]
+pub struct DatanodeRegistry {
+    kv: KvBackendRef,
+    ids: Vec<u64>,
+    expected: WalProviderKind,
+    inner: Mutex<Inner>,
+}
+
+impl DatanodeRegistry {
+    /// A registry on `kv` for datanodes `ids`, whose regions use the WAL `expected`.
+    pub fn new(kv: KvBackendRef, ids: Vec<u64>, expected: WalProviderKind) -> Self {
+        DatanodeRegistry {
+            kv,
+            ids,
+            expected,
+            inner: Mutex::new(Inner {
+                term_start: None,
+                nodes: BTreeMap::new(),
+            }),
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A term begins (this server now leads): what an earlier term knew is forgotten.
+    pub fn begin_term(&self) {
+        let mut inner = self.inner();
+        inner.term_start = Some(Instant::now());
+        inner.nodes.clear();
+    }
+
+    /// The term ended.
+    pub fn end_term(&self) {
+        let mut inner = self.inner();
+        inner.term_start = None;
+        inner.nodes.clear();
+    }
+
+    fn check_id(&self, datanode_id: u64) -> Result<()> {
+        snafu::ensure!(
+            self.ids.contains(&datanode_id),
+            DatanodeUnknownSnafu {
+                datanode_id,
+                ids: self.ids.clone(),
+            }
+        );
+        Ok(())
+    }
+
+    async fn read_record(&self, datanode_id: u64) -> Result<Option<(Vec<u8>, DatanodeRecord)>> {
+        let key = datanode_key(datanode_id);
+        match self.kv.get(key.as_bytes()).await? {
+            None => Ok(None),
+            Some(kv) => {
+                let record = serde_json::from_slice(&kv.value).context_decode(&key)?;
+                Ok(Some((kv.value, record)))
+            }
+        }
+    }
+
+    /// Registers a starting datanode: a new incarnation, persisted by compare-and-put. Refused for an id outside
+    /// `[datanodes] ids`, and while the current incarnation still heartbeats.
+    pub async fn register(&self, request: &RegisterRequest) -> Result<RegisterResponse> {
+        let datanode_id = request.datanode_id;
+        self.check_id(datanode_id)?;
+        let interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
+        let lease = lease_for(interval);
+        {
+            let inner = self.inner();
+            if let Some(node) = inner.nodes.get(&datanode_id)
+                && let Some(last) = node.last_heartbeat
+                && last.elapsed() < node.interval.saturating_mul(LIVE_HEARTBEATS)
+            {
+                return DatanodeStillHeartbeatingSnafu {
+                    datanode_id,
+                    incarnation: node.record.incarnation,
+                    address: node.record.address.clone(),
+                    age_ms: u64::try_from(last.elapsed().as_millis()).unwrap_or(u64::MAX),
+                }
+                .fail();
+            }
+        }
+        let key = datanode_key(datanode_id);
+        let stored = self.read_record(datanode_id).await?;
+        let previous = stored.as_ref().map(|(_, r)| r.clone());
+        let record = DatanodeRecord {
+            incarnation: previous.as_ref().map_or(1, |p| p.incarnation + 1),
+            address: request.address.clone(),
+            lease_ms: millis(lease),
+            previous_lease_ms: previous.as_ref().map_or(0, |p| p.lease_ms),
+            cleared: previous.is_none(),
+        };
+        let value = serde_json::to_vec(&record).unwrap_or_default();
+        let response = self
+            .kv
+            .compare_and_put(CompareAndPutRequest {
+                key: key.clone().into_bytes(),
+                expect: stored.map(|(bytes, _)| bytes),
+                value,
+            })
+            .await?;
+        snafu::ensure!(
+            response.success,
+            DatanodeRegistrationContentionSnafu { datanode_id, key }
+        );
+        let now = Instant::now();
+        let mut inner = self.inner();
+        let term_start = inner.term_start.unwrap_or(now);
+        let leases_from = match (&previous, inner.nodes.get(&datanode_id)) {
+            // The first incarnation ever: nobody held a lease before.
+            (None, _) => now,
+            // The predecessor's leases, as this term granted them, run out by the last grant + its lease.
+            (Some(p), Some(node)) if node.last_grant.is_some() => {
+                node.last_grant.unwrap_or(now) + Duration::from_millis(p.lease_ms) + LEASE_MARGIN
+            }
+            // Never granted a lease this term: a previous leader may have, up to the end of its term.
+            (Some(p), _) => term_start + Duration::from_millis(p.lease_ms) + LEASE_MARGIN,
+        };
+        inner.nodes.insert(
+            datanode_id,
+            Node {
+                record: record.clone(),
+                interval,
+                last_heartbeat: None,
+                last_grant: None,
+                leases_from: leases_from.max(now),
+                regions: Vec::new(),
+                leases: 0,
+                checkpoints: HashMap::new(),
+            },
+        );
+        Ok(RegisterResponse {
+            datanode_id,
+            incarnation: record.incarnation,
+        })
+    }
+
+    /// A heartbeat: records the datanode's regions, moves its regions' checkpoints forward, and answers with the
+    /// leases it may hold and what it must open, close or flush. A stale incarnation is refused (it must stop).
+    pub async fn heartbeat(
+        &self,
+        request: &HeartbeatRequest,
+        flush: &BTreeSet<u64>,
+    ) -> Result<HeartbeatResponse> {
+        let datanode_id = request.datanode_id;
+        self.check_id(datanode_id)?;
+        let known = self
+            .inner()
+            .nodes
+            .get(&datanode_id)
+            .map(|n| n.record.incarnation);
+        if known != Some(request.incarnation) {
+            self.load_node(request).await?;
+        }
+        let now = Instant::now();
+        let (leases_from, cleared, mut checkpoints) = {
+            let mut inner = self.inner();
+            let Some(node) = inner.nodes.get_mut(&datanode_id) else {
+                return DatanodeNotRegisteredSnafu {
+                    datanode_id,
+                    incarnation: request.incarnation,
+                }
+                .fail();
+            };
+            node.last_heartbeat = Some(now);
+            node.interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
+            node.regions = request.regions.clone();
+            node.record.address = request.address.clone();
+            (
+                node.leases_from,
+                node.record.cleared,
+                node.checkpoints.clone(),
+            )
+        };
+
+        // What the route gives this datanode.
+        let open = RegionOpener::new(self.kv.clone(), datanode_id, self.expected)
+            .open_regions()
+            .await?;
+        let epochs = self.region_epochs(&open.requests).await?;
+        let reported: HashMap<u64, &RegionStat> =
+            request.regions.iter().map(|r| (r.region_id, r)).collect();
+        let assigned: BTreeSet<u64> = open.requests.iter().map(|r| r.region_id).collect();
+
+        let mut response = HeartbeatResponse::default();
+        let lease = lease_for(Duration::from_millis(request.heartbeat_interval_ms.max(1)));
+        let may_lease = now >= leases_from;
+        if !may_lease {
+            response.leases_in_ms = Some(millis(leases_from - now));
+        } else if !cleared {
+            self.clear(request).await?;
+        }
+        let mut pruned: HashMap<String, u64> = HashMap::new();
+        for req in &open.requests {
+            let epoch = epochs.get(&req.region_id).copied().unwrap_or(0);
+            let topic = kafka_topic(req);
+            match reported.get(&req.region_id) {
+                None => {
+                    let mut to_open = RegionToOpen {
+                        request: req.clone(),
+                        epoch,
+                        topic_region_key: false,
+                        checkpoint: None,
+                        pruned_entry_id: 0,
+                    };
+                    if let Some(topic) = &topic {
+                        let key = topic_region_key(topic, req.region_id);
+                        if let Some(found) = self.kv.get(&key).await? {
+                            let value = TopicRegionValue::decode(&found.key, &found.value)?;
+                            to_open.topic_region_key = true;
+                            to_open.checkpoint = value.flushed_entry_id();
+                            if let Some(c) = to_open.checkpoint {
+                                checkpoints.insert(req.region_id, c);
+                            }
+                        }
+                        to_open.pruned_entry_id = match pruned.get(topic) {
+                            Some(p) => *p,
+                            None => {
+                                let p = get_topic_value(self.kv.as_ref(), topic)
+                                    .await?
+                                    .map_or(0, |v| v.pruned_entry_id);
+                                pruned.insert(topic.clone(), p);
+                                p
+                            }
+                        };
+                    }
+                    response.instructions.push(Instruction::Open(to_open));
+                }
+                Some(stat) => {
+                    let mut leasable = true;
+                    if let Some(topic) = &topic {
+                        let known = checkpoints.get(&req.region_id).copied();
+                        if known.is_none_or(|c| stat.flushed_entry_id > c) {
+                            match self
+                                .advance_checkpoint(topic, req.region_id, stat.flushed_entry_id)
+                                .await?
+                            {
+                                Some(c) => {
+                                    checkpoints.insert(req.region_id, c);
+                                }
+                                None => leasable = false,
+                            }
+                        }
+                    }
+                    if flush.contains(&req.region_id) {
+                        response.instructions.push(Instruction::Flush {
+                            region_id: req.region_id,
+                        });
+                    }
+                    if may_lease && leasable {
+                        response.leases.push(RegionLease {
+                            region_id: req.region_id,
+                            role: RegionRole::Leader,
+                            epoch,
+                            duration_ms: millis(lease),
+                        });
+                    }
+                }
+            }
+        }
+        for stat in &request.regions {
+            if !assigned.contains(&stat.region_id) {
+                response.instructions.push(Instruction::Close {
+                    region_id: stat.region_id,
+                });
+            }
+        }
+        let mut inner = self.inner();
+        if let Some(node) = inner.nodes.get_mut(&datanode_id)
+            && node.record.incarnation == request.incarnation
+        {
+            node.checkpoints = checkpoints;
+            node.leases = response.leases.len();
+            if !response.leases.is_empty() {
+                node.last_grant = Some(Instant::now());
+                node.record.cleared = true;
+            }
+        }
+        Ok(response)
+    }
+
+    /// Loads the registration of a heartbeating incarnation this term has not seen (after a failover).
+    async fn load_node(&self, request: &HeartbeatRequest) -> Result<()> {
+        let datanode_id = request.datanode_id;
+        let Some((_, record)) = self.read_record(datanode_id).await? else {
+            return DatanodeNotRegisteredSnafu {
+                datanode_id,
+                incarnation: request.incarnation,
+            }
+            .fail();
+        };
+        if request.incarnation < record.incarnation {
+            return DatanodeStaleIncarnationSnafu {
+                datanode_id,
+                incarnation: request.incarnation,
+                current: record.incarnation,
+            }
+            .fail();
+        }
+        if request.incarnation > record.incarnation {
+            return DatanodeNotRegisteredSnafu {
+                datanode_id,
+                incarnation: request.incarnation,
+            }
+            .fail();
+        }
+        let now = Instant::now();
+        let mut inner = self.inner();
+        let term_start = inner.term_start.unwrap_or(now);
+        // Cleared: every earlier incarnation's leases had run out before this one got any, so whatever lease is
+        // out there is this incarnation's own. Otherwise a previous leader may have just registered it, while its
+        // predecessor's leases still ran: wait that lease out from this term's start.
+        let leases_from = if record.cleared {
+            now
+        } else {
+            term_start + Duration::from_millis(record.previous_lease_ms) + LEASE_MARGIN
+        };
+        inner.nodes.insert(
+            datanode_id,
+            Node {
+                interval: Duration::from_millis(request.heartbeat_interval_ms.max(1)),
+                record,
+                last_heartbeat: None,
+                last_grant: None,
+                leases_from: leases_from.max(now),
+                regions: Vec::new(),
+                leases: 0,
+                checkpoints: HashMap::new(),
+            },
+        );
+        Ok(())
+    }
+
+    /// Records that the incarnation of `request` waited out its predecessors' leases (compare-and-put).
+    async fn clear(&self, request: &HeartbeatRequest) -> Result<()> {
+        let datanode_id = request.datanode_id;
+        let key = datanode_key(datanode_id);
+        let Some((bytes, mut record)) = self.read_record(datanode_id).await? else {
+            return DatanodeNotRegisteredSnafu {
+                datanode_id,
+                incarnation: request.incarnation,
+            }
+            .fail();
+        };
+        if record.incarnation != request.incarnation {
+            return DatanodeStaleIncarnationSnafu {
+                datanode_id,
+                incarnation: request.incarnation,
+                current: record.incarnation,
+            }
+            .fail();
+        }
+        if record.cleared {
+            return Ok(());
+        }
+        record.cleared = true;
+        let response = self
+            .kv
+            .compare_and_put(CompareAndPutRequest {
+                key: key.clone().into_bytes(),
+                expect: Some(bytes),
+                value: serde_json::to_vec(&record).unwrap_or_default(),
+            })
+            .await?;
+        snafu::ensure!(
+            response.success,
+            DatanodeRegistrationContentionSnafu { datanode_id, key }
+        );
+        Ok(())
+    }
+
+    /// Moves the region's checkpoint forward to `flushed` by compare-and-put against the key as read; never
+    /// creates the key (a dropped region's key stays gone). Returns the checkpoint stored, `None` when the key is
+    /// absent.
+    async fn advance_checkpoint(
+        &self,
+        topic: &str,
+        region_id: u64,
+        flushed: u64,
+    ) -> Result<Option<u64>> {
+        let key = topic_region_key(topic, region_id);
+        for _ in 0..8 {
+            let Some(found) = self.kv.get(&key).await? else {
+                return Ok(None);
+            };
+            let current = TopicRegionValue::decode(&found.key, &found.value)?;
+            if let Some(c) = current.checkpoint
+                && c.entry_id >= flushed
+            {
+                return Ok(current.flushed_entry_id());
+            }
+            let next = TopicRegionValue {
+                checkpoint: Some(crate::wal::topic_region::ReplayCheckpoint {
+                    entry_id: flushed,
+                    metadata_entry_id: current.checkpoint.and_then(|c| c.metadata_entry_id),
+                }),
+            };
+            let response = self
+                .kv
+                .compare_and_put(CompareAndPutRequest {
+                    key: key.clone(),
+                    expect: Some(found.value),
+                    value: next.encode(),
+                })
+                .await?;
+            if response.success {
+                return Ok(next.flushed_entry_id());
+            }
+        }
+        // Someone else kept moving it: the next heartbeat tries again.
+        Ok(current_or_none(self.kv.get(&key).await?))
+    }
+
+    /// The region epochs of `requests`' regions, read from their tables' routes.
+    async fn region_epochs(&self, requests: &[RegionOpenRequest]) -> Result<HashMap<u64, u64>> {
+        let tables: BTreeSet<u32> = requests.iter().map(|r| table_id_of(r.region_id)).collect();
+        let keys: Vec<Vec<u8>> = tables
+            .iter()
+            .map(|t| table_route_key(*t).into_bytes())
+            .collect();
+        let mut routes: HashMap<u32, TableRouteValue> = HashMap::new();
+        if !keys.is_empty() {
+            for kv in self.kv.batch_get(&keys).await? {
+                let key = String::from_utf8_lossy(&kv.key).into_owned();
+                let route: TableRouteValue =
+                    serde_json::from_slice(&kv.value).context_decode(&key)?;
+                if let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u32>().ok()) {
+                    routes.insert(id, route);
+                }
+            }
+        }
+        Ok(requests
+            .iter()
+            .map(|r| {
+                let epoch = routes
+                    .get(&table_id_of(r.region_id))
+                    .map_or(0, |route| route.region_epoch(region_number(r.region_id)));
+                (r.region_id, epoch)
+            })
+            .collect())
+    }
+
+    /// Every datanode this term knows, by id.
+    pub fn list(&self) -> Vec<DatanodeInfo> {
+        let inner = self.inner();
+        let now = Instant::now();
+        inner
+            .nodes
+            .iter()
+            .map(|(id, node)| DatanodeInfo {
+                id: *id,
+                address: node.record.address.clone(),
+                incarnation: node.record.incarnation,
+                last_heartbeat_ms: node.last_heartbeat.map(|t| millis(now - t)),
+                regions: node.regions.clone(),
+                leases: node.leases,
+                leases_in_ms: (node.leases_from > now).then(|| millis(node.leases_from - now)),
+            })
+            .collect()
+    }
+
+    /// The address of datanode `id`, if it registered with this term.
+    pub fn address(&self, datanode_id: u64) -> Option<String> {
+        self.inner()
+            .nodes
+            .get(&datanode_id)
+            .map(|n| n.record.address.clone())
+    }
+}
+
+/// The flushed entry id of a topic-region key as read (`None` when absent or undecodable).
+fn current_or_none(found: Option<crate::kv::KeyValue>) -> Option<u64> {
+    let found = found?;
+    TopicRegionValue::decode(&found.key, &found.value)
+        .ok()?
+        .flushed_entry_id()
+}
+
+/// The Kafka topic of an open request's WAL options, if it has one.
+fn kafka_topic(request: &RegionOpenRequest) -> Option<String> {
+    let encoded = request.options.get(WAL_OPTIONS_KEY)?;
+    match WalOptions::decode(encoded) {
+        Ok(WalOptions::Kafka(k)) => Some(k.topic),
+        _ => None,
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Decoding a stored JSON value, with the key in the error.
+trait DecodeContext<T> {
+    fn context_decode(self, key: &str) -> Result<T>;
+}
+
+impl<T> DecodeContext<T> for std::result::Result<T, serde_json::Error> {
+    fn context_decode(self, key: &str) -> Result<T> {
+        snafu::ResultExt::context(self, DecodeMetadataSnafu { key })
+    }
+}
+
+/// One region of a table with its leader, as clients route writes by it (`GET /v1/tables/{name}`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionLeader {
+    /// The region's number in its table.
+    pub region_number: u32,
+    /// `(table_id << 32) | region_number`.
+    pub region_id: u64,
+    /// The datanode the route names as its leader.
+    pub datanode_id: u64,
+    /// That datanode's address, as it last registered (`None` before it ever did).
+    pub address: Option<String>,
+    /// The region epoch of its route.
+    pub epoch: u64,
+    /// The encoded WAL options.
+    pub wal_options: String,
+}
+
+/// A table's regions with their leaders.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TableLeaders {
+    /// `catalog.schema.table`.
+    pub table: String,
+    /// The table id.
+    pub table_id: u32,
+    /// Its regions, by region number.
+    pub regions: Vec<RegionLeader>,
+}
+
+/// The registered addresses of `datanodes`, read from their `__datanode/{id}` records.
+pub async fn registered_addresses(
+    kv: &KvBackendRef,
+    datanodes: &BTreeSet<u64>,
+) -> Result<HashMap<u64, String>> {
+    let keys: Vec<Vec<u8>> = datanodes
+        .iter()
+        .map(|d| datanode_key(*d).into_bytes())
+        .collect();
+    let mut out = HashMap::new();
+    if keys.is_empty() {
+        return Ok(out);
+    }
+    for kv in kv.batch_get(&keys).await? {
+        let key = String::from_utf8_lossy(&kv.key).into_owned();
+        let record: DatanodeRecord = serde_json::from_slice(&kv.value).context_decode(&key)?;
+        if let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u64>().ok()) {
+            out.insert(id, record.address);
+        }
+    }
+    Ok(out)
+}

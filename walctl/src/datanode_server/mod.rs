@@ -1,0 +1,94 @@
+//! `walctl datanode`: a datanode process (`docs/datanode.md`). It registers with the `walctl serve` leader (a new
+//! incarnation), heartbeats every `[datanode] heartbeat_interval`, opens the regions the metasrv gives it (each
+//! replayed from region storage and its WAL), takes writes for the regions it holds a lease on, and serves its
+//! HTTP API until SIGTERM/SIGINT. Told its incarnation is stale, it stops serving and exits non-zero.
+
+mod api;
+pub mod link;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use datanode::{Datanode, DatanodeOptions};
+use remote_wal::config::MetasrvConfig;
+use remote_wal::wal::WalConfig;
+use tokio::sync::watch;
+
+use crate::Failure;
+
+/// Runs the datanode of the config file's `[datanode]` section until SIGTERM or SIGINT.
+pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
+    let Some(path) = config_path else {
+        return Err(Failure::Refused(
+            "walctl datanode needs --config FILE with a [datanode] section".to_string(),
+        ));
+    };
+    let (config, section) = MetasrvConfig::from_file_with_datanode(path)?;
+    let options = DatanodeOptions {
+        id: section.id,
+        address: section.advertised().to_string(),
+        wal_dir: section.wal_dir(&config.datanodes),
+        region_storage: section.region_storage.clone().into(),
+        kafka: match &config.wal {
+            WalConfig::Kafka(kafka) => Some(kafka.clone()),
+            WalConfig::RaftEngine => None,
+        },
+        heartbeat_interval: section.heartbeat_interval,
+        flush_threshold: section.flush_threshold,
+    };
+    let listener = tokio::net::TcpListener::bind(&section.listen)
+        .await
+        .map_err(|e| {
+            Failure::Refused(format!(
+                "cannot listen on {} ([datanode] listen): {e}",
+                section.listen
+            ))
+        })?;
+    let datanode = Arc::new(Datanode::new(options));
+    let link: Arc<dyn datanode::heartbeat::MetasrvLink> = Arc::new(link::HttpLink::new(
+        &section.metasrv,
+        section
+            .heartbeat_interval
+            .max(std::time::Duration::from_millis(500)),
+        section.id,
+    ));
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let app = api::router(datanode.clone());
+    let bound = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| section.listen.clone());
+    println!("listening on {bound}");
+    let mut http_shutdown = shutdown_rx.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = http_shutdown.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    let mut registering = shutdown_rx.clone();
+    let heartbeats = {
+        let datanode = datanode.clone();
+        let shutdown = shutdown_rx.clone();
+        tokio::spawn(async move {
+            datanode::heartbeat::register(&datanode, link.as_ref(), &mut registering).await?;
+            datanode::heartbeat::run(datanode, link, shutdown).await
+        })
+    };
+    let outcome = tokio::select! {
+        signal = crate::serve::wait_for_signal() => { signal?; None }
+        done = heartbeats => Some(done),
+    };
+    datanode.stop();
+    shutdown_tx.send_replace(true);
+    let _ = http.await;
+    match outcome {
+        None | Some(Ok(Ok(()))) => Ok(()),
+        Some(Ok(Err(e))) => Err(Failure::Refused(e.to_string())),
+        Some(Err(e)) => Err(Failure::Refused(format!(
+            "the heartbeat task ended abnormally: {e}"
+        ))),
+    }
+}
