@@ -654,6 +654,23 @@ impl Datanode {
         })
     }
 
+    /// Every entry of an open region as a reopening datanode would see it: what region storage holds, then the
+    /// entries replayed or written since (its memtable), in entry-id order.
+    pub async fn region_entries(&self, region_id: RegionId) -> Result<Vec<Entry>> {
+        let region = self.region(region_id)?;
+        let memtable = region.memtable.lock().await;
+        let mut entries = self.storage.read(region_id).await?.entries;
+        let flushed = entries.last().map_or(0, |e| e.entry_id);
+        entries.extend(
+            memtable
+                .entries
+                .iter()
+                .filter(|e| e.entry_id > flushed)
+                .cloned(),
+        );
+        Ok(entries)
+    }
+
     /// Every open region, by id.
     pub fn regions(&self) -> Vec<RegionInfo> {
         let now = Instant::now();

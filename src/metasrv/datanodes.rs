@@ -316,33 +316,9 @@ impl DatanodeRegistry {
             let topic = kafka_topic(req);
             match reported.get(&req.region_id) {
                 None => {
-                    let mut to_open = RegionToOpen {
-                        request: req.clone(),
-                        epoch,
-                        topic_region_key: false,
-                        checkpoint: None,
-                        pruned_entry_id: 0,
-                    };
-                    if let Some(topic) = &topic {
-                        let key = topic_region_key(topic, req.region_id);
-                        if let Some(found) = self.kv.get(&key).await? {
-                            let value = TopicRegionValue::decode(&found.key, &found.value)?;
-                            to_open.topic_region_key = true;
-                            to_open.checkpoint = value.flushed_entry_id();
-                            if let Some(c) = to_open.checkpoint {
-                                checkpoints.insert(req.region_id, c);
-                            }
-                        }
-                        to_open.pruned_entry_id = match pruned.get(topic) {
-                            Some(p) => *p,
-                            None => {
-                                let p = get_topic_value(self.kv.as_ref(), topic)
-                                    .await?
-                                    .map_or(0, |v| v.pruned_entry_id);
-                                pruned.insert(topic.clone(), p);
-                                p
-                            }
-                        };
+                    let to_open = self.region_to_open(req, epoch, &mut pruned).await?;
+                    if let Some(c) = to_open.checkpoint {
+                        checkpoints.insert(req.region_id, c);
                     }
                     response.instructions.push(Instruction::Open(to_open));
                 }
@@ -397,6 +373,71 @@ impl DatanodeRegistry {
             }
         }
         Ok(response)
+    }
+
+    /// What a datanode needs to open the region of `request` at `epoch`: for a Kafka region whether its
+    /// `__topic_region` key exists, its checkpoint there and its topic's pruned entry id (`pruned` caches those
+    /// per topic).
+    pub async fn region_to_open(
+        &self,
+        request: &RegionOpenRequest,
+        epoch: u64,
+        pruned: &mut HashMap<String, u64>,
+    ) -> Result<RegionToOpen> {
+        let mut to_open = RegionToOpen {
+            request: request.clone(),
+            epoch,
+            topic_region_key: false,
+            checkpoint: None,
+            pruned_entry_id: 0,
+        };
+        if let Some(topic) = kafka_topic(request) {
+            let key = topic_region_key(&topic, request.region_id);
+            if let Some(found) = self.kv.get(&key).await? {
+                let value = TopicRegionValue::decode(&found.key, &found.value)?;
+                to_open.topic_region_key = true;
+                to_open.checkpoint = value.flushed_entry_id();
+            }
+            to_open.pruned_entry_id = match pruned.get(&topic) {
+                Some(p) => *p,
+                None => {
+                    let p = get_topic_value(self.kv.as_ref(), &topic)
+                        .await?
+                        .map_or(0, |v| v.pruned_entry_id);
+                    pruned.insert(topic, p);
+                    p
+                }
+            };
+        }
+        Ok(to_open)
+    }
+
+    /// What the datanode the route names needs to open region `region_id` (`None` when no datanode's table
+    /// value lists it).
+    pub async fn region_to_open_by_id(
+        &self,
+        region_id: u64,
+    ) -> Result<Option<(u64, RegionToOpen)>> {
+        let table_id = table_id_of(region_id);
+        let key = table_route_key(table_id);
+        let Some(found) = self.kv.get(key.as_bytes()).await? else {
+            return Ok(None);
+        };
+        let route: TableRouteValue = serde_json::from_slice(&found.value).context_decode(&key)?;
+        let number = region_number(region_id);
+        let Some(datanode_id) = route.region_routes.get(&number).copied() else {
+            return Ok(None);
+        };
+        let open = RegionOpener::new(self.kv.clone(), datanode_id, self.expected)
+            .open_regions()
+            .await?;
+        let Some(request) = open.requests.iter().find(|r| r.region_id == region_id) else {
+            return Ok(None);
+        };
+        let to_open = self
+            .region_to_open(request, route.region_epoch(number), &mut HashMap::new())
+            .await?;
+        Ok(Some((datanode_id, to_open)))
     }
 
     /// Loads the registration of a heartbeating incarnation this term has not seen (after a failover).

@@ -76,9 +76,14 @@ pub enum Command {
     Procedures(ProceduresCommand),
     /// The Kafka topic pool, with the number of regions assigned to each topic.
     Topics,
-    /// The WAL: `wal write`, `wal flush`, `wal prune`, `wal stats` (see `docs/walctl.md`).
+    /// The WAL: `wal flush`, `wal prune`, `wal stats` (see `docs/walctl.md`).
     #[command(subcommand)]
     Wal(crate::wal::WalCommand),
+    /// Write entries to a table's regions through their leader datanodes; print entries/s, MB/s, p50/p99.
+    Load(crate::load::LoadArgs),
+    /// A region's entries: `region dump --region R` (see `docs/walctl.md`).
+    #[command(subcommand)]
+    Region(crate::region::RegionCommand),
     /// Load generators: `bench ddl --tables N [--concurrency C] [--regions R]` (see `docs/walctl.md`).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
@@ -94,6 +99,17 @@ pub enum Command {
 }
 
 impl Command {
+    /// Whether the command talks to datanodes (resolving region leaders through `--server` or the store) rather
+    /// than running as a metasrv command.
+    pub fn runs_against_datanodes(&self) -> bool {
+        matches!(
+            self,
+            Command::Load(_)
+                | Command::Region(_)
+                | Command::Wal(crate::wal::WalCommand::Flush { .. })
+        )
+    }
+
     /// Whether the command may write the first metadata there is, and so create a missing metadata file.
     pub fn creates_metadata(&self) -> bool {
         matches!(

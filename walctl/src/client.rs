@@ -169,6 +169,16 @@ impl Client {
     }
 }
 
+impl Client {
+    /// `GET /v1/tables/{name}`: the table's regions with their leader datanodes and addresses.
+    pub fn table_leaders(
+        &mut self,
+        name: &str,
+    ) -> Result<remote_wal::metasrv::datanodes::TableLeaders, Failure> {
+        self.call_as(Method::Get, &format!("/v1/tables/{}", segment(name)), None)
+    }
+}
+
 /// `id` as one path segment (procedure ids are free text).
 fn segment(id: &str) -> String {
     let mut out = String::with_capacity(id.len());
@@ -253,6 +263,12 @@ pub fn execute(client: &mut Client, command: &Command, out: &mut Output) -> Resu
                 "bench ddl measures the metasrv where walctl runs; it cannot run with --server (run it without \
                  --server)"
                     .to_string(),
+            ));
+        }
+        // Never sent here: main runs them with a router of their own.
+        Command::Load(_) | Command::Region(_) | Command::Wal(WalCommand::Flush { .. }) => {
+            return Err(Failure::Refused(
+                "load, region and wal flush reach the datanodes themselves".to_string(),
             ));
         }
         Command::Datanode => {

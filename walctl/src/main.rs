@@ -19,8 +19,11 @@ mod cli;
 mod client;
 mod datanode_server;
 mod election;
+mod load;
 mod output;
 mod progress;
+mod region;
+mod route;
 mod serve;
 mod wal;
 
@@ -50,7 +53,7 @@ fn main() -> ExitCode {
         Err(e) => return cli::usage_error(e),
     };
     progress::init_tracing();
-    if !cli.server.is_empty() {
+    if !cli.server.is_empty() && !cli.command.runs_against_datanodes() {
         // Client mode: plain blocking HTTP, no runtime needed.
         let result = client::Client::new(&cli.server, cli.wait).and_then(|mut client| {
             client::execute(&mut client, &cli.command, &mut Output::new(cli.json))
@@ -113,6 +116,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     if let Command::Datanode = &cli.command {
         return datanode_server::run(cli.config.as_deref()).await;
     }
+    if cli.command.runs_against_datanodes() {
+        return against_datanodes(&cli).await;
+    }
     let mut config = match &cli.config {
         Some(path) => MetasrvConfig::from_file(path)?,
         None => MetasrvConfig::embedded(),
@@ -168,6 +174,27 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let stopped = metasrv.stop().await;
     result?;
     Ok(stopped?)
+}
+
+/// `load`, `region dump`, `wal flush`: commands that reach datanodes.
+async fn against_datanodes(cli: &Cli) -> Result<(), Failure> {
+    let mut out = Output::new(cli.json);
+    if let Command::Region(command) = &cli.command {
+        return region::run(command, cli.config.as_deref(), &mut out).await;
+    }
+    let mut router = route::Router::new(&cli.server, cli.config.as_deref(), cli.wait).await?;
+    let result = tokio::task::block_in_place(|| match &cli.command {
+        Command::Load(args) => load::run(args, router, &mut out).map(Some),
+        Command::Wal(wal::WalCommand::Flush { table, region }) => {
+            wal::flush(&mut router, table, *region, &mut out).map(|()| Some(router))
+        }
+        _ => Ok(Some(router)),
+    });
+    match result {
+        Ok(Some(router)) => router.close().await,
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 /// What a command that needs the Kafka pool waits for, or `None` for raft-engine.
@@ -287,7 +314,7 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             Ok(())
         }
         // Handled by `run` before a metasrv is opened.
-        Command::Serve { .. } | Command::Datanode => Ok(()),
+        Command::Serve { .. } | Command::Datanode | Command::Load(_) | Command::Region(_) => Ok(()),
         // Writing entries, recording checkpoints and reading watermarks need no procedure: no manager is started
         // (a running `walctl serve` is not fenced).
         Command::Wal(command) if !command.runs_procedures() => {

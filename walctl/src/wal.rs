@@ -12,6 +12,16 @@ use crate::output::Output;
 /// The `wal` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum WalCommand {
+    /// Ask the datanodes leading a table's regions to flush them to region storage (their checkpoints follow with
+    /// their next heartbeats), and print each region's flushed entry id.
+    Flush {
+        /// `table`, `schema.table` or `catalog.schema.table`.
+        #[arg(long, value_name = "NAME")]
+        table: String,
+        /// Only this region number (default: every region of the table).
+        #[arg(long, value_name = "N")]
+        region: Option<u32>,
+    },
     /// Prune the Kafka WAL: delete (or, with `prune_mode = "logical"`, only mark) the entries every region on a
     /// topic has flushed, and print each topic's old and new low watermark (pruned entry id).
     Prune {
@@ -33,6 +43,7 @@ impl WalCommand {
     /// The subcommand's name as typed (`write`, `flush`, `stats`, `prune`).
     pub fn name(&self) -> &'static str {
         match self {
+            WalCommand::Flush { .. } => "flush",
             WalCommand::Stats => "stats",
             WalCommand::Prune { .. } => "prune",
         }
@@ -46,6 +57,7 @@ pub async fn execute(
     out: &mut Output,
 ) -> remote_wal::Result<()> {
     match command {
+        WalCommand::Flush { .. } => Ok(()),
         WalCommand::Stats => {
             let stats = metasrv.wal_stats().await?;
             print_stats(out, &stats);
@@ -124,4 +136,71 @@ fn print_stats(out: &mut Output, stats: &[TopicWalStats]) {
         "{} topics; a replay of their regions would read {records} records",
         stats.len()
     ));
+}
+
+/// `wal flush`: each region's leader datanode flushes it; one line (or JSON object) per region.
+pub fn flush(
+    router: &mut crate::route::Router,
+    table: &str,
+    region: Option<u32>,
+    out: &mut Output,
+) -> Result<(), crate::Failure> {
+    let leaders = router.table(table)?;
+    let regions: Vec<_> = leaders
+        .regions
+        .iter()
+        .filter(|r| region.is_none_or(|n| n == r.region_number))
+        .collect();
+    if regions.is_empty() {
+        return Err(crate::Failure::Refused(format!(
+            "wal flush: table {} has no region {}",
+            leaders.table,
+            region.map_or(String::new(), |n| n.to_string())
+        )));
+    }
+    let agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(std::time::Duration::from_secs(60)))
+        .build()
+        .new_agent();
+    for r in regions {
+        let Some(address) = &r.address else {
+            return Err(crate::Failure::Refused(format!(
+                "wal flush: region {} (datanode {}) has no registered datanode address",
+                r.region_id, r.datanode_id
+            )));
+        };
+        let url = format!(
+            "{}/v1/regions/{}/flush",
+            crate::datanode_server::link::base_url(address),
+            r.region_id
+        );
+        let mut response = agent.post(&url).send_empty().map_err(|e| {
+            crate::Failure::Refused(format!(
+                "wal flush: datanode {} at {address} did not answer for region {}: {e}",
+                r.datanode_id, r.region_id
+            ))
+        })?;
+        let status = response.status().as_u16();
+        let value: serde_json::Value = response
+            .body_mut()
+            .read_json()
+            .unwrap_or(serde_json::Value::Null);
+        if status != 200 {
+            return Err(crate::Failure::Refused(format!(
+                "wal flush: region {}: {}",
+                r.region_id,
+                value["error"]["message"].as_str().unwrap_or("no message")
+            )));
+        }
+        if out.is_json() {
+            out.json_line(&value);
+        } else {
+            out.line(&format!(
+                "region {} (number {}) on datanode {}: flushed up to entry id {} ({} entries written)",
+                r.region_id, r.region_number, r.datanode_id, value["flushed_entry_id"], value["entries"]
+            ));
+        }
+    }
+    Ok(())
 }
