@@ -69,6 +69,20 @@ if cargo tree -p remote-wal -e normal --prefix none | grep -E "^($cli_crates) " 
   exit 1
 fi
 
+# The metasrv library and the datanode package never depend on each other's side: the library (which the metasrv
+# embeds) names no datanode package, and the datanode package names no CLI crate (it depends on the library's shared
+# types only).
+echo "[test] cargo tree: remote-wal does not depend on the datanode package; datanode on no CLI crate"
+if cargo tree -p remote-wal -e normal --prefix none | grep -E '^datanode '; then
+  echo "[test] remote-wal depends on the datanode package; the metasrv must not" >&2
+  exit 1
+fi
+if cargo tree -p datanode -e normal --prefix none | grep -E "^($cli_crates|walctl) " ||
+  cargo tree -p datanode -e normal --prefix none --depth 1 | grep -E '^axum '; then
+  echo "[test] the datanode package depends on a CLI crate or walctl; they belong in walctl/Cargo.toml" >&2
+  exit 1
+fi
+
 if [[ -z ${ETCD_ENDPOINTS:-} ]]; then
   "$SERVICES" start etcd
   started+=(etcd)

@@ -22,6 +22,16 @@ pub enum Error {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// A flush was ready to publish its file only after the region's lease ran out: nothing was published.
+    #[snafu(display(
+        "region {region_id}: the flush to '{path}' was not published: the region's lease ran out first"
+    ))]
+    StorageLate {
+        /// The region.
+        region_id: u64,
+        /// The file it would have been.
+        path: String,
+    },
     /// A region storage file does not decode.
     #[snafu(display("region {region_id}: region storage file '{path}' is damaged: {reason}"))]
     StorageCorrupt {
@@ -130,6 +140,7 @@ impl Error {
             Error::Wal { source } => source.is_retryable(),
             Error::RegionNotOpen { .. } | Error::NotLeader { .. } => true,
             Error::Metasrv { retryable, .. } => *retryable,
+            Error::StorageLate { .. } => true,
             Error::StorageIo { .. }
             | Error::StorageCorrupt { .. }
             | Error::OutcomeUnknown { .. }

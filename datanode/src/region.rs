@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use remote_wal::datanode::protocol::{RegionRole, RegionStat, RegionToOpen};
 
-use crate::log_store::kafka::RsKafkaPartition;
+use crate::log_store::kafka::PartitionLog;
 use crate::log_store::{Entry, EntryId, KafkaLogStore, RaftEngineLogStore, RegionId};
 
 /// Where a region's WAL is.
@@ -23,7 +23,7 @@ pub enum RegionWal {
         /// The topic.
         topic: String,
         /// The datanode's store on it.
-        store: Arc<KafkaLogStore<RsKafkaPartition>>,
+        store: Arc<KafkaLogStore<Arc<dyn PartitionLog>>>,
     },
     /// The datanode's raft-engine directory.
     RaftEngine(RaftEngineLogStore),

@@ -27,7 +27,7 @@ use crate::error::{
     NoTopicRegionKeySnafu, NotLeaderSnafu, OutcomeUnknownSnafu, RegionNotOpenSnafu, RegionWalSnafu,
     Result, WalSnafu,
 };
-use crate::log_store::kafka::{RsKafkaPartition, call_bound, connect_client};
+use crate::log_store::kafka::{PartitionLog, RsKafkaPartition, call_bound, connect_client};
 use crate::log_store::{
     Entry, EntryId, EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, LogStore, RaftEngineLogStore,
     RegionId,
@@ -36,7 +36,7 @@ use crate::region::{Memtable, Region, RegionCounters, RegionWal};
 use crate::storage::RegionStorage;
 
 /// How a datanode runs.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct DatanodeOptions {
     /// Its id.
     pub id: u64,
@@ -52,6 +52,24 @@ pub struct DatanodeOptions {
     pub heartbeat_interval: Duration,
     /// Unflushed bytes per region past which a write flushes first.
     pub flush_threshold: u64,
+    /// Where Kafka topics' partitions come from: `None` = rskafka on `kafka`'s brokers; tests give in-memory ones.
+    pub partitions: Option<PartitionFactory>,
+}
+
+/// Makes the partition 0 of a topic (tests: an in-memory or a slowed one).
+pub type PartitionFactory = Arc<dyn Fn(&str) -> Arc<dyn PartitionLog> + Send + Sync>;
+
+impl std::fmt::Debug for DatanodeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatanodeOptions")
+            .field("id", &self.id)
+            .field("address", &self.address)
+            .field("wal_dir", &self.wal_dir)
+            .field("region_storage", &self.region_storage)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("flush_threshold", &self.flush_threshold)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A region as `GET /v1/regions` shows it.
@@ -96,7 +114,7 @@ pub struct Datanode {
     /// Regions being opened (an open instruction repeated meanwhile is ignored).
     opening: Mutex<HashSet<RegionId>>,
     kafka_client: OnceCell<Arc<Client>>,
-    kafka_stores: tokio::sync::Mutex<HashMap<String, Arc<KafkaLogStore<RsKafkaPartition>>>>,
+    kafka_stores: tokio::sync::Mutex<HashMap<String, Arc<KafkaLogStore<Arc<dyn PartitionLog>>>>>,
     raft_engine: OnceCell<RaftEngineLogStore>,
     stopped: AtomicBool,
 }
@@ -329,7 +347,7 @@ impl Datanode {
         &self,
         region_id: RegionId,
         topic: &str,
-    ) -> Result<Arc<KafkaLogStore<RsKafkaPartition>>> {
+    ) -> Result<Arc<KafkaLogStore<Arc<dyn PartitionLog>>>> {
         let Some(kafka) = &self.options.kafka else {
             return RegionWalSnafu {
                 region_id,
@@ -343,14 +361,21 @@ impl Datanode {
         if let Some(store) = stores.get(topic) {
             return Ok(store.clone());
         }
-        let client = self
-            .kafka_client
-            .get_or_try_init(|| connect_client(kafka))
-            .await
-            .context(WalSnafu)?;
-        let partition = RsKafkaPartition::new(client, topic, call_bound(kafka))
-            .await
-            .context(WalSnafu)?;
+        let partition: Arc<dyn PartitionLog> = match &self.options.partitions {
+            Some(factory) => factory(topic),
+            None => {
+                let client = self
+                    .kafka_client
+                    .get_or_try_init(|| connect_client(kafka))
+                    .await
+                    .context(WalSnafu)?;
+                Arc::new(
+                    RsKafkaPartition::new(client, topic, call_bound(kafka))
+                        .await
+                        .context(WalSnafu)?,
+                )
+            }
+        };
         let store = Arc::new(KafkaLogStore::with_writer(
             partition,
             KafkaLogStoreConfig::for_kafka(kafka).context(WalSnafu)?,
@@ -526,7 +551,9 @@ impl Datanode {
     pub async fn write(&self, region_id: RegionId, entries: Vec<Vec<u8>>) -> Result<Vec<EntryId>> {
         let region = self.region(region_id)?;
         let mut memtable = region.memtable.lock().await;
-        if memtable.bytes as u64 >= self.options.flush_threshold {
+        if memtable.bytes as u64 >= self.options.flush_threshold
+            && self.writable_until(&region, Instant::now()).is_some()
+        {
             self.flush_locked(&region, &mut memtable).await?;
         }
         let now = Instant::now();
@@ -614,9 +641,12 @@ impl Datanode {
 
     async fn flush_locked(&self, region: &Region, memtable: &mut Memtable) -> Result<FlushReport> {
         let region_id = region.id;
-        if region.lease().needs_reopen {
-            return self.not_leader(region, Instant::now());
-        }
+        // Region storage is shared: only the lease holder publishes a flush, and only before its lease's deadline
+        // (a deposed datanode's file would otherwise claim entries of the new leader's as flushed).
+        let now = Instant::now();
+        let Some(deadline) = self.writable_until(region, now) else {
+            return self.not_leader(region, now);
+        };
         let counters = region.counters();
         // On Kafka the region has no entry between its last and the topic's end (no append runs while the
         // memtable is held), so it is flushed up to that end: an idle region never pins its topic.
@@ -630,7 +660,7 @@ impl Datanode {
         if flushed > counters.flushed_entry_id || n > 0 {
             if let Err(e) = self
                 .storage
-                .flush(region_id, entries.clone(), flushed)
+                .flush(region_id, entries.clone(), flushed, Some(deadline))
                 .await
             {
                 memtable.entries = entries;

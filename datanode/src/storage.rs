@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use snafu::{ResultExt, ensure};
 
-use crate::error::{Result, StorageCorruptSnafu, StorageIoSnafu};
+use crate::error::{Result, StorageCorruptSnafu, StorageIoSnafu, StorageLateSnafu};
 use crate::log_store::{Entry, EntryId, RegionId};
 
 /// The magic at the start of every segment file.
@@ -53,22 +53,27 @@ impl RegionStorage {
         self.root.join(region_id.to_string())
     }
 
-    /// Writes `entries` (in entry-id order, all above what the region holds) as one file durable before this
-    /// returns, recording `flushed_entry_id` (at least the last entry's id) as the region's flushed entry id.
+    /// Writes `entries` (in entry-id order) as one file durable before this returns, recording
+    /// `flushed_entry_id` (at least the last entry's id) as the region's flushed entry id. With `publish_before`,
+    /// the file is renamed into place only if that instant has not passed once it is durable (a lease's deadline);
+    /// otherwise it is removed and the flush fails, publishing nothing.
     pub async fn flush(
         &self,
         region_id: RegionId,
         entries: Vec<Entry>,
         flushed_entry_id: EntryId,
+        publish_before: Option<std::time::Instant>,
     ) -> Result<()> {
         let dir = self.region_dir(region_id);
-        tokio::task::spawn_blocking(move || write_segment(&dir, &entries, flushed_entry_id))
-            .await
-            .map_err(|e| std::io::Error::other(e.to_string()))
-            .context(StorageIoSnafu {
-                region_id,
-                path: self.region_dir(region_id).display().to_string(),
-            })?
+        tokio::task::spawn_blocking(move || {
+            write_segment(&dir, region_id, &entries, flushed_entry_id, publish_before)
+        })
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))
+        .context(StorageIoSnafu {
+            region_id,
+            path: self.region_dir(region_id).display().to_string(),
+        })?
     }
 
     /// Everything the region's storage holds (nothing for a region never flushed).
@@ -84,8 +89,13 @@ impl RegionStorage {
     }
 }
 
-fn write_segment(dir: &Path, entries: &[Entry], flushed_entry_id: EntryId) -> Result<()> {
-    let region_id = entries.first().map_or(0, |e| e.region_id);
+fn write_segment(
+    dir: &Path,
+    region_id: RegionId,
+    entries: &[Entry],
+    flushed_entry_id: EntryId,
+    publish_before: Option<std::time::Instant>,
+) -> Result<()> {
     let io = |path: &Path| StorageIoSnafu {
         region_id,
         path: path.display().to_string(),
@@ -116,6 +126,14 @@ fn write_segment(dir: &Path, entries: &[Entry], flushed_entry_id: EntryId) -> Re
     file.write_all(&bytes).context(io(&tmp))?;
     file.sync_all().context(io(&tmp))?;
     drop(file);
+    if publish_before.is_some_and(|deadline| std::time::Instant::now() >= deadline) {
+        let _ = std::fs::remove_file(&tmp);
+        return StorageLateSnafu {
+            region_id,
+            path: path.display().to_string(),
+        }
+        .fail();
+    }
     std::fs::rename(&tmp, &path).context(io(&path))?;
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
@@ -150,6 +168,7 @@ fn read_region(dir: &Path, region_id: RegionId) -> Result<StoredRegion> {
         }
     }
     segments.sort();
+    let mut merged = std::collections::BTreeMap::new();
     for (last, path) in segments {
         let bytes = std::fs::read(&path).context(StorageIoSnafu {
             region_id,
@@ -185,17 +204,21 @@ fn read_region(dir: &Path, region_id: RegionId) -> Result<StoredRegion> {
             if crc32fast::hash(data) != crc {
                 return Err(corrupt(format!("entry {entry_id} fails its checksum")));
             }
-            if entry_id > out.flushed_entry_id {
-                out.entries.push(Entry {
-                    region_id,
-                    entry_id,
-                    data: data.to_vec(),
-                });
-            }
+            // Files may overlap (a flush that recorded a lower checkpoint, then one from a replay above it): an
+            // entry id is one WAL record, so the copies are the same entry; the first read is kept.
+            merged.entry(entry_id).or_insert_with(|| data.to_vec());
             at += ENTRY_HEADER + len;
         }
         out.flushed_entry_id = out.flushed_entry_id.max(last);
     }
+    out.entries = merged
+        .into_iter()
+        .map(|(entry_id, data)| Entry {
+            region_id,
+            entry_id,
+            data,
+        })
+        .collect();
     Ok(out)
 }
 
@@ -217,11 +240,25 @@ mod tests {
         let storage = RegionStorage::new(dir.path());
         assert_eq!(storage.read(5).await.unwrap(), StoredRegion::default());
         storage
-            .flush(5, vec![entry(1, b"a"), entry(3, b"b")], 3)
+            .flush(5, vec![entry(1, b"a"), entry(3, b"b")], 3, None)
             .await
             .unwrap();
-        storage.flush(5, vec![], 9).await.unwrap();
-        storage.flush(5, vec![entry(12, b"c")], 12).await.unwrap();
+        storage.flush(5, vec![], 9, None).await.unwrap();
+        storage
+            .flush(5, vec![entry(12, b"c")], 12, None)
+            .await
+            .unwrap();
+        // A deadline already past: nothing is published.
+        let late = storage
+            .flush(
+                5,
+                vec![entry(20, b"late")],
+                20,
+                Some(std::time::Instant::now()),
+            )
+            .await
+            .unwrap_err();
+        assert!(late.to_string().contains("lease"), "{late}");
         std::fs::write(
             storage.region_dir(5).join("00000000000000000099.seg.tmp"),
             b"x",
@@ -237,7 +274,10 @@ mod tests {
     async fn a_damaged_segment_names_region_and_file() {
         let dir = tempfile::tempdir().unwrap();
         let storage = RegionStorage::new(dir.path());
-        storage.flush(5, vec![entry(1, b"abc")], 1).await.unwrap();
+        storage
+            .flush(5, vec![entry(1, b"abc")], 1, None)
+            .await
+            .unwrap();
         let path = storage.region_dir(5).join("00000000000000000001.seg");
         let mut bytes = std::fs::read(&path).unwrap();
         let last = bytes.len() - 1;

@@ -77,14 +77,12 @@ struct Node {
     record: DatanodeRecord,
     interval: Duration,
     last_heartbeat: Option<Instant>,
-    /// When the last lease was granted (the answer's time).
-    last_grant: Option<Instant>,
+    /// When the latest lease this term granted it ends, reckoned from the answer's time.
+    leases_until: Option<Instant>,
     /// No lease before this.
     leases_from: Instant,
     regions: Vec<RegionStat>,
     leases: usize,
-    /// Regions whose checkpoint this term knows (read or written), region → checkpoint.
-    checkpoints: HashMap<u64, u64>,
 }
 
 #[derive(Debug)]
@@ -207,7 +205,15 @@ impl DatanodeRegistry {
             incarnation: previous.as_ref().map_or(1, |p| p.incarnation + 1),
             address: request.address.clone(),
             lease_ms: millis(lease),
-            previous_lease_ms: previous.as_ref().map_or(0, |p| p.lease_ms),
+            // The longest lease any earlier incarnation may still hold: its own, and, while it never waited out its
+            // predecessors (not cleared), theirs too.
+            previous_lease_ms: previous.as_ref().map_or(0, |p| {
+                if p.cleared {
+                    p.lease_ms
+                } else {
+                    p.lease_ms.max(p.previous_lease_ms)
+                }
+            }),
             cleared: previous.is_none(),
         };
         let value = serde_json::to_vec(&record).unwrap_or_default();
@@ -226,15 +232,20 @@ impl DatanodeRegistry {
         let now = Instant::now();
         let mut inner = self.inner();
         let term_start = inner.term_start.unwrap_or(now);
-        let leases_from = match (&previous, inner.nodes.get(&datanode_id)) {
-            // The first incarnation ever: nobody held a lease before.
-            (None, _) => now,
-            // The predecessor's leases, as this term granted them, run out by the last grant + its lease.
-            (Some(p), Some(node)) if node.last_grant.is_some() => {
-                node.last_grant.unwrap_or(now) + Duration::from_millis(p.lease_ms) + LEASE_MARGIN
+        // No lease before every lease an earlier incarnation may hold ran out: those an earlier leader granted end
+        // by this term's start + their length; those this term granted, by their recorded end.
+        let leases_from = match &previous {
+            None => now,
+            Some(_) => {
+                let earlier_terms =
+                    term_start + Duration::from_millis(record.previous_lease_ms) + LEASE_MARGIN;
+                let this_term = inner.nodes.get(&datanode_id).map(|node| {
+                    node.leases_until
+                        .map_or(node.leases_from, |until| until + LEASE_MARGIN)
+                        .max(node.leases_from)
+                });
+                this_term.map_or(earlier_terms, |t| t.max(earlier_terms))
             }
-            // Never granted a lease this term: a previous leader may have, up to the end of its term.
-            (Some(p), _) => term_start + Duration::from_millis(p.lease_ms) + LEASE_MARGIN,
         };
         inner.nodes.insert(
             datanode_id,
@@ -242,11 +253,10 @@ impl DatanodeRegistry {
                 record: record.clone(),
                 interval,
                 last_heartbeat: None,
-                last_grant: None,
+                leases_until: None,
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
                 leases: 0,
-                checkpoints: HashMap::new(),
             },
         );
         Ok(RegisterResponse {
@@ -273,7 +283,7 @@ impl DatanodeRegistry {
             self.load_node(request).await?;
         }
         let now = Instant::now();
-        let (leases_from, cleared, mut checkpoints) = {
+        let (leases_from, cleared, lease_ms) = {
             let mut inner = self.inner();
             let Some(node) = inner.nodes.get_mut(&datanode_id) else {
                 return DatanodeNotRegisteredSnafu {
@@ -286,11 +296,7 @@ impl DatanodeRegistry {
             node.interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
             node.regions = request.regions.clone();
             node.record.address = request.address.clone();
-            (
-                node.leases_from,
-                node.record.cleared,
-                node.checkpoints.clone(),
-            )
+            (node.leases_from, node.record.cleared, node.record.lease_ms)
         };
 
         // What the route gives this datanode.
@@ -301,57 +307,73 @@ impl DatanodeRegistry {
         let reported: HashMap<u64, &RegionStat> =
             request.regions.iter().map(|r| (r.region_id, r)).collect();
         let assigned: BTreeSet<u64> = open.requests.iter().map(|r| r.region_id).collect();
+        // The topic-region keys of the reported Kafka regions, read in one request: a region whose key is gone
+        // (dropped) gets no lease, whatever was known of it before.
+        let kafka: Vec<(u64, String)> = open
+            .requests
+            .iter()
+            .filter(|r| reported.contains_key(&r.region_id))
+            .filter_map(|r| kafka_topic(r).map(|t| (r.region_id, t)))
+            .collect();
+        let keys: Vec<Vec<u8>> = kafka
+            .iter()
+            .map(|(region, topic)| topic_region_key(topic, *region))
+            .collect();
+        let mut stored: HashMap<Vec<u8>, crate::kv::KeyValue> = HashMap::new();
+        if !keys.is_empty() {
+            for kv in self.kv.batch_get(&keys).await? {
+                stored.insert(kv.key.clone(), kv);
+            }
+        }
 
         let mut response = HeartbeatResponse::default();
-        let lease = lease_for(Duration::from_millis(request.heartbeat_interval_ms.max(1)));
         let may_lease = now >= leases_from;
         if !may_lease {
-            response.leases_in_ms = Some(millis(leases_from - now));
+            response.leases_in_ms = Some(millis(leases_from - now).max(1));
         } else if !cleared {
             self.clear(request).await?;
         }
         let mut pruned: HashMap<String, u64> = HashMap::new();
         for req in &open.requests {
             let epoch = epochs.get(&req.region_id).copied().unwrap_or(0);
-            let topic = kafka_topic(req);
-            match reported.get(&req.region_id) {
-                None => {
+            let Some(stat) = reported.get(&req.region_id) else {
+                // Opened only once every earlier incarnation's leases ran out: its replay then starts after all
+                // they could acknowledge.
+                if may_lease {
                     let to_open = self.region_to_open(req, epoch, &mut pruned).await?;
-                    if let Some(c) = to_open.checkpoint {
-                        checkpoints.insert(req.region_id, c);
-                    }
                     response.instructions.push(Instruction::Open(to_open));
                 }
-                Some(stat) => {
-                    let mut leasable = true;
-                    if let Some(topic) = &topic {
-                        let known = checkpoints.get(&req.region_id).copied();
-                        if known.is_none_or(|c| stat.flushed_entry_id > c) {
-                            match self
-                                .advance_checkpoint(topic, req.region_id, stat.flushed_entry_id)
+                continue;
+            };
+            let mut leasable = true;
+            if let Some(topic) = kafka_topic(req) {
+                let key = topic_region_key(&topic, req.region_id);
+                leasable = match stored.get(&key) {
+                    None => false,
+                    Some(found) => {
+                        let value = TopicRegionValue::decode(&found.key, &found.value)?;
+                        match value.checkpoint {
+                            Some(c) if c.entry_id >= stat.flushed_entry_id => true,
+                            _ => self
+                                .advance_checkpoint(found, stat.flushed_entry_id)
                                 .await?
-                            {
-                                Some(c) => {
-                                    checkpoints.insert(req.region_id, c);
-                                }
-                                None => leasable = false,
-                            }
+                                .is_some(),
                         }
                     }
-                    if flush.contains(&req.region_id) {
-                        response.instructions.push(Instruction::Flush {
-                            region_id: req.region_id,
-                        });
-                    }
-                    if may_lease && leasable {
-                        response.leases.push(RegionLease {
-                            region_id: req.region_id,
-                            role: RegionRole::Leader,
-                            epoch,
-                            duration_ms: millis(lease),
-                        });
-                    }
-                }
+                };
+            }
+            if flush.contains(&req.region_id) {
+                response.instructions.push(Instruction::Flush {
+                    region_id: req.region_id,
+                });
+            }
+            if may_lease && leasable {
+                response.leases.push(RegionLease {
+                    region_id: req.region_id,
+                    role: RegionRole::Leader,
+                    epoch,
+                    duration_ms: lease_ms,
+                });
             }
         }
         for stat in &request.regions {
@@ -362,15 +384,27 @@ impl DatanodeRegistry {
             }
         }
         let mut inner = self.inner();
-        if let Some(node) = inner.nodes.get_mut(&datanode_id)
-            && node.record.incarnation == request.incarnation
-        {
-            node.checkpoints = checkpoints;
-            node.leases = response.leases.len();
-            if !response.leases.is_empty() {
-                node.last_grant = Some(Instant::now());
-                node.record.cleared = true;
+        let Some(node) = inner.nodes.get_mut(&datanode_id) else {
+            return DatanodeNotRegisteredSnafu {
+                datanode_id,
+                incarnation: request.incarnation,
             }
+            .fail();
+        };
+        // A registration that replaced this incarnation meanwhile reckoned without these leases: none goes out.
+        if node.record.incarnation != request.incarnation {
+            return DatanodeStaleIncarnationSnafu {
+                datanode_id,
+                incarnation: request.incarnation,
+                current: node.record.incarnation,
+            }
+            .fail();
+        }
+        node.leases = response.leases.len();
+        if !response.leases.is_empty() {
+            let until = Instant::now() + Duration::from_millis(lease_ms);
+            node.leases_until = Some(node.leases_until.map_or(until, |u| u.max(until)));
+            node.record.cleared = true;
         }
         Ok(response)
     }
@@ -482,11 +516,10 @@ impl DatanodeRegistry {
                 interval: Duration::from_millis(request.heartbeat_interval_ms.max(1)),
                 record,
                 last_heartbeat: None,
-                last_grant: None,
+                leases_until: None,
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
                 leases: 0,
-                checkpoints: HashMap::new(),
             },
         );
         Ok(())
@@ -530,46 +563,31 @@ impl DatanodeRegistry {
         Ok(())
     }
 
-    /// Moves the region's checkpoint forward to `flushed` by compare-and-put against the key as read; never
-    /// creates the key (a dropped region's key stays gone). Returns the checkpoint stored, `None` when the key is
-    /// absent.
+    /// Moves the checkpoint in the topic-region key `found` (as read) forward to `flushed`, by compare-and-put
+    /// against that value: a key deleted or changed meanwhile is left alone (never created). Returns the
+    /// checkpoint stored, `None` when the write did not happen.
     async fn advance_checkpoint(
         &self,
-        topic: &str,
-        region_id: u64,
+        found: &crate::kv::KeyValue,
         flushed: u64,
     ) -> Result<Option<u64>> {
-        let key = topic_region_key(topic, region_id);
-        for _ in 0..8 {
-            let Some(found) = self.kv.get(&key).await? else {
-                return Ok(None);
-            };
-            let current = TopicRegionValue::decode(&found.key, &found.value)?;
-            if let Some(c) = current.checkpoint
-                && c.entry_id >= flushed
-            {
-                return Ok(current.flushed_entry_id());
-            }
-            let next = TopicRegionValue {
-                checkpoint: Some(crate::wal::topic_region::ReplayCheckpoint {
-                    entry_id: flushed,
-                    metadata_entry_id: current.checkpoint.and_then(|c| c.metadata_entry_id),
-                }),
-            };
-            let response = self
-                .kv
-                .compare_and_put(CompareAndPutRequest {
-                    key: key.clone(),
-                    expect: Some(found.value),
-                    value: next.encode(),
-                })
-                .await?;
-            if response.success {
-                return Ok(next.flushed_entry_id());
-            }
-        }
-        // Someone else kept moving it: the next heartbeat tries again.
-        Ok(current_or_none(self.kv.get(&key).await?))
+        let current = TopicRegionValue::decode(&found.key, &found.value)?;
+        let next = TopicRegionValue {
+            checkpoint: Some(crate::wal::topic_region::ReplayCheckpoint {
+                entry_id: flushed,
+                metadata_entry_id: current.checkpoint.and_then(|c| c.metadata_entry_id),
+            }),
+        };
+        let response = self
+            .kv
+            .compare_and_put(CompareAndPutRequest {
+                key: found.key.clone(),
+                expect: Some(found.value.clone()),
+                value: next.encode(),
+            })
+            .await?;
+        // Lost to a concurrent change: the next heartbeat reads it again.
+        Ok(response.success.then_some(flushed))
     }
 
     /// The region epochs of `requests`' regions, read from their tables' routes.
@@ -615,7 +633,8 @@ impl DatanodeRegistry {
                 last_heartbeat_ms: node.last_heartbeat.map(|t| millis(now - t)),
                 regions: node.regions.clone(),
                 leases: node.leases,
-                leases_in_ms: (node.leases_from > now).then(|| millis(node.leases_from - now)),
+                leases_in_ms: (node.leases_from > now)
+                    .then(|| millis(node.leases_from - now).max(1)),
             })
             .collect()
     }
@@ -627,14 +646,6 @@ impl DatanodeRegistry {
             .get(&datanode_id)
             .map(|n| n.record.address.clone())
     }
-}
-
-/// The flushed entry id of a topic-region key as read (`None` when absent or undecodable).
-fn current_or_none(found: Option<crate::kv::KeyValue>) -> Option<u64> {
-    let found = found?;
-    TopicRegionValue::decode(&found.key, &found.value)
-        .ok()?
-        .flushed_entry_id()
 }
 
 /// The Kafka topic of an open request's WAL options, if it has one.

@@ -1,6 +1,6 @@
 //! The procedures page at `GET /`: server-rendered HTML in the manner of HBase's "Procedures & Locks" — who leads
 //! and at which epoch, every procedure (stuck ones first) with its state, step, attempts, age and last error, the
-//! locks held and awaited, and the WAL: the provider, and for Kafka the regions per pool topic as an SVG bar chart.
+//! locks held and awaited, the datanodes with their leases, and the WAL: the provider, and for Kafka the regions per pool topic as an SVG bar chart.
 //!
 //! Gathering ([`PageData::gather`]) and rendering ([`render::render`]) are apart, so the rendering is a pure
 //! function of what was read. Each section that cannot be read says why in its place; the page itself always
@@ -79,6 +79,9 @@ pub struct PageData {
     pub locks: Option<Vec<ProcedureLocks>>,
     /// The WAL provider and, for Kafka, the pool.
     pub wal: WalSection,
+    /// The datanodes registered with this leader's term; `None` off the leader (the registry lives in its
+    /// memory).
+    pub datanodes: Option<Vec<remote_wal::metasrv::datanodes::DatanodeInfo>>,
     /// When the page was read (ms since the Unix epoch); ages are counted to it.
     pub now_ms: u64,
 }
@@ -118,7 +121,12 @@ impl PageData {
                 },
             ),
         };
+        let datanodes = status
+            .leading
+            .is_some()
+            .then(|| metasrv.datanode_registry().list());
         PageData {
+            datanodes,
             this_server: state.advertise.clone(),
             status,
             leader,

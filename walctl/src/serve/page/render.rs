@@ -37,6 +37,7 @@ pub fn render(data: &PageData) -> String {
     cluster(&mut html, data);
     procedures(&mut html, data);
     locks(&mut html, data);
+    datanodes(&mut html, data);
     wal(&mut html, &data.wal);
     let _ = write!(
         html,
@@ -224,6 +225,51 @@ fn procedure_row(html: &mut String, info: &ProcedureInfo, data: &PageData) {
     );
 }
 
+/// The datanodes of the leader's registry: address, incarnation, last heartbeat, regions and leases.
+fn datanodes(html: &mut String, data: &PageData) {
+    html.push_str("<section id=\"datanodes-section\">\n<h2>Datanodes</h2>\n");
+    let Some(nodes) = &data.datanodes else {
+        html.push_str(
+            "<p id=\"datanodes-elsewhere\">Datanodes register and heartbeat with the leader; see its page.</p>\n\
+             </section>\n",
+        );
+        return;
+    };
+    if nodes.is_empty() {
+        html.push_str("<p id=\"no-datanodes\">No datanode has registered with this leader yet.</p>\n</section>\n");
+        return;
+    }
+    html.push_str(
+        "<table id=\"datanodes\">\n<thead><tr><th>id</th><th>address</th><th>incarnation</th>\
+         <th>last heartbeat</th><th>regions (leading)</th><th>leases</th></tr></thead>\n<tbody>\n",
+    );
+    for n in nodes {
+        let leading = n
+            .regions
+            .iter()
+            .filter(|r| r.role == remote_wal::datanode::protocol::RegionRole::Leader)
+            .count();
+        let age = n
+            .last_heartbeat_ms
+            .map_or("never".to_string(), |ms| format!("{} ago", format_ms(ms)));
+        let leases = match n.leases_in_ms {
+            Some(ms) => format!("{} (held back {} more)", n.leases, format_ms(ms)),
+            None => n.leases.to_string(),
+        };
+        let _ = writeln!(
+            html,
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} ({leading})</td><td>{}</td></tr>",
+            n.id,
+            escape(&n.address),
+            n.incarnation,
+            escape(&age),
+            n.regions.len(),
+            escape(&leases)
+        );
+    }
+    html.push_str("</tbody>\n</table>\n</section>\n");
+}
+
 /// Held and awaited locks (the leader only: they live in its memory).
 fn locks(html: &mut String, data: &PageData) {
     html.push_str("<section id=\"locks-section\">\n<h2>Locks</h2>\n");
@@ -380,8 +426,26 @@ mod tests {
             source: ProcedureSource::Manager,
             locks: Some(locks),
             wal: WalSection::RaftEngine,
+            datanodes: Some(vec![remote_wal::metasrv::datanodes::DatanodeInfo {
+                id: 3,
+                address: "<b>dn</b>:4100".to_string(),
+                incarnation: 2,
+                last_heartbeat_ms: Some(400),
+                regions: Vec::new(),
+                leases: 0,
+                leases_in_ms: Some(1500),
+            }]),
             now_ms: NOW,
         }
+    }
+
+    #[test]
+    fn datanodes_show_with_their_address_escaped_and_their_held_back_leases() {
+        let html = render(&leader_data(Vec::new(), Vec::new()));
+        assert!(html.contains("<table id=\"datanodes\">"), "{html}");
+        assert!(html.contains("&lt;b&gt;dn&lt;/b&gt;:4100"), "{html}");
+        assert!(!html.contains("<b>dn</b>"), "{html}");
+        assert!(html.contains("held back"), "{html}");
     }
 
     /// The `data-id` of each procedure row, in page order.

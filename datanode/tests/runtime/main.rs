@@ -1,0 +1,359 @@
+//! The datanode runtime on in-memory Kafka partitions and a temporary region storage: leases gate writes, a late
+//! append is never acknowledged and makes the region reopen whole, two writers of one region (a zombie beside the
+//! lease holder) both replay, flush plus replay rebuild a region after a restart, a new region starts at its
+//! topic's end, a region without its `__topic_region` key is not opened, and the flush threshold flushes first.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use datanode::error::Error;
+use datanode::log_store::kafka::{FetchedRecord, PartitionLog};
+use datanode::log_store::memory_partition::MemoryPartition;
+use datanode::log_store::record::EncodedRecord;
+use datanode::runtime::PartitionFactory;
+use datanode::{Datanode, DatanodeOptions};
+use remote_wal::datanode::RegionOpenRequest;
+use remote_wal::datanode::protocol::{HeartbeatResponse, RegionLease, RegionRole, RegionToOpen};
+use remote_wal::wal::{KafkaConfig, WAL_OPTIONS_KEY};
+
+const TOPIC: &str = "runtime_topic";
+const REGION: u64 = (1024 << 32) | 1;
+
+/// A partition whose produce calls take `delay_ms` longer (the broker's answer arriving late).
+#[derive(Debug)]
+struct SlowPartition {
+    inner: Arc<MemoryPartition>,
+    delay_ms: AtomicU64,
+}
+
+#[async_trait]
+impl PartitionLog for SlowPartition {
+    fn topic(&self) -> &str {
+        self.inner.topic()
+    }
+
+    async fn produce(&self, records: Vec<EncodedRecord>) -> remote_wal::Result<Vec<i64>> {
+        // The records land at once; the answer is late.
+        let offsets = self.inner.produce(records).await;
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        offsets
+    }
+
+    async fn fetch(
+        &self,
+        offset: i64,
+        max_bytes: i32,
+    ) -> remote_wal::Result<(Vec<FetchedRecord>, i64)> {
+        self.inner.fetch(offset, max_bytes).await
+    }
+
+    async fn high_watermark(&self) -> remote_wal::Result<i64> {
+        self.inner.high_watermark().await
+    }
+
+    async fn low_watermark(&self) -> remote_wal::Result<i64> {
+        self.inner.low_watermark().await
+    }
+}
+
+/// The shared "brokers": one slowed in-memory partition per topic.
+#[derive(Clone, Default)]
+struct Brokers {
+    topics: Arc<Mutex<HashMap<String, Arc<SlowPartition>>>>,
+}
+
+impl Brokers {
+    fn partition(&self, topic: &str) -> Arc<SlowPartition> {
+        self.topics
+            .lock()
+            .unwrap()
+            .entry(topic.to_string())
+            .or_insert_with(|| {
+                Arc::new(SlowPartition {
+                    inner: Arc::new(MemoryPartition::new(topic)),
+                    delay_ms: AtomicU64::new(0),
+                })
+            })
+            .clone()
+    }
+
+    fn factory(&self) -> PartitionFactory {
+        let brokers = self.clone();
+        Arc::new(move |topic: &str| brokers.partition(topic) as Arc<dyn PartitionLog>)
+    }
+}
+
+struct World {
+    brokers: Brokers,
+    storage: tempfile::TempDir,
+}
+
+impl World {
+    fn new() -> Self {
+        World {
+            brokers: Brokers::default(),
+            storage: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    /// A datanode (id 1) of incarnation `incarnation` on the shared partitions and storage.
+    fn datanode(&self, incarnation: u64, flush_threshold: u64) -> Arc<Datanode> {
+        let dn = Datanode::new(DatanodeOptions {
+            id: 1,
+            address: "127.0.0.1:1".to_string(),
+            wal_dir: self.storage.path().join("wal"),
+            region_storage: self.storage.path().join("regions"),
+            kafka: Some(KafkaConfig::default()),
+            heartbeat_interval: Duration::from_millis(100),
+            flush_threshold,
+            partitions: Some(self.brokers.factory()),
+        });
+        dn.set_incarnation(incarnation);
+        Arc::new(dn)
+    }
+}
+
+fn to_open(region: u64, checkpoint: Option<u64>) -> RegionToOpen {
+    RegionToOpen {
+        request: RegionOpenRequest {
+            region_id: region,
+            engine: "mito".to_string(),
+            region_dir: format!("data/{region}/"),
+            options: BTreeMap::from([(
+                WAL_OPTIONS_KEY.to_string(),
+                format!(r#"{{"wal.provider":"kafka","wal.kafka.topic":"{TOPIC}"}}"#),
+            )]),
+        },
+        epoch: 0,
+        topic_region_key: true,
+        checkpoint,
+        pruned_entry_id: 0,
+    }
+}
+
+async fn open(dn: &Datanode, region: u64, checkpoint: Option<u64>) {
+    for (id, result) in dn.open_regions(vec![to_open(region, checkpoint)]).await {
+        result.unwrap_or_else(|e| panic!("open {id}: {e}"));
+    }
+}
+
+/// A lease on `region` lasting `ms` from now, as a heartbeat's answer brings it.
+fn lease(dn: &Arc<Datanode>, region: u64, ms: u64) {
+    let response = HeartbeatResponse {
+        leases: vec![RegionLease {
+            region_id: region,
+            role: RegionRole::Leader,
+            epoch: 0,
+            duration_ms: ms,
+        }],
+        ..HeartbeatResponse::default()
+    };
+    dn.apply(response, Instant::now());
+}
+
+fn sequences(entries: &[datanode::log_store::Entry]) -> Vec<Vec<u8>> {
+    entries.iter().map(|e| e.data.clone()).collect()
+}
+
+#[tokio::test]
+async fn a_write_without_a_lease_is_refused_and_one_within_it_is_acknowledged() {
+    let world = World::new();
+    let dn = world.datanode(1, u64::MAX);
+    let err = dn.write(REGION, vec![b"x".to_vec()]).await.unwrap_err();
+    assert!(matches!(err, Error::RegionNotOpen { .. }), "{err}");
+    open(&dn, REGION, Some(0)).await;
+    let err = dn.write(REGION, vec![b"x".to_vec()]).await.unwrap_err();
+    assert!(matches!(err, Error::NotLeader { .. }), "{err}");
+    assert!(err.to_string().contains("holds no lease"), "{err}");
+    lease(&dn, REGION, 60_000);
+    let ids = dn
+        .write(REGION, vec![b"a".to_vec(), b"b".to_vec()])
+        .await
+        .unwrap();
+    assert_eq!(ids, vec![1, 2]);
+    // A lease that ran out: refused again.
+    let other = REGION + 1;
+    open(&dn, other, Some(0)).await;
+    lease(&dn, other, 50);
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let err = dn.write(other, vec![b"late".to_vec()]).await.unwrap_err();
+    assert!(err.to_string().contains("lease ran out"), "{err}");
+}
+
+#[tokio::test]
+async fn an_append_answered_after_the_deadline_is_not_acknowledged_and_the_region_reopens_whole() {
+    let world = World::new();
+    let dn = world.datanode(1, u64::MAX);
+    open(&dn, REGION, Some(0)).await;
+    lease(&dn, REGION, 60_000);
+    dn.write(REGION, vec![b"first".to_vec()]).await.unwrap();
+    // The broker takes the records at once but answers after the lease is over.
+    world
+        .brokers
+        .partition(TOPIC)
+        .delay_ms
+        .store(400, Ordering::SeqCst);
+    // A region whose lease was not renewed: the same region reopened (it replays "first") with a short lease.
+    dn.close_region(REGION);
+    open(&dn, REGION, Some(0)).await;
+    lease(&dn, REGION, 150);
+    let err = dn.write(REGION, vec![b"late".to_vec()]).await.unwrap_err();
+    assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err}");
+    world
+        .brokers
+        .partition(TOPIC)
+        .delay_ms
+        .store(0, Ordering::SeqCst);
+    // A fresh lease does not make it writable: it must reopen first, so its memtable is what the WAL holds.
+    lease(&dn, REGION, 60_000);
+    let err = dn.write(REGION, vec![b"x".to_vec()]).await.unwrap_err();
+    assert!(err.to_string().contains("reopening"), "{err}");
+    assert_eq!(dn.reopen_poisoned().await, 1);
+    let entries = dn.region_entries(REGION).await.unwrap();
+    assert_eq!(
+        sequences(&entries),
+        vec![b"first".to_vec(), b"late".to_vec()]
+    );
+    lease(&dn, REGION, 60_000);
+    dn.write(REGION, vec![b"after".to_vec()]).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zombie_and_the_lease_holder_both_replay() {
+    let world = World::new();
+    let zombie = world.datanode(1, u64::MAX);
+    open(&zombie, REGION, Some(0)).await;
+    lease(&zombie, REGION, 60_000);
+    zombie.write(REGION, vec![b"z1".to_vec()]).await.unwrap();
+    // A new incarnation opens the region (replaying z1) while the old one still believes in its lease.
+    let holder = world.datanode(2, u64::MAX);
+    open(&holder, REGION, Some(0)).await;
+    lease(&holder, REGION, 60_000);
+    holder.write(REGION, vec![b"h1".to_vec()]).await.unwrap();
+    zombie.write(REGION, vec![b"z2".to_vec()]).await.unwrap();
+    holder.write(REGION, vec![b"h2".to_vec()]).await.unwrap();
+    // A third reader sees every acknowledged entry once: counters of different writers never pass for copies.
+    let reader = world.datanode(3, u64::MAX);
+    open(&reader, REGION, Some(0)).await;
+    let entries = reader.region_entries(REGION).await.unwrap();
+    assert_eq!(
+        sequences(&entries),
+        vec![
+            b"z1".to_vec(),
+            b"h1".to_vec(),
+            b"z2".to_vec(),
+            b"h2".to_vec()
+        ]
+    );
+}
+
+#[tokio::test]
+async fn flushed_and_replayed_entries_rebuild_the_region_after_a_restart() {
+    let world = World::new();
+    let dn = world.datanode(1, u64::MAX);
+    open(&dn, REGION, Some(0)).await;
+    lease(&dn, REGION, 60_000);
+    let mut want = Vec::new();
+    for i in 0..10u8 {
+        dn.write(REGION, vec![vec![i]]).await.unwrap();
+        want.push(vec![i]);
+    }
+    let flushed = dn.flush(REGION).await.unwrap();
+    assert_eq!(flushed.entries, 10);
+    assert_eq!(flushed.flushed_entry_id, 10);
+    for i in 10..15u8 {
+        dn.write(REGION, vec![vec![i]]).await.unwrap();
+        want.push(vec![i]);
+    }
+    drop(dn);
+    // The restart: a new incarnation, the checkpoint as the metasrv recorded it from a heartbeat.
+    let dn = world.datanode(2, u64::MAX);
+    open(&dn, REGION, Some(flushed.flushed_entry_id)).await;
+    let region = dn
+        .regions()
+        .into_iter()
+        .find(|r| r.region_id == REGION)
+        .unwrap();
+    assert_eq!(region.flushed_entry_id, 10);
+    assert_eq!(region.last_entry_id, 15);
+    assert_eq!(sequences(&dn.region_entries(REGION).await.unwrap()), want);
+    // Even with a checkpoint that lags storage (a heartbeat that never got through), nothing comes twice.
+    let dn = world.datanode(3, u64::MAX);
+    open(&dn, REGION, Some(0)).await;
+    assert_eq!(sequences(&dn.region_entries(REGION).await.unwrap()), want);
+}
+
+#[tokio::test]
+async fn a_region_never_opened_starts_at_its_topics_end_and_an_idle_one_flushes_to_it() {
+    let world = World::new();
+    let dn = world.datanode(1, u64::MAX);
+    let other = REGION + 7;
+    open(&dn, other, Some(0)).await;
+    lease(&dn, other, 60_000);
+    dn.write(other, vec![b"o1".to_vec(), b"o2".to_vec(), b"o3".to_vec()])
+        .await
+        .unwrap();
+    open(&dn, REGION, None).await;
+    let region = dn
+        .regions()
+        .into_iter()
+        .find(|r| r.region_id == REGION)
+        .unwrap();
+    assert_eq!(region.flushed_entry_id, 3, "it starts at the topic's end");
+    assert_eq!(region.last_entry_id, 3);
+    dn.write(other, vec![b"o4".to_vec()]).await.unwrap();
+    // Without a lease it does not flush: region storage is shared, only the lease holder publishes there.
+    let err = dn.flush(REGION).await.unwrap_err();
+    assert!(matches!(err, Error::NotLeader { .. }), "{err}");
+    // Idle, it flushes to the topic's end: it never pins the topic below what others wrote.
+    lease(&dn, REGION, 60_000);
+    let flushed = dn.flush(REGION).await.unwrap();
+    assert_eq!(flushed.entries, 0);
+    assert_eq!(flushed.flushed_entry_id, 4);
+}
+
+#[tokio::test]
+async fn a_kafka_region_without_its_key_is_not_opened() {
+    let world = World::new();
+    let dn = world.datanode(1, u64::MAX);
+    let mut open = to_open(REGION, None);
+    open.topic_region_key = false;
+    let results = dn.open_regions(vec![open]).await;
+    let err = results[0].1.as_ref().unwrap_err();
+    assert!(
+        err.to_string().contains("no __topic_region key") && err.to_string().contains(TOPIC),
+        "{err}"
+    );
+    let err = dn.write(REGION, vec![b"x".to_vec()]).await.unwrap_err();
+    assert!(matches!(err, Error::RegionNotOpen { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn past_the_flush_threshold_a_write_flushes_first() {
+    let world = World::new();
+    let dn = world.datanode(1, 4096);
+    open(&dn, REGION, Some(0)).await;
+    lease(&dn, REGION, 60_000);
+    for _ in 0..5 {
+        dn.write(REGION, vec![vec![7u8; 3000]]).await.unwrap();
+        let region = dn
+            .regions()
+            .into_iter()
+            .find(|r| r.region_id == REGION)
+            .unwrap();
+        assert!(region.memtable_bytes <= 6000, "{region:?}");
+    }
+    let region = dn
+        .regions()
+        .into_iter()
+        .find(|r| r.region_id == REGION)
+        .unwrap();
+    assert!(region.flushed_entry_id >= 4, "{region:?}");
+    assert_eq!(dn.region_entries(REGION).await.unwrap().len(), 5);
+}
