@@ -597,12 +597,22 @@ impl DatanodeRegistry {
             .iter()
             .map(|t| table_route_key(*t).into_bytes())
             .collect();
-        let mut routes: HashMap<u32, TableRouteValue> = HashMap::new();
+        /// The part of a route a lease needs: its regions' epochs (the rest is skipped, not built).
+        #[derive(Deserialize)]
+        struct Epochs {
+            #[serde(default)]
+            region_epochs: BTreeMap<u32, u64>,
+        }
+        impl Epochs {
+            fn region_epoch(&self, number: u32) -> u64 {
+                self.region_epochs.get(&number).copied().unwrap_or(0)
+            }
+        }
+        let mut routes: HashMap<u32, Epochs> = HashMap::new();
         if !keys.is_empty() {
             for kv in self.kv.batch_get(&keys).await? {
                 let key = String::from_utf8_lossy(&kv.key).into_owned();
-                let route: TableRouteValue =
-                    serde_json::from_slice(&kv.value).context_decode(&key)?;
+                let route: Epochs = serde_json::from_slice(&kv.value).context_decode(&key)?;
                 if let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u32>().ok()) {
                     routes.insert(id, route);
                 }

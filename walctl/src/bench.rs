@@ -19,6 +19,9 @@ pub enum BenchCommand {
     /// Create N new tables named `bench_{run}_{i}` ({run} unique to this invocation) with C in flight; print
     /// tables/s, p50/p99/max latency and store commits per table. Touches no table it did not create.
     Ddl(DdlArgs),
+    /// Simulate N datanodes heartbeating with R regions each against one `walctl serve` (`--server`); print
+    /// heartbeats/s, p50/p99 latency and, with --server-pid, the server's CPU per heartbeat.
+    Heartbeats(crate::bench_heartbeats::HeartbeatsArgs),
 }
 
 /// The arguments of `bench ddl`.
@@ -75,6 +78,8 @@ pub async fn execute(
     out: &mut Output,
 ) -> remote_wal::Result<()> {
     match command {
+        // Run by main against the servers, never on an embedded metasrv.
+        BenchCommand::Heartbeats(_) => Ok(()),
         BenchCommand::Ddl(args) => {
             let report = ddl(metasrv, args, &run_id()).await?;
             print_ddl(out, &report);

@@ -106,6 +106,7 @@ impl Command {
             self,
             Command::Load(_)
                 | Command::Region(_)
+                | Command::Bench(crate::bench::BenchCommand::Heartbeats(_))
                 | Command::Wal(crate::wal::WalCommand::Flush { .. })
         )
     }

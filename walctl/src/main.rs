@@ -15,6 +15,7 @@
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
+mod bench_heartbeats;
 mod cli;
 mod client;
 mod datanode_server;
@@ -181,6 +182,9 @@ async fn against_datanodes(cli: &Cli) -> Result<(), Failure> {
     let mut out = Output::new(cli.json);
     if let Command::Region(command) = &cli.command {
         return region::run(command, cli.config.as_deref(), &mut out).await;
+    }
+    if let Command::Bench(bench::BenchCommand::Heartbeats(args)) = &cli.command {
+        return tokio::task::block_in_place(|| bench_heartbeats::run(args, &cli.server, &mut out));
     }
     let mut router = route::Router::new(&cli.server, cli.config.as_deref(), cli.wait).await?;
     let result = tokio::task::block_in_place(|| match &cli.command {

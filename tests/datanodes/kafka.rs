@@ -1,0 +1,284 @@
+//! Regions on a Kafka topic: create table writes their `__topic_region/{topic}/{region_id}` keys empty; a heartbeat
+//! moves a reported region's checkpoint to its flushed entry id by compare-and-put and leases it only once that
+//! checkpoint is stored; a region whose key is gone gets no lease, and no heartbeat writes its key again.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use async_trait::async_trait;
+use remote_wal::kv::{CompareAndPutRequest, CompareAndPutResponse, KvWrapper};
+use remote_wal::wal::WalOptions;
+use remote_wal::wal::topic_region::{TOPIC_REGION_PREFIX, TopicRegionValue, topic_region_key};
+
+use super::*;
+
+/// A memory store whose compare-and-puts on `__topic_region/` keys lose (as if another writer moved the key each
+/// time) while `refuse` is set.
+#[derive(Debug, Default)]
+struct CheckpointGate {
+    inner: MemoryKvBackend,
+    refuse: AtomicBool,
+}
+
+#[async_trait]
+impl KvWrapper for CheckpointGate {
+    fn inner(&self) -> &dyn KvBackend {
+        &self.inner
+    }
+
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::Result<CompareAndPutResponse> {
+        if self.refuse.load(Ordering::SeqCst) && req.key.starts_with(TOPIC_REGION_PREFIX.as_bytes())
+        {
+            return Ok(CompareAndPutResponse {
+                success: false,
+                prev_kv: self.inner.get(&req.key).await?,
+            });
+        }
+        self.inner.compare_and_put(req).await
+    }
+}
+
+/// Each region's `__topic_region` key, by region id.
+fn topic_region_keys(created: &TableRegions) -> Vec<(u64, Vec<u8>)> {
+    created
+        .regions
+        .iter()
+        .map(|r| {
+            let topic = match WalOptions::decode(&r.wal_options).expect("recorded WAL options") {
+                WalOptions::Kafka(k) => k.topic,
+                other => panic!("expected a Kafka topic, got {other:?}"),
+            };
+            (r.region_id, topic_region_key(&topic, r.region_id))
+        })
+        .collect()
+}
+
+/// The checkpoint stored in `key` (`None`: the key holds none), or `Err(())` when the key is absent.
+async fn checkpoint(kv: &KvBackendRef, key: &[u8]) -> Result<Option<u64>, ()> {
+    match kv.get(key).await.expect("kv readable") {
+        None => Err(()),
+        Some(found) => Ok(TopicRegionValue::decode(&found.key, &found.value)
+            .expect("a topic region value")
+            .flushed_entry_id()),
+    }
+}
+
+#[tokio::test]
+async fn create_table_writes_each_kafka_regions_topic_region_key_empty() {
+    let kv = memory_kv();
+    let m = kafka_metasrv(&kv, vec![1], 2).await;
+    let created = create(&m, "kafka_keys", 3).await;
+    let keys = topic_region_keys(&created);
+    assert_eq!(keys.len(), 3);
+    for (region_id, key) in &keys {
+        let found = kv.get(key).await.unwrap().unwrap_or_else(|| {
+            panic!(
+                "region {region_id}: '{}' missing",
+                String::from_utf8_lossy(key)
+            )
+        });
+        assert!(
+            found.value.is_empty(),
+            "a new region's key holds no checkpoint: {found:?}"
+        );
+    }
+    // The regions share the pool's topics: they are spread over both.
+    let topics: BTreeSet<&[u8]> = keys
+        .iter()
+        .map(|(_, key)| &key[..key.iter().rposition(|b| *b == b'/').unwrap()])
+        .collect();
+    assert_eq!(topics.len(), 2, "{keys:?}");
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reported_kafka_region_is_leased_only_once_its_checkpoint_is_stored() {
+    let gate = Arc::new(CheckpointGate::default());
+    let kv: KvBackendRef = gate.clone();
+    let m = kafka_metasrv(&kv, vec![1], 2).await;
+    let created = create(&m, "kafka_leases", 2).await;
+    let keys = topic_region_keys(&created);
+    let mine = regions_of(&created, 1);
+    let registry = m.datanode_registry();
+    registry.begin_term();
+    registry
+        .register(&register_request(1, "dn1:4001", 100))
+        .await
+        .unwrap();
+
+    // The checkpoint cannot be written: no lease, and the keys stay as they were.
+    gate.refuse.store(true, Ordering::SeqCst);
+    let response = beat(registry, 1, 1, 100, &mine, 42).await;
+    assert!(response.leases.is_empty(), "{response:?}");
+    assert_eq!(response.leases_in_ms, None, "not held back: refused");
+    for (_, key) in &keys {
+        assert_eq!(checkpoint(&kv, key).await, Ok(None));
+    }
+
+    // Once it can: the checkpoint moves to the flushed entry id, and the lease comes with it.
+    gate.refuse.store(false, Ordering::SeqCst);
+    let response = beat(registry, 1, 1, 100, &mine, 42).await;
+    assert_eq!(leased(&response), mine);
+    for (_, key) in &keys {
+        assert_eq!(checkpoint(&kv, key).await, Ok(Some(42)));
+    }
+
+    // It moves forward with later flushes, and never back.
+    let request = heartbeat_request(1, 1, 100, vec![stat(mine[0], 50), stat(mine[1], 7)]);
+    let response = registry
+        .heartbeat(&request, &BTreeSet::new())
+        .await
+        .unwrap();
+    assert_eq!(leased(&response), mine);
+    let by_region: std::collections::HashMap<u64, Vec<u8>> = keys.into_iter().collect();
+    assert_eq!(checkpoint(&kv, &by_region[&mine[0]]).await, Ok(Some(50)));
+    assert_eq!(checkpoint(&kv, &by_region[&mine[1]]).await, Ok(Some(42)));
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_kafka_region_whose_key_was_deleted_gets_no_lease_and_its_key_is_not_recreated() {
+    let kv = memory_kv();
+    let m = kafka_metasrv(&kv, vec![1], 2).await;
+    let created = create(&m, "kafka_dropped", 2).await;
+    let keys = topic_region_keys(&created);
+    let mine = regions_of(&created, 1);
+    let registry = m.datanode_registry();
+    registry.begin_term();
+    registry
+        .register(&register_request(1, "dn1:4001", 100))
+        .await
+        .unwrap();
+    let response = beat(registry, 1, 1, 100, &mine, 5).await;
+    assert_eq!(leased(&response), mine);
+
+    // The first region's key goes (as a drop, or a repair, removes it).
+    let gone_key = keys[0].1.clone();
+    let (kept, kept_key) = keys[1].clone();
+    kv.batch_delete(std::slice::from_ref(&gone_key), false)
+        .await
+        .unwrap();
+
+    // A later checkpoint for it is not written: the key stays gone, and the region is not leased.
+    let response = beat(registry, 1, 1, 100, &mine, 9).await;
+    assert_eq!(leased(&response), vec![kept], "{response:?}");
+    assert_eq!(
+        checkpoint(&kv, &gone_key).await,
+        Err(()),
+        "the key was written again"
+    );
+    assert_eq!(checkpoint(&kv, &kept_key).await, Ok(Some(9)));
+    assert!(
+        !response
+            .instructions
+            .iter()
+            .any(|i| matches!(i, remote_wal::datanode::protocol::Instruction::Open(_))),
+        "{response:?}"
+    );
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_kafka_region_whose_key_was_deleted_loses_its_lease_even_if_its_flushed_id_does_not_grow()
+{
+    let kv = memory_kv();
+    let m = kafka_metasrv(&kv, vec![1], 2).await;
+    let created = create(&m, "kafka_same_flush", 2).await;
+    let keys = topic_region_keys(&created);
+    let mine = regions_of(&created, 1);
+    let registry = m.datanode_registry();
+    registry.begin_term();
+    registry
+        .register(&register_request(1, "dn1:4001", 100))
+        .await
+        .unwrap();
+    let response = beat(registry, 1, 1, 100, &mine, 5).await;
+    assert_eq!(leased(&response), mine);
+    for (_, key) in &keys {
+        assert_eq!(checkpoint(&kv, key).await, Ok(Some(5)));
+    }
+
+    let gone_key = keys[0].1.clone();
+    let (kept, kept_key) = keys[1].clone();
+    kv.batch_delete(std::slice::from_ref(&gone_key), false)
+        .await
+        .unwrap();
+
+    // The same flushed id as before: nothing to write, but the key is read again, and found gone.
+    let response = beat(registry, 1, 1, 100, &mine, 5).await;
+    assert_eq!(leased(&response), vec![kept], "{response:?}");
+    assert_eq!(
+        checkpoint(&kv, &gone_key).await,
+        Err(()),
+        "the key was written again"
+    );
+    assert_eq!(checkpoint(&kv, &kept_key).await, Ok(Some(5)));
+    m.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn region_to_open_by_id_carries_the_kafka_regions_key_and_checkpoint() {
+    let kv = memory_kv();
+    let m = kafka_metasrv(&kv, vec![1, 2], 2).await;
+    let created = create(&m, "kafka_open", 2).await;
+    let keys = topic_region_keys(&created);
+    let registry = m.datanode_registry();
+    registry.begin_term();
+
+    let first = &created.regions[0];
+    let (dn, to_open) = registry
+        .region_to_open_by_id(first.region_id)
+        .await
+        .unwrap()
+        .expect("routed");
+    assert_eq!(dn, first.datanode_id);
+    assert_eq!(
+        (
+            to_open.topic_region_key,
+            to_open.checkpoint,
+            to_open.pruned_entry_id
+        ),
+        (true, None, 0),
+        "a new region: its key exists, with no checkpoint"
+    );
+    assert_eq!(
+        to_open
+            .request
+            .options
+            .get(remote_wal::wal::WAL_OPTIONS_KEY),
+        Some(&first.wal_options)
+    );
+
+    // Its datanode reports it flushed to 17: the checkpoint is what a reopening reads.
+    registry
+        .register(&register_request(dn, "dn:4001", 100))
+        .await
+        .unwrap();
+    beat(registry, dn, 1, 100, &[first.region_id], 17).await;
+    let (_, to_open) = registry
+        .region_to_open_by_id(first.region_id)
+        .await
+        .unwrap()
+        .expect("routed");
+    assert_eq!(
+        (to_open.topic_region_key, to_open.checkpoint),
+        (true, Some(17))
+    );
+
+    // Without its key, it says so (a datanode does not open it).
+    kv.batch_delete(std::slice::from_ref(&keys[0].1), false)
+        .await
+        .unwrap();
+    let (_, to_open) = registry
+        .region_to_open_by_id(first.region_id)
+        .await
+        .unwrap()
+        .expect("routed");
+    assert_eq!(
+        (to_open.topic_region_key, to_open.checkpoint),
+        (false, None)
+    );
+    m.stop().await.unwrap();
+}
