@@ -12,8 +12,7 @@ use std::time::Instant;
 
 use remote_wal::datanode::protocol::{RegionRole, RegionStat, RegionToOpen};
 
-use crate::log_store::kafka::PartitionLog;
-use crate::log_store::{Entry, EntryId, KafkaLogStore, RaftEngineLogStore, RegionId};
+use crate::log_store::{Entry, EntryId, RaftEngineLogStore, RegionId};
 
 /// Where a region's WAL is.
 #[derive(Clone, Debug)]
@@ -23,7 +22,7 @@ pub enum RegionWal {
         /// The topic.
         topic: String,
         /// The datanode's store on it.
-        store: Arc<KafkaLogStore<Arc<dyn PartitionLog>>>,
+        store: Arc<crate::runtime::TopicStore>,
     },
     /// The datanode's raft-engine directory.
     RaftEngine(RaftEngineLogStore),

@@ -56,6 +56,9 @@ pub struct DatanodeOptions {
     pub partitions: Option<PartitionFactory>,
 }
 
+/// A datanode's log store on one topic.
+pub type TopicStore = KafkaLogStore<Arc<dyn PartitionLog>>;
+
 /// Makes the partition 0 of a topic (tests: an in-memory or a slowed one).
 pub type PartitionFactory = Arc<dyn Fn(&str) -> Arc<dyn PartitionLog> + Send + Sync>;
 
@@ -114,7 +117,7 @@ pub struct Datanode {
     /// Regions being opened (an open instruction repeated meanwhile is ignored).
     opening: Mutex<HashSet<RegionId>>,
     kafka_client: OnceCell<Arc<Client>>,
-    kafka_stores: tokio::sync::Mutex<HashMap<String, Arc<KafkaLogStore<Arc<dyn PartitionLog>>>>>,
+    kafka_stores: tokio::sync::Mutex<HashMap<String, Arc<TopicStore>>>,
     raft_engine: OnceCell<RaftEngineLogStore>,
     stopped: AtomicBool,
 }
@@ -343,11 +346,7 @@ impl Datanode {
         }
     }
 
-    async fn kafka_store(
-        &self,
-        region_id: RegionId,
-        topic: &str,
-    ) -> Result<Arc<KafkaLogStore<Arc<dyn PartitionLog>>>> {
+    async fn kafka_store(&self, region_id: RegionId, topic: &str) -> Result<Arc<TopicStore>> {
         let Some(kafka) = &self.options.kafka else {
             return RegionWalSnafu {
                 region_id,

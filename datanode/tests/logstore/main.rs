@@ -16,6 +16,7 @@ mod kafka_broker;
 mod offset_zero;
 mod produce;
 mod prune_crash;
+mod prune_open;
 mod prune_race;
 mod pruned;
 mod raft_engine;
