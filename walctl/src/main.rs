@@ -190,7 +190,7 @@ async fn against_datanodes(cli: &Cli) -> Result<(), Failure> {
     let result = tokio::task::block_in_place(|| match &cli.command {
         Command::Load(args) => load::run(args, router, &mut out).map(Some),
         Command::Wal(wal::WalCommand::Flush { table, region }) => {
-            wal::flush(&mut router, table, *region, &mut out).map(|()| Some(router))
+            wal::flush(&mut router, table, *region, cli.wait, &mut out).map(|()| Some(router))
         }
         _ => Ok(Some(router)),
     });

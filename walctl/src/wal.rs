@@ -139,19 +139,25 @@ fn print_stats(out: &mut Output, stats: &[TopicWalStats]) {
 }
 
 /// `wal flush`: each region's leader datanode flushes it; one line (or JSON object) per region.
+///
+/// A region whose datanode answers "not leader" (it is reopening the region, its lease is being renewed, it is
+/// restarting) is asked again, its leader read anew, until `wait` runs out.
 pub fn flush(
     router: &mut crate::route::Router,
     table: &str,
     region: Option<u32>,
+    wait: std::time::Duration,
     out: &mut Output,
 ) -> Result<(), crate::Failure> {
-    let leaders = router.table(table)?;
-    let regions: Vec<_> = leaders
+    let deadline = std::time::Instant::now() + wait;
+    let mut leaders = router.table(table)?;
+    let numbers: Vec<u32> = leaders
         .regions
         .iter()
         .filter(|r| region.is_none_or(|n| n == r.region_number))
+        .map(|r| r.region_number)
         .collect();
-    if regions.is_empty() {
+    if numbers.is_empty() {
         return Err(crate::Failure::Refused(format!(
             "wal flush: table {} has no region {}",
             leaders.table,
@@ -163,36 +169,36 @@ pub fn flush(
         .timeout_global(Some(std::time::Duration::from_secs(60)))
         .build()
         .new_agent();
-    for r in regions {
-        let Some(address) = &r.address else {
-            return Err(crate::Failure::Refused(format!(
-                "wal flush: region {} (datanode {}) has no registered datanode address",
-                r.region_id, r.datanode_id
-            )));
+    for number in numbers {
+        let (r, value) = loop {
+            let Some(r) = leaders
+                .regions
+                .iter()
+                .find(|r| r.region_number == number)
+                .cloned()
+            else {
+                return Err(crate::Failure::Refused(format!(
+                    "wal flush: table {} no longer has region {number}",
+                    leaders.table
+                )));
+            };
+            match flush_one(&agent, &r)? {
+                Some(value) => break (r, value),
+                None if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(200));
+                    leaders = router.table(table)?;
+                }
+                None => {
+                    return Err(crate::Failure::Refused(format!(
+                        "wal flush: region {} on datanode {}: no datanode leading it took the flush within {} \
+                         (--wait)",
+                        r.region_id,
+                        r.datanode_id,
+                        humantime::format_duration(wait)
+                    )));
+                }
+            }
         };
-        let url = format!(
-            "{}/v1/regions/{}/flush",
-            crate::datanode_server::link::base_url(address),
-            r.region_id
-        );
-        let mut response = agent.post(&url).send_empty().map_err(|e| {
-            crate::Failure::Refused(format!(
-                "wal flush: datanode {} at {address} did not answer for region {}: {e}",
-                r.datanode_id, r.region_id
-            ))
-        })?;
-        let status = response.status().as_u16();
-        let value: serde_json::Value = response
-            .body_mut()
-            .read_json()
-            .unwrap_or(serde_json::Value::Null);
-        if status != 200 {
-            return Err(crate::Failure::Refused(format!(
-                "wal flush: region {}: {}",
-                r.region_id,
-                value["error"]["message"].as_str().unwrap_or("no message")
-            )));
-        }
         if out.is_json() {
             out.json_line(&value);
         } else {
@@ -203,4 +209,42 @@ pub fn flush(
         }
     }
     Ok(())
+}
+
+/// Asks the region's leader datanode to flush it: its answer, `None` when it is not (yet) the leader or did not
+/// answer, an error for a definite refusal.
+fn flush_one(
+    agent: &ureq::Agent,
+    r: &remote_wal::metasrv::datanodes::RegionLeader,
+) -> Result<Option<serde_json::Value>, crate::Failure> {
+    let Some(address) = &r.address else {
+        return Ok(None);
+    };
+    let url = format!(
+        "{}/v1/regions/{}/flush",
+        crate::datanode_server::link::base_url(address),
+        r.region_id
+    );
+    let Ok(mut response) = agent.post(&url).send_empty() else {
+        return Ok(None);
+    };
+    let status = response.status().as_u16();
+    let value: serde_json::Value = response
+        .body_mut()
+        .read_json()
+        .unwrap_or(serde_json::Value::Null);
+    if status == 200 {
+        return Ok(Some(value));
+    }
+    if value["error"]["retryable"]
+        .as_bool()
+        .unwrap_or(status == 503)
+    {
+        return Ok(None);
+    }
+    Err(crate::Failure::Refused(format!(
+        "wal flush: region {}: {}",
+        r.region_id,
+        value["error"]["message"].as_str().unwrap_or("no message")
+    )))
 }

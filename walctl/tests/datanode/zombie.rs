@@ -108,3 +108,40 @@ fn a_second_datanode_with_a_live_ones_id_is_refused_and_a_region_the_route_does_
     drop(first);
     assert_eq!(regions.len(), 2);
 }
+
+#[test]
+fn a_datanode_stopped_past_its_lease_refuses_writes_until_a_new_lease_and_loses_nothing() {
+    let mut cluster = Cluster::start(&[1], 1, "");
+    let regions = cluster.create_table("paused", 2);
+    let address = cluster.addresses[&1].clone();
+    let (mut load, acks) = cluster.start_load("paused", "8s", &["--concurrency", "2"]);
+    std::thread::sleep(Duration::from_secs(2));
+    // Stop the datanode, then the metasrv too, so nothing can renew its leases when it wakes.
+    cluster.datanodes[&1].signal("-STOP");
+    cluster.serve.as_ref().expect("serve").signal("-STOP");
+    std::thread::sleep(LEASE * 2);
+    cluster.datanodes[&1].signal("-CONT");
+    std::thread::sleep(Duration::from_millis(200));
+    // (A region whose write was in flight when it stopped answers that write "outcome unknown" and reopens, so
+    // it holds no lease at all; the other's lease ran out.)
+    for region in &regions {
+        let (status, body) = write(&address, *region, &[b"after the deadline"]);
+        assert_eq!(status, 503, "region {region}: {body}");
+        assert_eq!(body["error"]["kind"], "not_leader", "{body}");
+        let message = body["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("lease ran out") || message.contains("holds no lease"),
+            "{body}"
+        );
+    }
+    // The metasrv answers again: a new lease, and writes are taken.
+    cluster.serve.as_ref().expect("serve").signal("-CONT");
+    cluster.wait_for("a new lease", || {
+        write(&address, regions[0], &[b"renewed"]).0 == 200
+    });
+    let report = cluster.finish_load(&mut load);
+    let acknowledged = report["acknowledged"].as_u64().expect("acknowledged");
+    assert!(acknowledged > 0, "{report}");
+    let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
+    assert_eq!(checked as u64, acknowledged);
+}
