@@ -104,23 +104,37 @@ impl RegionOpener {
     /// Scans every record of the datanode, page by page. A kv failure fails the whole call (nothing can be
     /// trusted then); a damaged record or WAL option only adds errors for its regions.
     pub async fn open_regions(&self) -> Result<OpenRegions> {
-        let mut out = OpenRegions::default();
+        Ok(self.decode(&self.scan().await?))
+    }
+
+    /// The datanode's `__dn_table` records as stored, every page of them.
+    pub async fn scan(&self) -> Result<Vec<KeyValue>> {
+        let mut out = Vec::new();
         let mut req = RangeRequest::prefix(datanode_table_prefix(self.datanode_id))
             .with_limit(self.page_size);
         loop {
             let resp = self.kv.range(req.clone()).await?;
-            for kv in &resp.kvs {
-                self.open_record(kv, &mut out);
-            }
-            match resp.kvs.last() {
-                Some(last) if resp.more => {
-                    let mut next = last.key.clone();
-                    next.push(0);
-                    req.key = next;
-                }
+            let more = resp.more;
+            let next = resp.kvs.last().map(|last| {
+                let mut next = last.key.clone();
+                next.push(0);
+                next
+            });
+            out.extend(resp.kvs);
+            match next {
+                Some(next) if more => req.key = next,
                 _ => return Ok(out),
             }
         }
+    }
+
+    /// The open requests (and errors) of records [`RegionOpener::scan`] read.
+    pub fn decode(&self, kvs: &[KeyValue]) -> OpenRegions {
+        let mut out = OpenRegions::default();
+        for kv in kvs {
+            self.open_record(kv, &mut out);
+        }
+        out
     }
 
     /// The requests (or errors) of one record.

@@ -17,7 +17,7 @@
 //! The registry lives in memory on the leader; after a failover the new leader rebuilds it from heartbeats.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -118,7 +118,22 @@ pub struct DatanodeRegistry {
     ids: Vec<u64>,
     expected: WalProviderKind,
     inner: Mutex<Inner>,
+    /// Decoded what was read, keyed by the bytes read (every heartbeat reads the store again; only the decoding
+    /// of unchanged bytes is saved).
+    decoded: Mutex<Decoded>,
 }
+
+/// What the registry decoded last, with the bytes it decoded it from.
+#[derive(Debug, Default)]
+struct Decoded {
+    /// Per datanode: its `__dn_table` records as read, and their open requests.
+    assignments: HashMap<u64, (Vec<crate::kv::KeyValue>, Arc<Vec<RegionOpenRequest>>)>,
+    /// Per table: its route's bytes, and its regions' epochs.
+    epochs: HashMap<u32, (Vec<u8>, RouteEpochs)>,
+}
+
+/// Region number → region epoch of one table's route.
+type RouteEpochs = Arc<BTreeMap<u32, u64>>;
 
 impl DatanodeRegistry {
     /// A registry on `kv` for datanodes `ids`, whose regions use the WAL `expected`.
@@ -131,6 +146,7 @@ impl DatanodeRegistry {
                 term_start: None,
                 nodes: BTreeMap::new(),
             }),
+            decoded: Mutex::new(Decoded::default()),
         }
     }
 
@@ -152,6 +168,7 @@ impl DatanodeRegistry {
         let mut inner = self.inner();
         inner.term_start = None;
         inner.nodes.clear();
+        *self.decoded() = Decoded::default();
     }
 
     fn check_id(&self, datanode_id: u64) -> Result<()> {
@@ -300,9 +317,7 @@ impl DatanodeRegistry {
         };
 
         // What the route gives this datanode.
-        let open = RegionOpener::new(self.kv.clone(), datanode_id, self.expected)
-            .open_regions()
-            .await?;
+        let open = self.assignment(datanode_id).await?;
         let epochs = self.region_epochs(&open.requests).await?;
         let reported: HashMap<u64, &RegionStat> =
             request.regions.iter().map(|r| (r.region_id, r)).collect();
@@ -334,7 +349,7 @@ impl DatanodeRegistry {
             self.clear(request).await?;
         }
         let mut pruned: HashMap<String, u64> = HashMap::new();
-        for req in &open.requests {
+        for req in open.requests.iter() {
             let epoch = epochs.get(&req.region_id).copied().unwrap_or(0);
             let Some(stat) = reported.get(&req.region_id) else {
                 // Opened only once every earlier incarnation's leases ran out: its replay then starts after all
@@ -590,32 +605,71 @@ impl DatanodeRegistry {
         Ok(response.success.then_some(flushed))
     }
 
-    /// The region epochs of `requests`' regions, read from their tables' routes.
+    fn decoded(&self) -> std::sync::MutexGuard<'_, Decoded> {
+        self.decoded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The open requests of the regions `datanode_id`'s `__dn_table` records give it, read now (decoded again
+    /// only when the records' bytes changed).
+    async fn assignment(&self, datanode_id: u64) -> Result<Assignment> {
+        let opener = RegionOpener::new(self.kv.clone(), datanode_id, self.expected);
+        let kvs = opener.scan().await?;
+        if let Some((read, requests)) = self.decoded().assignments.get(&datanode_id)
+            && *read == kvs
+        {
+            return Ok(Assignment {
+                requests: requests.clone(),
+            });
+        }
+        let requests = Arc::new(opener.decode(&kvs).requests);
+        self.decoded()
+            .assignments
+            .insert(datanode_id, (kvs, requests.clone()));
+        Ok(Assignment { requests })
+    }
+
+    /// The region epochs of `requests`' regions, read from their tables' routes now (decoded again only when a
+    /// route's bytes changed; only its `region_epochs` is decoded).
     async fn region_epochs(&self, requests: &[RegionOpenRequest]) -> Result<HashMap<u64, u64>> {
-        let tables: BTreeSet<u32> = requests.iter().map(|r| table_id_of(r.region_id)).collect();
-        let keys: Vec<Vec<u8>> = tables
-            .iter()
-            .map(|t| table_route_key(*t).into_bytes())
-            .collect();
         /// The part of a route a lease needs: its regions' epochs (the rest is skipped, not built).
         #[derive(Deserialize)]
         struct Epochs {
             #[serde(default)]
             region_epochs: BTreeMap<u32, u64>,
         }
-        impl Epochs {
-            fn region_epoch(&self, number: u32) -> u64 {
-                self.region_epochs.get(&number).copied().unwrap_or(0)
-            }
-        }
-        let mut routes: HashMap<u32, Epochs> = HashMap::new();
+        let tables: BTreeSet<u32> = requests.iter().map(|r| table_id_of(r.region_id)).collect();
+        let keys: Vec<Vec<u8>> = tables
+            .iter()
+            .map(|t| table_route_key(*t).into_bytes())
+            .collect();
+        let mut routes: HashMap<u32, RouteEpochs> = HashMap::new();
         if !keys.is_empty() {
             for kv in self.kv.batch_get(&keys).await? {
                 let key = String::from_utf8_lossy(&kv.key).into_owned();
-                let route: Epochs = serde_json::from_slice(&kv.value).context_decode(&key)?;
-                if let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u32>().ok()) {
-                    routes.insert(id, route);
-                }
+                let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let cached = self
+                    .decoded()
+                    .epochs
+                    .get(&id)
+                    .filter(|(bytes, _)| *bytes == kv.value)
+                    .map(|(_, epochs)| epochs.clone());
+                let epochs = match cached {
+                    Some(epochs) => epochs,
+                    None => {
+                        let route: Epochs =
+                            serde_json::from_slice(&kv.value).context_decode(&key)?;
+                        let epochs = Arc::new(route.region_epochs);
+                        self.decoded()
+                            .epochs
+                            .insert(id, (kv.value.clone(), epochs.clone()));
+                        epochs
+                    }
+                };
+                routes.insert(id, epochs);
             }
         }
         Ok(requests
@@ -623,7 +677,8 @@ impl DatanodeRegistry {
             .map(|r| {
                 let epoch = routes
                     .get(&table_id_of(r.region_id))
-                    .map_or(0, |route| route.region_epoch(region_number(r.region_id)));
+                    .and_then(|epochs| epochs.get(&region_number(r.region_id)).copied())
+                    .unwrap_or(0);
                 (r.region_id, epoch)
             })
             .collect())
@@ -680,6 +735,11 @@ impl<T> DecodeContext<T> for std::result::Result<T, serde_json::Error> {
     fn context_decode(self, key: &str) -> Result<T> {
         snafu::ResultExt::context(self, DecodeMetadataSnafu { key })
     }
+}
+
+/// The regions the route gives a datanode, as open requests.
+struct Assignment {
+    requests: Arc<Vec<RegionOpenRequest>>,
 }
 
 /// One region of a table with its leader, as clients route writes by it (`GET /v1/tables/{name}`).
