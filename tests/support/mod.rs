@@ -158,3 +158,52 @@ pub async fn kv_keys(kv: &dyn KvBackend, prefix: &str) -> Vec<String> {
         .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
         .collect()
 }
+
+/// A Kafka config on the broker of `KAFKA_ENDPOINTS` (fails the test when unset) for a pool of `num_topics`
+/// topics named `{prefix}_i`, created with `topic_config`.
+pub fn real_kafka_config(
+    prefix: &str,
+    num_topics: usize,
+    topic_config: remote_wal::wal::TopicConfig,
+) -> remote_wal::wal::KafkaConfig {
+    remote_wal::wal::KafkaConfig {
+        broker_endpoints: require_endpoints("KAFKA_ENDPOINTS", "a running Kafka broker"),
+        num_topics,
+        topic_name_prefix: prefix.to_string(),
+        create_topic_timeout: std::time::Duration::from_secs(30),
+        topic_config,
+        ..remote_wal::wal::KafkaConfig::default()
+    }
+}
+
+/// The topic admin of `config`'s brokers; fails the test when they are unreachable.
+pub async fn connect_admin(
+    config: &remote_wal::wal::KafkaConfig,
+) -> std::sync::Arc<remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin> {
+    match remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin::connect(config).await {
+        Ok(admin) => std::sync::Arc::new(admin),
+        Err(e) => panic!("Kafka at {:?} is unreachable: {e}", config.broker_endpoints),
+    }
+}
+
+/// DescribeConfigs of `names` once the broker that answers knows all of them: a creation the controller
+/// acknowledged reaches the broker's metadata a moment later, and until then the topic is absent from the answer.
+/// Asks up to 100 times, 100 ms apart.
+pub async fn describe_when_known(
+    admin: &remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin,
+    names: &[String],
+    keys: &[String],
+) -> std::collections::BTreeMap<String, remote_wal::wal::TopicConfig> {
+    let mut read = std::collections::BTreeMap::new();
+    for _ in 0..100 {
+        read =
+            remote_wal::wal::kafka::admin::TopicAdmin::describe_topic_configs(admin, names, keys)
+                .await
+                .unwrap();
+        if names.iter().all(|n| read.contains_key(n)) {
+            return read;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("the broker never described all of {names:?}: {read:?}")
+}

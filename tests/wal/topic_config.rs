@@ -10,7 +10,6 @@ use remote_wal::config::MetasrvConfig;
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::admin::{TopicAdmin, TopicAdminRef};
 use remote_wal::wal::kafka::bootstrap::TopicBootstrapProcedure;
-use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::kafka::{KafkaTopicManager, TopicConfigDrift, TopicPoolSpec};
 use remote_wal::wal::{KafkaConfig, TopicConfig, WalConfig};
@@ -215,50 +214,13 @@ async fn no_topic_config_reads_nothing() {
     assert_eq!(admin.metadata_reads(), 0);
 }
 
-fn real_config(prefix: &str, num_topics: usize, topic_config: TopicConfig) -> KafkaConfig {
-    KafkaConfig {
-        broker_endpoints: support::require_endpoints("KAFKA_ENDPOINTS", "a running Kafka broker"),
-        num_topics,
-        topic_name_prefix: prefix.to_string(),
-        create_topic_timeout: Duration::from_secs(30),
-        topic_config,
-        ..KafkaConfig::default()
-    }
-}
-
-async fn connect(config: &KafkaConfig) -> Arc<RsKafkaTopicAdmin> {
-    match RsKafkaTopicAdmin::connect(config).await {
-        Ok(admin) => Arc::new(admin),
-        Err(e) => panic!("Kafka at {:?} is unreachable: {e}", config.broker_endpoints),
-    }
-}
-
-/// DescribeConfigs of `names` once the broker that answers knows all of them: a creation the controller
-/// acknowledged reaches the broker's metadata a moment later, and until then the topic is absent from the answer.
-/// Asks up to 100 times, 100 ms apart.
-async fn describe_when_known(
-    admin: &RsKafkaTopicAdmin,
-    names: &[String],
-    keys: &[String],
-) -> std::collections::BTreeMap<String, TopicConfig> {
-    let mut read = std::collections::BTreeMap::new();
-    for _ in 0..100 {
-        read = admin.describe_topic_configs(names, keys).await.unwrap();
-        if names.iter().all(|n| read.contains_key(n)) {
-            return read;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the broker never described all of {names:?}: {read:?}")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_real_broker_topics_get_the_configs_and_an_existing_one_is_reported_not_changed() {
     let prefix = support::unique("rw_topic_config");
     // Not the broker's defaults (7 days, 1 GiB), so a topic made without them differs.
     let wanted = configs(&[("retention.ms", "86400000"), ("segment.bytes", "268435456")]);
-    let config = real_config(&prefix, 3, wanted.clone());
-    let admin = connect(&config).await;
+    let config = support::real_kafka_config(&prefix, 3, wanted.clone());
+    let admin = support::connect_admin(&config).await;
     // Topic 2 exists beforehand, made without configs (the broker's defaults).
     let existing = format!("{prefix}_2");
     admin.create_topic(&existing, 1, 1).await.unwrap();
@@ -269,7 +231,7 @@ async fn on_the_real_broker_topics_get_the_configs_and_an_existing_one_is_report
 
     let keys: Vec<String> = wanted.keys().cloned().collect();
     let names = spec.topic_names();
-    let read = describe_when_known(&admin, &names, &keys).await;
+    let read = support::describe_when_known(&admin, &names, &keys).await;
     assert_eq!(read[&names[0]], wanted);
     assert_eq!(read[&names[1]], wanted);
     assert_ne!(read[&existing]["retention.ms"], "86400000");
@@ -292,8 +254,8 @@ async fn on_the_real_broker_topics_get_the_configs_and_an_existing_one_is_report
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_the_real_broker_a_refused_config_value_names_the_topic_and_the_brokers_reason() {
     let prefix = support::unique("rw_topic_config_bad");
-    let config = real_config(&prefix, 1, configs(&[("retention.ms", "forever")]));
-    let admin = connect(&config).await;
+    let config = support::real_kafka_config(&prefix, 1, configs(&[("retention.ms", "forever")]));
+    let admin = support::connect_admin(&config).await;
     let answers = admin
         .create_topics(&[format!("{prefix}_0")], 1, 1, &config.topic_config)
         .await

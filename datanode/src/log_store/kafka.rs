@@ -188,23 +188,23 @@ impl<P: PartitionLog> KafkaLogStore<P> {
         }
     }
 
+    fn registered(&self) -> std::sync::MutexGuard<'_, Option<HashMap<RegionId, u64>>> {
+        self.registered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// From now on only registered regions may append ([`Self::register_region`]); an append of any other is
     /// refused, naming the topic and the region. A datanode's stores run this way: a region is registered only
     /// once the metasrv showed its `__topic_region` key exists, so nothing is written that a prune cannot see.
     pub fn restrict_to_registered(&self) {
-        let mut registered = self
-            .registered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut registered = self.registered();
         registered.get_or_insert_with(HashMap::new);
     }
 
     /// Lets `region_id` append, writing `epoch` (its lease's region epoch) in its records.
     pub fn register_region(&self, region_id: RegionId, epoch: u64) {
-        let mut registered = self
-            .registered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut registered = self.registered();
         registered
             .get_or_insert_with(HashMap::new)
             .insert(region_id, epoch);
@@ -212,10 +212,7 @@ impl<P: PartitionLog> KafkaLogStore<P> {
 
     /// Stops `region_id` from appending (with [`Self::restrict_to_registered`]).
     pub fn unregister_region(&self, region_id: RegionId) {
-        let mut registered = self
-            .registered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut registered = self.registered();
         if let Some(map) = registered.as_mut() {
             map.remove(&region_id);
         }
@@ -228,10 +225,7 @@ impl<P: PartitionLog> KafkaLogStore<P> {
 
     /// The epoch `region_id` writes at, or the error refusing it.
     fn epoch_of(&self, region_id: RegionId) -> Result<u64> {
-        let registered = self
-            .registered
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let registered = self.registered();
         match registered.as_ref() {
             None => Ok(0),
             Some(map) => map.get(&region_id).copied().ok_or_else(|| {

@@ -3,7 +3,6 @@
 //! exactly.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use datanode::log_store::kafka::{PartitionLog, call_bound, connect_client};
 use datanode::log_store::{
@@ -13,7 +12,6 @@ use datanode::replay::replay_topic;
 use remote_wal::config::MetasrvConfig;
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::admin::TopicAdmin;
-use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use remote_wal::wal::{KafkaConfig, TopicConfig, WalConfig};
 
 use crate::support;
@@ -36,43 +34,6 @@ fn configs(pairs: &[(&str, &str)]) -> TopicConfig {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
-}
-
-fn real_config(prefix: &str, num_topics: usize, topic_config: TopicConfig) -> KafkaConfig {
-    KafkaConfig {
-        broker_endpoints: support::require_endpoints("KAFKA_ENDPOINTS", "a running Kafka broker"),
-        num_topics,
-        topic_name_prefix: prefix.to_string(),
-        create_topic_timeout: Duration::from_secs(30),
-        topic_config,
-        ..KafkaConfig::default()
-    }
-}
-
-async fn connect(config: &KafkaConfig) -> Arc<RsKafkaTopicAdmin> {
-    match RsKafkaTopicAdmin::connect(config).await {
-        Ok(admin) => Arc::new(admin),
-        Err(e) => panic!("Kafka at {:?} is unreachable: {e}", config.broker_endpoints),
-    }
-}
-
-/// DescribeConfigs of `names` once the broker that answers knows all of them: a creation the controller
-/// acknowledged reaches the broker's metadata a moment later, and until then the topic is absent from the answer.
-/// Asks up to 100 times, 100 ms apart.
-async fn describe_when_known(
-    admin: &RsKafkaTopicAdmin,
-    names: &[String],
-    keys: &[String],
-) -> std::collections::BTreeMap<String, TopicConfig> {
-    let mut read = std::collections::BTreeMap::new();
-    for _ in 0..100 {
-        read = admin.describe_topic_configs(names, keys).await.unwrap();
-        if names.iter().all(|n| read.contains_key(n)) {
-            return read;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("the broker never described all of {names:?}: {read:?}")
 }
 
 #[test]
@@ -138,8 +99,8 @@ fn entry_bytes(seed: u8, n: usize) -> Vec<u8> {
 async fn on_the_real_broker_entries_above_max_message_bytes_are_fragmented_below_it_and_replay_exactly()
  {
     let prefix = support::unique("rw_max_message");
-    let config = real_config(&prefix, 1, configs(&[("max.message.bytes", "65536")]));
-    let admin = connect(&config).await;
+    let config = support::real_kafka_config(&prefix, 1, configs(&[("max.message.bytes", "65536")]));
+    let admin = support::connect_admin(&config).await;
     let topic = format!("{prefix}_0");
     let answers = admin
         .create_topics(std::slice::from_ref(&topic), 1, 1, &config.topic_config)
@@ -150,7 +111,7 @@ async fn on_the_real_broker_entries_above_max_message_bytes_are_fragmented_below
     // The creation is acknowledged by the controller; the broker answering DescribeConfigs knows the topic only
     // once it applied it, which a ready partition shows.
     let partition = ready_partition(&client, &config, &topic).await;
-    let read = describe_when_known(
+    let read = support::describe_when_known(
         &admin,
         std::slice::from_ref(&topic),
         &["max.message.bytes".to_string()],
