@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -33,9 +33,10 @@ pub struct AppState {
     pub advertise: String,
 }
 
-/// Every route.
+/// Every route. Every answer but the page's and the metrics' is JSON, errors of the router and extractors
+/// included (`error::json_errors`); bodies are read up to [`crate::serve::error::BODY_LIMIT`].
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/", get(crate::serve::page::page))
         .route("/health", get(health))
         .route("/ready", get(ready))
@@ -59,7 +60,12 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/heartbeat", post(crate::serve::datanodes::heartbeat))
         .route("/v1/tables/{*name}", get(crate::serve::datanodes::table))
-        .with_state(state)
+        .layer(DefaultBodyLimit::max(crate::serve::error::BODY_LIMIT))
+        .with_state(state);
+    // Outside the routes, so that the middleware sees a 405 with the `Allow` header the routes add.
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn(crate::serve::error::json_errors))
 }
 
 pub(super) type ApiResult = Result<Response, ApiError>;

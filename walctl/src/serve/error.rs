@@ -2,17 +2,25 @@
 //! the status code its kind gives.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::extract::Request;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+
+/// The largest request body the API reads (2 MiB); a larger one is answered 413 `payload_too_large`.
+pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// How many characters of a request's path an error answer quotes; the rest is cut (a path is the client's).
+const PATH_EXCERPT: usize = 100;
 
 /// An error answer of the HTTP API.
 #[derive(Debug)]
 pub struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
-    /// A stable machine-readable kind (`bad_request`, `not_found`, `not_registered`, `already_exists`, `conflict`,
-    /// `stale_incarnation`, `not_leader`, `not_ready`, `internal`).
+    /// A stable machine-readable kind (`bad_request`, `not_found`, `method_not_allowed`, `payload_too_large`,
+    /// `not_registered`, `already_exists`, `conflict`, `stale_incarnation`, `not_leader`, `not_ready`, `internal`).
     pub kind: &'static str,
     /// What went wrong, for people; names the field, table, procedure id or leader concerned.
     pub message: String,
@@ -39,6 +47,28 @@ impl ApiError {
         ApiError {
             status: StatusCode::NOT_FOUND,
             kind: "not_found",
+            message: message.into(),
+            retryable: false,
+            leader: None,
+        }
+    }
+
+    /// 405: the route exists but not for this method; `message` names the method, the path and the methods allowed.
+    pub fn method_not_allowed(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::METHOD_NOT_ALLOWED,
+            kind: "method_not_allowed",
+            message: message.into(),
+            retryable: false,
+            leader: None,
+        }
+    }
+
+    /// 413: the request's body is larger than the server takes ([`BODY_LIMIT`]).
+    pub fn payload_too_large(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            kind: "payload_too_large",
             message: message.into(),
             retryable: false,
             leader: None,
@@ -188,11 +218,104 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Middleware making every error answer JSON of the API's shape: an answer the router or an extractor built
+/// itself (404 for an unknown route, 405 for a method a route does not take, 413 for a body over [`BODY_LIMIT`],
+/// a 400 of a rejected extractor) is replaced by `{"error":{"kind","message","retryable"}}`, keeping its status
+/// (and a 405's `Allow` header). Answers that already are JSON, and every success, pass unchanged.
+pub async fn json_errors(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = excerpt(request.uri().path(), PATH_EXCERPT);
+    let response = next.run(request).await;
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) || is_json(response.headers()) {
+        return response;
+    }
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let error = match status {
+        StatusCode::NOT_FOUND => ApiError::not_found(format!("no route {method} {path}")),
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let allowed = allow
+                .as_ref()
+                .and_then(|a| a.to_str().ok())
+                .filter(|a| !a.is_empty())
+                .unwrap_or("none");
+            ApiError::method_not_allowed(format!(
+                "method {method} is not allowed on {path} (allowed: {allowed})"
+            ))
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::payload_too_large(format!(
+            "the request body of {method} {path} is larger than {BODY_LIMIT} bytes, the most this server reads"
+        )),
+        other => {
+            let text = match axum::body::to_bytes(response.into_body(), 64 * 1024).await {
+                Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).into_owned(),
+                _ => other.canonical_reason().unwrap_or("error").to_string(),
+            };
+            let message = format!("{method} {path}: {text}");
+            if other.is_server_error() {
+                ApiError::internal(message, false)
+            } else {
+                ApiError {
+                    status: other,
+                    kind: "bad_request",
+                    message,
+                    retryable: false,
+                    leader: None,
+                }
+            }
+        }
+    };
+    let mut answer = error.into_response();
+    if let Some(allow) = allow {
+        answer.headers_mut().insert(header::ALLOW, allow);
+    }
+    answer
+}
+
+/// Whether an answer's content type is JSON.
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"))
+}
+
+/// `text` quoted for an error message: control and bidi-control characters escaped (`\n`, `\u{202e}`), and cut
+/// after `max` characters with `…` and the total length, so a client's value is never echoed whole.
+pub fn excerpt(text: &str, max: usize) -> String {
+    let mut out = String::new();
+    for (i, c) in text.chars().enumerate() {
+        if i == max {
+            out.push_str(&format!("… ({} bytes in all)", text.len()));
+            break;
+        }
+        if c.is_control() || is_bidi_control(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Unicode's bidirectional formatting characters: they reorder how the text around them is shown.
+fn is_bidi_control(c: char) -> bool {
+    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
 #[cfg(test)]
 mod tests {
     use axum::http::StatusCode;
 
-    use super::ApiError;
+    use super::{ApiError, excerpt};
+
+    #[test]
+    fn an_excerpt_escapes_controls_and_bidi_and_cuts_long_text() {
+        assert_eq!(excerpt("a\nb\u{202e}c", 10), "a\\nb\\u{202e}c");
+        let long = "x".repeat(500);
+        assert_eq!(excerpt(&long, 3), "xxx… (500 bytes in all)");
+        assert_eq!(excerpt("short", 5), "short");
+    }
 
     fn classify(e: remote_wal::Error) -> (StatusCode, &'static str, bool) {
         let e = ApiError::from(e);

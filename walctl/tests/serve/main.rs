@@ -8,6 +8,7 @@ mod support;
 
 mod cluster;
 
+mod answers;
 mod client;
 mod embedded;
 mod failover;
