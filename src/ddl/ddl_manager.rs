@@ -6,6 +6,7 @@ use snafu::ResultExt;
 
 use crate::ddl::context::DdlContext;
 use crate::ddl::create_table::{CREATE_TABLE_TYPE_NAME, CreateTableData, CreateTableProcedure};
+use crate::ddl::procedure_id::validate_procedure_id;
 use crate::ddl::table_name::TableNameValue;
 use crate::ddl::task::CreateTableTask;
 use crate::error::{CreateTableIdInUseSnafu, CreateTableOutputSnafu, CreateTableSnafu, Result};
@@ -62,12 +63,16 @@ impl DdlManager {
     /// idempotency key: a retry with the same id and task — after a lost reply, a timeout, a crash — gets the same
     /// table id back (waiting for the procedure if it still runs), never "already exists"; the same id with another
     /// task is refused with [`crate::Error::CreateTableIdInUse`] naming the id, and the other task's procedure is left
-    /// alone.
+    /// alone. An id that is blank, over 128 bytes or not printable is refused before anything is submitted
+    /// ([`validate_procedure_id`]).
     pub async fn create_table_with_id(
         &self,
         task: CreateTableTask,
         id: Option<ProcedureId>,
     ) -> Result<u32> {
+        if let Some(id) = &id {
+            validate_procedure_id(&task.name, id.as_str())?;
+        }
         task.validate_num_regions()?;
         let table = task.name.to_string();
         let chosen = id.is_some().then(|| task.clone());

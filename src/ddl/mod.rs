@@ -9,6 +9,7 @@ pub mod datanode_table;
 pub mod ddl_manager;
 pub mod metadata_manager;
 pub mod peer;
+pub mod procedure_id;
 pub mod region;
 pub mod sequence;
 pub mod table_info;

@@ -57,7 +57,8 @@ pub enum Command {
         #[arg(long)]
         if_not_exists: bool,
         /// A procedure id of your choosing, the request's idempotency key: running the same command again with
-        /// the same id (after a timeout or a lost reply) prints the same table instead of "already exists".
+        /// the same id (after a timeout or a lost reply) prints the same table instead of "already exists". At
+        /// most 128 bytes of printable text.
         #[arg(long, value_name = "ID")]
         id: Option<String>,
     },

@@ -234,6 +234,10 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             id,
         } => {
             let name = parse_table_name(name)?;
+            // Refused before anything is opened or claimed, with the text a server gives (`--server`).
+            if let Some(id) = id {
+                remote_wal::ddl::procedure_id::validate_procedure_id(&name, id)?;
+            }
             match kafka_wait(metasrv) {
                 Some(what) => Waiting::new(what).run(metasrv.start()).await?,
                 None => metasrv.start().await?,

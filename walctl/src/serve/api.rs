@@ -217,8 +217,9 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
     if body.regions == 0 {
         return Err(ApiError::bad_request("regions: must be at least 1"));
     }
-    if body.id.as_deref().is_some_and(|id| id.trim().is_empty()) {
-        return Err(ApiError::bad_request("id: must not be empty"));
+    // The library's check, so that the 400 says what the embedded command says (and quotes the id cut).
+    if let Some(id) = &body.id {
+        remote_wal::ddl::procedure_id::validate_procedure_id(&name, id)?;
     }
     state.ensure_leader().await?;
     if !state.status().pool_ready {

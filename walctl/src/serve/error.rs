@@ -6,6 +6,7 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use remote_wal::ddl::procedure_id::excerpt;
 use serde_json::json;
 
 /// The largest request body the API reads (2 MiB); a larger one is answered 413 `payload_too_large`.
@@ -280,42 +281,11 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|v| v.starts_with("application/json"))
 }
 
-/// `text` quoted for an error message: control and bidi-control characters escaped (`\n`, `\u{202e}`), and cut
-/// after `max` characters with `…` and the total length, so a client's value is never echoed whole.
-pub fn excerpt(text: &str, max: usize) -> String {
-    let mut out = String::new();
-    for (i, c) in text.chars().enumerate() {
-        if i == max {
-            out.push_str(&format!("… ({} bytes in all)", text.len()));
-            break;
-        }
-        if c.is_control() || is_bidi_control(c) {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Unicode's bidirectional formatting characters: they reorder how the text around them is shown.
-fn is_bidi_control(c: char) -> bool {
-    matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
-}
-
 #[cfg(test)]
 mod tests {
     use axum::http::StatusCode;
 
-    use super::{ApiError, excerpt};
-
-    #[test]
-    fn an_excerpt_escapes_controls_and_bidi_and_cuts_long_text() {
-        assert_eq!(excerpt("a\nb\u{202e}c", 10), "a\\nb\\u{202e}c");
-        let long = "x".repeat(500);
-        assert_eq!(excerpt(&long, 3), "xxx… (500 bytes in all)");
-        assert_eq!(excerpt("short", 5), "short");
-    }
+    use super::ApiError;
 
     fn classify(e: remote_wal::Error) -> (StatusCode, &'static str, bool) {
         let e = ApiError::from(e);

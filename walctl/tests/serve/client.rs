@@ -354,3 +354,78 @@ fn procedures_locks_through_a_server_lists_held_and_awaited_keys() {
     servers.servers[0].signal("-TERM");
     assert_eq!(servers.servers[0].wait(), Some(0));
 }
+
+/// A procedure id that is blank, over 128 bytes or not printable is refused with the same line embedded and
+/// through a server, quoting the id escaped and cut, and leaves no procedure record in either mode.
+#[test]
+fn a_bad_procedure_id_is_refused_alike_embedded_and_through_a_server() {
+    let mut servers = Servers::on_redb(1);
+    servers.wait_for_leader(&[0]);
+    let server = servers.servers[0].address.clone();
+    let config = servers.servers[0].config.to_string_lossy().to_string();
+    let dir = servers.dir.path().to_path_buf();
+    let long = "y".repeat(100_000);
+    let prefix = "error: invalid create-table request for table greptime.public.u: ";
+    let cases: Vec<(&str, String)> = vec![
+        ("", format!("{prefix}the procedure id is empty")),
+        (
+            "a\nb",
+            format!(
+                "{prefix}the procedure id 'a\\nb' contains the control character U+000A at byte 1; an id must be \
+                 printable text"
+            ),
+        ),
+        (
+            "ab\u{202E}cd",
+            format!(
+                "{prefix}the procedure id 'ab\\u{{202e}}cd' contains the bidirectional control character U+202E at \
+                 byte 2; an id must be printable text"
+            ),
+        ),
+        (
+            &long,
+            format!(
+                "{prefix}the procedure id '{}… (100000 bytes in all)' is 100000 bytes long; at most 128 are allowed",
+                "y".repeat(32)
+            ),
+        ),
+    ];
+    let mut through_server = Vec::new();
+    for (id, _) in &cases {
+        let a = ["create-table", "u", "--regions", "1", "--id", id];
+        through_server.push(run(&dir, &["--server", server.as_str()], &a));
+    }
+    let listed = run(
+        &dir,
+        &["--server", server.as_str(), "--json"],
+        &["procedures", "list"],
+    );
+    assert_eq!(
+        (listed.code, listed.stdout.as_str()),
+        (Some(0), ""),
+        "{listed:?}"
+    );
+    servers.servers[0].signal("-TERM");
+    assert_eq!(servers.servers[0].wait(), Some(0));
+    for ((id, expected), server_run) in cases.iter().zip(&through_server) {
+        let a = ["create-table", "u", "--regions", "1", "--id", id];
+        let embedded = run(&dir, &["--config", config.as_str()], &a);
+        let want = Run {
+            code: Some(1),
+            stdout: String::new(),
+            errors: vec![expected.clone()],
+        };
+        assert_eq!(server_run, &want, "--server, id of {} bytes", id.len());
+        assert_eq!(embedded, want, "embedded, id of {} bytes", id.len());
+    }
+    let listed = run(
+        &dir,
+        &["--config", config.as_str(), "--json"],
+        &["procedures", "list"],
+    );
+    assert_eq!(
+        (listed.code, listed.stdout.as_str()),
+        (Some(0), ""),
+        "{listed:?}"
+    );
+}
