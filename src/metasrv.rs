@@ -35,7 +35,7 @@ use crate::error::{
 };
 use crate::kv::redb::RedbOpenMode;
 use crate::kv::state_store::LeaderFence;
-use crate::kv::{CommitObserver, CountingKvBackend, KvBackendRef, RangeRequest};
+use crate::kv::{CommitObserver, CountingKvBackend, KvBackendRef, RangeRequest, WatchedKvBackend};
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use crate::wal::kafka::record_deleter::LazyRecordDeleter;
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
@@ -391,7 +391,16 @@ impl Metasrv {
     ) -> Result<Self> {
         config.validate()?;
         let commits = Arc::new(CountingKvBackend::new(kv));
-        let kv: KvBackendRef = commits.clone();
+        // What the datanode registry caches per term is decoded from these keys: it trusts a cached copy only while
+        // no write to them ended through this handle (`DatanodeRegistry`).
+        let watched = Arc::new(WatchedKvBackend::new(
+            commits.clone(),
+            vec![
+                format!("{}/", crate::ddl::datanode_table::DATANODE_TABLE_KEY_PREFIX).into_bytes(),
+                format!("{}/", crate::ddl::table_route::TABLE_ROUTE_KEY_PREFIX).into_bytes(),
+            ],
+        ));
+        let kv: KvBackendRef = watched.clone();
         let mut state_store = crate::kv::KvStateStore::new(kv.clone())
             .with_group_commit(config.procedure.group_commit);
         if let Some(fence) = fence {
@@ -463,11 +472,10 @@ impl Metasrv {
             WalConfig::RaftEngine => WalProviderKind::RaftEngine,
             WalConfig::Kafka(_) => WalProviderKind::Kafka,
         };
-        let registry = Arc::new(datanodes::DatanodeRegistry::new(
-            kv.clone(),
-            config.datanodes.ids.clone(),
-            expected,
-        ));
+        let registry = Arc::new(
+            datanodes::DatanodeRegistry::new(kv.clone(), config.datanodes.ids.clone(), expected)
+                .with_write_generation(watched.generation()),
+        );
         Ok(Metasrv {
             registry,
             config,

@@ -15,6 +15,7 @@ mod check;
 pub mod conformance;
 pub mod counting;
 pub mod etcd;
+pub mod generation;
 pub mod memory;
 pub mod redb;
 pub mod state_store;
@@ -24,6 +25,7 @@ pub mod wrapper;
 
 pub use counting::{CommitObserver, CountingKvBackend};
 pub use etcd::{EtcdConfig, EtcdKvBackend};
+pub use generation::{WatchedKvBackend, WriteGeneration};
 pub use memory::MemoryKvBackend;
 pub use redb::RedbKvBackend;
 pub use state_store::KvStateStore;

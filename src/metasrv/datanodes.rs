@@ -15,6 +15,11 @@
 //! writes are fenced by the leader's epoch.
 //!
 //! The registry lives in memory on the leader; after a failover the new leader rebuilds it from heartbeats.
+//!
+//! **What a heartbeat reads.** A datanode's regions, their epochs and their topic-region key names (its *plan*)
+//! are kept for the term and read again only once the metasrv's [`WriteGeneration`] of the `__dn_table` and route
+//! keys has moved, or after [`ASSIGNMENT_TRUSTED_FOR`]: an unchanged datanode is answered from memory, reading
+//! only its Kafka regions' `__topic_region` keys.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -34,7 +39,7 @@ use crate::error::{
     DatanodeNotRegisteredSnafu, DatanodeRegistrationContentionSnafu, DatanodeStaleIncarnationSnafu,
     DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu, DecodeMetadataSnafu, Result,
 };
-use crate::kv::{CompareAndPutRequest, KvBackendRef};
+use crate::kv::{CompareAndPutRequest, KvBackendRef, WriteGeneration};
 use crate::wal::kafka::topic_key::get_topic_value;
 use crate::wal::topic_region::{TopicRegionValue, topic_region_key};
 use crate::wal::{WAL_OPTIONS_KEY, WalOptions};
@@ -111,6 +116,11 @@ pub struct DatanodeInfo {
     pub leases_in_ms: Option<u64>,
 }
 
+/// How long a cached assignment or route is trusted without reading the store again, even when no write to the
+/// watched keys ended through this metasrv meanwhile: a backstop for a write the generation cannot see (one that
+/// a store applied after its call had ended with an error).
+pub const ASSIGNMENT_TRUSTED_FOR: Duration = Duration::from_secs(10);
+
 /// The datanodes registered with this leader.
 #[derive(Debug)]
 pub struct DatanodeRegistry {
@@ -118,18 +128,45 @@ pub struct DatanodeRegistry {
     ids: Vec<u64>,
     expected: WalProviderKind,
     inner: Mutex<Inner>,
-    /// Decoded what was read, keyed by the bytes read (every heartbeat reads the store again; only the decoding
-    /// of unchanged bytes is saved).
+    /// The generation of the `__dn_table` and route keys written through this metasrv (`None`: nothing cached is
+    /// trusted; every heartbeat reads the store).
+    generation: Option<WriteGeneration>,
+    /// What was read and decoded, with the bytes and the generation it was read at.
     decoded: Mutex<Decoded>,
+}
+
+/// One thing the registry read and decoded.
+#[derive(Debug)]
+struct Cached<B, T> {
+    /// The write generation taken before the read (`None`: read without one).
+    generation: Option<u64>,
+    /// When it was read.
+    read_at: Instant,
+    /// The bytes read: an unchanged read is not decoded again.
+    bytes: B,
+    /// What they decode to.
+    value: T,
+}
+
+impl<B, T> Cached<B, T> {
+    /// Whether it can be used without reading again: no watched write ended since it was read at `generation`,
+    /// within [`ASSIGNMENT_TRUSTED_FOR`].
+    fn trusted(&self, generation: Option<u64>, now: Instant) -> bool {
+        generation.is_some()
+            && self.generation == generation
+            && now.saturating_duration_since(self.read_at) < ASSIGNMENT_TRUSTED_FOR
+    }
 }
 
 /// What the registry decoded last, with the bytes it decoded it from.
 #[derive(Debug, Default)]
 struct Decoded {
     /// Per datanode: its `__dn_table` records as read, and their open requests.
-    assignments: HashMap<u64, (Vec<crate::kv::KeyValue>, Arc<Vec<RegionOpenRequest>>)>,
+    assignments: HashMap<u64, Cached<Vec<crate::kv::KeyValue>, Arc<Vec<RegionOpenRequest>>>>,
     /// Per table: its route's bytes, and its regions' epochs.
-    epochs: HashMap<u32, (Vec<u8>, RouteEpochs)>,
+    epochs: HashMap<u32, Cached<Vec<u8>, RouteEpochs>>,
+    /// Per datanode: what its heartbeats are answered from.
+    plans: HashMap<u64, Cached<(), Arc<Plan>>>,
 }
 
 /// Region number → region epoch of one table's route.
@@ -146,8 +183,19 @@ impl DatanodeRegistry {
                 term_start: None,
                 nodes: BTreeMap::new(),
             }),
+            generation: None,
             decoded: Mutex::new(Decoded::default()),
         }
+    }
+
+    /// Trusts what it read of the `__dn_table` and route keys until `generation` moves (or for
+    /// [`ASSIGNMENT_TRUSTED_FOR`]), instead of reading them at every heartbeat. `generation` must move after every
+    /// write of those keys made while this registry's term lasts: the metasrv's
+    /// [`WatchedKvBackend`](crate::kv::WatchedKvBackend), through which every write of a leader goes, and a
+    /// leader is the only writer of routes during its term (its writes are fenced by it).
+    pub fn with_write_generation(mut self, generation: WriteGeneration) -> Self {
+        self.generation = Some(generation);
+        self
     }
 
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -161,6 +209,7 @@ impl DatanodeRegistry {
         let mut inner = self.inner();
         inner.term_start = Some(Instant::now());
         inner.nodes.clear();
+        *self.decoded() = Decoded::default();
     }
 
     /// The term ended.
@@ -316,23 +365,24 @@ impl DatanodeRegistry {
             (node.leases_from, node.record.cleared, node.record.lease_ms)
         };
 
-        // What the route gives this datanode.
-        let open = self.assignment(datanode_id).await?;
-        let epochs = self.region_epochs(&open.requests).await?;
-        let reported: HashMap<u64, &RegionStat> =
-            request.regions.iter().map(|r| (r.region_id, r)).collect();
-        let assigned: BTreeSet<u64> = open.requests.iter().map(|r| r.region_id).collect();
+        // What the route gives this datanode, and which of it the datanode reports.
+        let plan = self.plan(datanode_id).await?;
+        let mut reported: Vec<Option<&RegionStat>> = vec![None; plan.regions.len()];
+        let mut unassigned: Vec<u64> = Vec::new();
+        for stat in &request.regions {
+            match plan.index.get(&stat.region_id) {
+                Some(i) => reported[*i] = Some(stat),
+                None => unassigned.push(stat.region_id),
+            }
+        }
         // The topic-region keys of the reported Kafka regions, read in one request: a region whose key is gone
         // (dropped) gets no lease, whatever was known of it before.
-        let kafka: Vec<(u64, String)> = open
-            .requests
+        let keys: Vec<Vec<u8>> = plan
+            .regions
             .iter()
-            .filter(|r| reported.contains_key(&r.region_id))
-            .filter_map(|r| kafka_topic(r).map(|t| (r.region_id, t)))
-            .collect();
-        let keys: Vec<Vec<u8>> = kafka
-            .iter()
-            .map(|(region, topic)| topic_region_key(topic, *region))
+            .zip(&reported)
+            .filter(|(_, stat)| stat.is_some())
+            .filter_map(|(region, _)| region.topic_region_key.clone())
             .collect();
         let mut stored: HashMap<Vec<u8>, crate::kv::KeyValue> = HashMap::new();
         if !keys.is_empty() {
@@ -349,9 +399,9 @@ impl DatanodeRegistry {
             self.clear(request).await?;
         }
         let mut pruned: HashMap<String, u64> = HashMap::new();
-        for req in open.requests.iter() {
-            let epoch = epochs.get(&req.region_id).copied().unwrap_or(0);
-            let Some(stat) = reported.get(&req.region_id) else {
+        for ((req, region), stat) in plan.requests.iter().zip(&plan.regions).zip(&reported) {
+            let epoch = region.epoch;
+            let Some(stat) = stat else {
                 // Opened only once every earlier incarnation's leases ran out: its replay then starts after all
                 // they could acknowledge.
                 if may_lease {
@@ -360,10 +410,9 @@ impl DatanodeRegistry {
                 }
                 continue;
             };
-            let mut leasable = true;
-            if let Some(topic) = kafka_topic(req) {
-                let key = topic_region_key(&topic, req.region_id);
-                leasable = match stored.get(&key) {
+            let leasable = match &region.topic_region_key {
+                None => true,
+                Some(key) => match stored.get(key) {
                     None => false,
                     Some(found) => {
                         let value = TopicRegionValue::decode(&found.key, &found.value)?;
@@ -375,8 +424,8 @@ impl DatanodeRegistry {
                                 .is_some(),
                         }
                     }
-                };
-            }
+                },
+            };
             if flush.contains(&req.region_id) {
                 response.instructions.push(Instruction::Flush {
                     region_id: req.region_id,
@@ -391,12 +440,8 @@ impl DatanodeRegistry {
                 });
             }
         }
-        for stat in &request.regions {
-            if !assigned.contains(&stat.region_id) {
-                response.instructions.push(Instruction::Close {
-                    region_id: stat.region_id,
-                });
-            }
+        for region_id in unassigned {
+            response.instructions.push(Instruction::Close { region_id });
         }
         let mut inner = self.inner();
         let Some(node) = inner.nodes.get_mut(&datanode_id) else {
@@ -611,22 +656,88 @@ impl DatanodeRegistry {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The open requests of the regions `datanode_id`'s `__dn_table` records give it, read now (decoded again
-    /// only when the records' bytes changed).
+    /// The write generation now, taken before a read of what it guards.
+    fn generation(&self) -> Option<u64> {
+        self.generation.as_ref().map(WriteGeneration::current)
+    }
+
+    /// What `datanode_id`'s heartbeats are answered from: its regions (from its `__dn_table` records), their
+    /// epochs (from their routes) and their topic-region keys. Cached while trusted, otherwise built from what is
+    /// read now.
+    async fn plan(&self, datanode_id: u64) -> Result<Arc<Plan>> {
+        let generation = self.generation();
+        let now = Instant::now();
+        if let Some(cached) = self.decoded().plans.get(&datanode_id)
+            && cached.trusted(generation, now)
+        {
+            return Ok(cached.value.clone());
+        }
+        let open = self.assignment(datanode_id).await?;
+        let epochs = self.region_epochs(&open.requests).await?;
+        let regions: Vec<PlannedRegion> = open
+            .requests
+            .iter()
+            .map(|r| PlannedRegion {
+                epoch: epochs.get(&r.region_id).copied().unwrap_or(0),
+                topic_region_key: kafka_topic(r).map(|t| topic_region_key(&t, r.region_id)),
+            })
+            .collect();
+        let index = open
+            .requests
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.region_id, i))
+            .collect();
+        let plan = Arc::new(Plan {
+            requests: open.requests,
+            regions,
+            index,
+        });
+        self.decoded().plans.insert(
+            datanode_id,
+            Cached {
+                generation,
+                read_at: now,
+                bytes: (),
+                value: plan.clone(),
+            },
+        );
+        Ok(plan)
+    }
+
+    /// The open requests of the regions `datanode_id`'s `__dn_table` records give it: cached while trusted,
+    /// otherwise read now (and decoded again only when the records' bytes changed).
     async fn assignment(&self, datanode_id: u64) -> Result<Assignment> {
-        let opener = RegionOpener::new(self.kv.clone(), datanode_id, self.expected);
-        let kvs = opener.scan().await?;
-        if let Some((read, requests)) = self.decoded().assignments.get(&datanode_id)
-            && *read == kvs
+        let generation = self.generation();
+        let now = Instant::now();
+        if let Some(cached) = self.decoded().assignments.get(&datanode_id)
+            && cached.trusted(generation, now)
         {
             return Ok(Assignment {
-                requests: requests.clone(),
+                requests: cached.value.clone(),
             });
         }
-        let requests = Arc::new(opener.decode(&kvs).requests);
-        self.decoded()
+        let opener = RegionOpener::new(self.kv.clone(), datanode_id, self.expected);
+        let kvs = opener.scan().await?;
+        let same = self
+            .decoded()
             .assignments
-            .insert(datanode_id, (kvs, requests.clone()));
+            .get(&datanode_id)
+            .filter(|cached| cached.bytes == kvs)
+            .map(|cached| cached.value.clone());
+        let requests = match same {
+            Some(requests) => requests,
+            None => Arc::new(opener.decode(&kvs).requests),
+        };
+        self.decoded().assignments.insert(
+            datanode_id,
+            Cached {
+                generation,
+                read_at: now,
+                bytes: kvs,
+                value: requests.clone(),
+            },
+        );
         Ok(Assignment { requests })
     }
 
@@ -639,36 +750,51 @@ impl DatanodeRegistry {
             #[serde(default)]
             region_epochs: BTreeMap<u32, u64>,
         }
+        let generation = self.generation();
+        let now = Instant::now();
         let tables: BTreeSet<u32> = requests.iter().map(|r| table_id_of(r.region_id)).collect();
-        let keys: Vec<Vec<u8>> = tables
-            .iter()
-            .map(|t| table_route_key(*t).into_bytes())
-            .collect();
         let mut routes: HashMap<u32, RouteEpochs> = HashMap::new();
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        {
+            let decoded = self.decoded();
+            for table in &tables {
+                match decoded.epochs.get(table) {
+                    Some(cached) if cached.trusted(generation, now) => {
+                        routes.insert(*table, cached.value.clone());
+                    }
+                    _ => keys.push(table_route_key(*table).into_bytes()),
+                }
+            }
+        }
         if !keys.is_empty() {
             for kv in self.kv.batch_get(&keys).await? {
                 let key = String::from_utf8_lossy(&kv.key).into_owned();
                 let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u32>().ok()) else {
                     continue;
                 };
-                let cached = self
+                let same = self
                     .decoded()
                     .epochs
                     .get(&id)
-                    .filter(|(bytes, _)| *bytes == kv.value)
-                    .map(|(_, epochs)| epochs.clone());
-                let epochs = match cached {
+                    .filter(|cached| cached.bytes == kv.value)
+                    .map(|cached| cached.value.clone());
+                let epochs = match same {
                     Some(epochs) => epochs,
                     None => {
                         let route: Epochs =
                             serde_json::from_slice(&kv.value).context_decode(&key)?;
-                        let epochs = Arc::new(route.region_epochs);
-                        self.decoded()
-                            .epochs
-                            .insert(id, (kv.value.clone(), epochs.clone()));
-                        epochs
+                        Arc::new(route.region_epochs)
                     }
                 };
+                self.decoded().epochs.insert(
+                    id,
+                    Cached {
+                        generation,
+                        read_at: now,
+                        bytes: kv.value,
+                        value: epochs.clone(),
+                    },
+                );
                 routes.insert(id, epochs);
             }
         }
@@ -740,6 +866,26 @@ impl<T> DecodeContext<T> for std::result::Result<T, serde_json::Error> {
 /// The regions the route gives a datanode, as open requests.
 struct Assignment {
     requests: Arc<Vec<RegionOpenRequest>>,
+}
+
+/// One datanode's regions as its heartbeats need them (see [`DatanodeRegistry::plan`]).
+#[derive(Debug)]
+struct Plan {
+    /// The open requests of its regions.
+    requests: Arc<Vec<RegionOpenRequest>>,
+    /// Per request, in the same order: what a lease needs.
+    regions: Vec<PlannedRegion>,
+    /// Region id → its index in `requests`.
+    index: HashMap<u64, usize>,
+}
+
+/// What a lease of one region needs.
+#[derive(Debug)]
+struct PlannedRegion {
+    /// The route's region epoch.
+    epoch: u64,
+    /// Its `__topic_region` key (`None`: not a Kafka region).
+    topic_region_key: Option<Vec<u8>>,
 }
 
 /// One region of a table with its leader, as clients route writes by it (`GET /v1/tables/{name}`).

@@ -18,7 +18,7 @@ async fn setup() -> (Metasrv, KvBackendRef, TableRegions) {
     assert_eq!(regions_of(&created, 2).len(), 2, "{created:?}");
     // Epochs 10 + region number: a lease carrying another region's epoch, or 0, would show.
     let epochs: Vec<(u32, u64)> = (0..4).map(|n| (n, 10 + u64::from(n))).collect();
-    set_region_epochs(&kv, created.table_id, &epochs).await;
+    set_region_epochs(m.kv(), created.table_id, &epochs).await;
     (m, kv, created)
 }
 

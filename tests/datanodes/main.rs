@@ -7,6 +7,7 @@
 //! (with the raft-engine WAL, or the Kafka WAL on the library's `FakeTopicAdmin`, whose pool `start` bootstraps)
 //! creates the tables, and the registry is the metasrv's own.
 
+mod cache;
 mod kafka;
 mod leases;
 mod registration;
@@ -230,7 +231,8 @@ async fn beat_until_leased(
     panic!("datanode {datanode_id} incarnation {incarnation} got no lease in {POLLS} heartbeats");
 }
 
-/// Sets the region epochs of table `table_id`'s route (as a leader change would have bumped them).
+/// Sets the region epochs of table `table_id`'s route (as a leader change would have bumped them), written through
+/// `kv`: the metasrv's own (`m.kv()`), as a procedure of that metasrv writes routes.
 async fn set_region_epochs(kv: &KvBackendRef, table_id: u32, epochs: &[(u32, u64)]) {
     let key = table_route_key(table_id);
     let found = kv

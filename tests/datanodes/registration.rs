@@ -341,7 +341,10 @@ async fn a_heartbeat_in_flight_while_the_next_incarnation_registered_is_refused_
     );
 
     // Incarnation 1's next heartbeat is held at its scan of the route's regions; meanwhile (once it was silent
-    // for two intervals) incarnation 2 registers; then the heartbeat goes on.
+    // for two intervals) incarnation 2 registers; then the heartbeat goes on. A route written through the
+    // metasrv first makes that heartbeat read the store again: answered from the registry's cache, it would not
+    // wait on anything.
+    set_region_epochs(m.kv(), created.table_id, &[]).await;
     store.armed.store(true, Ordering::SeqCst);
     let request = heartbeat_request(1, 1, 100, mine.iter().map(|r| stat(*r, 0)).collect());
     let no_flush = BTreeSet::new();

@@ -13,7 +13,7 @@ async fn region_to_open_by_id_names_the_routes_datanode_and_its_open_request() {
     let kv = memory_kv();
     let m = raft_metasrv(&kv, vec![1, 2]).await;
     let created = create(&m, "by_id", 4).await;
-    set_region_epochs(&kv, created.table_id, &[(1, 6), (2, 9)]).await;
+    set_region_epochs(m.kv(), created.table_id, &[(1, 6), (2, 9)]).await;
     let registry = m.datanode_registry();
     registry.begin_term();
 
@@ -67,7 +67,7 @@ async fn table_leaders_names_each_regions_datanode_and_its_registered_address() 
     let kv = memory_kv();
     let m = raft_metasrv(&kv, vec![1, 2]).await;
     let created = create(&m, "leaders", 4).await;
-    set_region_epochs(&kv, created.table_id, &[(3, 2)]).await;
+    set_region_epochs(m.kv(), created.table_id, &[(3, 2)]).await;
     let registry = m.datanode_registry();
     registry.begin_term();
 
