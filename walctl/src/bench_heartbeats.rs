@@ -66,6 +66,9 @@ pub struct HeartbeatsReport {
     /// The server's CPU time per heartbeat, microseconds (with `--server-pid`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub server_cpu_us_per_heartbeat: Option<f64>,
+    /// The bench's own CPU time per heartbeat, microseconds (it shares the machine's cores with the server).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bench_cpu_us_per_heartbeat: Option<f64>,
 }
 
 fn agent() -> ureq::Agent {
@@ -99,9 +102,43 @@ fn post<T: DeserializeOwned>(
     serde_json::from_value(value).map_err(|e| Failure::Refused(format!("{url}: {e}")))
 }
 
+/// One heartbeat of the encoded `body`: the number of leases in the answer (only they are decoded).
+fn heartbeat(agent: &ureq::Agent, url: &str, body: &[u8]) -> Result<u64, Failure> {
+    /// The part of the answer the bench counts.
+    #[derive(serde::Deserialize)]
+    struct Leases {
+        leases: Vec<serde::de::IgnoredAny>,
+    }
+    let mut response = agent
+        .post(url)
+        .header("content-type", "application/json")
+        .send(body)
+        .map_err(|e| Failure::Refused(format!("{url}: {e}")))?;
+    let status = response.status().as_u16();
+    let bytes = response
+        .body_mut()
+        .read_to_vec()
+        .map_err(|e| Failure::Refused(format!("{url}: {e}")))?;
+    if status != 200 {
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        return Err(Failure::Refused(format!(
+            "{url}: HTTP {status}: {}",
+            value["error"]["message"].as_str().unwrap_or("no message")
+        )));
+    }
+    let answer: Leases = serde_json::from_slice(&bytes)
+        .map_err(|e| Failure::Refused(format!("{url}: an answer that is not a heartbeat's: {e}")))?;
+    Ok(answer.leases.len() as u64)
+}
+
 /// The server's user + system CPU seconds so far.
 fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    cpu_seconds_of(&pid.to_string())
+}
+
+/// The user + system CPU seconds so far of `/proc/{process}` (`self`: this process).
+fn cpu_seconds_of(process: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).ok()?;
     let after = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = after.split_whitespace().collect();
     let utime: f64 = fields.get(11)?.parse().ok()?;
@@ -189,8 +226,16 @@ pub fn run(args: &HeartbeatsArgs, servers: &[String], out: &mut Output) -> Resul
             .collect();
         nodes.push(request);
     }
-    let nodes = Arc::new(nodes);
+    // Each datanode's heartbeat is the same every time: encoded once, so the generator's own CPU (which shares the
+    // machine with the server) goes to sending.
+    let bodies: Vec<Vec<u8>> = nodes
+        .iter()
+        .map(|n| serde_json::to_vec(n).map_err(|e| Failure::Refused(format!("a heartbeat: {e}"))))
+        .collect::<Result<_, _>>()?;
+    let bodies = Arc::new(bodies);
+    let url = format!("{base}/v1/heartbeat");
     let cpu_before = args.server_pid.and_then(cpu_seconds);
+    let own_before = cpu_seconds_of("self");
     let started = Instant::now();
     let stop_at = started + args.duration;
     let answered = Arc::new(AtomicU64::new(0));
@@ -200,22 +245,21 @@ pub fn run(args: &HeartbeatsArgs, servers: &[String], out: &mut Output) -> Resul
             let handles: Vec<_> = (0..args.concurrency)
                 .map(|w| {
                     let agent = agent.clone();
-                    let base = base.clone();
-                    let nodes = nodes.clone();
+                    let url = url.clone();
+                    let bodies = bodies.clone();
                     let answered = answered.clone();
                     let leases = leases.clone();
                     scope.spawn(move || -> Result<Vec<Duration>, Failure> {
                         let mut mine = Vec::new();
                         let mut i = w as usize;
                         while Instant::now() < stop_at {
-                            let node = &nodes[i % nodes.len()];
+                            let body = &bodies[i % bodies.len()];
                             i += args.concurrency as usize;
                             let began = Instant::now();
-                            let answer: HeartbeatResponse =
-                                post(&agent, &format!("{base}/v1/heartbeat"), node)?;
+                            let granted = heartbeat(&agent, &url, body)?;
                             mine.push(began.elapsed());
                             answered.fetch_add(1, Ordering::Relaxed);
-                            leases.fetch_add(answer.leases.len() as u64, Ordering::Relaxed);
+                            leases.fetch_add(granted, Ordering::Relaxed);
                         }
                         Ok(mine)
                     })
@@ -233,6 +277,7 @@ pub fn run(args: &HeartbeatsArgs, servers: &[String], out: &mut Output) -> Resul
         })?;
     let seconds = started.elapsed().as_secs_f64();
     let cpu_after = args.server_pid.and_then(cpu_seconds);
+    let own_after = cpu_seconds_of("self");
     latencies.sort();
     let pct = |p: f64| {
         latencies
@@ -250,6 +295,10 @@ pub fn run(args: &HeartbeatsArgs, servers: &[String], out: &mut Output) -> Resul
         p50_ms: pct(0.5),
         p99_ms: pct(0.99),
         server_cpu_us_per_heartbeat: match (cpu_before, cpu_after) {
+            (Some(a), Some(b)) => Some((b - a) * 1e6 / heartbeats.max(1) as f64),
+            _ => None,
+        },
+        bench_cpu_us_per_heartbeat: match (own_before, own_after) {
             (Some(a), Some(b)) => Some((b - a) * 1e6 / heartbeats.max(1) as f64),
             _ => None,
         },
@@ -271,6 +320,9 @@ pub fn run(args: &HeartbeatsArgs, servers: &[String], out: &mut Output) -> Resul
             report
                 .server_cpu_us_per_heartbeat
                 .map_or(String::new(), |us| format!(", server CPU {us:.0} µs per heartbeat"))
+                + &report
+                    .bench_cpu_us_per_heartbeat
+                    .map_or(String::new(), |us| format!(", bench CPU {us:.0} µs"))
         ));
     }
     Ok(())

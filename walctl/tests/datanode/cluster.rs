@@ -103,6 +103,15 @@ impl Cluster {
     /// A cluster with datanodes `ids` (each started), a pool of `topics` Kafka topics and `extra_wal` appended to
     /// the `[wal]` section.
     pub fn start(ids: &[u64], topics: usize, extra_wal: &str) -> Self {
+        let mut cluster = Self::metasrv_only(ids, topics, extra_wal);
+        for id in ids {
+            cluster.start_datanode(*id);
+        }
+        cluster
+    }
+
+    /// The same cluster's metasrv (ready), with no datanode started: `[datanodes] ids` still names `ids`.
+    pub fn metasrv_only(ids: &[u64], topics: usize, extra_wal: &str) -> Self {
         let etcd = endpoints("ETCD_ENDPOINTS");
         let kafka = endpoints("KAFKA_ENDPOINTS");
         let prefix = unique("dnwal");
@@ -149,9 +158,6 @@ max_retry_delay = "500ms"
         };
         cluster.start_serve();
         cluster.wait_ready();
-        for id in ids {
-            cluster.start_datanode(*id);
-        }
         cluster
     }
 

@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod bench;
 mod cluster;
 mod kill;
 mod prune;
