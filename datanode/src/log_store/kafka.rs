@@ -262,6 +262,16 @@ impl<P: PartitionLog> KafkaLogStore<P> {
         &self,
         from: &BTreeMap<RegionId, EntryId>,
     ) -> Result<(BTreeMap<RegionId, Vec<Entry>>, ReadCounts)> {
+        self.read_regions_fenced(from, &BTreeMap::new()).await
+    }
+
+    /// [`Self::read_regions_counted`], reading each region of `fence_below` as if a fence record of its epoch came
+    /// before what is read (records of a lower epoch are ignored: [`RecordDecoder::fence_below`]).
+    pub async fn read_regions_fenced(
+        &self,
+        from: &BTreeMap<RegionId, EntryId>,
+        fence_below: &BTreeMap<RegionId, u64>,
+    ) -> Result<(BTreeMap<RegionId, Vec<Entry>>, ReadCounts)> {
         let topic = self.topic().to_string();
         let mut counts = ReadCounts::default();
         let Some(lowest) = from.values().min().copied() else {
@@ -270,6 +280,9 @@ impl<P: PartitionLog> KafkaLogStore<P> {
         let end = self.partition.high_watermark().await?;
         let mut offset = offset_of_entry_id(lowest);
         let mut decoder = RecordDecoder::new(topic.clone(), from.clone());
+        for (region_id, epoch) in fence_below {
+            decoder = decoder.fence_below(*region_id, *epoch);
+        }
         if offset < end {
             let earliest = self.partition.low_watermark().await?;
             if offset >= earliest {
@@ -362,6 +375,8 @@ impl<P: PartitionLog> KafkaLogStore<P> {
         let (entries, stats) = decoder.finish();
         counts.duplicates = stats.duplicates;
         counts.torn_entries = stats.torn_entries;
+        counts.fences = stats.fences;
+        counts.fenced = stats.fenced;
         Ok((entries, counts))
     }
 
@@ -370,6 +385,29 @@ impl<P: PartitionLog> KafkaLogStore<P> {
     fn resend_window(&self) -> i64 {
         let smallest = super::record::HEADER_LEN + 1 + PER_RECORD_FRAMING;
         i64::try_from(self.config.max_batch_bytes / smallest).unwrap_or(i64::MAX)
+    }
+
+    /// Appends the fence record handing `region_id` over to region epoch `epoch` (written as this store's writer)
+    /// and returns its entry id: `1 +` its offset `F`. From then on a replay that reads past `F` ignores the
+    /// region's records of a lower epoch, wherever a deposed leader's late append lands after it. Refused, like an
+    /// entry, for a region this store does not let append.
+    pub async fn append_fence(&self, region_id: RegionId, epoch: u64) -> Result<EntryId> {
+        self.epoch_of(region_id)?;
+        // Serialised with appends, like every record of this store.
+        let _sequences = self.sequences.lock().await;
+        let offsets = self
+            .partition
+            .produce(vec![super::record::encode_fence(region_id, epoch, self.writer)])
+            .await?;
+        snafu::ensure!(
+            offsets.len() == 1,
+            LogProduceMismatchSnafu {
+                topic: self.topic(),
+                sent: 1usize,
+                acknowledged: offsets.len(),
+            }
+        );
+        Ok(entry_id_of_offset(offsets[0]))
     }
 
     /// The next counter of `region_id` for this writer: 1, 2, 3, …
@@ -393,6 +431,10 @@ pub struct ReadCounts {
     pub duplicates: u64,
     /// Entries dropped because their fragments stop before the last one.
     pub torn_entries: u64,
+    /// Fence records read.
+    pub fences: u64,
+    /// Records ignored because a fence of a higher epoch came before them (a deposed leader's late appends).
+    pub fenced: u64,
 }
 
 #[async_trait]

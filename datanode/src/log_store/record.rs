@@ -8,7 +8,7 @@
 //! | bytes | field |
 //! |---|---|
 //! | 0 | format version, `2` |
-//! | 1 | flags, `0` (reserved) |
+//! | 1 | flags: `0` for a fragment of an entry, `1` ([`FLAG_FENCE`]) for a fence record; other bits are refused |
 //! | 2..10 | region id, u64 big-endian (must equal the key) |
 //! | 10..18 | region epoch, u64 big-endian: the epoch of the lease the writer held |
 //! | 18..26 | writer id, u64 big-endian: who wrote it (a datanode's id and incarnation, or a random id per store) |
@@ -32,6 +32,13 @@
 //! wrote, however fast either wrote or however the clocks stood. (Version 1 records, whose sequences came from
 //! the wall clock, keep their old rule: a sequence already completed is a copy.)
 //!
+//! A **fence record** marks the hand-over of a region to a new leader: flags `1`, the new region epoch, the writer
+//! that appended it, counter 0, fragment 0 of 1, no bytes. It is not an entry. **Replay rule:** once a region's
+//! fence record of epoch `E` has been read, every later record of that region (in offset order) whose epoch is
+//! below `E` was appended by a deposed leader after the hand-over and is ignored; records before the fence are
+//! kept. A reader that starts after the fence (its checkpoint lies past it) is told the epoch instead
+//! ([`RecordDecoder::fence_below`]). A build from before fence records would read one as an empty entry.
+//!
 //! The [`RecordDecoder`] turns records back into entries, per region: fragments of one entry are collected until
 //! all are there; a sequence that stops before its last fragment (the writer crashed mid-entry) is dropped when the
 //! region's next entry starts (its fragment 0 arrives), or when the read ends; a copy is skipped, so each entry
@@ -50,6 +57,9 @@ pub const HEADER_LEN: usize = 46;
 
 /// Bytes of a format version 1 header.
 pub const HEADER_LEN_V1: usize = 30;
+
+/// The flag of a fence record.
+pub const FLAG_FENCE: u8 = 0x01;
 
 /// The Kafka record key of a region: its id in decimal text.
 pub fn region_key(region_id: RegionId) -> Vec<u8> {
@@ -92,12 +102,14 @@ pub struct FragmentHeader {
     pub count: u32,
     /// CRC-32 of the fragment's bytes.
     pub crc: u32,
+    /// Whether it is a fence record (no entry: the region's hand-over to epoch `seq.epoch`).
+    pub fence: bool,
 }
 
 impl FragmentHeader {
     fn write(&self, out: &mut Vec<u8>) {
         out.push(RECORD_FORMAT_VERSION);
-        out.push(0);
+        out.push(if self.fence { FLAG_FENCE } else { 0 });
         out.extend_from_slice(&self.region_id.to_be_bytes());
         out.extend_from_slice(&self.seq.epoch.to_be_bytes());
         out.extend_from_slice(&self.seq.writer.to_be_bytes());
@@ -150,8 +162,15 @@ impl FragmentHeader {
                 index: u32_at(18),
                 count: u32_at(22),
                 crc: u32_at(26),
+                fence: false,
             }
         } else {
+            let flags = head[1];
+            if flags & !FLAG_FENCE != 0 {
+                return Err(format!(
+                    "unknown flags {flags:#04x} (this build knows {FLAG_FENCE:#04x}, a fence record)"
+                ));
+            }
             FragmentHeader {
                 region_id: u64_at(2),
                 seq: EntrySeq {
@@ -162,8 +181,17 @@ impl FragmentHeader {
                 index: u32_at(34),
                 count: u32_at(38),
                 crc: u32_at(42),
+                fence: flags & FLAG_FENCE != 0,
             }
         };
+        if header.fence && (header.count != 1 || !payload.is_empty()) {
+            return Err(format!(
+                "a fence record with fragment {} of {} and {} bytes (it has fragment 0 of 1 and none)",
+                header.index,
+                header.count,
+                payload.len()
+            ));
+        }
         if header.count == 0 || header.index >= header.count {
             return Err(format!(
                 "fragment index {} of count {} is out of range",
@@ -244,6 +272,7 @@ pub fn encode_entry(
                 index: u32::try_from(index).unwrap_or(u32::MAX),
                 count,
                 crc: crc32fast::hash(chunk),
+                fence: false,
             };
             let mut value = Vec::with_capacity(HEADER_LEN + chunk.len());
             header.write(&mut value);
@@ -254,6 +283,28 @@ pub fn encode_entry(
             }
         })
         .collect()
+}
+
+/// The fence record that hands `region_id` over to region epoch `epoch`, appended by `writer` (the new leader).
+pub fn encode_fence(region_id: RegionId, epoch: u64, writer: u64) -> EncodedRecord {
+    let header = FragmentHeader {
+        region_id,
+        seq: EntrySeq {
+            epoch,
+            writer,
+            counter: 0,
+        },
+        index: 0,
+        count: 1,
+        crc: crc32fast::hash(&[]),
+        fence: true,
+    };
+    let mut value = Vec::with_capacity(HEADER_LEN);
+    header.write(&mut value);
+    EncodedRecord {
+        key: region_key(region_id),
+        value,
+    }
 }
 
 /// An entry being reassembled.
@@ -276,6 +327,10 @@ pub struct DecodeStats {
     pub torn_entries: u64,
     /// Records without a key or value (not written by this log store; skipped).
     pub foreign: u64,
+    /// Fence records read.
+    pub fences: u64,
+    /// Records ignored by the replay rule: written at a lower epoch than a fence before them (a deposed leader's).
+    pub fenced: u64,
 }
 
 /// Reassembles entries from records read in offset order, for a set of regions, each from its own entry id on.
@@ -293,6 +348,8 @@ pub struct RecordDecoder {
     /// Format version 1 records: the sequences completed per region (their sequences came from the wall clock,
     /// so only an exact repeat is a copy).
     completed_v1: BTreeMap<RegionId, BTreeSet<u64>>,
+    /// Per region: the highest fence epoch read so far (or given); a later record of a lower epoch is ignored.
+    fences: HashMap<RegionId, u64>,
     out: BTreeMap<RegionId, Vec<Entry>>,
     stats: DecodeStats,
 }
@@ -307,9 +364,24 @@ impl RecordDecoder {
             partial: BTreeMap::new(),
             completed: HashMap::new(),
             completed_v1: BTreeMap::new(),
+            fences: HashMap::new(),
             out,
             stats: DecodeStats::default(),
         }
+    }
+
+    /// Reads `region_id` as if a fence record of `epoch` came before everything it reads: records of a lower
+    /// epoch are ignored. For a reader that starts after the region's latest fence record (whose epoch it knows),
+    /// which it would otherwise not see.
+    pub fn fence_below(mut self, region_id: RegionId, epoch: u64) -> Self {
+        let fence = self.fences.entry(region_id).or_insert(0);
+        *fence = (*fence).max(epoch);
+        self
+    }
+
+    /// The highest fence epoch of `region_id` read or given so far (0: none).
+    pub fn fence_epoch(&self, region_id: RegionId) -> u64 {
+        self.fences.get(&region_id).copied().unwrap_or(0)
     }
 
     /// Takes one record (offset, key, value). Records of other regions are skipped by their key, without
@@ -352,6 +424,27 @@ impl RecordDecoder {
                 "fragment {} of {} (entry {:?}) fails its checksum",
                 header.index, header.count, header.seq
             )));
+        }
+        let fence = self.fence_epoch(region_id);
+        if header.fence {
+            self.stats.fences += 1;
+            if header.seq.epoch > fence {
+                self.fences.insert(region_id, header.seq.epoch);
+                // An entry of the deposed epoch still missing fragments never gets them: torn at the hand-over.
+                if self
+                    .partial
+                    .get(&region_id)
+                    .is_some_and(|p| p.seq.epoch < header.seq.epoch)
+                {
+                    self.partial.remove(&region_id);
+                    self.stats.torn_entries += 1;
+                }
+            }
+            return Ok(());
+        }
+        if header.seq.epoch < fence {
+            self.stats.fenced += 1;
+            return Ok(());
         }
         if self.is_copy(region_id, header.seq) {
             self.stats.duplicates += 1;

@@ -11,6 +11,7 @@ mod common;
 mod decoder_model;
 mod deleted_topic;
 mod duplicates;
+mod fence;
 mod fragments;
 mod kafka_broker;
 mod offset_zero;
