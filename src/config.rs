@@ -66,6 +66,8 @@ pub struct MetasrvConfig {
     pub datanodes: DatanodesConfig,
     /// How procedures retry failing steps.
     pub procedure: ProcedureConfig,
+    /// When the leader suspects a datanode of having failed.
+    pub failover: FailoverConfig,
 }
 
 /// The whole file: the metasrv's sections and `[server]`, which only `walctl serve` reads (kept out of
@@ -77,6 +79,7 @@ struct ConfigFile {
     wal: WalConfig,
     datanodes: DatanodesConfig,
     procedure: ProcedureConfig,
+    failover: FailoverConfig,
     server: ServerConfig,
     datanode: Option<DatanodeConfig>,
 }
@@ -427,6 +430,66 @@ pub const DEFAULT_WAL_DIR: &str = "./walctl-data/wal/{datanode}";
 /// The placeholder of `[datanodes] wal_dir` replaced by a datanode's id.
 pub const DATANODE_PLACEHOLDER: &str = "{datanode}";
 
+/// The `[failover]` section: when the leader suspects a datanode.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FailoverConfig {
+    /// Whether a suspected datanode's regions move to others (the failover procedure). The detector runs either
+    /// way and its suspicion is shown.
+    pub enabled: bool,
+    /// The phi at and above which a datanode is suspected.
+    pub phi_threshold: f64,
+    /// A pause this long beyond the usual interval is not suspicious.
+    #[serde(with = "humantime_serde")]
+    pub acceptable_pause: Duration,
+    /// The least standard deviation of the intervals the model uses.
+    #[serde(with = "humantime_serde")]
+    pub min_std: Duration,
+}
+
+impl Default for FailoverConfig {
+    fn default() -> Self {
+        FailoverConfig {
+            enabled: true,
+            phi_threshold: 8.0,
+            acceptable_pause: Duration::from_secs(3),
+            min_std: Duration::from_millis(100),
+        }
+    }
+}
+
+impl FailoverConfig {
+    /// Checks the detector's values; the error names the key and its value.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            self.phi_threshold.is_finite() && (1.0..=100.0).contains(&self.phi_threshold),
+            InvalidConfigSnafu {
+                key: "failover.phi_threshold",
+                value: self.phi_threshold.to_string(),
+                reason: "must be within 1 and 100",
+            }
+        );
+        ensure!(
+            self.acceptable_pause <= Duration::from_secs(600),
+            InvalidConfigSnafu {
+                key: "failover.acceptable_pause",
+                value: humantime_serde::re::humantime::format_duration(self.acceptable_pause)
+                    .to_string(),
+                reason: "must be at most 10m",
+            }
+        );
+        ensure!(
+            (Duration::from_millis(1)..=Duration::from_secs(60)).contains(&self.min_std),
+            InvalidConfigSnafu {
+                key: "failover.min_std",
+                value: humantime_serde::re::humantime::format_duration(self.min_std).to_string(),
+                reason: "must be within 1ms and 60s",
+            }
+        );
+        Ok(())
+    }
+}
+
 /// The `[datanodes]` section.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -531,6 +594,7 @@ impl MetasrvConfig {
             wal: file.wal,
             datanodes: file.datanodes,
             procedure: file.procedure,
+            failover: file.failover,
         };
         config.validate().context(ValidateConfigSnafu { origin })?;
         file.server
@@ -545,7 +609,8 @@ impl MetasrvConfig {
         self.metadata_store.validate()?;
         self.wal.validate()?;
         self.datanodes.validate()?;
-        self.procedure.validate()
+        self.procedure.validate()?;
+        self.failover.validate()
     }
 
     /// The TOML text of this config (what `examples/` hold).
@@ -774,6 +839,12 @@ mod tests {
                 max_retry_delay: Duration::from_secs(1),
                 finished_in_memory: Duration::from_secs(90),
                 group_commit: false,
+            },
+            failover: FailoverConfig {
+                enabled: false,
+                phi_threshold: 12.5,
+                acceptable_pause: Duration::from_millis(2500),
+                min_std: Duration::from_millis(50),
             },
         };
         assert_eq!(parse(&c.to_toml_string()).unwrap(), c);

@@ -47,6 +47,7 @@ use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
 pub mod datanodes;
 pub mod election;
+pub mod failure_detector;
 mod namespace;
 mod wal_prune;
 pub mod wal_stats;
@@ -474,7 +475,8 @@ impl Metasrv {
         };
         let registry = Arc::new(
             datanodes::DatanodeRegistry::new(kv.clone(), config.datanodes.ids.clone(), expected)
-                .with_write_generation(watched.generation()),
+                .with_write_generation(watched.generation())
+                .with_failover(config.failover.clone()),
         );
         Ok(Metasrv {
             registry,

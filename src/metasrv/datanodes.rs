@@ -39,7 +39,9 @@ use crate::error::{
     DatanodeNotRegisteredSnafu, DatanodeRegistrationContentionSnafu, DatanodeStaleIncarnationSnafu,
     DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu, DecodeMetadataSnafu, Result,
 };
+use crate::config::FailoverConfig;
 use crate::kv::{CompareAndPutRequest, KvBackendRef, WriteGeneration};
+use crate::metasrv::failure_detector::PhiAccrualDetector;
 use crate::wal::kafka::topic_key::get_topic_value;
 use crate::wal::topic_region::{TopicRegionValue, topic_region_key};
 use crate::wal::{WAL_OPTIONS_KEY, WalOptions};
@@ -88,6 +90,8 @@ struct Node {
     leases_from: Instant,
     regions: Vec<RegionStat>,
     leases: usize,
+    /// Fed by its heartbeats' arrival times this term.
+    detector: PhiAccrualDetector,
 }
 
 #[derive(Debug)]
@@ -114,6 +118,13 @@ pub struct DatanodeInfo {
     pub leases: usize,
     /// Milliseconds until it may get leases (`None`: it may).
     pub leases_in_ms: Option<u64>,
+    /// The failure detector's suspicion now, to two decimals (`docs/datanode.md`, "Failure detection").
+    #[serde(default)]
+    pub phi: f64,
+    /// Whether the leader suspects it has failed: `phi` at or above `[failover] phi_threshold`, after the term's
+    /// warm-up.
+    #[serde(default)]
+    pub suspected: bool,
 }
 
 /// How long a cached assignment or route is trusted without reading the store again, even when no write to the
@@ -131,6 +142,8 @@ pub struct DatanodeRegistry {
     /// The generation of the `__dn_table` and route keys written through this metasrv (`None`: nothing cached is
     /// trusted; every heartbeat reads the store).
     generation: Option<WriteGeneration>,
+    /// When a datanode is suspected.
+    failover: FailoverConfig,
     /// What was read and decoded, with the bytes and the generation it was read at.
     decoded: Mutex<Decoded>,
 }
@@ -184,8 +197,15 @@ impl DatanodeRegistry {
                 nodes: BTreeMap::new(),
             }),
             generation: None,
+            failover: FailoverConfig::default(),
             decoded: Mutex::new(Decoded::default()),
         }
+    }
+
+    /// Suspects datanodes by `failover`'s detector settings (default: [`FailoverConfig::default`]).
+    pub fn with_failover(mut self, failover: FailoverConfig) -> Self {
+        self.failover = failover;
+        self
     }
 
     /// Trusts what it read of the `__dn_table` and route keys until `generation` moves (or for
@@ -323,6 +343,7 @@ impl DatanodeRegistry {
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
                 leases: 0,
+                detector: PhiAccrualDetector::new(&self.failover, interval),
             },
         );
         Ok(RegisterResponse {
@@ -359,6 +380,7 @@ impl DatanodeRegistry {
                 .fail();
             };
             node.last_heartbeat = Some(now);
+            node.detector.heartbeat(now);
             node.interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
             node.regions = request.regions.clone();
             node.record.address = request.address.clone();
@@ -560,6 +582,7 @@ impl DatanodeRegistry {
             .fail();
         }
         let now = Instant::now();
+        let interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
         let mut inner = self.inner();
         let term_start = inner.term_start.unwrap_or(now);
         // Cleared: every earlier incarnation's leases had run out before this one got any, so whatever lease is
@@ -573,13 +596,14 @@ impl DatanodeRegistry {
         inner.nodes.insert(
             datanode_id,
             Node {
-                interval: Duration::from_millis(request.heartbeat_interval_ms.max(1)),
+                interval,
                 record,
                 last_heartbeat: None,
                 leases_until: None,
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
                 leases: 0,
+                detector: PhiAccrualDetector::new(&self.failover, interval),
             },
         );
         Ok(())
@@ -826,7 +850,32 @@ impl DatanodeRegistry {
                 leases: node.leases,
                 leases_in_ms: (node.leases_from > now)
                     .then(|| millis(node.leases_from - now).max(1)),
+                phi: (node.detector.phi(now) * 100.0).round() / 100.0,
+                suspected: self.suspected(&inner, node, now),
             })
+            .collect()
+    }
+
+    /// Whether `node` is suspected at `now`: its phi at or above `[failover] phi_threshold`, once the term's
+    /// warm-up (two of its leases from the term's start) has passed, so that a new leader does not suspect
+    /// datanodes whose heartbeats have not reached it yet.
+    fn suspected(&self, inner: &Inner, node: &Node, now: Instant) -> bool {
+        let Some(term_start) = inner.term_start else {
+            return false;
+        };
+        let warm_up = 2 * Duration::from_millis(node.record.lease_ms);
+        now >= term_start + warm_up && node.detector.phi(now) >= self.failover.phi_threshold
+    }
+
+    /// The datanodes this term suspects now ([`DatanodeInfo::suspected`]), by id.
+    pub fn suspects(&self) -> Vec<u64> {
+        let inner = self.inner();
+        let now = Instant::now();
+        inner
+            .nodes
+            .iter()
+            .filter(|(_, node)| self.suspected(&inner, node, now))
+            .map(|(id, _)| *id)
             .collect()
     }
 

@@ -8,6 +8,7 @@
 //! creates the tables, and the registry is the metasrv's own.
 
 mod cache;
+mod failure;
 mod kafka;
 mod leases;
 mod registration;

@@ -41,6 +41,7 @@ fn kafka_config(prefix: &str, num_topics: usize) -> MetasrvConfig {
             max_retries: 0,
             ..Default::default()
         },
+        ..Default::default()
     }
 }
 

@@ -79,6 +79,7 @@ pub struct Metrics {
     /// Datanode heartbeats this server answered.
     pub heartbeats: Counter,
     datanodes: Gauge,
+    datanodes_suspected: Gauge,
     region_leases: Gauge,
     step_duration: Family<TypeLabels, Histogram, fn() -> Histogram>,
     retries: Counter,
@@ -162,6 +163,12 @@ impl Metrics {
             "Datanodes registered with this leader's term",
             datanodes.clone(),
         );
+        let datanodes_suspected = Gauge::default();
+        registry.register(
+            "datanodes_suspected",
+            "Datanodes of this leader's term whose failure detector's phi is at or above [failover] phi_threshold",
+            datanodes_suspected.clone(),
+        );
         let region_leases = Gauge::default();
         registry.register(
             "region_leases",
@@ -205,6 +212,7 @@ impl Metrics {
             datanode_registrations,
             heartbeats,
             datanodes,
+            datanodes_suspected,
             region_leases,
             procedures,
             topic_regions,
@@ -251,6 +259,9 @@ impl Metrics {
         let datanodes = metasrv.datanode_registry().list();
         self.datanodes
             .set(i64::try_from(datanodes.len()).unwrap_or(i64::MAX));
+        self.datanodes_suspected.set(
+            i64::try_from(datanodes.iter().filter(|d| d.suspected).count()).unwrap_or(i64::MAX),
+        );
         self.region_leases.set(
             i64::try_from(datanodes.iter().map(|d| d.leases).sum::<usize>()).unwrap_or(i64::MAX),
         );

@@ -225,7 +225,8 @@ fn procedure_row(html: &mut String, info: &ProcedureInfo, data: &PageData) {
     );
 }
 
-/// The datanodes of the leader's registry: address, incarnation, last heartbeat, regions and leases.
+/// The datanodes of the leader's registry: address, incarnation, last heartbeat, the failure detector's phi
+/// (marked when suspected), regions and leases.
 fn datanodes(html: &mut String, data: &PageData) {
     html.push_str("<section id=\"datanodes-section\">\n<h2>Datanodes</h2>\n");
     let Some(nodes) = &data.datanodes else {
@@ -241,7 +242,7 @@ fn datanodes(html: &mut String, data: &PageData) {
     }
     html.push_str(
         "<table id=\"datanodes\">\n<thead><tr><th>id</th><th>address</th><th>incarnation</th>\
-         <th>last heartbeat</th><th>regions (leading)</th><th>leases</th></tr></thead>\n<tbody>\n",
+         <th>last heartbeat</th><th>phi</th><th>regions (leading)</th><th>leases</th></tr></thead>\n<tbody>\n",
     );
     for n in nodes {
         let leading = n
@@ -256,9 +257,14 @@ fn datanodes(html: &mut String, data: &PageData) {
             Some(ms) => format!("{} (held back {} more)", n.leases, format_ms(ms)),
             None => n.leases.to_string(),
         };
+        let phi = if n.suspected {
+            format!("<strong class=\"suspected\">{:.2} suspected</strong>", n.phi)
+        } else {
+            format!("{:.2}", n.phi)
+        };
         let _ = writeln!(
             html,
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{} ({leading})</td><td>{}</td></tr>",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{phi}</td><td>{} ({leading})</td><td>{}</td></tr>",
             n.id,
             escape(&n.address),
             n.incarnation,
@@ -434,6 +440,8 @@ mod tests {
                 regions: Vec::new(),
                 leases: 0,
                 leases_in_ms: Some(1500),
+                phi: 9.25,
+                suspected: true,
             }]),
             now_ms: NOW,
         }
@@ -446,6 +454,10 @@ mod tests {
         assert!(html.contains("&lt;b&gt;dn&lt;/b&gt;:4100"), "{html}");
         assert!(!html.contains("<b>dn</b>"), "{html}");
         assert!(html.contains("held back"), "{html}");
+        assert!(
+            html.contains("<strong class=\"suspected\">9.25 suspected</strong>"),
+            "{html}"
+        );
     }
 
     /// The `data-id` of each procedure row, in page order.
