@@ -508,6 +508,12 @@ impl Metasrv {
         &self.kv
     }
 
+    /// The DDL manager: what `walctl serve` submits a create-table through when it does not wait for it
+    /// ([`DdlManager::submit_create_table`]).
+    pub fn ddl(&self) -> &DdlManager {
+        &self.ddl
+    }
+
     /// The procedure manager.
     pub fn procedure_manager(&self) -> &ProcedureManagerRef {
         &self.procedures

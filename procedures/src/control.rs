@@ -142,9 +142,9 @@ pub(crate) async fn read_one(
 /// while the procedure waits). With no manager running, the next manager to start honours it.
 ///
 /// The write is conditional on the record being the one read (unfinished), so a request never lands for a
-/// procedure that finished meanwhile. Refused ([`Error::ControlRefused`]) for an id the store does not hold, a
-/// finished procedure, a pause or resume of a procedure whose cancel is requested, and a resume of a procedure
-/// with no pause request.
+/// procedure that finished meanwhile. An id the store does not hold is [`Error::ControlUnknown`]; refused
+/// ([`Error::ControlRefused`]) are a finished procedure, a pause or resume of a procedure whose cancel is
+/// requested, and a resume of a procedure with no pause request.
 pub async fn request(store: &dyn StateStore, id: &ProcedureId, op: ControlOp) -> Result<()> {
     let key = record_key(id);
     let ctl = control_key(id);
@@ -155,7 +155,11 @@ pub async fn request(store: &dyn StateStore, id: &ProcedureId, op: ControlOp) ->
     };
     for _ in 0..REQUEST_ATTEMPTS {
         let Some(value) = store.get(&key).await? else {
-            return Err(refused(format!("the store holds no record at '{key}'")));
+            return Err(Error::ControlUnknown {
+                action: op.as_str(),
+                id: id.clone(),
+                key,
+            });
         };
         let record: ProcedureRecord = serde_json::from_slice(&value)
             .map_err(|e| refused(format!("its record at '{key}' does not parse: {e}")))?;

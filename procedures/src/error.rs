@@ -25,6 +25,31 @@ pub enum Error {
         retryable: bool,
     },
 
+    /// A procedure refused its request in its first step, before doing anything (see [`Error::refused`]): the
+    /// engine deletes its record instead of writing a failed one, and its watchers get
+    /// [`Error::ProcedureRefused`] with the same kind. Returned later than the first step, it is an ordinary
+    /// failure. Never retryable.
+    #[snafu(display("{source}"))]
+    Refused {
+        /// Why the request is refused.
+        refusal: Refusal,
+        /// The procedure's error, naming the culprit.
+        source: BoxedError,
+    },
+
+    /// What a [`crate::Watcher`] returns for a procedure that refused its request ([`Error::Refused`]): no record
+    /// of it is left, and the id is free again. The text is a failure's (`procedure <id> failed: …`); `refusal`
+    /// tells a caller what kind of refusal it is (to answer 409 or 400 rather than 500).
+    #[snafu(display("procedure {id} failed: {message}"))]
+    ProcedureRefused {
+        /// The procedure.
+        id: ProcedureId,
+        /// Why it refused.
+        refusal: Refusal,
+        /// The procedure's error text.
+        message: String,
+    },
+
     /// A procedure with this id is already known to the manager (running, or finished and still retained).
     #[snafu(display("procedure {id} already exists"))]
     DuplicateProcedure {
@@ -188,8 +213,8 @@ pub enum Error {
         message: String,
     },
 
-    /// A cancel, pause or resume names a procedure the store does not hold, or one it cannot apply to (finished,
-    /// or a resume of a procedure whose cancel is already requested).
+    /// A cancel, pause or resume the procedure's state refuses (finished, or a resume of a procedure whose cancel
+    /// is already requested), or whose record does not parse.
     #[snafu(display("cannot {action} procedure {id}: {reason}"))]
     ControlRefused {
         /// `cancel`, `pause` or `resume`.
@@ -198,6 +223,19 @@ pub enum Error {
         id: ProcedureId,
         /// Why.
         reason: String,
+    },
+
+    /// A cancel, pause or resume names a procedure the store holds no record of (never submitted, or purged after
+    /// it finished): nothing to control. Its own kind, so that a caller can tell "no such procedure" from a refusal
+    /// of the procedure's state ([`Error::ControlRefused`]).
+    #[snafu(display("cannot {action} procedure {id}: the store holds no record at '{key}'"))]
+    ControlUnknown {
+        /// `cancel`, `pause` or `resume`.
+        action: &'static str,
+        /// The procedure.
+        id: ProcedureId,
+        /// The record key that holds nothing.
+        key: String,
     },
 
     /// The procedure asked for a rollback it does not implement.
@@ -231,7 +269,40 @@ pub enum Error {
     },
 }
 
+/// Why a procedure refused its request ([`Error::Refused`]): a kind for callers to map (an HTTP status), never
+/// found by matching the error's text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Refusal {
+    /// What the request would create exists already (a table of that name).
+    AlreadyExists,
+    /// The request itself is invalid (a name, a value).
+    InvalidRequest,
+    /// The request conflicts with the state of something else.
+    Conflict,
+}
+
 impl Error {
+    /// Wraps a procedure's error refusing its request (see [`Error::Refused`]): to be returned by a procedure's
+    /// first step only, before it did anything, since the engine then deletes the procedure's record.
+    pub fn refused(refusal: Refusal, source: impl Into<BoxedError>) -> Self {
+        Error::Refused {
+            refusal,
+            source: source.into(),
+        }
+    }
+
+    /// The kind of refusal, for [`Error::Refused`] and [`Error::ProcedureRefused`].
+    pub fn refusal(&self) -> Option<Refusal> {
+        match self {
+            Error::Refused { refusal, .. } | Error::ProcedureRefused { refusal, .. } => {
+                Some(*refusal)
+            }
+            _ => None,
+        }
+    }
+
     /// Wraps a procedure's error that a retry may cure (the engine retries it with backoff).
     pub fn retry_later(source: impl Into<BoxedError>) -> Self {
         Error::External {

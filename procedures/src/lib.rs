@@ -29,7 +29,7 @@ pub mod watcher;
 
 pub use config::{ManagerConfig, RetryPolicy};
 pub use control::{ControlAction, ControlOp, ControlRequests};
-pub use error::{BoxedError, Error, Result};
+pub use error::{BoxedError, Error, Refusal, Result};
 pub use event::{EventKind, ProcedureEvent};
 pub use manager::{
     HeldKey, LocalManager, LockWait, ProcedureLocks, ProcedureManager, ProcedureManagerRef,

@@ -232,6 +232,10 @@ pub struct ProcedureInfo {
     /// Its last [`MAX_EVENTS`] events, oldest first (persisted ones and those not written yet).
     #[serde(default)]
     pub events: Vec<ProcedureEvent>,
+    /// Set (with the state `failed`) when the procedure refused its request: its record was deleted, and its
+    /// watchers get [`crate::Error::ProcedureRefused`]. Never in a listing: the manager forgets it at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<crate::error::Refusal>,
 }
 
 impl ProcedureInfo {
@@ -273,6 +277,7 @@ impl From<&ProcedureRecord> for ProcedureInfo {
             locks_held: Vec::new(),
             lock_wait: None,
             events: r.events.clone(),
+            refusal: None,
         }
     }
 }

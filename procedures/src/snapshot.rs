@@ -83,6 +83,7 @@ fn info_of(key: &str, value: &[u8]) -> ProcedureInfo {
             locks_held: Vec::new(),
             lock_wait: None,
             events: Vec::new(),
+            refusal: None,
         }
     };
     let record: ProcedureRecord = match serde_json::from_slice(value) {

@@ -51,7 +51,7 @@ impl Watcher {
     }
 
     /// Waits until the procedure is done (its output) or failed ([`Error::ProcedureFailed`] with the recorded
-    /// error), is cancelled ([`Error::ProcedureCancelled`]), or stalls ([`Error::ProcedureStalled`] with the reason).
+    /// error; [`Error::ProcedureRefused`] when it refused its request and left no record), is cancelled ([`Error::ProcedureCancelled`]), or stalls ([`Error::ProcedureStalled`] with the reason).
     /// If the manager stops first (stopped, fenced,
     /// crashed), returns [`Error::ManagerNotRunning`]; the procedure then resumes in the next manager started on the
     /// store (a stalled one too).
@@ -62,12 +62,20 @@ impl Watcher {
                 match info.state {
                     ProcedureState::Done => return Ok(info.output.clone()),
                     ProcedureState::Failed => {
-                        return Err(Error::ProcedureFailed {
-                            id: self.id.clone(),
-                            message: info
-                                .error
-                                .clone()
-                                .unwrap_or_else(|| "unknown error".to_string()),
+                        let message = info
+                            .error
+                            .clone()
+                            .unwrap_or_else(|| "unknown error".to_string());
+                        return Err(match info.refusal {
+                            Some(refusal) => Error::ProcedureRefused {
+                                id: self.id.clone(),
+                                refusal,
+                                message,
+                            },
+                            None => Error::ProcedureFailed {
+                                id: self.id.clone(),
+                                message,
+                            },
                         });
                     }
                     ProcedureState::Cancelled => {

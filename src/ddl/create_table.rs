@@ -339,6 +339,22 @@ impl CreateTableProcedure {
     }
 }
 
+/// Hands a Prepare error to the engine. A request refused there — its table exists, or the request is invalid —
+/// is a refusal ([`procedures::Error::refused`], typed where the error is built): nothing was done, so the engine
+/// leaves no record of it, and the caller gets [`procedures::Error::ProcedureRefused`] with the kind (an HTTP API
+/// answers 409 or 400 by it). Anything else (a store read failing) is an ordinary step error.
+fn prepare_error(e: crate::error::Error) -> procedures::Error {
+    use crate::error::Error as E;
+    let refusal = match &e {
+        E::TableAlreadyExists { .. } => procedures::Refusal::AlreadyExists,
+        E::InvalidCreateTable { .. } | E::InvalidName { .. } | E::InvalidTableReference { .. } => {
+            procedures::Refusal::InvalidRequest
+        }
+        _ => return e.into(),
+    };
+    procedures::Error::refused(refusal, e)
+}
+
 /// Hands an Allocate error to the engine. A reservation refused because another manager took the procedure over
 /// halts this manager (fenced). A Kafka pool that is not ready yet is a start-up order (the pool's
 /// bootstrap, or the load of its persisted names, has not happened yet in this process), never a reason to fail a
@@ -367,7 +383,7 @@ impl Procedure for CreateTableProcedure {
 
     async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
         match self.data.state {
-            CreateTableState::Prepare => Ok(self.on_prepare(ctx).await?),
+            CreateTableState::Prepare => self.on_prepare(ctx).await.map_err(prepare_error),
             CreateTableState::Allocate => self.on_allocate(ctx).await.map_err(allocate_error),
             CreateTableState::CreateRegions => self.on_create_regions(ctx).await,
             CreateTableState::PersistDatanodeTableValue => {

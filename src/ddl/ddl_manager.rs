@@ -70,32 +70,8 @@ impl DdlManager {
         task: CreateTableTask,
         id: Option<ProcedureId>,
     ) -> Result<u32> {
-        if let Some(id) = &id {
-            validate_procedure_id(&task.name, id.as_str())?;
-        }
-        task.validate_num_regions()?;
         let table = task.name.to_string();
-        let chosen = id.is_some().then(|| task.clone());
-        let procedure = Box::new(CreateTableProcedure::new(task, self.context.clone()));
-        let procedure = match id {
-            Some(id) => ProcedureWithId::new(id, procedure),
-            None => ProcedureWithId::with_random_id(procedure),
-        };
-        let procedure_id = procedure.id.clone();
-        let mut watcher = self
-            .procedures
-            .submit(procedure)
-            .await
-            .context(CreateTableSnafu {
-                table: table.clone(),
-            })?;
-        // A submission that stored the record ran `task` by construction; only an id that named an existing
-        // procedure needs its record read and compared.
-        if let Some(task) = &chosen
-            && !watcher.is_new_submission()
-        {
-            self.ensure_same_task(&procedure_id, task).await?;
-        }
+        let (procedure_id, mut watcher) = self.submit_create_table(task, id).await?;
         let output = watcher.wait().await.context(CreateTableSnafu {
             table: table.clone(),
         })?;
@@ -111,6 +87,46 @@ impl DdlManager {
                 }
                 .build()
             })
+    }
+
+    /// The submission of [`DdlManager::create_table_with_id`] without the wait: returns once the procedure's
+    /// record is stored (or, for an id that names an existing procedure, once its record is found to hold the
+    /// same task), with the procedure's id and a watcher of it. What `POST /v1/tables` with `"wait":false`
+    /// answers 202 on: the same id with another task is [`crate::Error::CreateTableIdInUse`] here, never a 202.
+    /// The procedure itself refuses a table that exists (no record is left; its watcher gets
+    /// [`procedures::Error::ProcedureRefused`]).
+    pub async fn submit_create_table(
+        &self,
+        task: CreateTableTask,
+        id: Option<ProcedureId>,
+    ) -> Result<(ProcedureId, procedures::Watcher)> {
+        if let Some(id) = &id {
+            validate_procedure_id(&task.name, id.as_str())?;
+        }
+        task.validate_num_regions()?;
+        let table = task.name.to_string();
+        let chosen = id.is_some().then(|| task.clone());
+        let procedure = Box::new(CreateTableProcedure::new(task, self.context.clone()));
+        let procedure = match id {
+            Some(id) => ProcedureWithId::new(id, procedure),
+            None => ProcedureWithId::with_random_id(procedure),
+        };
+        let procedure_id = procedure.id.clone();
+        let watcher = self
+            .procedures
+            .submit(procedure)
+            .await
+            .context(CreateTableSnafu {
+                table: table.clone(),
+            })?;
+        // A submission that stored the record ran `task` by construction; only an id that named an existing
+        // procedure needs its record read and compared.
+        if let Some(task) = &chosen
+            && !watcher.is_new_submission()
+        {
+            self.ensure_same_task(&procedure_id, task).await?;
+        }
+        Ok((procedure_id, watcher))
     }
 
     /// Checks that the procedure under a caller-chosen id runs `task`: its record (written by this submission, or
@@ -131,11 +147,60 @@ impl DdlManager {
                 procedure_id: id.to_string(),
                 table: task.name.to_string(),
                 existing: match other {
-                    Some(t) => format!("table {}, {} region(s)", t.name, t.num_regions),
+                    Some(t) => format!(
+                        "table {}, {} region(s); this request differs: {}",
+                        t.name,
+                        t.num_regions,
+                        task_differences(&t, task)
+                    ),
                     None => "a record that does not read as a create-table task".to_string(),
                 },
             }
             .fail(),
         }
+    }
+}
+
+/// How `requested` differs from `existing`, field by field (`table greptime.public.b, not greptime.public.a; 3
+/// region(s), not 2`), for the error refusing a used id.
+fn task_differences(existing: &CreateTableTask, requested: &CreateTableTask) -> String {
+    let mut differences = Vec::new();
+    if requested.name != existing.name {
+        differences.push(format!("table {}, not {}", requested.name, existing.name));
+    }
+    if requested.num_regions != existing.num_regions {
+        differences.push(format!(
+            "{} region(s), not {}",
+            requested.num_regions, existing.num_regions
+        ));
+    }
+    if requested.engine != existing.engine {
+        differences.push(format!(
+            "engine {}, not {}",
+            requested.engine, existing.engine
+        ));
+    }
+    if requested.if_not_exists != existing.if_not_exists {
+        differences.push(format!(
+            "if_not_exists {}, not {}",
+            requested.if_not_exists, existing.if_not_exists
+        ));
+    }
+    let keys: std::collections::BTreeSet<&String> = existing
+        .options
+        .keys()
+        .chain(requested.options.keys())
+        .collect();
+    for key in keys {
+        let (old, new) = (existing.options.get(key), requested.options.get(key));
+        if old != new {
+            let show = |v: Option<&String>| v.map_or("(absent)".to_string(), |v| format!("'{v}'"));
+            differences.push(format!("option '{key}' {}, not {}", show(new), show(old)));
+        }
+    }
+    if differences.is_empty() {
+        "(no field differs; the stored task does not compare equal)".to_string()
+    } else {
+        differences.join("; ")
     }
 }

@@ -234,8 +234,8 @@ impl Inner {
     }
 
     /// Cancels, pauses or resumes `id`: one write of its control key, conditional on this manager's epoch, then
-    /// the procedure's runner is woken at once. Refused ([`Error::ControlRefused`]) for an id this manager does not
-    /// know or that is finished.
+    /// the procedure's runner is woken at once. [`Error::ControlUnknown`] for an id neither this manager nor its
+    /// store knows; refused ([`Error::ControlRefused`]) for a finished one.
     pub(crate) async fn control(&self, id: &ProcedureId, op: ControlOp) -> Result<()> {
         let epoch = self.running_epoch()?;
         let known = self.with_entry(id, |e| e.info.state);
@@ -245,10 +245,10 @@ impl Inner {
             None => self.stored_finished(id).await?.map(|info| info.state),
         };
         let Some(state) = known.or(stored) else {
-            return Err(Error::ControlRefused {
+            return Err(Error::ControlUnknown {
                 action: op.as_str(),
                 id: id.clone(),
-                reason: "this manager does not know it".to_string(),
+                key: crate::record::record_key(id),
             });
         };
         let current = self.read(|| read_one(self.store.as_ref(), id)).await?;

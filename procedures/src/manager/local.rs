@@ -388,6 +388,14 @@ impl Inner {
         self.halt(reason);
     }
 
+    /// Forgets procedure `id` (its record is gone: it refused its request), resolving its watchers with `info`.
+    pub(crate) fn forget(&self, id: &ProcedureId, info: ProcedureInfo) {
+        let entry = self.state().procedures.remove(id);
+        if let Some(mut entry) = entry {
+            entry.close(info);
+        }
+    }
+
     /// Runs `f` on the entry of `id`, if known.
     pub(crate) fn with_entry<T>(
         &self,
@@ -761,6 +769,7 @@ impl Inner {
                             locks_held: Vec::new(),
                             lock_wait: None,
                             events,
+                            refusal: None,
                         };
                         let mut entry = Entry::new(info, id.clone());
                         entry.unrecoverable = true;

@@ -220,6 +220,7 @@ impl Runner {
             locks_held: Vec::new(),
             lock_wait: None,
             events: live.events.clone(),
+            refusal: None,
         }
     }
 
@@ -540,6 +541,13 @@ impl Runner {
                     self.halt_on(&e);
                     return Err(Stopped);
                 }
+                // A refusal of a root's request while nothing after its first record was written: no record is
+                // left. Later, it is an ordinary failure (below).
+                Err(Error::Refused { refusal, source })
+                    if self.record.step == 0 && self.record.parent_id.is_none() =>
+                {
+                    return Box::pin(self.refuse(refusal, source.to_string())).await;
+                }
                 Err(e) if e.is_retryable() => match retry.next() {
                     Some(delay) => {
                         tracing::debug!(id = %self.id(), error = %e, ?delay, "retrying a step");
@@ -857,6 +865,59 @@ impl Runner {
         tracing::warn!(id = %self.id(), %child, error = %e, "procedure stalls: a subprocedure cannot finish here");
         self.stop_with(format!("waiting for subprocedure {child}: {e}"));
         Stopped
+    }
+
+    /// The procedure refused its request in its first step ([`Error::Refused`]): its record (and any control
+    /// request for it) is deleted in one write fenced by this manager's epoch, the manager forgets it, and its
+    /// watchers get [`Error::ProcedureRefused`] with `refusal` and `text`. Nothing is counted as failed: a refused
+    /// request is the caller's mistake, not a procedure that went wrong. A write that fails stalls the procedure
+    /// as any other (its record stays; a later manager runs the first step again and refuses again).
+    async fn refuse(&mut self, refusal: crate::Refusal, text: String) -> Result<(), Stopped> {
+        if self.inner.is_halted() {
+            return Err(Stopped);
+        }
+        tracing::debug!(id = %self.id(), error = %text, "procedure refused its request");
+        let ops = vec![
+            WriteOp::Delete {
+                key: record_key(self.id()),
+            },
+            WriteOp::Delete {
+                key: control_key(self.id()),
+            },
+        ];
+        match self
+            .inner
+            .write(
+                self.epoch,
+                Vec::new(),
+                ops,
+                std::slice::from_ref(&self.record.id),
+            )
+            .await
+        {
+            Ok(WriteOutcome::Applied) => {}
+            Ok(WriteOutcome::Rejected { current }) => {
+                self.stop_with(format!(
+                    "the state store refused the deletion of its refused request's record: {current:?}"
+                ));
+                return Err(Stopped);
+            }
+            Err(e) if e.is_fatal() => {
+                self.halt_on(&e);
+                return Err(Stopped);
+            }
+            Err(e) => {
+                self.stop_with(format!(
+                    "cannot delete the record of its refused request: {e}"
+                ));
+                return Err(Stopped);
+            }
+        }
+        let mut info = self.info(ProcedureState::Failed, Some(text.clone()));
+        info.last_error = Some(text);
+        info.refusal = Some(refusal);
+        self.inner.forget(self.id(), info);
+        Ok(())
     }
 
     /// A non-retryable error: roll back if supported, then persist the failed state.

@@ -14,5 +14,6 @@ mod lifecycle;
 mod locks;
 mod mock;
 mod paged_recovery;
+mod refused;
 mod stalled;
 mod submission;

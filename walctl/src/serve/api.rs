@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use procedures::ProcedureId;
+use remote_wal::ddl::CreateTableTask;
 use remote_wal::metasrv::election::Election;
 use remote_wal::metasrv::{Metasrv, parse_table_name};
 use serde::Deserialize;
@@ -74,9 +75,6 @@ pub(super) type ApiResult = Result<Response, ApiError>;
 /// a quorum that read cannot succeed, and a refused write must not wait for it: a deposed leader answers every
 /// write within this bound (`docs/ha.md`, "Failures").
 pub(super) const NOT_LEADER_LOOKUP: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// How often `POST /v1/tables` with `"wait":false` checks whether its procedure is stored yet.
-const SUBMIT_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl AppState {
     pub(super) fn status(&self) -> Status {
@@ -225,25 +223,10 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
     if !state.status().pool_ready {
         return Err(ApiError::not_ready("the WAL topic pool is not ready yet"));
     }
-    // A procedure's own failure reaches here as text only, so an existing table is found before submitting: 409,
-    // unless the request asks for it anyway, or retries a procedure id that exists (its own result is returned).
-    if !body.if_not_exists
-        && let Some(table_id) = state.metasrv.table_id(&name).await?
-    {
-        let known = match &body.id {
-            Some(id) => procedure_exists(&state.metasrv, id).await?,
-            None => false,
-        };
-        if !known {
-            return Err(remote_wal::Error::TableAlreadyExists {
-                table: name.to_string(),
-                table_id: Some(table_id),
-            }
-            .into());
-        }
-    }
     let id = body.id.unwrap_or_else(|| ProcedureId::random().to_string());
     if body.wait {
+        // No existence pre-check: the procedure's first step refuses a table that exists (409, no record left),
+        // and an id used for another request is refused naming the difference (409); both typed, mapped by kind.
         let table = state
             .metasrv
             .create_table_with_id(name, body.regions, body.if_not_exists, Some(&id))
@@ -253,42 +236,32 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
         out["procedure_id"] = json!(id);
         return Ok(Json(out).into_response());
     }
-    // 202 promises the procedure is stored: a leader killed right after still leaves it for the next one to
-    // finish. The creation runs in a task; the answer waits until the record is in the store, or the task fails
-    // before that.
-    let metasrv = state.metasrv.clone();
-    let procedure_id = id.clone();
-    let mut creating = tokio::spawn(async move {
-        metasrv
-            .create_table_with_id(name, body.regions, body.if_not_exists, Some(&procedure_id))
-            .await
-    });
-    let mut poll = tokio::time::interval(SUBMIT_POLL);
-    loop {
-        tokio::select! {
-            done = &mut creating => {
-                return match done {
-                    // Finished before the first poll saw it: stored, and done.
-                    Ok(Ok(_)) => Ok((StatusCode::ACCEPTED, Json(json!({ "procedure_id": id }))).into_response()),
-                    Ok(Err(e)) => Err(e.into()),
-                    Err(e) => Err(ApiError::internal(format!("the create-table task of {id} ended: {e}"), true)),
-                };
-            }
-            _ = poll.tick() => {
-                // The manager reserves an id in memory before it writes the record: ask the store itself.
-                match state.metasrv.stored_procedure(&id).await {
-                    Ok(_) => break,
-                    Err(remote_wal::Error::ProcedureNotFound { .. }) => {}
-                    Err(e) if e.is_retryable() => {}
-                    Err(e) => return Err(e.into()),
-                }
-            }
+    // A fast answer for the common mistake (the procedure would refuse it anyway, after the 202): an existing
+    // table is 409 unless the request asks for it anyway or retries a procedure id that exists.
+    if !body.if_not_exists
+        && let Some(table_id) = state.metasrv.table_id(&name).await?
+        && !procedure_exists(&state.metasrv, &id).await?
+    {
+        return Err(remote_wal::Error::TableAlreadyExists {
+            table: name.to_string(),
+            table_id: Some(table_id),
         }
+        .into());
     }
-    // The task goes on in the background; its outcome is the procedure's state.
+    // 202 promises the procedure is stored (a leader killed right after still leaves it for the next one to
+    // finish) and runs this request: the submission returns once the record is written, or, for an id that names
+    // an existing procedure, once its record is found to hold this very request (another one is a 409 here).
+    let mut task = CreateTableTask::new(name, body.regions);
+    task.if_not_exists = body.if_not_exists;
+    let (_, mut watcher) = state
+        .metasrv
+        .ddl()
+        .submit_create_table(task, Some(ProcedureId::new(&id)))
+        .await?;
+    // The procedure goes on in the background; its outcome is the procedure's state.
     tokio::spawn(async move {
-        if let Ok(Err(e)) = creating.await {
-            tracing::warn!(error = %e, "create table failed");
+        if let Err(e) = watcher.wait().await {
+            tracing::info!(error = %e, "create table (submitted without waiting) did not create it");
         }
     });
     Ok((StatusCode::ACCEPTED, Json(json!({ "procedure_id": id }))).into_response())

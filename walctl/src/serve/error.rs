@@ -133,6 +133,7 @@ impl From<remote_wal::Error> for ApiError {
                     E::TableAlreadyExists { .. } | E::ProcedurePurge { .. } => {
                         (StatusCode::CONFLICT, "already_exists")
                     }
+                    E::CreateTableIdInUse { .. } => (StatusCode::CONFLICT, "conflict"),
                     E::NotLeader { leader } => return ApiError::not_leader(leader.clone()),
                     E::MetasrvNotStarted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
                     E::NoKafkaPool { .. } | E::DatanodeUnknown { .. } => {
@@ -179,7 +180,27 @@ impl From<remote_wal::Error> for ApiError {
                     procedures::Error::ManagerNotRunning { .. } => {
                         return ApiError::not_ready(message);
                     }
-                    procedures::Error::ControlRefused { .. } => {
+                    procedures::Error::ControlUnknown { .. } => {
+                        return ApiError::not_found(message);
+                    }
+                    procedures::Error::ProcedureRefused { refusal, .. } => {
+                        let (status, kind) = match refusal {
+                            procedures::Refusal::AlreadyExists => {
+                                (StatusCode::CONFLICT, "already_exists")
+                            }
+                            procedures::Refusal::Conflict => (StatusCode::CONFLICT, "conflict"),
+                            _ => (StatusCode::BAD_REQUEST, "bad_request"),
+                        };
+                        return ApiError {
+                            status,
+                            kind,
+                            message,
+                            retryable: false,
+                            leader: None,
+                        };
+                    }
+                    procedures::Error::ControlRefused { .. }
+                    | procedures::Error::ProcedureIdInUse { .. } => {
                         return ApiError {
                             status: StatusCode::CONFLICT,
                             kind: "conflict",
@@ -309,6 +330,46 @@ mod tests {
         assert_eq!(
             classify(exists),
             (StatusCode::CONFLICT, "already_exists", false)
+        );
+        // A refusal of the procedure's first step reaches here typed, inside the create-table's error.
+        let refused = remote_wal::Error::CreateTable {
+            table: "greptime.public.t".to_string(),
+            source: Box::new(procedures::Error::ProcedureRefused {
+                id: procedures::ProcedureId::new("p"),
+                refusal: procedures::Refusal::AlreadyExists,
+                message: "table greptime.public.t already exists (table id 1024)".to_string(),
+            }),
+        };
+        assert_eq!(
+            classify(refused),
+            (StatusCode::CONFLICT, "already_exists", false)
+        );
+        let invalid = remote_wal::Error::CreateTable {
+            table: "greptime.public.t".to_string(),
+            source: Box::new(procedures::Error::ProcedureRefused {
+                id: procedures::ProcedureId::new("p"),
+                refusal: procedures::Refusal::InvalidRequest,
+                message: "invalid".to_string(),
+            }),
+        };
+        assert_eq!(
+            classify(invalid),
+            (StatusCode::BAD_REQUEST, "bad_request", false)
+        );
+        let reused = remote_wal::Error::CreateTableIdInUse {
+            procedure_id: "p".to_string(),
+            table: "greptime.public.u".to_string(),
+            existing: "table greptime.public.t, 1 region(s)".to_string(),
+        };
+        assert_eq!(classify(reused), (StatusCode::CONFLICT, "conflict", false));
+        let unknown = remote_wal::Error::from(procedures::Error::ControlUnknown {
+            action: "cancel",
+            id: procedures::ProcedureId::new("nope"),
+            key: "proc/nope".to_string(),
+        });
+        assert_eq!(
+            classify(unknown),
+            (StatusCode::NOT_FOUND, "not_found", false)
         );
         let missing = remote_wal::Error::ProcedureNotFound {
             id: "p".to_string(),

@@ -96,9 +96,9 @@ fn unknown_routes_wrong_methods_and_oversized_bodies_are_answered_in_json() {
     let (status, _, list) = call("GET", &server.url("/v1/procedures"), Vec::new());
     assert_eq!(status, 200, "{list}");
     assert!(
-        list["procedures"]
-            .as_array()
-            .is_some_and(|p| p.iter().all(|p| p["type_name"] != "remote_wal::CreateTable")),
+        list["procedures"].as_array().is_some_and(|p| p
+            .iter()
+            .all(|p| p["type_name"] != "remote_wal::CreateTable")),
         "{list}"
     );
     // Answers the handlers give keep their shape and content type.

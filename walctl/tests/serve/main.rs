@@ -7,6 +7,7 @@
 mod support;
 
 mod cluster;
+mod conflicts;
 
 mod answers;
 mod client;
