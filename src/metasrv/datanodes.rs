@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::config::FailoverConfig;
 use crate::datanode::protocol::{
     HeartbeatRequest, HeartbeatResponse, Instruction, RegionLease, RegionRole, RegionStat,
     RegionToOpen, RegisterRequest, RegisterResponse, lease_for,
@@ -39,7 +40,6 @@ use crate::error::{
     DatanodeNotRegisteredSnafu, DatanodeRegistrationContentionSnafu, DatanodeStaleIncarnationSnafu,
     DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu, DecodeMetadataSnafu, Result,
 };
-use crate::config::FailoverConfig;
 use crate::kv::{CompareAndPutRequest, KvBackendRef, WriteGeneration};
 use crate::metasrv::failure_detector::PhiAccrualDetector;
 use crate::wal::kafka::topic_key::get_topic_value;

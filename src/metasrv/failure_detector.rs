@@ -153,7 +153,11 @@ mod tests {
             assert!(p.is_finite());
             previous = p;
         }
-        assert!(d.phi(last) < 0.1, "right after a heartbeat: {}", d.phi(last));
+        assert!(
+            d.phi(last) < 0.1,
+            "right after a heartbeat: {}",
+            d.phi(last)
+        );
     }
 
     #[test]

@@ -34,7 +34,10 @@ impl KvWrapper for AssignmentReads {
         self.inner.get(key).await
     }
 
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<remote_wal::kv::KeyValue>> {
+    async fn batch_get(
+        &self,
+        keys: &[Vec<u8>],
+    ) -> remote_wal::Result<Vec<remote_wal::kv::KeyValue>> {
         keys.iter().for_each(|k| self.count(k));
         self.inner.batch_get(keys).await
     }
@@ -81,7 +84,11 @@ async fn an_unchanged_assignment_is_not_read_again_and_a_metasrv_write_is_seen_a
     // A route written through the metasrv: the next lease carries the new epoch.
     set_region_epochs(m.kv(), created.table_id, &[(0, 7), (1, 8)]).await;
     let bumped = beat(registry, 1, 1, 100, &mine, 0).await;
-    let mut epochs: Vec<(u64, u64)> = bumped.leases.iter().map(|l| (l.region_id, l.epoch)).collect();
+    let mut epochs: Vec<(u64, u64)> = bumped
+        .leases
+        .iter()
+        .map(|l| (l.region_id, l.epoch))
+        .collect();
     epochs.sort_unstable();
     assert_eq!(epochs, vec![(mine[0], 7), (mine[1], 8)]);
 
@@ -103,6 +110,9 @@ async fn an_unchanged_assignment_is_not_read_again_and_a_metasrv_write_is_seen_a
     registry.begin_term();
     let before = counted.reads.load(Ordering::SeqCst);
     let _ = beat(registry, 1, 1, 100, &mine, 0).await;
-    assert!(counted.reads.load(Ordering::SeqCst) > before, "a new term reads again");
+    assert!(
+        counted.reads.load(Ordering::SeqCst) > before,
+        "a new term reads again"
+    );
     m.stop().await.unwrap();
 }

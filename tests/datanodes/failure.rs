@@ -16,8 +16,13 @@ async fn a_silent_datanode_is_suspected_after_the_warm_up_and_a_live_one_never()
         acceptable_pause: Duration::ZERO,
         min_std: Duration::from_millis(1),
     };
-    let m = Metasrv::with_parts(cfg, kv.clone(), None, Arc::new(MemoryDatanodeManager::new()))
-        .expect("valid config");
+    let m = Metasrv::with_parts(
+        cfg,
+        kv.clone(),
+        None,
+        Arc::new(MemoryDatanodeManager::new()),
+    )
+    .expect("valid config");
     m.start().await.expect("start");
     let registry = m.datanode_registry();
     let before_term = Instant::now();
@@ -36,9 +41,18 @@ async fn a_silent_datanode_is_suspected_after_the_warm_up_and_a_live_one_never()
         beat(registry, 1, 1, 200, &[], 0).await;
         let listed = registry.list();
         let observed = Instant::now();
-        let one = listed.iter().find(|d| d.id == 1).expect("datanode 1 listed");
-        let two = listed.iter().find(|d| d.id == 2).expect("datanode 2 listed");
-        assert!(!one.suspected, "a heartbeating datanode is never suspected: {one:?}");
+        let one = listed
+            .iter()
+            .find(|d| d.id == 1)
+            .expect("datanode 1 listed");
+        let two = listed
+            .iter()
+            .find(|d| d.id == 2)
+            .expect("datanode 2 listed");
+        assert!(
+            !one.suspected,
+            "a heartbeating datanode is never suspected: {one:?}"
+        );
         if observed.duration_since(before_term) < warm_up {
             assert!(!two.suspected, "suspected during the warm-up: {two:?}");
             seen_held_back |= two.phi >= 8.0;
@@ -61,11 +75,19 @@ async fn a_silent_datanode_is_suspected_after_the_warm_up_and_a_live_one_never()
 #[test]
 fn failover_settings_out_of_range_are_refused_naming_the_key() {
     for (toml, key) in [
-        ("[failover]\nphi_threshold = 0.5\n", "failover.phi_threshold"),
-        ("[failover]\nacceptable_pause = \"1h\"\n", "failover.acceptable_pause"),
+        (
+            "[failover]\nphi_threshold = 0.5\n",
+            "failover.phi_threshold",
+        ),
+        (
+            "[failover]\nacceptable_pause = \"1h\"\n",
+            "failover.acceptable_pause",
+        ),
         ("[failover]\nmin_std = \"0s\"\n", "failover.min_std"),
     ] {
-        let err = MetasrvConfig::from_toml_str(toml, "test.toml").unwrap_err().to_string();
+        let err = MetasrvConfig::from_toml_str(toml, "test.toml")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(key), "{toml}: {err}");
     }
     let ok = MetasrvConfig::from_toml_str(

@@ -126,8 +126,9 @@ fn heartbeat(agent: &ureq::Agent, url: &str, body: &[u8]) -> Result<u64, Failure
             value["error"]["message"].as_str().unwrap_or("no message")
         )));
     }
-    let answer: Leases = serde_json::from_slice(&bytes)
-        .map_err(|e| Failure::Refused(format!("{url}: an answer that is not a heartbeat's: {e}")))?;
+    let answer: Leases = serde_json::from_slice(&bytes).map_err(|e| {
+        Failure::Refused(format!("{url}: an answer that is not a heartbeat's: {e}"))
+    })?;
     Ok(answer.leases.len() as u64)
 }
 

@@ -397,7 +397,11 @@ impl<P: PartitionLog> KafkaLogStore<P> {
         let _sequences = self.sequences.lock().await;
         let offsets = self
             .partition
-            .produce(vec![super::record::encode_fence(region_id, epoch, self.writer)])
+            .produce(vec![super::record::encode_fence(
+                region_id,
+                epoch,
+                self.writer,
+            )])
             .await?;
         snafu::ensure!(
             offsets.len() == 1,

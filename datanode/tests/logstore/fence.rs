@@ -25,7 +25,10 @@ fn decode(
     records: &[(Vec<u8>, Vec<u8>)],
     region: u64,
     fence_below: Option<u64>,
-) -> (Vec<(u64, Vec<u8>)>, datanode::log_store::record::DecodeStats) {
+) -> (
+    Vec<(u64, Vec<u8>)>,
+    datanode::log_store::record::DecodeStats,
+) {
     let mut decoder = RecordDecoder::new("fenced", BTreeMap::from([(region, 0), (region + 1, 0)]));
     if let Some(epoch) = fence_below {
         decoder = decoder.fence_below(region, epoch);
@@ -102,7 +105,8 @@ fn an_entry_of_the_deposed_epoch_cut_by_the_fence_is_torn_not_completed() {
 }
 
 #[test]
-fn a_lower_fence_read_later_does_not_lower_the_rule_and_a_reader_past_the_fence_is_told_the_epoch() {
+fn a_lower_fence_read_later_does_not_lower_the_rule_and_a_reader_past_the_fence_is_told_the_epoch()
+{
     let records = vec![
         fence(7, 3, 30),
         // A stale fence (say, a migration to epoch 2 that lost its race) after the epoch-3 one.
@@ -132,15 +136,27 @@ fn a_damaged_fence_record_is_refused_naming_the_offset_and_what_is_wrong() {
     let (key, mut value) = fence(7, 2, 20);
     value[1] = 0x03;
     let mut decoder = RecordDecoder::new("fenced", BTreeMap::from([(7, 0)]));
-    let err = decoder.push(4, Some(&key), Some(&value)).unwrap_err().to_string();
-    assert!(err.contains("offset 4") && err.contains("region 7"), "{err}");
+    let err = decoder
+        .push(4, Some(&key), Some(&value))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("offset 4") && err.contains("region 7"),
+        "{err}"
+    );
     assert!(err.contains("unknown flags 0x03"), "{err}");
 
     let (key, mut value) = fence(7, 2, 20);
     value.push(1);
     let mut decoder = RecordDecoder::new("fenced", BTreeMap::from([(7, 0)]));
-    let err = decoder.push(5, Some(&key), Some(&value)).unwrap_err().to_string();
-    assert!(err.contains("a fence record") && err.contains("1 bytes"), "{err}");
+    let err = decoder
+        .push(5, Some(&key), Some(&value))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("a fence record") && err.contains("1 bytes"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -151,7 +167,9 @@ async fn the_store_appends_a_fence_and_its_replay_ignores_the_deposed_writers_la
     old.register_region(1, 1);
     let new = KafkaLogStore::with_writer(partition.clone(), config, 12);
     new.register_region(1, 2);
-    old.append(vec![write(1, b"a"), write(1, b"b")]).await.unwrap();
+    old.append(vec![write(1, b"a"), write(1, b"b")])
+        .await
+        .unwrap();
     let fence_id = new.append_fence(1, 2).await.unwrap();
     assert_eq!(fence_id, 3, "the fence is the third record: entry id 3");
     // The deposed leader's append still succeeds on Kafka: only replay can ignore it.
@@ -227,5 +245,8 @@ async fn on_the_broker_a_zombie_racing_the_fence_loses_only_what_it_appended_aft
     expected.push(b"new".to_vec());
     assert_eq!(data(&entries[&5]), expected);
     assert_eq!(counts.fences, 1);
-    assert_eq!(counts.fenced as usize, after, "each later append of the zombie was ignored");
+    assert_eq!(
+        counts.fenced as usize, after,
+        "each later append of the zombie was ignored"
+    );
 }

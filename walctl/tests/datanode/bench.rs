@@ -8,7 +8,12 @@ use crate::cluster::Cluster;
 #[test]
 fn bench_heartbeats_leases_every_simulated_region_and_reports_its_figures() {
     let cluster = Cluster::metasrv_only(&[1, 2, 3], 2, "");
-    let pid = cluster.serve.as_ref().expect("serve started").pid().to_string();
+    let pid = cluster
+        .serve
+        .as_ref()
+        .expect("serve started")
+        .pid()
+        .to_string();
     let out = cluster.walctl(&[
         "--json",
         "bench",
@@ -29,7 +34,10 @@ fn bench_heartbeats_leases_every_simulated_region_and_reports_its_figures() {
     let report: Value = serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
     assert_eq!(report["datanodes"], 3, "{report}");
     assert_eq!(report["regions"], 2, "{report}");
-    assert!(report["heartbeats"].as_u64().is_some_and(|h| h > 0), "{report}");
+    assert!(
+        report["heartbeats"].as_u64().is_some_and(|h| h > 0),
+        "{report}"
+    );
     // Each datanode reports the 2 regions its first heartbeat told it to open, and each gets its lease.
     assert_eq!(report["leases_per_heartbeat"], 2.0, "{report}");
     for figure in [
@@ -40,7 +48,13 @@ fn bench_heartbeats_leases_every_simulated_region_and_reports_its_figures() {
         "server_cpu_us_per_heartbeat",
         "bench_cpu_us_per_heartbeat",
     ] {
-        assert!(report[figure].as_f64().is_some_and(|v| v >= 0.0), "{figure}: {report}");
+        assert!(
+            report[figure].as_f64().is_some_and(|v| v >= 0.0),
+            "{figure}: {report}"
+        );
     }
-    assert!(report["p99_ms"].as_f64() >= report["p50_ms"].as_f64(), "{report}");
+    assert!(
+        report["p99_ms"].as_f64() >= report["p50_ms"].as_f64(),
+        "{report}"
+    );
 }

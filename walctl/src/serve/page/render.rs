@@ -258,7 +258,10 @@ fn datanodes(html: &mut String, data: &PageData) {
             None => n.leases.to_string(),
         };
         let phi = if n.suspected {
-            format!("<strong class=\"suspected\">{:.2} suspected</strong>", n.phi)
+            format!(
+                "<strong class=\"suspected\">{:.2} suspected</strong>",
+                n.phi
+            )
         } else {
             format!("{:.2}", n.phi)
         };
