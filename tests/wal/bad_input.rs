@@ -167,7 +167,7 @@ async fn unknown_config_section() {
     assert_config_refused(
         "[metasrv]\nport = 3002\n",
         "invalid config file 'metasrv.toml', line 1, column 2, key `metasrv`: unknown field `metasrv`, expected \
-         one of `metadata_store`, `wal`, `datanodes`, `procedure`, `server`, `datanode`",
+         one of `metadata_store`, `wal`, `datanodes`, `procedure`, `failover`, `server`, `datanode`",
     )
     .await;
 }
