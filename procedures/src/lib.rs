@@ -15,6 +15,7 @@ pub mod config;
 pub mod control;
 pub mod error;
 pub mod event;
+pub mod listing;
 pub mod manager;
 pub mod memory_store;
 pub mod observer;

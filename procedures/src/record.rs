@@ -64,6 +64,18 @@ pub enum ProcedureState {
 }
 
 impl ProcedureState {
+    /// Every state, in the order they are documented.
+    pub const ALL: [ProcedureState; 8] = [
+        ProcedureState::Running,
+        ProcedureState::Retrying,
+        ProcedureState::RollingBack,
+        ProcedureState::Done,
+        ProcedureState::Failed,
+        ProcedureState::Stalled,
+        ProcedureState::Paused,
+        ProcedureState::Cancelled,
+    ];
+
     /// Done, failed or cancelled.
     pub fn is_finished(self) -> bool {
         matches!(

@@ -85,7 +85,8 @@ pub enum Command {
     /// A region's entries: `region dump --region R` (see `docs/walctl.md`).
     #[command(subcommand)]
     Region(crate::region::RegionCommand),
-    /// Load generators: `bench ddl --tables N [--concurrency C] [--regions R]` (see `docs/walctl.md`).
+    /// Load generators: `bench ddl --tables N [--concurrency C] [--regions R]`, and `bench heartbeats
+    /// --datanodes N --regions R` against a server (see `docs/walctl.md`).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
     /// Run a datanode (the config file's `[datanode]` section) until SIGTERM/SIGINT: it registers with the
@@ -135,11 +136,43 @@ impl Command {
     }
 }
 
+/// `walctl procedures list`'s page and filters (`procedures::listing`).
+#[derive(Debug, Default, clap::Args)]
+pub struct ListArgs {
+    /// At most this many procedures (1 to 1000; 100 when not given).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<String>,
+    /// Start after this cursor: the one the previous page printed.
+    #[arg(long, value_name = "CURSOR")]
+    pub after: Option<String>,
+    /// Only procedures in these states, separated by commas (running, retrying, rolling_back, done, failed,
+    /// stalled, paused, cancelled).
+    #[arg(long, value_name = "STATES")]
+    pub state: Option<String>,
+    /// Only procedures of this type (e.g. remote_wal::CreateTable).
+    #[arg(long = "type", value_name = "TYPE")]
+    pub type_name: Option<String>,
+}
+
+impl ListArgs {
+    /// The query these flags ask for; a bad value is refused naming its flag's field.
+    pub fn query(
+        &self,
+    ) -> Result<procedures::listing::ListQuery, procedures::listing::ListQueryError> {
+        procedures::listing::ListQuery::parse(
+            self.limit.as_deref(),
+            self.after.as_deref(),
+            self.state.as_deref(),
+            self.type_name.as_deref(),
+        )
+    }
+}
+
 /// `walctl procedures ...`.
 #[derive(Debug, Subcommand)]
 pub enum ProceduresCommand {
-    /// Every procedure known (running, and finished ones still retained).
-    List,
+    /// The procedures known (running, and finished ones still retained), newest first, a page at a time.
+    List(ListArgs),
     /// One procedure: its state, step, attempts, errors, timing, lock keys and event history.
     Show {
         /// The procedure id.

@@ -294,11 +294,30 @@ fn procedures(
     #[derive(serde::Deserialize)]
     struct List {
         procedures: Vec<ProcedureInfo>,
+        next: Option<String>,
+        matched: usize,
     }
     match command {
-        ProceduresCommand::List => {
-            let list: List = client.call_as(Method::Get, "/v1/procedures", None)?;
-            output::print_procedures(out, &list.procedures);
+        ProceduresCommand::List(args) => {
+            let params = [
+                ("limit", &args.limit),
+                ("after", &args.after),
+                ("state", &args.state),
+                ("type", &args.type_name),
+            ];
+            let query: Vec<String> = params
+                .iter()
+                .filter_map(|(name, value)| {
+                    value.as_ref().map(|v| format!("{name}={}", segment(v)))
+                })
+                .collect();
+            let path = if query.is_empty() {
+                "/v1/procedures".to_string()
+            } else {
+                format!("/v1/procedures?{}", query.join("&"))
+            };
+            let list: List = client.call_as(Method::Get, &path, None)?;
+            output::print_procedure_page(out, &list.procedures, list.next.as_deref(), list.matched);
         }
         ProceduresCommand::Show { id } => {
             let info: ProcedureInfo = client.call_as(

@@ -273,9 +273,15 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             output::print_open_regions(out, *datanode, &(&open).into(), replayed.as_ref());
             Ok(())
         }
-        Command::Procedures(ProceduresCommand::List) => {
-            let list = metasrv.stored_procedures().await?;
-            output::print_procedures(out, &list);
+        Command::Procedures(ProceduresCommand::List(args)) => {
+            let query = args.query().map_err(|e| Failure::Refused(e.to_string()))?;
+            let page = procedures::listing::page(metasrv.stored_procedures().await?, &query);
+            output::print_procedure_page(
+                out,
+                &page.procedures,
+                page.next.map(|c| c.to_string()).as_deref(),
+                page.matched,
+            );
             Ok(())
         }
         Command::Procedures(ProceduresCommand::Show { id }) => {

@@ -385,7 +385,30 @@ impl<'a> From<&'a ProcedureInfo> for ProcedureLine<'a> {
     }
 }
 
-/// `walctl procedures list`'s result.
+/// `walctl procedures list`'s page: the procedures, then, when more matched than shown, how many and the command
+/// for the next page (as JSON, a last line `{"next": CURSOR, "matched": N}`).
+pub fn print_procedure_page(
+    out: &mut Output,
+    list: &[ProcedureInfo],
+    next: Option<&str>,
+    matched: usize,
+) {
+    print_procedures(out, list);
+    let Some(next) = next else {
+        return;
+    };
+    if out.json {
+        out.json_line(&serde_json::json!({ "next": next, "matched": matched }));
+    } else {
+        out.line(&format!(
+            "{} of {matched} shown, newest first; the next page: --after '{}'",
+            list.len(),
+            next.replace('\'', "'\\''")
+        ));
+    }
+}
+
+/// Procedures as a table (or one JSON line each).
 pub fn print_procedures(out: &mut Output, list: &[ProcedureInfo]) {
     if out.json {
         for info in list {

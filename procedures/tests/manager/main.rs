@@ -11,6 +11,7 @@ mod epoch;
 mod finished;
 mod introspection;
 mod lifecycle;
+mod listing;
 mod locks;
 mod mock;
 mod paged_recovery;

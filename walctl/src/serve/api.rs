@@ -1,14 +1,17 @@
 //! The HTTP API's routes and handlers (`docs/server.md`).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use procedures::ProcedureId;
+use procedures::listing::ListQuery;
 use remote_wal::ddl::CreateTableTask;
+use remote_wal::ddl::procedure_id::excerpt;
 use remote_wal::metasrv::election::Election;
 use remote_wal::metasrv::{Metasrv, parse_table_name};
 use serde::Deserialize;
@@ -285,14 +288,42 @@ async fn procedure_exists(metasrv: &Metasrv, id: &str) -> Result<bool, ApiError>
     }
 }
 
-async fn list_procedures(State(state): State<AppState>) -> ApiResult {
+/// `GET /v1/procedures?limit=&after=&state=&type=`: one page, newest first (`procedures::listing`), with the
+/// cursor of the next page and the per-state counts of every match.
+async fn list_procedures(
+    State(state): State<AppState>,
+    Query(params): Query<HashMap<String, String>>,
+) -> ApiResult {
+    let query = list_query(&params)?;
     // The leader answers from its manager (live); a follower from the store (what the leader last wrote).
     let list = if state.metasrv.is_started() {
         state.metasrv.list_procedures().await?
     } else {
         state.metasrv.stored_procedures().await?
     };
-    Ok(Json(json!({ "procedures": list })).into_response())
+    let page = procedures::listing::page(list, &query);
+    Ok(Json(json!({
+        "procedures": page.procedures,
+        "next": page.next.map(|c| c.to_string()),
+        "matched": page.matched,
+        "counts": page.counts,
+    }))
+    .into_response())
+}
+
+/// The listing's query parameters; an unknown one is refused (a misspelt filter must not list everything).
+fn list_query(params: &HashMap<String, String>) -> Result<ListQuery, ApiError> {
+    const KNOWN: [&str; 4] = ["limit", "after", "state", "type"];
+    if let Some(unknown) = params.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+        return Err(ApiError::bad_request(format!(
+            "unknown query parameter '{}'; the parameters are {}",
+            excerpt(unknown, 40),
+            KNOWN.join(", ")
+        )));
+    }
+    let get = |name: &str| params.get(name).map(String::as_str);
+    ListQuery::parse(get("limit"), get("after"), get("state"), get("type"))
+        .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
 async fn show_procedure(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {

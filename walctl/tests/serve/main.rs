@@ -14,6 +14,7 @@ mod client;
 mod embedded;
 mod failover;
 mod kafka;
+mod listing;
 mod page;
 mod quorum;
 mod redb;

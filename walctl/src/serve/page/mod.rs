@@ -1,5 +1,6 @@
 //! The procedures page at `GET /`: server-rendered HTML in the manner of HBase's "Procedures & Locks" — who leads
-//! and at which epoch, every procedure (stuck ones first) with its state, step, attempts, age and last error, the
+//! and at which epoch, every unfinished or failed procedure (stuck ones first, up to 300) and a page of the
+//! latest finished ones (`?after=` for older) with its state, step, attempts, age and last error, the
 //! locks held and awaited, the datanodes with their leases, and the WAL: the provider, and for Kafka the regions per pool topic as an SVG bar chart.
 //!
 //! Gathering ([`PageData::gather`]) and rendering ([`render::render`]) are apart, so the rendering is a pure
@@ -13,7 +14,8 @@ mod render;
 
 use std::time::Duration;
 
-use axum::extract::State;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use procedures::ProcedureInfo;
@@ -84,11 +86,21 @@ pub struct PageData {
     pub datanodes: Option<Vec<remote_wal::metasrv::datanodes::DatanodeInfo>>,
     /// When the page was read (ms since the Unix epoch); ages are counted to it.
     pub now_ms: u64,
+    /// `?after=`: the page of finished procedures starts after this cursor (`procedures::listing::Cursor`).
+    pub finished_after: Option<String>,
+}
+
+/// The page's query: `after`, the cursor of the finished procedures' page. Anything else is ignored (the page
+/// always answers).
+#[derive(Debug, Default, serde::Deserialize)]
+pub struct PageQuery {
+    /// The cursor of the finished procedures' page.
+    pub after: Option<String>,
 }
 
 impl PageData {
     /// Reads what the page shows from the server's state; a part that cannot be read is kept as its error text.
-    pub async fn gather(state: &AppState) -> PageData {
+    pub async fn gather(state: &AppState, query: PageQuery) -> PageData {
         let status = state.status.borrow().clone();
         let leader = match state.leader().await {
             Ok((Some(address), Some(epoch))) => Leader::Elected { address, epoch },
@@ -135,13 +147,18 @@ impl PageData {
             locks,
             wal,
             now_ms: procedures::record::now_ms(),
+            finished_after: query.after,
         }
     }
 }
 
 /// `GET /`: the page, always 200 (a section that cannot be read says so).
-pub async fn page(State(state): State<AppState>) -> Response {
-    let data = PageData::gather(&state).await;
+pub async fn page(
+    State(state): State<AppState>,
+    query: Result<Query<PageQuery>, QueryRejection>,
+) -> Response {
+    let query = query.map(|Query(q)| q).unwrap_or_default();
+    let data = PageData::gather(&state, query).await;
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
         render::render(&data),

@@ -4,13 +4,20 @@
 use std::fmt::Write;
 use std::time::Duration;
 
-use procedures::ProcedureInfo;
+use procedures::listing::Cursor;
 use procedures::manager::ProcedureLocks;
+use procedures::{ProcedureInfo, ProcedureState};
 use remote_wal::metasrv::TopicsReport;
 
 use super::chart::{Bar, bar_chart};
 use super::escape::escape;
 use super::{Leader, PageData, ProcedureSource, WalSection};
+
+/// At most this many unfinished or failed procedures are shown; the rest are counted and linked.
+const MAX_OPEN_ROWS: usize = 300;
+
+/// Finished (done or cancelled) procedures shown per page.
+const FINISHED_PER_PAGE: usize = 25;
 
 /// Seconds between the page's own reloads.
 pub const REFRESH_SECS: u64 = 5;
@@ -160,21 +167,76 @@ fn procedures(html: &mut String, data: &PageData) {
         html.push_str("<p id=\"no-procedures\">No procedures.</p>\n</section>\n");
         return;
     }
-    let mut sorted: Vec<&ProcedureInfo> = list.iter().collect();
-    sorted.sort_by(|a, b| {
+    // Unfinished and failed procedures first (stuck ones first), up to a bound; then one page of the finished
+    // ones, newest first. A manager may retain tens of thousands of finished procedures, and the page refreshes
+    // every few seconds: it must not answer all of them.
+    let (mut open, mut finished): (Vec<&ProcedureInfo>, Vec<&ProcedureInfo>) = list
+        .iter()
+        .partition(|i| !matches!(i.state, ProcedureState::Done | ProcedureState::Cancelled));
+    open.sort_by(|a, b| {
         rank(a)
             .cmp(&rank(b))
             .then(b.created_at_ms.cmp(&a.created_at_ms))
             .then(a.id.as_str().cmp(b.id.as_str()))
     });
+    finished
+        .sort_by(|a, b| (b.created_at_ms, b.id.as_str()).cmp(&(a.created_at_ms, a.id.as_str())));
+    let cursor = data.finished_after.as_deref().map(str::parse::<Cursor>);
+    if let Some(Err(e)) = &cursor {
+        let _ = writeln!(
+            html,
+            "<p class=\"error\" id=\"bad-cursor\">The page of finished procedures asked for cannot be shown ({}); \
+             showing the newest.</p>",
+            escape(&e.to_string())
+        );
+    }
+    let cursor = cursor.and_then(Result::ok);
+    let older: Vec<&ProcedureInfo> = finished
+        .iter()
+        .copied()
+        .filter(|i| cursor.as_ref().is_none_or(|c| c.precedes(i)))
+        .collect();
     html.push_str(
         "<table id=\"procedures\">\n<thead><tr><th>id</th><th>type</th><th>state</th><th>step</th>\
          <th>attempts</th><th>age</th><th>last error</th></tr></thead>\n<tbody>\n",
     );
-    for info in sorted {
+    for info in open.iter().take(MAX_OPEN_ROWS) {
         procedure_row(html, info, data);
     }
-    html.push_str("</tbody>\n</table>\n</section>\n");
+    for info in older.iter().take(FINISHED_PER_PAGE) {
+        procedure_row(html, info, data);
+    }
+    html.push_str("</tbody>\n</table>\n");
+    if open.len() > MAX_OPEN_ROWS {
+        let _ = writeln!(
+            html,
+            "<p id=\"more-open\">{} more unfinished or failed procedures are not shown: \
+             <a href=\"/v1/procedures?state=stalled,failed,retrying,rolling_back,running,paused&amp;limit=1000\">\
+             /v1/procedures</a> lists them a page at a time.</p>",
+            open.len() - MAX_OPEN_ROWS
+        );
+    }
+    let shown = older.len().min(FINISHED_PER_PAGE);
+    let _ = write!(
+        html,
+        "<p id=\"finished-paging\">Finished: {} of {} shown, newest first.",
+        shown,
+        finished.len()
+    );
+    if cursor.is_some() {
+        html.push_str(" <a id=\"newest-finished\" href=\"/\">Newest</a>");
+    }
+    if older.len() > FINISHED_PER_PAGE {
+        let next = Cursor::after(older[FINISHED_PER_PAGE - 1]).to_string();
+        let encoded =
+            percent_encoding::utf8_percent_encode(&next, percent_encoding::NON_ALPHANUMERIC);
+        let _ = write!(
+            html,
+            " <a id=\"older-finished\" href=\"/?after={}\">Older</a>",
+            escape(&encoded.to_string())
+        );
+    }
+    html.push_str("</p>\n</section>\n");
 }
 
 fn procedure_row(html: &mut String, info: &ProcedureInfo, data: &PageData) {
@@ -447,7 +509,54 @@ mod tests {
                 suspected: true,
             }]),
             now_ms: NOW,
+            finished_after: None,
         }
+    }
+
+    /// 20,000 finished procedures and 3 stuck ones: the page shows the stuck ones and one page of the newest
+    /// finished, counts them all, and its "Older" link leads to the next page, which starts just after it.
+    #[test]
+    fn twenty_thousand_finished_procedures_make_a_bounded_page_with_paging() {
+        let mut list: Vec<ProcedureInfo> = (0..20_000u64)
+            .map(|i| info(&format!("done-{i:05}"), "done", 1000 + i, None))
+            .collect();
+        list.push(info("failed-old", "failed", 10, Some("boom")));
+        list.push(info("stalled", "stalled", 20, Some("no loader")));
+        list.push(info("running", "running", 30, None));
+        let mut data = leader_data(list, Vec::new());
+        let html = render(&data);
+        assert!(html.len() < 64 * 1024, "the page is {} bytes", html.len());
+        let rows = row_ids(&html);
+        let newest: Vec<String> = (0..25u64)
+            .map(|i| format!("done-{:05}", 19_999 - i))
+            .collect();
+        assert_eq!(rows[..3], ["stalled", "failed-old", "running"]);
+        assert_eq!(rows[3..], newest[..]);
+        assert!(
+            html.contains("20003 procedures, 2 stuck (1 stalled, 1 failed, 0 retrying)"),
+            "{html}"
+        );
+        assert!(
+            html.contains("Finished: 25 of 20000 shown, newest first."),
+            "{html}"
+        );
+        assert!(!html.contains("id=\"newest-finished\""), "{html}");
+
+        let start = html.find("id=\"older-finished\" href=\"/?after=").unwrap()
+            + "id=\"older-finished\" href=\"/?after=".len();
+        let end = html[start..].find('"').unwrap() + start;
+        assert_eq!(&html[start..end], "20975%3Adone%2D19975");
+        data.finished_after = Some("20975:done-19975".to_string());
+        let html = render(&data);
+        let rows = row_ids(&html);
+        assert_eq!(rows[3], "done-19974");
+        assert_eq!(rows.len(), 3 + 25);
+        assert!(html.contains("id=\"newest-finished\" href=\"/\""), "{html}");
+
+        data.finished_after = Some("nonsense".to_string());
+        let html = render(&data);
+        assert!(html.contains("id=\"bad-cursor\""), "{html}");
+        assert_eq!(row_ids(&html)[3], "done-19999");
     }
 
     #[test]
