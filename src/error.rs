@@ -652,6 +652,40 @@ pub enum Error {
         /// What the task that has the id creates (its table and region count).
         existing: String,
     },
+
+    /// A region migration request cannot be carried out (the region, the target or the region's WAL).
+    #[snafu(display("cannot migrate region {region_id} to datanode {to}: {reason}"))]
+    InvalidRegionMigration {
+        /// The region.
+        region_id: u64,
+        /// The datanode asked for.
+        to: u64,
+        /// Why not.
+        reason: String,
+    },
+
+    /// The persisted state of a region migration could not be decoded or encoded.
+    #[snafu(display("region-migration procedure state: {source}"))]
+    RegionMigrationState {
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+
+    /// A migrated region does not lead on its new datanode yet (it opens and gets its lease from the datanode's
+    /// heartbeats once the old leader's lease has run out).
+    #[snafu(display(
+        "region {region_id} does not lead on datanode {to} at epoch {epoch} yet ({seen})"
+    ))]
+    RegionNotLeadingYet {
+        /// The region.
+        region_id: u64,
+        /// The datanode it moves to.
+        to: u64,
+        /// The region epoch it must lead at.
+        epoch: u64,
+        /// What the registry sees now.
+        seen: String,
+    },
     // ---- end ddl ----
 
     // ---- datanode (src/datanode) ----
@@ -1189,6 +1223,7 @@ impl Error {
             // ---- retryable: ddl ----
             Error::DatanodeUnavailable { .. } => true,
             Error::SequenceContention { .. } => true,
+            Error::RegionNotLeadingYet { .. } => true,
             Error::CreateTable { source, .. } => source.is_retryable(),
             Error::WalRegion { source, .. } => source.is_retryable(),
             _ => false,

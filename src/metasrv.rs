@@ -246,6 +246,8 @@ pub struct Metasrv {
     datanodes: DatanodeManagerRef,
     /// The datanodes that registered and heartbeat with this server while it leads.
     registry: Arc<datanodes::DatanodeRegistry>,
+    /// What region migrations run against (the registry tells who leads a region).
+    migration: crate::ddl::MigrationContext,
     started: AtomicBool,
     /// The procedures that were unfinished when the manager started (left by an earlier run).
     recovered: std::sync::Mutex<Vec<ProcedureId>>,
@@ -457,6 +459,24 @@ impl Metasrv {
             },
         );
         ddl.register_loaders()?;
+        let expected = match &config.wal {
+            WalConfig::RaftEngine => WalProviderKind::RaftEngine,
+            WalConfig::Kafka(_) => WalProviderKind::Kafka,
+        };
+        let registry = Arc::new(
+            datanodes::DatanodeRegistry::new(kv.clone(), config.datanodes.ids.clone(), expected)
+                .with_write_generation(watched.generation())
+                .with_failover(config.failover.clone()),
+        );
+        let migration = crate::ddl::MigrationContext {
+            metadata: table_metadata.clone(),
+            datanode_ids: config.datanodes.ids.clone(),
+            leadership: registry.clone(),
+        };
+        procedures.register_loader(
+            crate::ddl::REGION_MIGRATION_TYPE_NAME,
+            crate::ddl::RegionMigrationProcedure::loader(migration.clone()),
+        )?;
         let record_deleter = match &config.wal {
             WalConfig::RaftEngine => None,
             WalConfig::Kafka(kafka) => {
@@ -469,17 +489,9 @@ impl Metasrv {
             }
         };
 
-        let expected = match &config.wal {
-            WalConfig::RaftEngine => WalProviderKind::RaftEngine,
-            WalConfig::Kafka(_) => WalProviderKind::Kafka,
-        };
-        let registry = Arc::new(
-            datanodes::DatanodeRegistry::new(kv.clone(), config.datanodes.ids.clone(), expected)
-                .with_write_generation(watched.generation())
-                .with_failover(config.failover.clone()),
-        );
         Ok(Metasrv {
             registry,
+            migration,
             config,
             kv,
             commits,
@@ -837,6 +849,27 @@ impl Metasrv {
             table_id,
             regions,
         })
+    }
+
+    /// Submits a [`crate::ddl::RegionMigrationProcedure`] moving region `region_id` to datanode `to`; returns its
+    /// id and a watcher of it. A request refused (an unknown region or datanode, a region on a raft-engine WAL)
+    /// leaves no record; its watcher gets [`procedures::Error::ProcedureRefused`]. The region leads on `to` once
+    /// that datanode heartbeats to this leader after the old leader's lease ran out. Needs [`Metasrv::start`].
+    pub async fn submit_region_migration(
+        &self,
+        region_id: u64,
+        to: u64,
+    ) -> Result<(ProcedureId, procedures::Watcher)> {
+        self.ensure_started("migrate a region")?;
+        let procedure = procedures::ProcedureWithId::with_random_id(Box::new(
+            crate::ddl::RegionMigrationProcedure::new(
+                crate::ddl::RegionMigrationTask { region_id, to },
+                self.migration.clone(),
+            ),
+        ));
+        let id = procedure.id.clone();
+        let watcher = self.procedures.submit(procedure).await?;
+        Ok((id, watcher))
     }
 
     /// The datanode registry: registrations, heartbeats and region leases (used while this server leads; see

@@ -1,5 +1,5 @@
-//! Table metadata (keys and values in the kv backend), the table metadata allocator, the create-table procedure
-//! and the [`DdlManager`] that runs it.
+//! Table metadata (keys and values in the kv backend), the table metadata allocator, the create-table and
+//! region-migration procedures and the [`DdlManager`] that runs create-table.
 
 pub mod allocator;
 pub mod context;
@@ -11,6 +11,7 @@ pub mod metadata_manager;
 pub mod peer;
 pub mod procedure_id;
 pub mod region;
+pub mod region_migration;
 pub mod sequence;
 pub mod table_info;
 pub mod table_name;
@@ -28,6 +29,10 @@ pub use datanode_table::DatanodeTableValue;
 pub use ddl_manager::DdlManager;
 pub use metadata_manager::{TableMetadata, TableMetadataManager, TableMetadataManagerRef};
 pub use peer::{PeerSelector, PeerSelectorRef, RoundRobinPeerSelector};
+pub use region_migration::{
+    MigrationContext, REGION_MIGRATION_TYPE_NAME, RegionLeadership, RegionMigrationProcedure,
+    RegionMigrationTask,
+};
 pub use table_name::TableName;
 pub use task::CreateTableTask;
 pub use wal_source::{RaftEngineWalSource, WalOptionsSource, WalOptionsSourceRef};

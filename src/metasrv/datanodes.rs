@@ -86,6 +86,10 @@ struct Node {
     last_heartbeat: Option<Instant>,
     /// When the latest lease this term granted it ends, reckoned from the answer's time.
     leases_until: Option<Instant>,
+    /// Per region: when the latest leader lease this term granted it on that region ends (answer time + lease),
+    /// and at which region epoch. Kept across its re-registrations: a region that moves away from it is given to
+    /// another datanode only once these have run out.
+    region_leases: HashMap<u64, (Instant, u64)>,
     /// No lease before this.
     leases_from: Instant,
     regions: Vec<RegionStat>,
@@ -99,6 +103,10 @@ struct Inner {
     /// When this server's current term began (`None`: not leading).
     term_start: Option<Instant>,
     nodes: BTreeMap<u64, Node>,
+    /// When every leader lease an earlier term may have granted has run out: the term's start plus the longest
+    /// lease any registered datanode holds, plus [`LEASE_MARGIN`]. Read once per term, when a moved region first
+    /// needs it.
+    earlier_terms_until: Option<Instant>,
 }
 
 /// One datanode as `GET /v1/datanodes` shows it.
@@ -195,6 +203,7 @@ impl DatanodeRegistry {
             inner: Mutex::new(Inner {
                 term_start: None,
                 nodes: BTreeMap::new(),
+                earlier_terms_until: None,
             }),
             generation: None,
             failover: FailoverConfig::default(),
@@ -229,6 +238,7 @@ impl DatanodeRegistry {
         let mut inner = self.inner();
         inner.term_start = Some(Instant::now());
         inner.nodes.clear();
+        inner.earlier_terms_until = None;
         *self.decoded() = Decoded::default();
     }
 
@@ -237,6 +247,7 @@ impl DatanodeRegistry {
         let mut inner = self.inner();
         inner.term_start = None;
         inner.nodes.clear();
+        inner.earlier_terms_until = None;
         *self.decoded() = Decoded::default();
     }
 
@@ -333,6 +344,11 @@ impl DatanodeRegistry {
                 this_term.map_or(earlier_terms, |t| t.max(earlier_terms))
             }
         };
+        let region_leases = inner
+            .nodes
+            .get(&datanode_id)
+            .map(|node| node.region_leases.clone())
+            .unwrap_or_default();
         inner.nodes.insert(
             datanode_id,
             Node {
@@ -340,6 +356,7 @@ impl DatanodeRegistry {
                 interval,
                 last_heartbeat: None,
                 leases_until: None,
+                region_leases,
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
                 leases: 0,
@@ -421,8 +438,24 @@ impl DatanodeRegistry {
             self.clear(request).await?;
         }
         let mut pruned: HashMap<String, u64> = HashMap::new();
+        let earlier_terms = self.earlier_terms_until(&plan, &reported, now).await?;
         for ((req, region), stat) in plan.requests.iter().zip(&plan.regions).zip(&reported) {
             let epoch = region.epoch;
+            // A region that moved here is neither opened nor leased while another datanode may still lead it:
+            // opened after its last lease elsewhere ran out, the replay holds everything that lease acknowledged.
+            let handed_over = self.held_elsewhere_until(
+                datanode_id,
+                req.region_id,
+                epoch,
+                stat.map(|s| s.epoch),
+                earlier_terms,
+                now,
+            );
+            if let Some(until) = handed_over {
+                let wait = millis(until - now).max(1);
+                response.leases_in_ms = Some(response.leases_in_ms.map_or(wait, |w| w.max(wait)));
+                continue;
+            }
             let Some(stat) = stat else {
                 // Opened only once every earlier incarnation's leases ran out: its replay then starts after all
                 // they could acknowledge.
@@ -483,12 +516,105 @@ impl DatanodeRegistry {
             .fail();
         }
         node.leases = response.leases.len();
+        let answered = Instant::now();
+        node.region_leases
+            .retain(|_, (until, _)| *until + LEASE_MARGIN > answered);
+        for lease in &response.leases {
+            node.region_leases.insert(
+                lease.region_id,
+                (answered + Duration::from_millis(lease_ms), lease.epoch),
+            );
+        }
         if !response.leases.is_empty() {
-            let until = Instant::now() + Duration::from_millis(lease_ms);
+            let until = answered + Duration::from_millis(lease_ms);
             node.leases_until = Some(node.leases_until.map_or(until, |u| u.max(until)));
             node.record.cleared = true;
         }
         Ok(response)
+    }
+
+    /// Until when a region the route gives `datanode_id` at `epoch` may still be led elsewhere (`None`: it may be
+    /// opened and leased here now). A region at epoch 0 never moved: only this datanode ever held it. One the
+    /// datanode reports at `epoch` already got a lease at that epoch, which went out only after the wait. Otherwise
+    /// every leader lease another datanode got on it must have run out: those this term granted by their recorded
+    /// end, those an earlier term may have granted by `earlier_terms`.
+    fn held_elsewhere_until(
+        &self,
+        datanode_id: u64,
+        region_id: u64,
+        epoch: u64,
+        reported_epoch: Option<u64>,
+        earlier_terms: Option<Instant>,
+        now: Instant,
+    ) -> Option<Instant> {
+        if epoch == 0 || reported_epoch == Some(epoch) {
+            return None;
+        }
+        let inner = self.inner();
+        let this_term = inner
+            .nodes
+            .iter()
+            .filter(|(id, _)| **id != datanode_id)
+            .filter_map(|(_, node)| node.region_leases.get(&region_id))
+            .map(|(until, _)| *until + LEASE_MARGIN)
+            .max();
+        let until = this_term.into_iter().chain(earlier_terms).max()?;
+        (until > now).then_some(until)
+    }
+
+    /// When every lease an earlier term may have granted has run out (see [`Inner::earlier_terms_until`]), read
+    /// only when one of `plan`'s regions moved (epoch above 0) and is not reported at its epoch yet.
+    async fn earlier_terms_until(
+        &self,
+        plan: &Plan,
+        reported: &[Option<&RegionStat>],
+        now: Instant,
+    ) -> Result<Option<Instant>> {
+        let moved =
+            plan.regions.iter().zip(reported).any(|(region, stat)| {
+                region.epoch > 0 && stat.map(|s| s.epoch) != Some(region.epoch)
+            });
+        if !moved {
+            return Ok(None);
+        }
+        let (term_start, known) = {
+            let inner = self.inner();
+            (inner.term_start.unwrap_or(now), inner.earlier_terms_until)
+        };
+        if let Some(until) = known {
+            return Ok(Some(until));
+        }
+        let keys: Vec<Vec<u8>> = self
+            .ids
+            .iter()
+            .map(|id| datanode_key(*id).into_bytes())
+            .collect();
+        let mut longest = 0;
+        for kv in self.kv.batch_get(&keys).await? {
+            let key = String::from_utf8_lossy(&kv.key).into_owned();
+            let record: DatanodeRecord = serde_json::from_slice(&kv.value).context_decode(&key)?;
+            longest = longest.max(record.lease_ms).max(record.previous_lease_ms);
+        }
+        let until = term_start + Duration::from_millis(longest) + LEASE_MARGIN;
+        self.inner().earlier_terms_until = Some(until);
+        Ok(Some(until))
+    }
+
+    /// The datanode leading region `region_id` now, and at which region epoch: one that reported it as leader in
+    /// its last heartbeat and holds a live lease on it from this term.
+    pub fn region_leader(&self, region_id: u64) -> Option<(u64, u64)> {
+        let inner = self.inner();
+        let now = Instant::now();
+        inner.nodes.iter().find_map(|(id, node)| {
+            let (until, _) = node.region_leases.get(&region_id)?;
+            if *until <= now {
+                return None;
+            }
+            node.regions
+                .iter()
+                .find(|s| s.region_id == region_id && s.role == RegionRole::Leader)
+                .map(|s| (*id, s.epoch))
+        })
     }
 
     /// What a datanode needs to open the region of `request` at `epoch`: for a Kafka region whether its
@@ -600,6 +726,7 @@ impl DatanodeRegistry {
                 record,
                 last_heartbeat: None,
                 leases_until: None,
+                region_leases: HashMap::new(),
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
                 leases: 0,
@@ -885,6 +1012,13 @@ impl DatanodeRegistry {
             .nodes
             .get(&datanode_id)
             .map(|n| n.record.address.clone())
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::ddl::RegionLeadership for DatanodeRegistry {
+    async fn region_leader(&self, region_id: u64) -> Option<(u64, u64)> {
+        DatanodeRegistry::region_leader(self, region_id)
     }
 }
 

@@ -83,7 +83,23 @@ async fn an_unchanged_assignment_is_not_read_again_and_a_metasrv_write_is_seen_a
 
     // A route written through the metasrv: the next lease carries the new epoch.
     set_region_epochs(m.kv(), created.table_id, &[(0, 7), (1, 8)]).await;
-    let bumped = beat(registry, 1, 1, 100, &mine, 0).await;
+    // Reported at those epochs (as a datanode that led them there would): leased at once.
+    let request = heartbeat_request(
+        1,
+        1,
+        100,
+        mine.iter()
+            .zip([7, 8])
+            .map(|(r, epoch)| RegionStat {
+                epoch,
+                ..stat(*r, 0)
+            })
+            .collect(),
+    );
+    let bumped = registry
+        .heartbeat(&request, &BTreeSet::new())
+        .await
+        .expect("heartbeat accepted");
     let mut epochs: Vec<(u64, u64)> = bumped
         .leases
         .iter()

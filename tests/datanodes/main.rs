@@ -11,6 +11,7 @@ mod cache;
 mod failure;
 mod kafka;
 mod leases;
+mod migration;
 mod registration;
 mod routes;
 mod waits;

@@ -1,0 +1,420 @@
+//! [`RegionMigrationProcedure`]: moves a region's leadership to another datanode, as a persisted, resumable
+//! procedure (`docs/failover.md`).
+//!
+//! Steps, in order: `Prepare → UpdateRoute → WaitLeader → done` (output `{"region_id","from","to","epoch"}`).
+//!
+//! - **Prepare** reads the route: the region's datanode (`from`) and region epoch. A region already on the target
+//!   finishes at once. Only a region on a Kafka WAL can move (a raft-engine WAL lives on its datanode's disk);
+//!   an unknown region or target is refused before anything is written.
+//! - **UpdateRoute** writes, in the commit that stores the procedure's next state (one transaction), the route
+//!   naming `to` at epoch + 1 and the region moved from `from`'s `__dn_table` record to `to`'s, each on the
+//!   condition that the keys still hold what was read. From that commit on, the metasrv's registry stops leasing
+//!   the region to `from` and tells it to close the region; it opens the region on `to` and leases it there only
+//!   once every leader lease `from` held on it has run out (`DatanodeRegistry::heartbeat`), so `to`'s replay
+//!   holds every entry `from` acknowledged: a datanode acknowledges an append only if the WAL took it before its
+//!   lease's deadline.
+//! - **WaitLeader** waits (a retryable error, retried with the engine's backoff) until `to` reports the region as
+//!   leader at the new epoch with a live lease.
+//!
+//! Nothing durable happens before UpdateRoute's commit, and after it the only way is forward (the route names the
+//! new datanode), so the procedure has no rollback: a cancel before the commit leaves everything as it was, one
+//! after it leaves the region moving to `to`, which opens it when it can.
+//!
+//! Locks: the region exclusive (one migration of a region at a time) and its table id shared.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use procedures::{
+    BoxedProcedureLoader, Condition, Context, LockKey, Procedure, Status, StepWrites, StringKey,
+    WriteOp,
+};
+use serde::{Deserialize, Serialize};
+use snafu::ResultExt;
+
+use crate::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
+use crate::ddl::metadata_manager::TableMetadataManagerRef;
+use crate::ddl::region::{region_number, region_table_id};
+use crate::ddl::table_route::{TableRouteValue, table_route_key};
+use crate::error::{
+    DecodeMetadataSnafu, InvalidRegionMigrationSnafu, RegionMigrationStateSnafu,
+    RegionNotLeadingYetSnafu, Result,
+};
+use crate::kv::KvStepStore;
+use crate::wal::WalOptions;
+
+/// The type name the procedure is registered and persisted under.
+pub const REGION_MIGRATION_TYPE_NAME: &str = "remote_wal::RegionMigration";
+
+/// Who leads a region now, as the metasrv leader sees it from heartbeats.
+#[async_trait]
+pub trait RegionLeadership: Send + Sync + fmt::Debug {
+    /// The datanode leading `region_id` now and the region epoch it leads at; `None` when none does.
+    async fn region_leader(&self, region_id: u64) -> Option<(u64, u64)>;
+}
+
+/// What a region migration runs against. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct MigrationContext {
+    /// Table metadata in the kv backend.
+    pub metadata: TableMetadataManagerRef,
+    /// The datanodes a region may move to (`[datanodes] ids`).
+    pub datanode_ids: Vec<u64>,
+    /// Who leads each region.
+    pub leadership: Arc<dyn RegionLeadership>,
+}
+
+/// A request to move a region.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionMigrationTask {
+    /// The region.
+    pub region_id: u64,
+    /// The datanode it is to lead on.
+    pub to: u64,
+}
+
+/// Where a region migration is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RegionMigrationState {
+    /// Read the route; validate.
+    Prepare,
+    /// Move the route and the `__dn_table` records in one commit.
+    UpdateRoute,
+    /// Wait until the target leads the region at the new epoch.
+    WaitLeader,
+}
+
+/// The persisted state of a region migration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegionMigrationData {
+    /// The next step.
+    pub state: RegionMigrationState,
+    /// The request.
+    pub task: RegionMigrationTask,
+    /// The datanode the route named when Prepare ran.
+    #[serde(default)]
+    pub from: Option<u64>,
+    /// The region epoch then.
+    #[serde(default)]
+    pub old_epoch: u64,
+    /// The region epoch on the target: `old_epoch + 1`.
+    #[serde(default)]
+    pub new_epoch: u64,
+}
+
+/// The procedure's output.
+fn output(data: &RegionMigrationData, epoch: u64) -> procedures::Output {
+    serde_json::json!({
+        "region_id": data.task.region_id,
+        "from": data.from,
+        "to": data.task.to,
+        "epoch": epoch,
+    })
+}
+
+/// Moves one region. See the module documentation.
+#[derive(Debug)]
+pub struct RegionMigrationProcedure {
+    context: MigrationContext,
+    data: RegionMigrationData,
+}
+
+impl RegionMigrationProcedure {
+    /// A new procedure for `task`.
+    pub fn new(task: RegionMigrationTask, context: MigrationContext) -> Self {
+        RegionMigrationProcedure {
+            context,
+            data: RegionMigrationData {
+                state: RegionMigrationState::Prepare,
+                task,
+                from: None,
+                old_epoch: 0,
+                new_epoch: 0,
+            },
+        }
+    }
+
+    /// Rebuilds a procedure from its persisted state.
+    pub fn from_json(value: serde_json::Value, context: MigrationContext) -> Result<Self> {
+        let data = serde_json::from_value(value).context(RegionMigrationStateSnafu)?;
+        Ok(RegionMigrationProcedure { context, data })
+    }
+
+    /// The loader to register with a procedure manager under [`REGION_MIGRATION_TYPE_NAME`].
+    pub fn loader(context: MigrationContext) -> BoxedProcedureLoader {
+        Box::new(move |value| {
+            let procedure = RegionMigrationProcedure::from_json(value, context.clone())?;
+            Ok(Box::new(procedure) as procedures::BoxedProcedure)
+        })
+    }
+
+    /// The persisted state.
+    pub fn data(&self) -> &RegionMigrationData {
+        &self.data
+    }
+
+    fn refuse(&self, reason: impl Into<String>) -> crate::error::Error {
+        InvalidRegionMigrationSnafu {
+            region_id: self.data.task.region_id,
+            to: self.data.task.to,
+            reason: reason.into(),
+        }
+        .build()
+    }
+
+    /// The route of the region's table, with the bytes read (for the commit's condition).
+    async fn route(&self) -> Result<(Vec<u8>, TableRouteValue)> {
+        let table_id = region_table_id(self.data.task.region_id);
+        let key = table_route_key(table_id);
+        let Some(found) = self.context.metadata.kv().get(key.as_bytes()).await? else {
+            return Err(self.refuse(format!("table {table_id} does not exist")));
+        };
+        let route = serde_json::from_slice(&found.value).context(DecodeMetadataSnafu { key })?;
+        Ok((found.value, route))
+    }
+
+    /// `datanode_id`'s record of the region's table, with the bytes read.
+    async fn datanode_table(
+        &self,
+        datanode_id: u64,
+    ) -> Result<Option<(Vec<u8>, DatanodeTableValue)>> {
+        let key = datanode_table_key(datanode_id, region_table_id(self.data.task.region_id));
+        match self.context.metadata.kv().get(key.as_bytes()).await? {
+            None => Ok(None),
+            Some(found) => {
+                let value =
+                    serde_json::from_slice(&found.value).context(DecodeMetadataSnafu { key })?;
+                Ok(Some((found.value, value)))
+            }
+        }
+    }
+
+    /// Prepare: the region's datanode and epoch; done at once when it is on the target already.
+    async fn on_prepare(&mut self) -> Result<Status> {
+        let task = self.data.task.clone();
+        if !self.context.datanode_ids.contains(&task.to) {
+            return Err(self.refuse(format!(
+                "datanode {} is not one of the datanodes {:?}",
+                task.to, self.context.datanode_ids
+            )));
+        }
+        let number = region_number(task.region_id);
+        let (_, route) = self.route().await?;
+        let Some(&from) = route.region_routes.get(&number) else {
+            return Err(self.refuse(format!(
+                "table {} has no region number {number}",
+                region_table_id(task.region_id)
+            )));
+        };
+        let epoch = route.region_epoch(number);
+        self.data.from = Some(from);
+        self.data.old_epoch = epoch;
+        self.data.new_epoch = epoch + 1;
+        if from == task.to {
+            return Ok(Status::done_with_output(output(&self.data, epoch)));
+        }
+        let wal = self
+            .datanode_table(from)
+            .await?
+            .and_then(|(_, value)| value.region_wal_options.get(&number).cloned());
+        match wal.as_deref().map(WalOptions::decode) {
+            Some(Ok(WalOptions::Kafka(_))) => {}
+            Some(Ok(_)) | None => {
+                return Err(self.refuse(format!(
+                    "its WAL is raft-engine, on datanode {from}'s disk; only a region on a Kafka WAL can move"
+                )));
+            }
+            Some(Err(e)) => return Err(e),
+        }
+        self.data.state = RegionMigrationState::UpdateRoute;
+        Ok(Status::executing(true))
+    }
+
+    /// UpdateRoute: the route and both `__dn_table` records, written with the next state in one commit, each on
+    /// the condition that it holds what was read. A route already naming the target at the new epoch (the commit
+    /// of an earlier run landed alone) needs no write.
+    async fn on_update_route(&mut self) -> Result<Status> {
+        let task = self.data.task.clone();
+        let number = region_number(task.region_id);
+        let table_id = region_table_id(task.region_id);
+        let from = self
+            .data
+            .from
+            .ok_or_else(|| self.refuse("its state names no source"))?;
+        let (route_bytes, route) = self.route().await?;
+        let now_at = route.region_routes.get(&number).copied();
+        let epoch = route.region_epoch(number);
+        if now_at == Some(task.to) && epoch >= self.data.new_epoch {
+            self.data.state = RegionMigrationState::WaitLeader;
+            return Ok(Status::executing(true));
+        }
+        if now_at != Some(from) || epoch != self.data.old_epoch {
+            return Err(self.refuse(format!(
+                "the route changed since the migration started: it names datanode {now_at:?} at epoch {epoch}, \
+                 not datanode {from} at epoch {}",
+                self.data.old_epoch
+            )));
+        }
+        let Some((from_bytes, mut from_value)) = self.datanode_table(from).await? else {
+            return Err(self.refuse(format!("datanode {from} has no record of table {table_id}")));
+        };
+        let wal = from_value.region_wal_options.get(&number).cloned();
+        let target = self.datanode_table(task.to).await?;
+
+        let mut next_route = route.clone();
+        next_route.region_routes.insert(number, task.to);
+        next_route.region_epochs.insert(number, self.data.new_epoch);
+        next_route.version += 1;
+
+        let from_key = datanode_table_key(from, table_id);
+        let to_key = datanode_table_key(task.to, table_id);
+        let route_key = table_route_key(table_id);
+        let mut conditions = vec![
+            Condition::Equals {
+                key: route_key.clone(),
+                value: route_bytes,
+            },
+            Condition::Equals {
+                key: from_key.clone(),
+                value: from_bytes,
+            },
+        ];
+        let mut ops = vec![WriteOp::Put {
+            key: route_key,
+            value: encode(&next_route)?,
+        }];
+
+        let template = from_value.clone();
+        from_value.regions.retain(|r| *r != number);
+        from_value.region_wal_options.remove(&number);
+        from_value.version += 1;
+        if from_value.regions.is_empty() {
+            ops.push(WriteOp::Delete { key: from_key });
+        } else {
+            ops.push(WriteOp::Put {
+                key: from_key,
+                value: encode(&from_value)?,
+            });
+        }
+
+        let mut to_value = match target {
+            Some((bytes, value)) => {
+                conditions.push(Condition::Equals {
+                    key: to_key.clone(),
+                    value: bytes,
+                });
+                value
+            }
+            None => {
+                conditions.push(Condition::Absent {
+                    key: to_key.clone(),
+                });
+                DatanodeTableValue {
+                    regions: Vec::new(),
+                    region_wal_options: BTreeMap::new(),
+                    version: 0,
+                    ..template
+                }
+            }
+        };
+        if !to_value.regions.contains(&number) {
+            to_value.regions.push(number);
+            to_value.regions.sort_unstable();
+        }
+        if let Some(wal) = wal {
+            to_value.region_wal_options.insert(number, wal);
+        }
+        to_value.version += 1;
+        ops.push(WriteOp::Put {
+            key: to_key,
+            value: encode(&to_value)?,
+        });
+        self.data.state = RegionMigrationState::WaitLeader;
+        Ok(Status::executing_with(StepWrites::new(
+            Arc::new(KvStepStore::new(self.context.metadata.kv().clone())),
+            conditions,
+            ops,
+        )))
+    }
+
+    /// WaitLeader: done once the target leads the region at the new epoch.
+    async fn on_wait_leader(&mut self) -> Result<Status> {
+        let task = &self.data.task;
+        let leader = self.context.leadership.region_leader(task.region_id).await;
+        match leader {
+            Some((datanode, epoch)) if datanode == task.to && epoch >= self.data.new_epoch => {
+                Ok(Status::done_with_output(output(&self.data, epoch)))
+            }
+            _ => RegionNotLeadingYetSnafu {
+                region_id: task.region_id,
+                to: task.to,
+                epoch: self.data.new_epoch,
+                seen: match leader {
+                    None => "no datanode leads it".to_string(),
+                    Some((d, e)) => format!("datanode {d} leads it at epoch {e}"),
+                },
+            }
+            .fail(),
+        }
+    }
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    serde_json::to_vec(value).context(RegionMigrationStateSnafu)
+}
+
+/// A request refused in Prepare leaves no record (see `procedures::Error::refused`).
+fn prepare_error(e: crate::error::Error) -> procedures::Error {
+    match e {
+        e @ crate::error::Error::InvalidRegionMigration { .. } => {
+            procedures::Error::refused(procedures::Refusal::InvalidRequest, e)
+        }
+        e => e.into(),
+    }
+}
+
+#[async_trait]
+impl Procedure for RegionMigrationProcedure {
+    fn type_name(&self) -> &str {
+        REGION_MIGRATION_TYPE_NAME
+    }
+
+    async fn execute(&mut self, _ctx: &Context) -> procedures::Result<Status> {
+        match self.data.state {
+            RegionMigrationState::Prepare => self.on_prepare().await.map_err(prepare_error),
+            RegionMigrationState::UpdateRoute => Ok(self.on_update_route().await?),
+            RegionMigrationState::WaitLeader => Ok(self.on_wait_leader().await?),
+        }
+    }
+
+    fn dump(&self) -> procedures::Result<serde_json::Value> {
+        Ok(serde_json::to_value(&self.data).context(RegionMigrationStateSnafu)?)
+    }
+
+    /// The region exclusive, its table id shared.
+    fn lock_key(&self) -> LockKey {
+        let region_id = self.data.task.region_id;
+        LockKey::new([
+            StringKey::Shared(format!("__table_id_lock/{}", region_table_id(region_id))),
+            StringKey::Exclusive(format!("__region_lock/{region_id}")),
+        ])
+    }
+
+    /// Nothing to undo: nothing durable happens before UpdateRoute's commit, and after it only forward.
+    fn rollback_supported(&self) -> bool {
+        false
+    }
+
+    /// `Prepare`, `UpdateRoute`, `WaitLeader`.
+    fn step_name(&self) -> Option<String> {
+        let name = match self.data.state {
+            RegionMigrationState::Prepare => "Prepare",
+            RegionMigrationState::UpdateRoute => "UpdateRoute",
+            RegionMigrationState::WaitLeader => "WaitLeader",
+        };
+        Some(name.to_string())
+    }
+}
