@@ -12,6 +12,7 @@ mod fencing;
 mod idempotent_create;
 mod lifecycle;
 mod metadata_compat;
+mod migration_crash;
 mod reliability;
 mod rollback;
 mod upgrade_format1;
