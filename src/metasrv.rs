@@ -872,6 +872,16 @@ impl Metasrv {
         Ok((id, watcher))
     }
 
+    /// Checks a region migration without submitting it: the region's current datanode and epoch, or the error
+    /// refusing it (see [`crate::ddl::RegionMigrationProcedure::check`]).
+    pub async fn check_region_migration(&self, region_id: u64, to: u64) -> Result<(u64, u64)> {
+        crate::ddl::RegionMigrationProcedure::check(
+            crate::ddl::RegionMigrationTask { region_id, to },
+            self.migration.clone(),
+        )
+        .await
+    }
+
     /// The datanode registry: registrations, heartbeats and region leases (used while this server leads; see
     /// [`datanodes::DatanodeRegistry::begin_term`]).
     pub fn datanode_registry(&self) -> &Arc<datanodes::DatanodeRegistry> {

@@ -192,6 +192,19 @@ impl RegionMigrationProcedure {
         }
     }
 
+    /// Whether `task` can be carried out now: the datanode the route names for its region and the region epoch,
+    /// or the error refusing it (an unknown datanode, table or region, a region on a raft-engine WAL). What
+    /// Prepare checks; a caller that answers before the procedure runs (`POST /v1/regions/{id}/migrate` with
+    /// `"wait":false`) checks it first so that a refusal is never answered 202.
+    pub async fn check(task: RegionMigrationTask, context: MigrationContext) -> Result<(u64, u64)> {
+        let mut probe = RegionMigrationProcedure::new(task, context);
+        probe.on_prepare().await?;
+        Ok((
+            probe.data.from.unwrap_or(probe.data.task.to),
+            probe.data.old_epoch,
+        ))
+    }
+
     /// Prepare: the region's datanode and epoch; done at once when it is on the target already.
     async fn on_prepare(&mut self) -> Result<Status> {
         let task = self.data.task.clone();

@@ -62,6 +62,21 @@ pub enum Command {
         #[arg(long, value_name = "ID")]
         id: Option<String>,
     },
+    /// Move a region's leadership to another datanode (a region on a Kafka WAL): its route names the target at
+    /// a new epoch, the old leader closes it, and the target opens and leads it once the old lease ran out. Runs
+    /// on the leading `walctl serve` (where datanodes heartbeat): with --server, or on etcd beside a leading
+    /// server.
+    MigrateRegion {
+        /// The region id: (table_id << 32) | region_number.
+        #[arg(long, value_name = "ID")]
+        region: u64,
+        /// The datanode it is to lead on.
+        #[arg(long, value_name = "DATANODE")]
+        to: u64,
+        /// Return once the migration is stored, with its procedure id, instead of once the target leads.
+        #[arg(long)]
+        no_wait: bool,
+    },
     /// Print the region open requests a datanode would issue, and per-region errors.
     OpenRegions {
         /// The datanode id.
@@ -127,6 +142,7 @@ impl Command {
             // `bench ddl` starts the manager to create its tables: like create-table it must not fence a leader.
             Command::Bootstrap
             | Command::CreateTable { .. }
+            | Command::MigrateRegion { .. }
             | Command::Bench(_)
             | Command::Procedures(ProceduresCommand::Purge { .. }) => true,
             // `wal write|flush|stats` act on the regions' WALs and checkpoints without the procedure manager.

@@ -235,6 +235,19 @@ pub fn execute(client: &mut Client, command: &Command, out: &mut Output) -> Resu
             output::print_open_regions(out, *datanode, &open, None);
         }
         Command::Procedures(command) => procedures(client, command, out)?,
+        Command::MigrateRegion {
+            region,
+            to,
+            no_wait,
+        } => {
+            let body = json!({ "to": to, "wait": !no_wait });
+            let answer: serde_json::Value = client.call_as(
+                Method::Post,
+                &format!("/v1/regions/{region}/migrate"),
+                Some(&body),
+            )?;
+            output::print_migration(out, *region, *to, &answer);
+        }
         Command::Topics => {
             let report: TopicsReport = client.call_as(Method::Get, "/v1/topics", None)?;
             output::print_topics(out, &report);

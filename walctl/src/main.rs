@@ -353,6 +353,11 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             bench::execute(metasrv, command, out).await?;
             Ok(())
         }
+        // Regions move as datanodes heartbeat to the leader: an embedded manager hears no heartbeat.
+        Command::MigrateRegion { region, .. } => Err(Failure::Refused(format!(
+            "migrate-region of region {region} runs on the leading walctl serve, where datanodes heartbeat: pass \
+             --server, or run it on etcd beside a leading server (no server leads this store)"
+        ))),
         Command::Topics => {
             let topics = metasrv.topics().await?;
             output::print_topics(out, &topics);

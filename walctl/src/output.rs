@@ -385,6 +385,27 @@ impl<'a> From<&'a ProcedureInfo> for ProcedureLine<'a> {
     }
 }
 
+/// `walctl migrate-region`'s result: the procedure's output (`{"region_id","from","to","epoch","procedure_id"}`),
+/// or, without waiting, `{"procedure_id"}`.
+pub fn print_migration(out: &mut Output, region: u64, to: u64, answer: &serde_json::Value) {
+    if out.json {
+        out.json_line(answer);
+        return;
+    }
+    let id = answer["procedure_id"].as_str().unwrap_or("-");
+    match (answer["from"].as_u64(), answer["epoch"].as_u64()) {
+        (Some(from), Some(epoch)) if from == to => out.line(&format!(
+            "region {region}: already on datanode {to} (epoch {epoch}); procedure {id}"
+        )),
+        (Some(from), Some(epoch)) => out.line(&format!(
+            "region {region}: moved from datanode {from} to datanode {to}, leading at epoch {epoch}; procedure {id}"
+        )),
+        _ => out.line(&format!(
+            "region {region}: migration to datanode {to} submitted; procedure {id} (walctl procedures show {id})"
+        )),
+    }
+}
+
 /// `walctl procedures list`'s page: the procedures, then, when more matched than shown, how many and the command
 /// for the next page (as JSON, a last line `{"next": CURSOR, "matched": N}`).
 pub fn print_procedure_page(

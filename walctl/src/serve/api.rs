@@ -64,6 +64,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/heartbeat", post(crate::serve::datanodes::heartbeat))
         .route("/v1/tables/{*name}", get(crate::serve::datanodes::table))
+        .route("/v1/regions/{id}/migrate", post(migrate_region))
         .layer(DefaultBodyLimit::max(crate::serve::error::BODY_LIMIT))
         .with_state(state);
     // Outside the routes, so that the middleware sees a 405 with the `Allow` header the routes add.
@@ -268,6 +269,62 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
         }
     });
     Ok((StatusCode::ACCEPTED, Json(json!({ "procedure_id": id }))).into_response())
+}
+
+/// The body of `POST /v1/regions/{id}/migrate`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MigrateBody {
+    /// The datanode the region is to lead on.
+    to: u64,
+    /// Answer once the region leads there (default), or 202 once the procedure is stored.
+    #[serde(default = "default_wait")]
+    wait: bool,
+}
+
+/// `POST /v1/regions/{id}/migrate` `{"to": D, "wait": true}`: moves the region's leadership to datanode `D` with
+/// a `RegionMigration` procedure (the leader only). With `wait`, answers the procedure's output once `D` leads
+/// the region (`{"region_id","from","to","epoch","procedure_id"}`); without, 202 `{"procedure_id"}` once it is
+/// stored. A refused request (unknown region or datanode, a raft-engine region) is a 400 in both modes and leaves
+/// no record.
+async fn migrate_region(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult {
+    let region_id: u64 = id.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "region id '{}' is not a number ((table_id << 32) | region_number)",
+            excerpt(&id, 40)
+        ))
+    })?;
+    let body: MigrateBody = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::bad_request(format!("invalid migrate body: {e}")))?;
+    state.ensure_leader().await?;
+    state
+        .metasrv
+        .check_region_migration(region_id, body.to)
+        .await?;
+    let (procedure_id, mut watcher) = state
+        .metasrv
+        .submit_region_migration(region_id, body.to)
+        .await?;
+    if body.wait {
+        let output = watcher.wait().await.map_err(remote_wal::Error::from)?;
+        let mut out = output.unwrap_or_else(|| json!({}));
+        out["procedure_id"] = json!(procedure_id.to_string());
+        return Ok(Json(out).into_response());
+    }
+    tokio::spawn(async move {
+        if let Err(e) = watcher.wait().await {
+            tracing::info!(error = %e, "region migration (submitted without waiting) did not finish");
+        }
+    });
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "procedure_id": procedure_id.to_string() })),
+    )
+        .into_response())
 }
 
 /// Whether procedure `id` is known to the running manager or stored; an error reading the store is returned (a

@@ -128,7 +128,8 @@ impl From<remote_wal::Error> for ApiError {
                 let (status, kind) = match wal {
                     E::InvalidTableReference { .. }
                     | E::InvalidName { .. }
-                    | E::InvalidCreateTable { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
+                    | E::InvalidCreateTable { .. }
+                    | E::InvalidRegionMigration { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
                     E::ProcedureNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
                     E::TableAlreadyExists { .. } | E::ProcedurePurge { .. } => {
                         (StatusCode::CONFLICT, "already_exists")

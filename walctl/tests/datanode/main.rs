@@ -10,5 +10,6 @@ mod support;
 mod bench;
 mod cluster;
 mod kill;
+mod migrate;
 mod prune;
 mod zombie;
