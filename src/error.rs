@@ -671,6 +671,24 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A failed datanode's regions have nowhere to go: no other datanode heartbeats and is unsuspected.
+    #[snafu(display(
+        "datanode {datanode_id} failed, and no other datanode is alive to take its {regions} region(s)"
+    ))]
+    NoFailoverTarget {
+        /// The failed datanode.
+        datanode_id: u64,
+        /// How many regions wait to move.
+        regions: usize,
+    },
+
+    /// The persisted state of a datanode failover could not be decoded or encoded.
+    #[snafu(display("datanode-failover procedure state: {source}"))]
+    DatanodeFailoverState {
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+
     /// A migrated region does not lead on its new datanode yet (it opens and gets its lease from the datanode's
     /// heartbeats once the old leader's lease has run out).
     #[snafu(display(
@@ -1223,7 +1241,7 @@ impl Error {
             // ---- retryable: ddl ----
             Error::DatanodeUnavailable { .. } => true,
             Error::SequenceContention { .. } => true,
-            Error::RegionNotLeadingYet { .. } => true,
+            Error::RegionNotLeadingYet { .. } | Error::NoFailoverTarget { .. } => true,
             Error::CreateTable { source, .. } => source.is_retryable(),
             Error::WalRegion { source, .. } => source.is_retryable(),
             _ => false,

@@ -477,6 +477,10 @@ impl Metasrv {
             crate::ddl::REGION_MIGRATION_TYPE_NAME,
             crate::ddl::RegionMigrationProcedure::loader(migration.clone()),
         )?;
+        procedures.register_loader(
+            crate::ddl::DATANODE_FAILOVER_TYPE_NAME,
+            crate::ddl::DatanodeFailoverProcedure::loader(migration.clone()),
+        )?;
         let record_deleter = match &config.wal {
             WalConfig::RaftEngine => None,
             WalConfig::Kafka(kafka) => {
@@ -863,7 +867,11 @@ impl Metasrv {
         self.ensure_started("migrate a region")?;
         let procedure = procedures::ProcedureWithId::with_random_id(Box::new(
             crate::ddl::RegionMigrationProcedure::new(
-                crate::ddl::RegionMigrationTask { region_id, to },
+                crate::ddl::RegionMigrationTask {
+                    region_id,
+                    to,
+                    only_from: None,
+                },
                 self.migration.clone(),
             ),
         ));
@@ -872,11 +880,43 @@ impl Metasrv {
         Ok((id, watcher))
     }
 
+    /// Fails over every datanode incarnation the registry finds failed ([`datanodes::DatanodeRegistry::failed`]):
+    /// submits a [`crate::ddl::DatanodeFailoverProcedure`] under [`crate::ddl::failover_procedure_id`] for each,
+    /// which a failover already known under that id is not started again by. Returns the failovers submitted by
+    /// this call. Does nothing when `[failover] enabled = false`. Needs [`Metasrv::start`] and a term.
+    pub async fn fail_over_failed_datanodes(&self) -> Result<Vec<ProcedureId>> {
+        if !self.config.failover.enabled {
+            return Ok(Vec::new());
+        }
+        self.ensure_started("fail over datanodes")?;
+        let mut submitted = Vec::new();
+        for (datanode_id, incarnation) in self.registry.failed().await? {
+            let id = crate::ddl::failover_procedure_id(datanode_id, incarnation);
+            let procedure = procedures::ProcedureWithId::new(
+                id.clone(),
+                Box::new(crate::ddl::DatanodeFailoverProcedure::new(
+                    datanode_id,
+                    incarnation,
+                    self.migration.clone(),
+                )),
+            );
+            let watcher = self.procedures.submit(procedure).await?;
+            if watcher.is_new_submission() {
+                submitted.push(id);
+            }
+        }
+        Ok(submitted)
+    }
+
     /// Checks a region migration without submitting it: the region's current datanode and epoch, or the error
     /// refusing it (see [`crate::ddl::RegionMigrationProcedure::check`]).
     pub async fn check_region_migration(&self, region_id: u64, to: u64) -> Result<(u64, u64)> {
         crate::ddl::RegionMigrationProcedure::check(
-            crate::ddl::RegionMigrationTask { region_id, to },
+            crate::ddl::RegionMigrationTask {
+                region_id,
+                to,
+                only_from: None,
+            },
             self.migration.clone(),
         )
         .await

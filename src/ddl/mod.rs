@@ -1,9 +1,10 @@
 //! Table metadata (keys and values in the kv backend), the table metadata allocator, the create-table and
-//! region-migration procedures and the [`DdlManager`] that runs create-table.
+//! region-migration and datanode-failover procedures and the [`DdlManager`] that runs create-table.
 
 pub mod allocator;
 pub mod context;
 pub mod create_table;
+pub mod datanode_failover;
 pub mod datanode_manager;
 pub mod datanode_table;
 pub mod ddl_manager;
@@ -22,6 +23,9 @@ pub mod wal_source;
 pub use allocator::{TableAllocation, TableMetadataAllocator, TableMetadataAllocatorRef};
 pub use context::DdlContext;
 pub use create_table::{CREATE_TABLE_TYPE_NAME, CreateTableProcedure};
+pub use datanode_failover::{
+    DATANODE_FAILOVER_TYPE_NAME, DatanodeFailoverProcedure, failover_procedure_id,
+};
 pub use datanode_manager::{
     DatanodeManager, DatanodeManagerRef, MemoryDatanodeManager, RegionCreateRequest,
 };

@@ -48,11 +48,14 @@ use crate::wal::WalOptions;
 /// The type name the procedure is registered and persisted under.
 pub const REGION_MIGRATION_TYPE_NAME: &str = "remote_wal::RegionMigration";
 
-/// Who leads a region now, as the metasrv leader sees it from heartbeats.
+/// What the metasrv leader knows of the datanodes from their heartbeats: who leads a region, who is alive.
 #[async_trait]
 pub trait RegionLeadership: Send + Sync + fmt::Debug {
     /// The datanode leading `region_id` now and the region epoch it leads at; `None` when none does.
     async fn region_leader(&self, region_id: u64) -> Option<(u64, u64)>;
+
+    /// The datanodes that heartbeat to this leader and are not suspected of having failed, by id.
+    async fn live_datanodes(&self) -> Vec<u64>;
 }
 
 /// What a region migration runs against. Cheap to clone.
@@ -73,6 +76,10 @@ pub struct RegionMigrationTask {
     pub region_id: u64,
     /// The datanode it is to lead on.
     pub to: u64,
+    /// Move it only from this datanode: a region the route gives another datanode by the time Prepare runs is
+    /// left where it is (a failover's child, whose region moved meanwhile). `None`: from wherever it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub only_from: Option<u64>,
 }
 
 /// Where a region migration is.
@@ -112,6 +119,17 @@ fn output(data: &RegionMigrationData, epoch: u64) -> procedures::Output {
         "from": data.from,
         "to": data.task.to,
         "epoch": epoch,
+    })
+}
+
+/// The output of a migration that left the region where it was (its route names `at`, not the source asked for).
+fn left_output(data: &RegionMigrationData, at: u64, epoch: u64) -> procedures::Output {
+    serde_json::json!({
+        "region_id": data.task.region_id,
+        "from": at,
+        "to": data.task.to,
+        "epoch": epoch,
+        "left": format!("the route names datanode {at}, not {:?}", data.task.only_from),
     })
 }
 
@@ -228,6 +246,11 @@ impl RegionMigrationProcedure {
         self.data.new_epoch = epoch + 1;
         if from == task.to {
             return Ok(Status::done_with_output(output(&self.data, epoch)));
+        }
+        if task.only_from.is_some_and(|only| only != from) {
+            return Ok(Status::done_with_output(left_output(
+                &self.data, from, epoch,
+            )));
         }
         let wal = self
             .datanode_table(from)

@@ -1006,6 +1006,76 @@ impl DatanodeRegistry {
             .collect()
     }
 
+    /// The datanodes that heartbeat to this term and are not suspected, by id.
+    pub fn live(&self) -> Vec<u64> {
+        let inner = self.inner();
+        let now = Instant::now();
+        inner
+            .nodes
+            .iter()
+            .filter(|(_, node)| node.last_heartbeat.is_some() && !self.suspected(&inner, node, now))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// The datanodes whose regions should move, with the incarnation that failed: those this term suspects, and,
+    /// once the term's warm-up (two of the longest registered lease from its start) has passed, those registered
+    /// (a `__datanode/{id}` record) that never heartbeated to this term. Empty while not leading.
+    pub async fn failed(&self) -> Result<Vec<(u64, u64)>> {
+        let now = Instant::now();
+        let (term_start, mut failed, heard) = {
+            let inner = self.inner();
+            let Some(term_start) = inner.term_start else {
+                return Ok(Vec::new());
+            };
+            let failed: Vec<(u64, u64)> = inner
+                .nodes
+                .iter()
+                .filter(|(_, node)| self.suspected(&inner, node, now))
+                .map(|(id, node)| (*id, node.record.incarnation))
+                .collect();
+            let heard: BTreeSet<u64> = inner
+                .nodes
+                .iter()
+                .filter(|(_, node)| node.last_heartbeat.is_some())
+                .map(|(id, _)| *id)
+                .collect();
+            (term_start, failed, heard)
+        };
+        let silent: Vec<u64> = self
+            .ids
+            .iter()
+            .copied()
+            .filter(|id| !heard.contains(id) && !failed.iter().any(|(f, _)| f == id))
+            .collect();
+        if silent.is_empty() {
+            return Ok(failed);
+        }
+        let keys: Vec<Vec<u8>> = silent
+            .iter()
+            .map(|id| datanode_key(*id).into_bytes())
+            .collect();
+        for kv in self.kv.batch_get(&keys).await? {
+            let key = String::from_utf8_lossy(&kv.key).into_owned();
+            let record: DatanodeRecord = serde_json::from_slice(&kv.value).context_decode(&key)?;
+            let warm_up = 2 * Duration::from_millis(record.lease_ms.max(record.previous_lease_ms));
+            if now < term_start + warm_up {
+                continue;
+            }
+            if let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u64>().ok())
+                && !self
+                    .inner()
+                    .nodes
+                    .get(&id)
+                    .is_some_and(|n| n.last_heartbeat.is_some())
+            {
+                failed.push((id, record.incarnation));
+            }
+        }
+        failed.sort_unstable();
+        Ok(failed)
+    }
+
     /// The address of datanode `id`, if it registered with this term.
     pub fn address(&self, datanode_id: u64) -> Option<String> {
         self.inner()
@@ -1019,6 +1089,10 @@ impl DatanodeRegistry {
 impl crate::ddl::RegionLeadership for DatanodeRegistry {
     async fn region_leader(&self, region_id: u64) -> Option<(u64, u64)> {
         DatanodeRegistry::region_leader(self, region_id)
+    }
+
+    async fn live_datanodes(&self) -> Vec<u64> {
+        self.live()
     }
 }
 

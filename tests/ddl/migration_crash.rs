@@ -49,6 +49,10 @@ impl RegionLeadership for RouteLeadership {
             .get(&number)
             .map(|dn| (*dn, route.region_epoch(number)))
     }
+
+    async fn live_datanodes(&self) -> Vec<u64> {
+        vec![1, 2, 3]
+    }
 }
 
 struct MigrationScenario {
@@ -210,6 +214,7 @@ impl CrashScenario for MigrationScenario {
                 RegionMigrationTask {
                     region_id: self.region_id(),
                     to: self.to,
+                    only_from: None,
                 },
                 self.context(env),
             )),

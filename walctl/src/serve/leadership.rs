@@ -118,6 +118,42 @@ async fn lead(
         pool_ready: false,
     });
     tracing::info!(epoch, "leading: the procedure manager runs");
+    tokio::select! {
+        () = ready_then_prune(metasrv, status, epoch, metrics) => {}
+        () = fail_over_periodically(metasrv) => {}
+    }
+}
+
+/// How often the leader looks for failed datanodes to fail over.
+const FAILOVER_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Every [`FAILOVER_CHECK`], fails over the datanodes the registry finds failed (`Metasrv::
+/// fail_over_failed_datanodes`; a failover already submitted is not started again). Never returns.
+async fn fail_over_periodically(metasrv: &Metasrv) {
+    let mut ticks = tokio::time::interval(FAILOVER_CHECK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match metasrv.fail_over_failed_datanodes().await {
+            Ok(submitted) => {
+                for id in submitted {
+                    tracing::info!(procedure_id = %id, "a datanode failed: its regions move to live datanodes");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not fail over the failed datanodes; trying again")
+            }
+        }
+    }
+}
+
+/// Readies the WAL pool, retrying until it works, then prunes the WAL periodically. Never returns.
+async fn ready_then_prune(
+    metasrv: &Metasrv,
+    status: &watch::Sender<Status>,
+    epoch: u64,
+    metrics: &Metrics,
+) {
     loop {
         match metasrv.bootstrap(|_| {}).await {
             Ok(report) if report.ready => break,

@@ -9,6 +9,7 @@ mod support;
 
 mod bench;
 mod cluster;
+mod failover;
 mod kill;
 mod migrate;
 mod prune;

@@ -1,0 +1,76 @@
+//! Automatic failover on real processes: kill -9 of the datanode leading most regions of a table under load, never
+//! restarted. The leader's failure detector suspects it, a `DatanodeFailover` moves each of its regions to a live
+//! datanode (`RegionMigration` children), and the load follows them; every entry the load was told is durable is
+//! in its region's dump exactly once, in order. The time from the kill until every region leads again is printed
+//! (a figure, not a bound: `docs/failover.md`).
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::cluster::{Cluster, get};
+
+/// The datanode leading each region of `regions` per the leader's registry (`None`: none leads it now).
+fn leaders(cluster: &Cluster, regions: &[u64]) -> Vec<Option<u64>> {
+    let (_, body) = get(&format!("http://{}/v1/datanodes", cluster.serve_address));
+    let nodes = body["datanodes"].as_array().cloned().unwrap_or_default();
+    regions
+        .iter()
+        .map(|region| {
+            nodes.iter().find_map(|node| {
+                node["regions"].as_array()?.iter().find_map(|r: &Value| {
+                    (r["region_id"].as_u64() == Some(*region) && r["role"] == "leader")
+                        .then(|| node["id"].as_u64())
+                        .flatten()
+                })
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn kill_9_of_a_datanode_under_load_moves_its_regions_to_live_ones_and_loses_no_acknowledged_entry()
+{
+    let mut cluster = Cluster::start(&[1, 2, 3], 2, "");
+    let regions = cluster.create_table("failing", 6);
+    let (mut load, acks) = cluster.start_load("failing", "14s", &["--concurrency", "6"]);
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.walctl(&["wal", "flush", "--table", "failing"]);
+    std::thread::sleep(Duration::from_secs(1));
+    let victim = cluster.busiest_datanode("failing");
+    cluster
+        .datanodes
+        .get_mut(&victim)
+        .expect("the victim runs")
+        .kill9();
+    let killed = Instant::now();
+    cluster.wait_for("every region to lead on a live datanode", || {
+        leaders(&cluster, &regions)
+            .iter()
+            .all(|l| l.is_some_and(|dn| dn != victim))
+    });
+    println!(
+        "failover: every region of datanode {victim} leads elsewhere {:?} after kill -9",
+        killed.elapsed()
+    );
+
+    let report = cluster.finish_load(&mut load);
+    let acknowledged = report["acknowledged"].as_u64().expect("acknowledged");
+    assert!(acknowledged > 0, "{report}");
+    let table = cluster.table("failing");
+    for r in table["regions"].as_array().expect("regions") {
+        assert_ne!(r["datanode_id"].as_u64(), Some(victim), "{table}");
+    }
+    let failovers = cluster.walctl(&[
+        "procedures",
+        "list",
+        "--type",
+        "remote_wal::DatanodeFailover",
+    ]);
+    assert!(
+        failovers.contains(&format!("datanode_failover/{victim}/")) && failovers.contains("done"),
+        "{failovers}"
+    );
+    let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
+    assert_eq!(checked as u64, acknowledged, "{report}");
+}
