@@ -1063,11 +1063,11 @@ impl DatanodeRegistry {
                 continue;
             }
             if let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u64>().ok())
-                && !self
+                && self
                     .inner()
                     .nodes
                     .get(&id)
-                    .is_some_and(|n| n.last_heartbeat.is_some())
+                    .is_none_or(|n| n.last_heartbeat.is_none())
             {
                 failed.push((id, record.incarnation));
             }
