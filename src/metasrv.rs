@@ -472,6 +472,11 @@ impl Metasrv {
             metadata: table_metadata.clone(),
             datanode_ids: config.datanodes.ids.clone(),
             leadership: registry.clone(),
+            epoch_key: Some(format!(
+                "{}{}",
+                crate::kv::state_store::PROCEDURE_PREFIX,
+                procedures::record::EPOCH_KEY
+            )),
         };
         procedures.register_loader(
             crate::ddl::REGION_MIGRATION_TYPE_NAME,

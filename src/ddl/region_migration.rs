@@ -6,9 +6,11 @@
 //! - **Prepare** reads the route: the region's datanode (`from`) and region epoch. A region already on the target
 //!   finishes at once. Only a region on a Kafka WAL can move (a raft-engine WAL lives on its datanode's disk);
 //!   an unknown region or target is refused before anything is written.
-//! - **UpdateRoute** writes, in the commit that stores the procedure's next state (one transaction), the route
-//!   naming `to` at epoch + 1 and the region moved from `from`'s `__dn_table` record to `to`'s, each on the
-//!   condition that the keys still hold what was read. From that commit on, the metasrv's registry stops leasing
+//! - **UpdateRoute** writes, in one transaction, the route naming `to` at epoch + 1 and the region moved from
+//!   `from`'s `__dn_table` record to `to`'s, each on the condition that the keys still hold what was read and that
+//!   the procedure store's epoch is the running manager's (a deposed manager writes nothing); another migration
+//!   of the same table that moved first makes it read and try again. Its state is stored after the write, and a
+//!   replay that finds the route moved already goes on. From that transaction on, the metasrv's registry stops leasing
 //!   the region to `from` and tells it to close the region; it opens the region on `to` and leases it there only
 //!   once every leader lease `from` held on it has run out (`DatanodeRegistry::heartbeat`), so `to`'s replay
 //!   holds every entry `from` acknowledged: a datanode acknowledges an append only if the WAL took it before its
@@ -16,8 +18,8 @@
 //! - **WaitLeader** waits (a retryable error, retried with the engine's backoff) until `to` reports the region as
 //!   leader at the new epoch with a live lease.
 //!
-//! Nothing durable happens before UpdateRoute's commit, and after it the only way is forward (the route names the
-//! new datanode), so the procedure has no rollback: a cancel before the commit leaves everything as it was, one
+//! Nothing durable happens before UpdateRoute's transaction, and after it the only way is forward (the route names the
+//! new datanode), so the procedure has no rollback: a cancel before it leaves everything as it was, one
 //! after it leaves the region moving to `to`, which opens it when it can.
 //!
 //! Locks: the region exclusive (one migration of a region at a time) and its table id shared.
@@ -27,10 +29,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use procedures::{
-    BoxedProcedureLoader, Condition, Context, LockKey, Procedure, Status, StepWrites, StringKey,
-    WriteOp,
-};
+use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, Status, StringKey};
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
@@ -39,11 +38,15 @@ use crate::ddl::metadata_manager::TableMetadataManagerRef;
 use crate::ddl::region::{region_number, region_table_id};
 use crate::ddl::table_route::{TableRouteValue, table_route_key};
 use crate::error::{
-    DecodeMetadataSnafu, InvalidRegionMigrationSnafu, RegionMigrationStateSnafu,
-    RegionNotLeadingYetSnafu, Result,
+    DecodeMetadataSnafu, InvalidRegionMigrationSnafu, ProcedureFencedSnafu,
+    RegionMigrationStateSnafu, RegionNotLeadingYetSnafu, Result,
 };
-use crate::kv::KvStepStore;
+use crate::kv::{Compare, Txn, TxnOp};
 use crate::wal::WalOptions;
+
+/// How many times UpdateRoute reads and tries its transaction again when another migration of the same table
+/// changed the route first.
+const UPDATE_ATTEMPTS: usize = 16;
 
 /// The type name the procedure is registered and persisted under.
 pub const REGION_MIGRATION_TYPE_NAME: &str = "remote_wal::RegionMigration";
@@ -67,6 +70,9 @@ pub struct MigrationContext {
     pub datanode_ids: Vec<u64>,
     /// Who leads each region.
     pub leadership: Arc<dyn RegionLeadership>,
+    /// The procedure store's epoch key in the same kv (a metasrv's `__procedure__/epoch`), when the procedure
+    /// state lives there: every route change is conditioned on it holding the running manager's epoch.
+    pub epoch_key: Option<String>,
 }
 
 /// A request to move a region.
@@ -88,7 +94,7 @@ pub struct RegionMigrationTask {
 pub enum RegionMigrationState {
     /// Read the route; validate.
     Prepare,
-    /// Move the route and the `__dn_table` records in one commit.
+    /// Move the route and the `__dn_table` records in one transaction.
     UpdateRoute,
     /// Wait until the target leads the region at the new epoch.
     WaitLeader,
@@ -269,10 +275,59 @@ impl RegionMigrationProcedure {
         Ok(Status::executing(true))
     }
 
-    /// UpdateRoute: the route and both `__dn_table` records, written with the next state in one commit, each on
-    /// the condition that it holds what was read. A route already naming the target at the new epoch (the commit
-    /// of an earlier run landed alone) needs no write.
-    async fn on_update_route(&mut self) -> Result<Status> {
+    /// UpdateRoute: the route and both `__dn_table` records in one transaction, each on the condition that it
+    /// holds what was read, and — with an epoch fence ([`MigrationContext::epoch_key`]) — that the procedure
+    /// store's epoch is still the one of the manager running the step, so a deposed manager's late run writes
+    /// nothing. A transaction that loses to another migration of the same table (which moved another region of
+    /// the route meanwhile) is read and tried again. A route already naming the target at the new epoch (an
+    /// earlier run's write landed, its state did not) needs no write. The state is stored after the write.
+    async fn on_update_route(&mut self, ctx: &Context) -> Result<Status> {
+        for _ in 0..UPDATE_ATTEMPTS {
+            let Some(txn) = self.route_txn(ctx).await? else {
+                self.data.state = RegionMigrationState::WaitLeader;
+                return Ok(Status::executing(true));
+            };
+            let fenced = txn.compare.len() == 4;
+            let resp = self.context.metadata.kv().txn(txn).await?;
+            if resp.succeeded {
+                ctx.side_effect_point(&format!(
+                    "moved region {} to datanode {} at epoch {}",
+                    self.data.task.region_id, self.data.task.to, self.data.new_epoch
+                ))?;
+                self.data.state = RegionMigrationState::WaitLeader;
+                return Ok(Status::executing(true));
+            }
+            if fenced {
+                self.ensure_epoch(ctx).await?;
+            }
+        }
+        Err(self.refuse(format!(
+            "the route of its table kept changing under {UPDATE_ATTEMPTS} attempts to move it"
+        )))
+    }
+
+    /// The manager's epoch is still the store's, or the error saying a newer manager runs the procedure.
+    async fn ensure_epoch(&self, ctx: &Context) -> Result<()> {
+        let (Some(key), Some(own)) = (&self.context.epoch_key, ctx.epoch()) else {
+            return Ok(());
+        };
+        let current = self.context.metadata.kv().get(key.as_bytes()).await?;
+        let current = current.map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+        if current.as_deref() == Some(own.to_string().as_str()) {
+            return Ok(());
+        }
+        ProcedureFencedSnafu {
+            procedure_id: ctx.procedure_id().to_string(),
+            key: table_route_key(region_table_id(self.data.task.region_id)),
+            own,
+            current: current.unwrap_or_else(|| "absent".to_string()),
+        }
+        .fail()
+    }
+
+    /// The transaction moving the region as the keys stand now; `None` when the route already names the target
+    /// at the new epoch.
+    async fn route_txn(&self, ctx: &Context) -> Result<Option<Txn>> {
         let task = self.data.task.clone();
         let number = region_number(task.region_id);
         let table_id = region_table_id(task.region_id);
@@ -284,8 +339,7 @@ impl RegionMigrationProcedure {
         let now_at = route.region_routes.get(&number).copied();
         let epoch = route.region_epoch(number);
         if now_at == Some(task.to) && epoch >= self.data.new_epoch {
-            self.data.state = RegionMigrationState::WaitLeader;
-            return Ok(Status::executing(true));
+            return Ok(None);
         }
         if now_at != Some(from) || epoch != self.data.old_epoch {
             return Err(self.refuse(format!(
@@ -305,49 +359,32 @@ impl RegionMigrationProcedure {
         next_route.region_epochs.insert(number, self.data.new_epoch);
         next_route.version += 1;
 
-        let from_key = datanode_table_key(from, table_id);
-        let to_key = datanode_table_key(task.to, table_id);
-        let route_key = table_route_key(table_id);
-        let mut conditions = vec![
-            Condition::Equals {
-                key: route_key.clone(),
-                value: route_bytes,
-            },
-            Condition::Equals {
-                key: from_key.clone(),
-                value: from_bytes,
-            },
+        let from_key = datanode_table_key(from, table_id).into_bytes();
+        let to_key = datanode_table_key(task.to, table_id).into_bytes();
+        let route_key = table_route_key(table_id).into_bytes();
+        let mut compare = vec![
+            Compare::ValueEquals(route_key.clone(), route_bytes),
+            Compare::ValueEquals(from_key.clone(), from_bytes),
         ];
-        let mut ops = vec![WriteOp::Put {
-            key: route_key,
-            value: encode(&next_route)?,
-        }];
+        let mut success = vec![TxnOp::Put(route_key, encode(&next_route)?)];
 
         let template = from_value.clone();
         from_value.regions.retain(|r| *r != number);
         from_value.region_wal_options.remove(&number);
         from_value.version += 1;
         if from_value.regions.is_empty() {
-            ops.push(WriteOp::Delete { key: from_key });
+            success.push(TxnOp::Delete(from_key));
         } else {
-            ops.push(WriteOp::Put {
-                key: from_key,
-                value: encode(&from_value)?,
-            });
+            success.push(TxnOp::Put(from_key, encode(&from_value)?));
         }
 
         let mut to_value = match target {
             Some((bytes, value)) => {
-                conditions.push(Condition::Equals {
-                    key: to_key.clone(),
-                    value: bytes,
-                });
+                compare.push(Compare::ValueEquals(to_key.clone(), bytes));
                 value
             }
             None => {
-                conditions.push(Condition::Absent {
-                    key: to_key.clone(),
-                });
+                compare.push(Compare::Absent(to_key.clone()));
                 DatanodeTableValue {
                     regions: Vec::new(),
                     region_wal_options: BTreeMap::new(),
@@ -364,16 +401,18 @@ impl RegionMigrationProcedure {
             to_value.region_wal_options.insert(number, wal);
         }
         to_value.version += 1;
-        ops.push(WriteOp::Put {
-            key: to_key,
-            value: encode(&to_value)?,
-        });
-        self.data.state = RegionMigrationState::WaitLeader;
-        Ok(Status::executing_with(StepWrites::new(
-            Arc::new(KvStepStore::new(self.context.metadata.kv().clone())),
-            conditions,
-            ops,
-        )))
+        success.push(TxnOp::Put(to_key, encode(&to_value)?));
+        if let (Some(key), Some(epoch)) = (&self.context.epoch_key, ctx.epoch()) {
+            compare.push(Compare::ValueEquals(
+                key.clone().into_bytes(),
+                epoch.to_string().into_bytes(),
+            ));
+        }
+        Ok(Some(Txn {
+            compare,
+            success,
+            failure: Vec::new(),
+        }))
     }
 
     /// WaitLeader: done once the target leads the region at the new epoch.
@@ -418,10 +457,10 @@ impl Procedure for RegionMigrationProcedure {
         REGION_MIGRATION_TYPE_NAME
     }
 
-    async fn execute(&mut self, _ctx: &Context) -> procedures::Result<Status> {
+    async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
         match self.data.state {
             RegionMigrationState::Prepare => self.on_prepare().await.map_err(prepare_error),
-            RegionMigrationState::UpdateRoute => Ok(self.on_update_route().await?),
+            RegionMigrationState::UpdateRoute => Ok(self.on_update_route(ctx).await?),
             RegionMigrationState::WaitLeader => Ok(self.on_wait_leader().await?),
         }
     }
