@@ -451,6 +451,17 @@ fn prepare_error(e: crate::error::Error) -> procedures::Error {
     }
 }
 
+/// A route change refused by the epoch fence halts the manager (a newer one runs the procedure now).
+fn update_route_error(e: crate::error::Error) -> procedures::Error {
+    match e {
+        crate::error::Error::ProcedureFenced { own, current, .. } => procedures::Error::Fenced {
+            epoch: current.parse().unwrap_or(0),
+            own,
+        },
+        e => e.into(),
+    }
+}
+
 #[async_trait]
 impl Procedure for RegionMigrationProcedure {
     fn type_name(&self) -> &str {
@@ -460,7 +471,9 @@ impl Procedure for RegionMigrationProcedure {
     async fn execute(&mut self, ctx: &Context) -> procedures::Result<Status> {
         match self.data.state {
             RegionMigrationState::Prepare => self.on_prepare().await.map_err(prepare_error),
-            RegionMigrationState::UpdateRoute => Ok(self.on_update_route(ctx).await?),
+            RegionMigrationState::UpdateRoute => {
+                self.on_update_route(ctx).await.map_err(update_route_error)
+            }
             RegionMigrationState::WaitLeader => Ok(self.on_wait_leader().await?),
         }
     }

@@ -14,6 +14,7 @@ mod idempotent_create;
 mod lifecycle;
 mod metadata_compat;
 mod migration_crash;
+mod migration_fencing;
 mod reliability;
 mod rollback;
 mod upgrade_format1;
