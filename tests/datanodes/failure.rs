@@ -1,6 +1,8 @@
 //! Failure detection on the leader: a datanode whose heartbeats stop is suspected once its phi passes
 //! `[failover] phi_threshold`, never during the term's warm-up (two of its leases from the term's start), and a
-//! datanode that keeps heartbeating is never suspected.
+//! datanode that keeps heartbeating is never suspected. What the metasrv fails over: the suspected incarnations,
+//! and registered datanodes that never heartbeated to this leader once the warm-up passed; `[failover] enabled =
+//! false` fails over nothing.
 
 use remote_wal::config::FailoverConfig;
 
@@ -60,6 +62,8 @@ async fn a_silent_datanode_is_suspected_after_the_warm_up_and_a_live_one_never()
         if two.suspected {
             assert!(two.phi >= 8.0, "{two:?}");
             assert_eq!(registry.suspects(), vec![2]);
+            assert_eq!(registry.failed().await.unwrap(), vec![(2, 1)]);
+            assert_eq!(registry.live(), vec![1]);
             assert!(
                 seen_held_back,
                 "datanode 2's phi passed the threshold within the warm-up and was held back first"
@@ -97,4 +101,96 @@ fn failover_settings_out_of_range_are_refused_naming_the_key() {
     .unwrap();
     assert_eq!(ok.failover.phi_threshold, 10.0);
     assert!(!ok.failover.enabled);
+}
+
+/// A metasrv whose detector suspects quickly, failover on or off.
+async fn quick_metasrv(kv: &KvBackendRef, enabled: bool) -> Metasrv {
+    let mut cfg = config(WalConfig::RaftEngine, vec![1, 2, 3]);
+    cfg.failover = FailoverConfig {
+        enabled,
+        phi_threshold: 8.0,
+        acceptable_pause: Duration::ZERO,
+        min_std: Duration::from_millis(1),
+    };
+    let m = Metasrv::with_parts(
+        cfg,
+        kv.clone(),
+        None,
+        Arc::new(MemoryDatanodeManager::new()),
+    )
+    .expect("valid config");
+    m.start().await.expect("start");
+    m
+}
+
+#[tokio::test]
+async fn a_registered_datanode_never_heard_this_term_fails_after_the_warm_up_and_an_unregistered_one_never()
+ {
+    let kv = memory_kv();
+    let m = quick_metasrv(&kv, true).await;
+    let registry = m.datanode_registry();
+    registry.begin_term();
+    // Datanode 3 registered with an earlier leader (its record exists) and died: it never heartbeats to this one.
+    let three = registry
+        .register(&register_request(3, "dn3:4001", 200))
+        .await
+        .unwrap()
+        .incarnation;
+    registry.end_term();
+    let term = Instant::now();
+    registry.begin_term();
+    registry
+        .register(&register_request(1, "dn1:4001", 200))
+        .await
+        .unwrap();
+    let warm_up = 2 * Duration::from_millis(lease_ms(200));
+    for _ in 0..POLLS {
+        beat(registry, 1, 1, 200, &[], 0).await;
+        let failed = registry.failed().await.unwrap();
+        if Instant::now().duration_since(term) < warm_up {
+            assert!(
+                failed.iter().all(|(id, _)| *id != 3),
+                "failed during the warm-up: {failed:?}"
+            );
+        }
+        if !failed.is_empty() {
+            // Datanode 2 never registered: nothing of it to fail over.
+            assert_eq!(failed, vec![(3, three)]);
+            assert!(Instant::now().duration_since(term) >= warm_up);
+            let submitted = m.fail_over_failed_datanodes().await.unwrap();
+            assert_eq!(
+                submitted,
+                vec![remote_wal::ddl::failover_procedure_id(3, three)]
+            );
+            // Submitting again starts nothing new.
+            assert!(m.fail_over_failed_datanodes().await.unwrap().is_empty());
+            m.stop().await.unwrap();
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    panic!("datanode 3 was never found failed");
+}
+
+#[tokio::test]
+async fn with_failover_disabled_nothing_is_failed_over() {
+    let kv = memory_kv();
+    let m = quick_metasrv(&kv, false).await;
+    let registry = m.datanode_registry();
+    registry.begin_term();
+    registry
+        .register(&register_request(3, "dn3:4001", 200))
+        .await
+        .unwrap();
+    beat(registry, 3, 1, 200, &[], 0).await;
+    for _ in 0..POLLS {
+        if !registry.failed().await.unwrap().is_empty() {
+            assert!(m.fail_over_failed_datanodes().await.unwrap().is_empty());
+            assert!(m.list_procedures().await.unwrap().is_empty());
+            m.stop().await.unwrap();
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    panic!("datanode 3 was never found failed");
 }
