@@ -226,6 +226,29 @@ pub struct TopicsReport {
     pub config_drift: Vec<TopicConfigDrift>,
 }
 
+/// The key whose presence pauses automatic failover (`walctl failover pause`).
+pub const FAILOVER_PAUSE_KEY: &str = "__failover_pause";
+
+/// What `walctl failover status` and `GET /v1/failover` show.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailoverStatus {
+    /// `[failover] enabled`.
+    pub enabled: bool,
+    /// Paused by an operator.
+    pub paused: bool,
+    /// The datanode incarnations the leader finds failed now.
+    pub failed: Vec<FailedDatanode>,
+}
+
+/// One failed datanode incarnation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedDatanode {
+    /// The datanode.
+    pub datanode: u64,
+    /// Its failed incarnation.
+    pub incarnation: u64,
+}
+
 /// The façade: kv backend, procedure manager, WAL options allocator, DDL manager.
 pub struct Metasrv {
     config: MetasrvConfig,
@@ -885,12 +908,62 @@ impl Metasrv {
         Ok((id, watcher))
     }
 
+    /// Pauses automatic failover (maintenance: a datanode restarted on purpose must not have its regions moved):
+    /// persisted at [`FAILOVER_PAUSE_KEY`], so it holds across restarts and leader changes until
+    /// [`Metasrv::resume_failover`]. Failovers already running go on. Returns whether it was paused before.
+    pub async fn pause_failover(&self) -> Result<bool> {
+        let previous = self
+            .kv
+            .put(crate::kv::PutRequest {
+                key: FAILOVER_PAUSE_KEY.as_bytes().to_vec(),
+                value: serde_json::json!({ "paused_at_ms": procedures::record::now_ms() })
+                    .to_string()
+                    .into_bytes(),
+                prev_kv: true,
+            })
+            .await?;
+        Ok(previous.is_some())
+    }
+
+    /// Resumes automatic failover; returns whether it was paused.
+    pub async fn resume_failover(&self) -> Result<bool> {
+        let removed = self
+            .kv
+            .batch_delete(&[FAILOVER_PAUSE_KEY.as_bytes().to_vec()], true)
+            .await?;
+        Ok(!removed.is_empty())
+    }
+
+    /// Whether automatic failover is paused ([`Metasrv::pause_failover`]).
+    pub async fn failover_paused(&self) -> Result<bool> {
+        Ok(self.kv.get(FAILOVER_PAUSE_KEY.as_bytes()).await?.is_some())
+    }
+
+    /// What automatic failover stands at: enabled by the config, paused by an operator, and the datanode
+    /// incarnations this leader finds failed now (empty off the leader).
+    pub async fn failover_status(&self) -> Result<FailoverStatus> {
+        Ok(FailoverStatus {
+            enabled: self.config.failover.enabled,
+            paused: self.failover_paused().await?,
+            failed: self
+                .registry
+                .failed()
+                .await?
+                .into_iter()
+                .map(|(datanode, incarnation)| FailedDatanode {
+                    datanode,
+                    incarnation,
+                })
+                .collect(),
+        })
+    }
+
     /// Fails over every datanode incarnation the registry finds failed ([`datanodes::DatanodeRegistry::failed`]):
     /// submits a [`crate::ddl::DatanodeFailoverProcedure`] under [`crate::ddl::failover_procedure_id`] for each,
     /// which a failover already known under that id is not started again by. Returns the failovers submitted by
     /// this call. Does nothing when `[failover] enabled = false`. Needs [`Metasrv::start`] and a term.
     pub async fn fail_over_failed_datanodes(&self) -> Result<Vec<ProcedureId>> {
-        if !self.config.failover.enabled {
+        if !self.config.failover.enabled || self.failover_paused().await? {
             return Ok(Vec::new());
         }
         self.ensure_started("fail over datanodes")?;

@@ -157,6 +157,15 @@ async fn a_registered_datanode_never_heard_this_term_fails_after_the_warm_up_and
             // Datanode 2 never registered: nothing of it to fail over.
             assert_eq!(failed, vec![(3, three)]);
             assert!(Instant::now().duration_since(term) >= warm_up);
+            // Paused (maintenance): nothing is failed over, and the status says so.
+            assert!(!m.pause_failover().await.unwrap());
+            assert!(m.pause_failover().await.unwrap(), "paused already");
+            assert!(m.fail_over_failed_datanodes().await.unwrap().is_empty());
+            let status = m.failover_status().await.unwrap();
+            assert!(status.enabled && status.paused, "{status:?}");
+            assert_eq!(status.failed.len(), 1);
+            assert!(m.resume_failover().await.unwrap());
+            assert!(!m.resume_failover().await.unwrap(), "resumed already");
             let submitted = m.fail_over_failed_datanodes().await.unwrap();
             assert_eq!(
                 submitted,

@@ -77,6 +77,9 @@ pub enum Command {
         #[arg(long)]
         no_wait: bool,
     },
+    /// Automatic failover: `failover status|pause|resume` (see `docs/failover.md`).
+    #[command(subcommand)]
+    Failover(crate::failover::FailoverCommand),
     /// Print the region open requests a datanode would issue, and per-region errors.
     OpenRegions {
         /// The datanode id.

@@ -248,6 +248,19 @@ pub fn execute(client: &mut Client, command: &Command, out: &mut Output) -> Resu
             )?;
             output::print_migration(out, *region, *to, &answer);
         }
+        Command::Failover(command @ crate::failover::FailoverCommand::Status) => {
+            let status: remote_wal::metasrv::FailoverStatus =
+                client.call_as(Method::Get, command.path(), None)?;
+            crate::failover::print_status(out, &status);
+        }
+        Command::Failover(command) => {
+            #[derive(serde::Deserialize)]
+            struct Toggled {
+                was_paused: bool,
+            }
+            let toggled: Toggled = client.call_as(Method::Post, command.path(), None)?;
+            crate::failover::print_toggle(out, command, toggled.was_paused);
+        }
         Command::Topics => {
             let report: TopicsReport = client.call_as(Method::Get, "/v1/topics", None)?;
             output::print_topics(out, &report);

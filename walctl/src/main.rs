@@ -20,6 +20,7 @@ mod cli;
 mod client;
 mod datanode_server;
 mod election;
+mod failover;
 mod load;
 mod output;
 mod progress;
@@ -358,6 +359,20 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             "migrate-region of region {region} runs on the leading walctl serve, where datanodes heartbeat: pass \
              --server, or run it on etcd beside a leading server (no server leads this store)"
         ))),
+        Command::Failover(failover::FailoverCommand::Status) => {
+            failover::print_status(out, &metasrv.failover_status().await?);
+            Ok(())
+        }
+        Command::Failover(command @ failover::FailoverCommand::Pause) => {
+            let was = metasrv.pause_failover().await?;
+            failover::print_toggle(out, command, was);
+            Ok(())
+        }
+        Command::Failover(command @ failover::FailoverCommand::Resume) => {
+            let was = metasrv.resume_failover().await?;
+            failover::print_toggle(out, command, was);
+            Ok(())
+        }
         Command::Topics => {
             let topics = metasrv.topics().await?;
             output::print_topics(out, &topics);

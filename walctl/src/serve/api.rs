@@ -65,6 +65,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/heartbeat", post(crate::serve::datanodes::heartbeat))
         .route("/v1/tables/{*name}", get(crate::serve::datanodes::table))
         .route("/v1/regions/{id}/migrate", post(migrate_region))
+        .route("/v1/failover", get(failover_status))
+        .route("/v1/failover/{action}", post(failover_toggle))
         .layer(DefaultBodyLimit::max(crate::serve::error::BODY_LIMIT))
         .with_state(state);
     // Outside the routes, so that the middleware sees a 405 with the `Allow` header the routes add.
@@ -269,6 +271,32 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
         }
     });
     Ok((StatusCode::ACCEPTED, Json(json!({ "procedure_id": id }))).into_response())
+}
+
+/// `GET /v1/failover`: enabled, paused, and the datanode incarnations this server (leading) finds failed.
+async fn failover_status(State(state): State<AppState>) -> ApiResult {
+    Ok(Json(state.metasrv.failover_status().await?).into_response())
+}
+
+/// `POST /v1/failover/pause|resume` (the leader only): `{"paused": bool, "was_paused": bool}`.
+async fn failover_toggle(State(state): State<AppState>, Path(action): Path<String>) -> ApiResult {
+    let pause = match action.as_str() {
+        "pause" => true,
+        "resume" => false,
+        other => {
+            return Err(ApiError::not_found(format!(
+                "no failover action '{}': the actions are pause and resume",
+                excerpt(other, 40)
+            )));
+        }
+    };
+    state.ensure_leader().await?;
+    let was_paused = if pause {
+        state.metasrv.pause_failover().await?
+    } else {
+        state.metasrv.resume_failover().await?
+    };
+    Ok(Json(json!({ "paused": pause, "was_paused": was_paused })).into_response())
 }
 
 /// The body of `POST /v1/regions/{id}/migrate`.
