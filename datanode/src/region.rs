@@ -99,6 +99,9 @@ pub struct Region {
     pub memtable: tokio::sync::Mutex<Memtable>,
     lease: std::sync::Mutex<LeaseState>,
     counters: std::sync::Mutex<RegionCounters>,
+    /// The region epoch this datanode last wrote a fence record at (0: none). A Kafka region leading at a higher
+    /// epoch writes one before its first entry (`Datanode::write`).
+    fenced_epoch: std::sync::atomic::AtomicU64,
 }
 
 impl Region {
@@ -122,6 +125,7 @@ impl Region {
             opened_from,
             memtable: tokio::sync::Mutex::new(memtable),
             counters: std::sync::Mutex::new(counters),
+            fenced_epoch: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -173,6 +177,17 @@ impl Region {
         lease.needs_reopen = true;
         lease.role = RegionRole::Follower;
         lease.deadline = None;
+    }
+
+    /// The region epoch this datanode last wrote a fence record at (0: none).
+    pub fn fenced_epoch(&self) -> u64 {
+        self.fenced_epoch.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Records that a fence record at `epoch` is written.
+    pub fn set_fenced_epoch(&self, epoch: u64) {
+        self.fenced_epoch
+            .fetch_max(epoch, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// The counters now.

@@ -559,6 +559,8 @@ impl Datanode {
         let Some(deadline) = self.writable_until(&region, now) else {
             return self.not_leader(&region, now);
         };
+        self.fence_before_first_write(&region, &mut memtable, deadline)
+            .await?;
         let bytes: usize = entries.iter().map(Vec::len).sum();
         let appended = match &region.wal {
             RegionWal::Kafka { store, .. } => {
@@ -602,6 +604,92 @@ impl Datanode {
             c.memtable_bytes = memtable_bytes;
         });
         Ok(ids)
+    }
+
+    /// Before a Kafka region's first entry at a region epoch above 0 that it has not fenced yet (it leads after a
+    /// move, or again after a restart): appends a fence record at that epoch to the topic, at offset `F`, then
+    /// reads the region's records between its last entry and `F` into its memtable. From `F` on, every replay
+    /// ignores the region's records of a lower epoch (a deposed leader's late appends); the records before `F`
+    /// that this datanode's open replay did not see (appends of the old leader that landed after it read the
+    /// topic, which the old leader never acknowledged: it acknowledges only before its deadline) are taken in, so
+    /// the memtable holds what any later replay will find. The memtable lock is held throughout.
+    async fn fence_before_first_write(
+        &self,
+        region: &Region,
+        memtable: &mut Memtable,
+        deadline: Instant,
+    ) -> Result<()> {
+        let RegionWal::Kafka { store, .. } = &region.wal else {
+            return Ok(());
+        };
+        let epoch = region.lease().epoch;
+        if epoch == 0 || region.fenced_epoch() >= epoch {
+            return Ok(());
+        }
+        let region_id = region.id;
+        let fenced =
+            tokio::time::timeout_at(deadline.into(), store.append_fence(region_id, epoch)).await;
+        // A fence whose outcome is unknown, or a read that fails after it, leaves the region's state unknown: it
+        // reopens (a full replay), as after an append of unknown outcome.
+        let fence_id = match fenced {
+            Ok(Ok(id)) => id,
+            Ok(Err(e)) => {
+                region.poison();
+                return OutcomeUnknownSnafu {
+                    region_id,
+                    reason: format!("its fence record at epoch {epoch}: {e}"),
+                }
+                .fail();
+            }
+            Err(_) => {
+                region.poison();
+                return OutcomeUnknownSnafu {
+                    region_id,
+                    reason: format!(
+                        "its fence record at epoch {epoch} was not acknowledged before the region's lease ran out"
+                    ),
+                }
+                .fail();
+            }
+        };
+        let last = region.counters().last_entry_id;
+        let from = BTreeMap::from([(region_id, last + 1)]);
+        let read = store.read_regions_fenced(&from, &BTreeMap::new()).await;
+        let mut read = match read {
+            Ok((read, _)) => read,
+            Err(e) => {
+                region.poison();
+                return OutcomeUnknownSnafu {
+                    region_id,
+                    reason: format!("reading up to its fence record at epoch {epoch}: {e}"),
+                }
+                .fail();
+            }
+        };
+        let late: Vec<Entry> = read
+            .remove(&region_id)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e.entry_id < fence_id && e.entry_id > last)
+            .collect();
+        if let Some(newest) = late.last().map(|e| e.entry_id) {
+            let bytes: usize = late.iter().map(|e| e.data.len()).sum();
+            memtable.bytes += bytes;
+            memtable.entries.extend(late);
+            let memtable_bytes = memtable.bytes as u64;
+            region.update_counters(|c| {
+                c.last_entry_id = c.last_entry_id.max(newest);
+                c.memtable_bytes = memtable_bytes;
+            });
+        }
+        region.set_fenced_epoch(epoch);
+        tracing::info!(
+            region_id,
+            epoch,
+            fence_entry_id = fence_id,
+            "region fenced at its new epoch"
+        );
+        Ok(())
     }
 
     fn writable_until(&self, region: &Region, now: Instant) -> Option<Instant> {

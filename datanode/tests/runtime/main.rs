@@ -1,7 +1,8 @@
 //! The datanode runtime on in-memory Kafka partitions and a temporary region storage: leases gate writes, a late
 //! append is never acknowledged and makes the region reopen whole, two writers of one region (a zombie beside the
 //! lease holder) both replay, flush plus replay rebuild a region after a restart, a new region starts at its
-//! topic's end, a region without its `__topic_region` key is not opened, and the flush threshold flushes first.
+//! topic's end, a region without its `__topic_region` key is not opened, the flush threshold flushes first, and
+//! a new leader at a higher region epoch fences the old one out before its first write.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -151,6 +152,20 @@ fn lease(dn: &Arc<Datanode>, region: u64, ms: u64) {
             role: RegionRole::Leader,
             epoch: 0,
             duration_ms: ms,
+        }],
+        ..HeartbeatResponse::default()
+    };
+    dn.apply(response, Instant::now());
+}
+
+/// A leader lease on `region` at region epoch `epoch`, lasting a minute from now.
+fn lease_at(dn: &Arc<Datanode>, region: u64, epoch: u64) {
+    let response = HeartbeatResponse {
+        leases: vec![RegionLease {
+            region_id: region,
+            role: RegionRole::Leader,
+            epoch,
+            duration_ms: 60_000,
         }],
         ..HeartbeatResponse::default()
     };
@@ -356,4 +371,78 @@ async fn past_the_flush_threshold_a_write_flushes_first() {
         .unwrap();
     assert!(region.flushed_entry_id >= 4, "{region:?}");
     assert_eq!(dn.region_entries(REGION).await.unwrap().len(), 5);
+}
+
+/// The hand-over: the old leader (epoch 0) appends after the new one opened (its replay did not see that
+/// entry); the new leader's first write at epoch 1 appends a fence record first and takes that entry in; an append
+/// of the old leader after the fence is ignored by every later replay, while what the new leader holds is exactly
+/// what a replay finds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_fences_its_epoch_before_its_first_write_and_replay_drops_the_old_leaders_later_appends()
+ {
+    let world = World::new();
+    let old = world.datanode(1, u64::MAX);
+    open(&old, REGION, Some(0)).await;
+    lease_at(&old, REGION, 0);
+    old.write(REGION, vec![b"o1".to_vec()]).await.unwrap();
+
+    let new = world.datanode(2, u64::MAX);
+    let mut moved = to_open(REGION, Some(0));
+    moved.epoch = 1;
+    for (id, result) in new.open_regions(vec![moved]).await {
+        result.unwrap_or_else(|e| panic!("open {id}: {e}"));
+    }
+    // Landed after the new leader's replay read the topic.
+    old.write(REGION, vec![b"o2".to_vec()]).await.unwrap();
+    let records_before = world
+        .brokers
+        .partition(TOPIC)
+        .inner
+        .high_watermark()
+        .await
+        .unwrap();
+
+    lease_at(&new, REGION, 1);
+    new.write(REGION, vec![b"n1".to_vec()]).await.unwrap();
+    // o2 (before the fence) is in the new leader's memtable; one fence record and n1 were appended.
+    assert_eq!(
+        sequences(&new.region_entries(REGION).await.unwrap()),
+        vec![b"o1".to_vec(), b"o2".to_vec(), b"n1".to_vec()]
+    );
+    let records_after = world
+        .brokers
+        .partition(TOPIC)
+        .inner
+        .high_watermark()
+        .await
+        .unwrap();
+    assert_eq!(records_after - records_before, 2, "the fence record and n1");
+    // A second write does not fence again.
+    new.write(REGION, vec![b"n2".to_vec()]).await.unwrap();
+    assert_eq!(
+        world
+            .brokers
+            .partition(TOPIC)
+            .inner
+            .high_watermark()
+            .await
+            .unwrap()
+            - records_after,
+        1
+    );
+
+    // The deposed leader appends after the fence (it still believes in its lease).
+    old.write(REGION, vec![b"o3".to_vec()]).await.unwrap();
+    let reader = world.datanode(3, u64::MAX);
+    open(&reader, REGION, Some(0)).await;
+    assert_eq!(
+        sequences(&reader.region_entries(REGION).await.unwrap()),
+        vec![
+            b"o1".to_vec(),
+            b"o2".to_vec(),
+            b"n1".to_vec(),
+            b"n2".to_vec()
+        ],
+        "the replay ignores the old epoch's append after the fence"
+    );
 }
