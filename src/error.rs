@@ -1006,6 +1006,17 @@ pub enum Error {
         /// The current one.
         current: u64,
     },
+    /// A heartbeat from an incarnation the leader found failed and whose regions it failed over.
+    #[snafu(display(
+        "datanode {datanode_id}: incarnation {incarnation} was found failed and its regions moved to other \
+         datanodes; it must stop serving (a restart registers a new incarnation)"
+    ))]
+    DatanodeRetired {
+        /// The datanode.
+        datanode_id: u64,
+        /// The retired incarnation.
+        incarnation: u64,
+    },
     /// A heartbeat from a datanode incarnation this metadata store never registered.
     #[snafu(display(
         "datanode {datanode_id}: incarnation {incarnation} was never registered (register first)"

@@ -969,6 +969,8 @@ impl Metasrv {
         self.ensure_started("fail over datanodes")?;
         let mut submitted = Vec::new();
         for (datanode_id, incarnation) in self.registry.failed().await? {
+            // Retired first: the failed process, back, is stale; a later failure is another incarnation's.
+            self.registry.retire(datanode_id, incarnation).await?;
             let id = crate::ddl::failover_procedure_id(datanode_id, incarnation);
             let procedure = procedures::ProcedureWithId::new(
                 id.clone(),

@@ -37,8 +37,9 @@ use crate::ddl::region::{region_number, region_table_id as table_id_of};
 use crate::ddl::table_route::TableRouteValue;
 use crate::ddl::table_route::table_route_key;
 use crate::error::{
-    DatanodeNotRegisteredSnafu, DatanodeRegistrationContentionSnafu, DatanodeStaleIncarnationSnafu,
-    DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu, DecodeMetadataSnafu, Result,
+    DatanodeNotRegisteredSnafu, DatanodeRegistrationContentionSnafu, DatanodeRetiredSnafu,
+    DatanodeStaleIncarnationSnafu, DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu,
+    DecodeMetadataSnafu, Result,
 };
 use crate::kv::{CompareAndPutRequest, KvBackendRef, WriteGeneration};
 use crate::metasrv::failure_detector::PhiAccrualDetector;
@@ -76,6 +77,10 @@ pub struct DatanodeRecord {
     /// Whether every lease of the incarnations before it had run out before it got its first.
     #[serde(default)]
     pub cleared: bool,
+    /// Set when the incarnation failed and its regions were failed over: its heartbeats are refused as stale (it
+    /// must register again), and it is not failed over again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retired: bool,
 }
 
 /// What the registry knows of one datanode.
@@ -304,6 +309,7 @@ impl DatanodeRegistry {
             lease_ms: millis(lease),
             // The longest lease any earlier incarnation may still hold: its own, and, while it never waited out its
             // predecessors (not cleared), theirs too.
+            retired: false,
             previous_lease_ms: previous.as_ref().map_or(0, |p| {
                 if p.cleared {
                     p.lease_ms
@@ -396,6 +402,13 @@ impl DatanodeRegistry {
                 }
                 .fail();
             };
+            snafu::ensure!(
+                !node.record.retired,
+                DatanodeRetiredSnafu {
+                    datanode_id,
+                    incarnation: request.incarnation,
+                }
+            );
             node.last_heartbeat = Some(now);
             node.detector.heartbeat(now);
             node.interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
@@ -707,6 +720,13 @@ impl DatanodeRegistry {
             }
             .fail();
         }
+        snafu::ensure!(
+            !record.retired,
+            DatanodeRetiredSnafu {
+                datanode_id,
+                incarnation: request.incarnation,
+            }
+        );
         let now = Instant::now();
         let interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
         let mut inner = self.inner();
@@ -734,6 +754,44 @@ impl DatanodeRegistry {
             },
         );
         Ok(())
+    }
+
+    /// Retires incarnation `incarnation` of `datanode_id` before its regions are failed over: its record says
+    /// `retired` (compare-and-put), so the failed process, should it come back (a zombie let go), is refused as
+    /// stale by every leader and stops, it is not failed over again, and the datanode's next registration is a new
+    /// incarnation whose failure is another failover. What this term knew of its leases stays (a moved region's
+    /// new leader still waits them out). Returns whether this call retired it (`false`: retired already, or the
+    /// record moved on).
+    pub async fn retire(&self, datanode_id: u64, incarnation: u64) -> Result<bool> {
+        let key = datanode_key(datanode_id);
+        let Some((bytes, record)) = self.read_record(datanode_id).await? else {
+            return Ok(false);
+        };
+        if record.incarnation != incarnation || record.retired {
+            return Ok(false);
+        }
+        let retired = DatanodeRecord {
+            retired: true,
+            ..record
+        };
+        let response = self
+            .kv
+            .compare_and_put(CompareAndPutRequest {
+                key: key.clone().into_bytes(),
+                expect: Some(bytes),
+                value: serde_json::to_vec(&retired).unwrap_or_default(),
+            })
+            .await?;
+        snafu::ensure!(
+            response.success,
+            DatanodeRegistrationContentionSnafu { datanode_id, key }
+        );
+        if let Some(node) = self.inner().nodes.get_mut(&datanode_id)
+            && node.record.incarnation == incarnation
+        {
+            node.record = retired;
+        }
+        Ok(true)
     }
 
     /// Records that the incarnation of `request` waited out its predecessors' leases (compare-and-put).
@@ -1031,7 +1089,7 @@ impl DatanodeRegistry {
             let failed: Vec<(u64, u64)> = inner
                 .nodes
                 .iter()
-                .filter(|(_, node)| self.suspected(&inner, node, now))
+                .filter(|(_, node)| !node.record.retired && self.suspected(&inner, node, now))
                 .map(|(id, node)| (*id, node.record.incarnation))
                 .collect();
             let heard: BTreeSet<u64> = inner
@@ -1059,7 +1117,7 @@ impl DatanodeRegistry {
             let key = String::from_utf8_lossy(&kv.key).into_owned();
             let record: DatanodeRecord = serde_json::from_slice(&kv.value).context_decode(&key)?;
             let warm_up = 2 * Duration::from_millis(record.lease_ms.max(record.previous_lease_ms));
-            if now < term_start + warm_up {
+            if record.retired || now < term_start + warm_up {
                 continue;
             }
             if let Some(id) = key.rsplit('/').next().and_then(|i| i.parse::<u64>().ok())

@@ -1,8 +1,8 @@
 //! Failure detection on the leader: a datanode whose heartbeats stop is suspected once its phi passes
 //! `[failover] phi_threshold`, never during the term's warm-up (two of its leases from the term's start), and a
 //! datanode that keeps heartbeating is never suspected. What the metasrv fails over: the suspected incarnations,
-//! and registered datanodes that never heartbeated to this leader once the warm-up passed; `[failover] enabled =
-//! false` fails over nothing.
+//! and registered datanodes that never heartbeated to this leader once the warm-up passed, each retired first (a
+//! zombie of it is refused and a restart is a new incarnation); `[failover] enabled = false` fails over nothing.
 
 use remote_wal::config::FailoverConfig;
 
@@ -171,8 +171,28 @@ async fn a_registered_datanode_never_heard_this_term_fails_after_the_warm_up_and
                 submitted,
                 vec![remote_wal::ddl::failover_procedure_id(3, three)]
             );
-            // Submitting again starts nothing new.
+            // Submitting again starts nothing new: the incarnation is retired, no longer failed.
             assert!(m.fail_over_failed_datanodes().await.unwrap().is_empty());
+            assert!(registry.failed().await.unwrap().is_empty());
+            assert!(record(&kv, 3).await.retired);
+            // Back from the dead, that incarnation is refused and must stop; a restart is a new incarnation.
+            let err = registry
+                .heartbeat(
+                    &heartbeat_request(3, three, 200, Vec::new()),
+                    &BTreeSet::new(),
+                )
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, remote_wal::Error::DatanodeRetired { .. }),
+                "{err}"
+            );
+            let again = registry
+                .register(&register_request(3, "dn3:4001", 200))
+                .await
+                .unwrap();
+            assert_eq!(again.incarnation, three + 1);
+            assert!(!record(&kv, 3).await.retired);
             m.stop().await.unwrap();
             return;
         }

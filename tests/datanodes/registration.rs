@@ -104,6 +104,7 @@ async fn each_registration_persists_the_next_incarnation() {
             lease_ms: lease_ms(100),
             previous_lease_ms: 0,
             cleared: true,
+            retired: false,
         },
         "the first incarnation ever has no predecessor to wait for"
     );
@@ -122,6 +123,7 @@ async fn each_registration_persists_the_next_incarnation() {
             lease_ms: lease_ms(250),
             previous_lease_ms: lease_ms(100),
             cleared: false,
+            retired: false,
         }
     );
 

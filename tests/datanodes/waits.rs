@@ -349,6 +349,7 @@ async fn a_chain_of_incarnations_never_cleared_keeps_the_longest_lease_to_wait_o
             lease_ms: lease_ms(NEW_INTERVAL_MS),
             previous_lease_ms: lease_ms(FIRST_INTERVAL_MS),
             cleared: false,
+            retired: false,
         },
         "incarnation 2 was not cleared: incarnation 1's longer lease is still the one to wait out"
     );

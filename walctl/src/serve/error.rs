@@ -142,7 +142,7 @@ impl From<remote_wal::Error> for ApiError {
                     }
                     E::WalTableNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
                     E::DatanodeNotRegistered { .. } => (StatusCode::NOT_FOUND, "not_registered"),
-                    E::DatanodeStaleIncarnation { .. } => {
+                    E::DatanodeStaleIncarnation { .. } | E::DatanodeRetired { .. } => {
                         (StatusCode::CONFLICT, "stale_incarnation")
                     }
                     E::DatanodeStillHeartbeating { .. } => {

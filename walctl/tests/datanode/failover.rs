@@ -2,13 +2,15 @@
 //! restarted. The leader's failure detector suspects it, a `DatanodeFailover` moves each of its regions to a live
 //! datanode (`RegionMigration` children), and the load follows them; every entry the load was told is durable is
 //! in its region's dump exactly once, in order. The time from the kill until every region leads again is printed
-//! (a figure, not a bound: `docs/failover.md`).
+//! (a figure, not a bound: `docs/failover.md`). The zombie variant stops the datanode (SIGSTOP) instead, past
+//! its lease and the detector, and lets it go once its regions lead elsewhere: it acknowledges nothing it cannot
+//! stand behind, and nothing acknowledged is lost.
 
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::cluster::{Cluster, get};
+use crate::cluster::{Cluster, PATIENCE, get};
 
 /// The datanode leading each region of `regions` per the leader's registry (`None`: none leads it now).
 fn leaders(cluster: &Cluster, regions: &[u64]) -> Vec<Option<u64>> {
@@ -71,6 +73,51 @@ fn kill_9_of_a_datanode_under_load_moves_its_regions_to_live_ones_and_loses_no_a
         failovers.contains(&format!("datanode_failover/{victim}/")) && failovers.contains("done"),
         "{failovers}"
     );
+    let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
+    assert_eq!(checked as u64, acknowledged, "{report}");
+}
+
+#[test]
+fn a_datanode_stopped_until_its_regions_failed_over_then_let_go_loses_no_acknowledged_entry() {
+    let mut cluster = Cluster::start(&[1, 2, 3], 2, "");
+    let regions = cluster.create_table("zombie", 6);
+    let (mut load, acks) = cluster.start_load("zombie", "14s", &["--concurrency", "6"]);
+    std::thread::sleep(Duration::from_secs(3));
+    let victim = cluster.busiest_datanode("zombie");
+    let zombie = cluster.datanodes.get(&victim).expect("the victim runs");
+    zombie.signal("-STOP");
+    cluster.wait_for("every region to lead on a live datanode", || {
+        leaders(&cluster, &regions)
+            .iter()
+            .all(|l| l.is_some_and(|dn| dn != victim))
+    });
+    // Let the zombie go while the load still writes: its leases are long over, its regions moved.
+    cluster
+        .datanodes
+        .get(&victim)
+        .expect("the victim runs")
+        .signal("-CONT");
+    // Its incarnation was retired with the failover: its next heartbeat is refused as stale, and it exits.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let zombie = cluster.datanodes.get_mut(&victim).expect("the victim");
+        if zombie.try_exit().is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the let-go datanode still runs\n{}",
+            zombie.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let report = cluster.finish_load(&mut load);
+    let acknowledged = report["acknowledged"].as_u64().expect("acknowledged");
+    assert!(acknowledged > 0, "{report}");
+    let table = cluster.table("zombie");
+    for r in table["regions"].as_array().expect("regions") {
+        assert_ne!(r["datanode_id"].as_u64(), Some(victim), "{table}");
+    }
     let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
     assert_eq!(checked as u64, acknowledged, "{report}");
 }
