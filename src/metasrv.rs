@@ -961,9 +961,15 @@ impl Metasrv {
     /// Fails over every datanode incarnation the registry finds failed ([`datanodes::DatanodeRegistry::failed`]):
     /// submits a [`crate::ddl::DatanodeFailoverProcedure`] under [`crate::ddl::failover_procedure_id`] for each,
     /// which a failover already known under that id is not started again by. Returns the failovers submitted by
-    /// this call. Does nothing when `[failover] enabled = false`. Needs [`Metasrv::start`] and a term.
+    /// this call. Does nothing when `[failover] enabled = false`, while paused, and on the raft-engine WAL (no
+    /// region could move). Needs [`Metasrv::start`] and a term.
     pub async fn fail_over_failed_datanodes(&self) -> Result<Vec<ProcedureId>> {
-        if !self.config.failover.enabled || self.failover_paused().await? {
+        // On the raft-engine WAL no region can move (each WAL is on its datanode's disk): nothing to fail over,
+        // and retiring a datanode that only paused would stop it for nothing.
+        if !self.config.failover.enabled
+            || matches!(self.config.wal, WalConfig::RaftEngine)
+            || self.failover_paused().await?
+        {
             return Ok(Vec::new());
         }
         self.ensure_started("fail over datanodes")?;

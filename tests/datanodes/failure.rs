@@ -2,7 +2,8 @@
 //! `[failover] phi_threshold`, never during the term's warm-up (two of its leases from the term's start), and a
 //! datanode that keeps heartbeating is never suspected. What the metasrv fails over: the suspected incarnations,
 //! and registered datanodes that never heartbeated to this leader once the warm-up passed, each retired first (a
-//! zombie of it is refused and a restart is a new incarnation); `[failover] enabled = false` fails over nothing.
+//! zombie of it is refused and a restart is a new incarnation); `[failover] enabled = false`, or the raft-engine WAL
+//! (no region could move), fails over nothing.
 
 use remote_wal::config::FailoverConfig;
 
@@ -103,9 +104,18 @@ fn failover_settings_out_of_range_are_refused_naming_the_key() {
     assert!(!ok.failover.enabled);
 }
 
-/// A metasrv whose detector suspects quickly, failover on or off.
-async fn quick_metasrv(kv: &KvBackendRef, enabled: bool) -> Metasrv {
-    let mut cfg = config(WalConfig::RaftEngine, vec![1, 2, 3]);
+/// A metasrv whose detector suspects quickly, failover on or off, on the Kafka WAL (fake brokers) or raft-engine.
+async fn quick_metasrv(kv: &KvBackendRef, enabled: bool, kafka: bool) -> Metasrv {
+    let wal = if kafka {
+        WalConfig::Kafka(KafkaConfig {
+            num_topics: 1,
+            topic_name_prefix: "failover_pool".to_string(),
+            ..Default::default()
+        })
+    } else {
+        WalConfig::RaftEngine
+    };
+    let mut cfg = config(wal, vec![1, 2, 3]);
     cfg.failover = FailoverConfig {
         enabled,
         phi_threshold: 8.0,
@@ -115,7 +125,7 @@ async fn quick_metasrv(kv: &KvBackendRef, enabled: bool) -> Metasrv {
     let m = Metasrv::with_parts(
         cfg,
         kv.clone(),
-        None,
+        kafka.then(|| Arc::new(FakeTopicAdmin::new()) as _),
         Arc::new(MemoryDatanodeManager::new()),
     )
     .expect("valid config");
@@ -127,7 +137,7 @@ async fn quick_metasrv(kv: &KvBackendRef, enabled: bool) -> Metasrv {
 async fn a_registered_datanode_never_heard_this_term_fails_after_the_warm_up_and_an_unregistered_one_never()
  {
     let kv = memory_kv();
-    let m = quick_metasrv(&kv, true).await;
+    let m = quick_metasrv(&kv, true, true).await;
     let registry = m.datanode_registry();
     registry.begin_term();
     // Datanode 3 registered with an earlier leader (its record exists) and died: it never heartbeats to this one.
@@ -203,8 +213,17 @@ async fn a_registered_datanode_never_heard_this_term_fails_after_the_warm_up_and
 
 #[tokio::test]
 async fn with_failover_disabled_nothing_is_failed_over() {
+    nothing_is_failed_over(false, true).await;
+}
+
+#[tokio::test]
+async fn on_the_raft_engine_wal_nothing_is_failed_over() {
+    nothing_is_failed_over(true, false).await;
+}
+
+async fn nothing_is_failed_over(enabled: bool, kafka: bool) {
     let kv = memory_kv();
-    let m = quick_metasrv(&kv, false).await;
+    let m = quick_metasrv(&kv, enabled, kafka).await;
     let registry = m.datanode_registry();
     registry.begin_term();
     registry
@@ -215,7 +234,14 @@ async fn with_failover_disabled_nothing_is_failed_over() {
     for _ in 0..POLLS {
         if !registry.failed().await.unwrap().is_empty() {
             assert!(m.fail_over_failed_datanodes().await.unwrap().is_empty());
-            assert!(m.list_procedures().await.unwrap().is_empty());
+            let failovers = m
+                .list_procedures()
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|p| p.type_name == remote_wal::ddl::DATANODE_FAILOVER_TYPE_NAME)
+                .count();
+            assert_eq!(failovers, 0);
             m.stop().await.unwrap();
             return;
         }
