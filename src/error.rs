@@ -671,6 +671,48 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A table to drop does not exist.
+    #[snafu(display("table {table} does not exist"))]
+    TableNotFound {
+        /// The full table name.
+        table: String,
+    },
+
+    /// A table to drop is not the one its name named when the drop was submitted (dropped and created again).
+    #[snafu(display(
+        "table {table} changed since the drop was submitted: its id is {found:?}, the drop was for {expected}"
+    ))]
+    TableChanged {
+        /// The full table name.
+        table: String,
+        /// The id the drop was submitted for.
+        expected: u32,
+        /// The id the name maps to now.
+        found: Option<u32>,
+    },
+
+    /// The persisted state of a drop-table procedure could not be decoded or encoded.
+    #[snafu(display("drop-table procedure state: {source}"))]
+    DropTableState {
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+
+    /// A dropped table's region is still led by a datanode (it closes it on its next heartbeat, or its lease runs
+    /// out).
+    #[snafu(display(
+        "table {table} is dropped; datanode {datanode_id} still leads its region {region_id} (it closes it on its \
+         next heartbeat)"
+    ))]
+    RegionStillOpen {
+        /// The full table name.
+        table: String,
+        /// The region.
+        region_id: u64,
+        /// The datanode leading it.
+        datanode_id: u64,
+    },
+
     /// A failed datanode's regions have nowhere to go: no other datanode heartbeats and is unsuspected.
     #[snafu(display(
         "datanode {datanode_id} failed, and no other datanode is alive to take its {regions} region(s)"
@@ -1252,7 +1294,9 @@ impl Error {
             // ---- retryable: ddl ----
             Error::DatanodeUnavailable { .. } => true,
             Error::SequenceContention { .. } => true,
-            Error::RegionNotLeadingYet { .. } | Error::NoFailoverTarget { .. } => true,
+            Error::RegionNotLeadingYet { .. }
+            | Error::NoFailoverTarget { .. }
+            | Error::RegionStillOpen { .. } => true,
             Error::CreateTable { source, .. } => source.is_retryable(),
             Error::WalRegion { source, .. } => source.is_retryable(),
             _ => false,

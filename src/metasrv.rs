@@ -506,6 +506,10 @@ impl Metasrv {
             crate::ddl::RegionMigrationProcedure::loader(migration.clone()),
         )?;
         procedures.register_loader(
+            crate::ddl::DROP_TABLE_TYPE_NAME,
+            crate::ddl::DropTableProcedure::loader(migration.clone()),
+        )?;
+        procedures.register_loader(
             crate::ddl::DATANODE_FAILOVER_TYPE_NAME,
             crate::ddl::DatanodeFailoverProcedure::loader(migration.clone()),
         )?;
@@ -992,6 +996,29 @@ impl Metasrv {
             }
         }
         Ok(submitted)
+    }
+
+    /// Drops table `name` with a [`crate::ddl::DropTableProcedure`] and returns its output
+    /// (`{"table_id","dropped","regions"}`): its metadata goes (through tombstones), its regions close on the
+    /// datanodes as their heartbeats find no route for them, and its regions' `__topic_region` keys go with it, so
+    /// the prune no longer waits for them. A table that does not exist is [`crate::Error::TableNotFound`] (no record
+    /// left), or `"dropped": false` with `if_exists`. Needs [`Metasrv::start`].
+    pub async fn drop_table(&self, name: TableName, if_exists: bool) -> Result<serde_json::Value> {
+        self.ensure_started("drop table")?;
+        let table_id = self.table_metadata.table_id(&name).await?;
+        let procedure = procedures::ProcedureWithId::with_random_id(Box::new(
+            crate::ddl::DropTableProcedure::new(
+                crate::ddl::DropTableTask {
+                    name,
+                    if_exists,
+                    table_id,
+                },
+                self.migration.clone(),
+            ),
+        ));
+        let mut watcher = self.procedures.submit(procedure).await?;
+        let output = watcher.wait().await?;
+        Ok(output.unwrap_or(serde_json::Value::Null))
     }
 
     /// Checks a region migration without submitting it: the region's current datanode and epoch, or the error

@@ -281,6 +281,8 @@ pub enum Refusal {
     InvalidRequest,
     /// The request conflicts with the state of something else.
     Conflict,
+    /// What the request acts on does not exist (a table to drop).
+    NotFound,
 }
 
 impl Error {

@@ -1,4 +1,4 @@
-//! Table metadata (keys and values in the kv backend), the table metadata allocator, the create-table and
+//! Table metadata (keys and values in the kv backend), the table metadata allocator, the create-table, drop-table,
 //! region-migration and datanode-failover procedures and the [`DdlManager`] that runs create-table.
 
 pub mod allocator;
@@ -8,6 +8,7 @@ pub mod datanode_failover;
 pub mod datanode_manager;
 pub mod datanode_table;
 pub mod ddl_manager;
+pub mod drop_table;
 pub mod metadata_manager;
 pub mod peer;
 pub mod procedure_id;
@@ -31,6 +32,7 @@ pub use datanode_manager::{
 };
 pub use datanode_table::DatanodeTableValue;
 pub use ddl_manager::DdlManager;
+pub use drop_table::{DROP_TABLE_TYPE_NAME, DropTableProcedure, DropTableTask};
 pub use metadata_manager::{TableMetadata, TableMetadataManager, TableMetadataManagerRef};
 pub use peer::{PeerSelector, PeerSelectorRef, RoundRobinPeerSelector};
 pub use region_migration::{

@@ -282,3 +282,95 @@ async fn region_to_open_by_id_carries_the_kafka_regions_key_and_checkpoint() {
     );
     m.stop().await.unwrap();
 }
+
+/// A dropped table's regions get `Close` and no lease; a heartbeat reporting them flushed further does not write
+/// their `__topic_region` keys back (a late checkpoint never resurrects a region); the drop finishes once the
+/// datanode reports them closed, and the pool counts them no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_tables_regions_close_and_no_late_checkpoint_brings_their_keys_back() {
+    let kv = memory_kv();
+    let m = Arc::new(kafka_metasrv(&kv, vec![1], 2).await);
+    let created = create(&m, "dropped", 2).await;
+    let keys = topic_region_keys(&created);
+    let registry = m.datanode_registry().clone();
+    registry.begin_term();
+    registry
+        .register(&register_request(1, "dn1:4001", 100))
+        .await
+        .unwrap();
+    let mine = regions_of(&created, 1);
+    beat_until_leased(&registry, 1, 1, 100, &mine).await;
+    let leading: Vec<RegionStat> = mine
+        .iter()
+        .map(|r| RegionStat {
+            role: RegionRole::Leader,
+            ..stat(*r, 3)
+        })
+        .collect();
+    registry
+        .heartbeat(
+            &heartbeat_request(1, 1, 100, leading.clone()),
+            &BTreeSet::new(),
+        )
+        .await
+        .unwrap();
+    let before = m.topics().await.unwrap();
+    assert_eq!(before.topics.iter().map(|t| t.regions).sum::<usize>(), 2);
+
+    let dropping = {
+        let m = m.clone();
+        tokio::spawn(async move { m.drop_table(table("dropped"), false).await })
+    };
+    // Still reported open and flushed further: no lease, Close, and no key written back.
+    let mut closed = false;
+    for _ in 0..POLLS {
+        let late: Vec<RegionStat> = leading
+            .iter()
+            .map(|s| RegionStat {
+                flushed_entry_id: 9,
+                last_entry_id: 9,
+                ..s.clone()
+            })
+            .collect();
+        let answer = registry
+            .heartbeat(&heartbeat_request(1, 1, 100, late), &BTreeSet::new())
+            .await
+            .unwrap();
+        if answer.instructions.len() == mine.len() {
+            assert!(answer.leases.is_empty(), "{answer:?}");
+            for r in &mine {
+                assert!(
+                    answer.instructions.contains(
+                        &remote_wal::datanode::protocol::Instruction::Close { region_id: *r }
+                    ),
+                    "{answer:?}"
+                );
+            }
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(closed, "the dropped regions were never closed");
+    for (region, key) in &keys {
+        assert_eq!(
+            checkpoint(&kv, key).await,
+            Err(()),
+            "region {region}'s key came back"
+        );
+    }
+    // The datanode closed them: the drop finishes.
+    beat(&registry, 1, 1, 100, &[], 0).await;
+    let output = tokio::time::timeout(Duration::from_secs(30), dropping)
+        .await
+        .expect("the drop finishes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(output["dropped"], true);
+    assert_eq!(output["regions"], 2);
+    let after = m.topics().await.unwrap();
+    assert_eq!(after.topics.iter().map(|t| t.regions).sum::<usize>(), 0);
+    for (_, key) in &keys {
+        assert_eq!(checkpoint(&kv, key).await, Err(()));
+    }
+}

@@ -8,6 +8,7 @@ mod commits;
 mod crash_matrix;
 mod create_table;
 mod datanode_open;
+mod drop_crash;
 mod failover_crash;
 mod fencing;
 mod idempotent_create;

@@ -62,6 +62,15 @@ pub enum Command {
         #[arg(long, value_name = "ID")]
         id: Option<String>,
     },
+    /// Drop a table: its metadata goes, its regions close on the datanodes, and its hold on the WAL's topics with
+    /// them (see `docs/drop-table.md`).
+    DropTable {
+        /// `table`, `schema.table` or `catalog.schema.table`.
+        name: String,
+        /// Succeed if it does not exist.
+        #[arg(long)]
+        if_exists: bool,
+    },
     /// Move a region's leadership to another datanode (a region on a Kafka WAL): its route names the target at
     /// a new epoch, the old leader closes it, and the target opens and leads it once the old lease ran out. Runs
     /// on the leading `walctl serve` (where datanodes heartbeat): with --server, or on etcd beside a leading
@@ -145,6 +154,7 @@ impl Command {
             // `bench ddl` starts the manager to create its tables: like create-table it must not fence a leader.
             Command::Bootstrap
             | Command::CreateTable { .. }
+            | Command::DropTable { .. }
             | Command::MigrateRegion { .. }
             | Command::Bench(_)
             | Command::Procedures(ProceduresCommand::Purge { .. }) => true,

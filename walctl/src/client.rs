@@ -235,6 +235,17 @@ pub fn execute(client: &mut Client, command: &Command, out: &mut Output) -> Resu
             output::print_open_regions(out, *datanode, &open, None);
         }
         Command::Procedures(command) => procedures(client, command, out)?,
+        Command::DropTable { name, if_exists } => {
+            let table = remote_wal::metasrv::parse_table_name(name)
+                .map_err(|e| Failure::Refused(e.to_string()))?;
+            let path = format!(
+                "/v1/tables/{}{}",
+                segment(&table.to_string()),
+                if *if_exists { "?if_exists=true" } else { "" }
+            );
+            let output: serde_json::Value = client.call_as(Method::Delete, &path, None)?;
+            output::print_drop(out, &table.to_string(), &output);
+        }
         Command::MigrateRegion {
             region,
             to,

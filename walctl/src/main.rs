@@ -354,6 +354,17 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
             bench::execute(metasrv, command, out).await?;
             Ok(())
         }
+        Command::DropTable { name, if_exists } => {
+            let table = parse_table_name(name)?;
+            match kafka_wait(metasrv) {
+                Some(what) => Waiting::new(what).run(metasrv.start()).await?,
+                None => metasrv.start().await?,
+            }
+            finish_recovered(metasrv).await?;
+            let output = metasrv.drop_table(table.clone(), *if_exists).await?;
+            output::print_drop(out, &table.to_string(), &output);
+            Ok(())
+        }
         // Regions move as datanodes heartbeat to the leader: an embedded manager hears no heartbeat.
         Command::MigrateRegion { region, .. } => Err(Failure::Refused(format!(
             "migrate-region of region {region} runs on the leading walctl serve, where datanodes heartbeat: pass \

@@ -385,6 +385,21 @@ impl<'a> From<&'a ProcedureInfo> for ProcedureLine<'a> {
     }
 }
 
+/// `walctl drop-table`'s result: the procedure's output (`{"table_id","dropped","regions"}`).
+pub fn print_drop(out: &mut Output, table: &str, output: &serde_json::Value) {
+    if out.json {
+        out.json_line(output);
+        return;
+    }
+    match (output["dropped"].as_bool(), output["table_id"].as_u64()) {
+        (Some(true), Some(id)) => out.line(&format!(
+            "table {table} id {id} dropped ({} regions)",
+            output["regions"].as_u64().unwrap_or(0)
+        )),
+        _ => out.line(&format!("table {table} does not exist; nothing dropped")),
+    }
+}
+
 /// `walctl migrate-region`'s result: the procedure's output (`{"region_id","from","to","epoch","procedure_id"}`),
 /// or, without waiting, `{"procedure_id"}`.
 pub fn print_migration(out: &mut Output, region: u64, to: u64, answer: &serde_json::Value) {

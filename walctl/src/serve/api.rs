@@ -63,7 +63,10 @@ pub fn router(state: AppState) -> Router {
             post(crate::serve::datanodes::register),
         )
         .route("/v1/heartbeat", post(crate::serve::datanodes::heartbeat))
-        .route("/v1/tables/{*name}", get(crate::serve::datanodes::table))
+        .route(
+            "/v1/tables/{*name}",
+            get(crate::serve::datanodes::table).delete(drop_table),
+        )
         .route("/v1/regions/{id}/migrate", post(migrate_region))
         .route("/v1/failover", get(failover_status))
         .route("/v1/failover/{action}", post(failover_toggle))
@@ -297,6 +300,30 @@ async fn failover_toggle(State(state): State<AppState>, Path(action): Path<Strin
         state.metasrv.resume_failover().await?
     };
     Ok(Json(json!({ "paused": pause, "was_paused": was_paused })).into_response())
+}
+
+/// `DELETE /v1/tables/{name}[?if_exists=true]` (the leader only): drops the table and answers
+/// `{"table_id","dropped","regions"}` once its metadata is gone and no datanode leads its regions; an unknown
+/// table is a 404 (no record left), or `"dropped": false` with `if_exists`.
+async fn drop_table(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    Query(params): Query<HashMap<String, String>>,
+) -> ApiResult {
+    let name = parse_table_name(&name)?;
+    let if_exists = match params.get("if_exists").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "if_exists: '{}' is not true or false",
+                excerpt(other, 20)
+            )));
+        }
+    };
+    state.ensure_leader().await?;
+    let output = state.metasrv.drop_table(name, if_exists).await?;
+    Ok(Json(output).into_response())
 }
 
 /// The body of `POST /v1/regions/{id}/migrate`.

@@ -190,6 +190,7 @@ impl From<remote_wal::Error> for ApiError {
                                 (StatusCode::CONFLICT, "already_exists")
                             }
                             procedures::Refusal::Conflict => (StatusCode::CONFLICT, "conflict"),
+                            procedures::Refusal::NotFound => (StatusCode::NOT_FOUND, "not_found"),
                             _ => (StatusCode::BAD_REQUEST, "bad_request"),
                         };
                         return ApiError {
