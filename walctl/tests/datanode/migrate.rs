@@ -116,3 +116,57 @@ fn regions_migrated_under_load_lead_on_their_target_and_lose_no_acknowledged_ent
     let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
     assert_eq!(checked as u64, acknowledged, "{report}");
 }
+
+/// kill -9 of the metasrv mid-migration (its route moved, the target not leading yet), under load: the restarted
+/// metasrv (a new term, which knows no lease the old one granted) recovers the migration and finishes it; the
+/// region leads on its target after the new term's wait of one lease, and nothing acknowledged is lost.
+#[test]
+fn a_migration_interrupted_by_kill_9_of_the_metasrv_is_finished_by_the_next_term() {
+    let mut cluster = Cluster::start(&[1, 2], 2, "");
+    cluster.create_table("interrupted", 2);
+    let (mut load, acks) = cluster.start_load("interrupted", "12s", &["--concurrency", "2"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let (region, from) = placement(&cluster, "interrupted")[0];
+    let to = if from == 1 { 2 } else { 1 };
+    let out = cluster.walctl(&[
+        "--json",
+        "migrate-region",
+        "--region",
+        &region.to_string(),
+        "--to",
+        &to.to_string(),
+        "--no-wait",
+    ]);
+    let submitted: Value = serde_json::from_str(out.trim()).expect("one JSON line");
+    let id = submitted["procedure_id"]
+        .as_str()
+        .expect("procedure_id")
+        .to_string();
+    // Killed mid-migration: the route has moved, the target does not lead yet (it waits out the old lease).
+    cluster.wait_for("the route to name the target", || {
+        placement(&cluster, "interrupted")
+            .iter()
+            .any(|(r, dn)| *r == region && *dn == to)
+    });
+    cluster.serve.as_mut().expect("serve runs").kill9();
+    std::thread::sleep(Duration::from_millis(300));
+    cluster.start_serve();
+    cluster.wait_ready();
+    cluster.wait_for("the migrated region to lead on its target", || {
+        leading(&cluster, region).is_some_and(|(dn, epoch)| dn == to && epoch >= 1)
+    });
+    // The procedure sees it at its next attempt.
+    cluster.wait_for("the migration to be done", || {
+        let (_, shown) = get(&format!(
+            "http://{}/v1/procedures/{id}",
+            cluster.serve_address
+        ));
+        shown["state"] == "done"
+    });
+
+    let report = cluster.finish_load(&mut load);
+    let acknowledged = report["acknowledged"].as_u64().expect("acknowledged");
+    assert!(acknowledged > 0, "{report}");
+    let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
+    assert_eq!(checked as u64, acknowledged, "{report}");
+}
