@@ -322,7 +322,7 @@ async fn a_drop_cancelled_before_its_tombstones_go_puts_every_key_back() {
         .await
         .unwrap();
     // Waiting in WaitClosed: the table is gone, its keys are tombstones.
-    for _ in 0..600 {
+    for _ in 0..3000 {
         if watcher.info().step_name.as_deref() == Some("WaitClosed")
             && !snapshot(&env.kv)
                 .await
