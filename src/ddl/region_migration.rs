@@ -15,8 +15,9 @@
 //!   once every leader lease `from` held on it has run out (`DatanodeRegistry::heartbeat`), so `to`'s replay
 //!   holds every entry `from` acknowledged: a datanode acknowledges an append only if the WAL took it before its
 //!   lease's deadline.
-//! - **WaitLeader** waits (a retryable error, retried with the engine's backoff) until `to` reports the region as
-//!   leader at the new epoch with a live lease.
+//! - **WaitLeader** waits until `to` reports the region as leader at the new epoch with a live lease: it looks every
+//!   100 ms for up to 10 s per attempt, then hands the engine a retryable error (the engine's retries give it more
+//!   attempts).
 //!
 //! Nothing durable happens before UpdateRoute's transaction, and after it the only way is forward (the route names the
 //! new datanode), so the procedure has no rollback: a cancel before it leaves everything as it was, one
@@ -47,6 +48,12 @@ use crate::wal::WalOptions;
 /// How many times UpdateRoute reads and tries its transaction again when another migration of the same table
 /// changed the route first.
 const UPDATE_ATTEMPTS: usize = 16;
+
+/// How often WaitLeader looks whether the target leads.
+const LEADER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long one attempt of WaitLeader looks before it hands the engine a retryable error.
+const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The type name the procedure is registered and persisted under.
 pub const REGION_MIGRATION_TYPE_NAME: &str = "remote_wal::RegionMigration";
@@ -415,10 +422,23 @@ impl RegionMigrationProcedure {
         }))
     }
 
-    /// WaitLeader: done once the target leads the region at the new epoch.
-    async fn on_wait_leader(&mut self) -> Result<Status> {
-        let task = &self.data.task;
-        let leader = self.context.leadership.region_leader(task.region_id).await;
+    /// WaitLeader: done once the target leads the region at the new epoch. Looks every [`LEADER_POLL`] for up to
+    /// [`LEADER_WAIT`] (the target opens the region only once the old leader's lease ran out, and replays it), then
+    /// hands a retryable error to the engine, whose retries give it more such rounds; a halted manager stops at
+    /// once.
+    async fn on_wait_leader(&mut self, ctx: &Context) -> Result<Status> {
+        let task = self.data.task.clone();
+        let deadline = tokio::time::Instant::now() + LEADER_WAIT;
+        let leader = loop {
+            let leader = self.context.leadership.region_leader(task.region_id).await;
+            let done = leader.is_some_and(|(datanode, epoch)| {
+                datanode == task.to && epoch >= self.data.new_epoch
+            });
+            if done || ctx.is_halted() || tokio::time::Instant::now() >= deadline {
+                break leader;
+            }
+            tokio::time::sleep(LEADER_POLL).await;
+        };
         match leader {
             Some((datanode, epoch)) if datanode == task.to && epoch >= self.data.new_epoch => {
                 Ok(Status::done_with_output(output(&self.data, epoch)))
@@ -474,7 +494,7 @@ impl Procedure for RegionMigrationProcedure {
             RegionMigrationState::UpdateRoute => {
                 self.on_update_route(ctx).await.map_err(update_route_error)
             }
-            RegionMigrationState::WaitLeader => Ok(self.on_wait_leader().await?),
+            RegionMigrationState::WaitLeader => Ok(self.on_wait_leader(ctx).await?),
         }
     }
 

@@ -196,17 +196,29 @@ async fn a_moved_region_opens_and_leads_on_its_target_only_after_the_old_leaders
         .find(|l| l.region_id == moving)
         .expect("the moved region is leased");
     assert_eq!((lease.role, lease.epoch), (RegionRole::Leader, 1));
-    beat_with(
-        &registry,
-        2,
-        two,
-        vec![
-            region(moving, RegionRole::Leader, 1),
-            region(staying, RegionRole::Leader, 0),
-        ],
-    )
-    .await;
-    let output = watcher.wait().await.expect("the migration finishes");
+    // Reported as leader (every heartbeat, as a datanode does): the migration is done.
+    let finished = {
+        let mut output = None;
+        for _ in 0..POLLS {
+            beat_with(
+                &registry,
+                2,
+                two,
+                vec![
+                    region(moving, RegionRole::Leader, 1),
+                    region(staying, RegionRole::Leader, 0),
+                ],
+            )
+            .await;
+            if watcher.info().state.is_finished() {
+                output = Some(watcher.wait().await);
+                break;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        output.expect("the migration finishes")
+    };
+    let output = finished.expect("the migration finishes");
     assert_eq!(
         output,
         Some(serde_json::json!({"region_id": moving, "from": 1, "to": 2, "epoch": 1}))
