@@ -13,14 +13,14 @@ use procedures::testing::{
     CrashScenario, MatrixConfig, StoreDigest, run_crash_matrix, store_digest,
 };
 use procedures::{MemoryStateStore, ProcedureManager, ProcedureWithId, StateStore};
-use remote_wal::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
+use remote_wal::ddl::datanode_table::datanode_table_key;
 use remote_wal::ddl::table_route::{TableRouteValue, table_route_key};
 use remote_wal::ddl::{
     DATANODE_FAILOVER_TYPE_NAME, DatanodeFailoverProcedure, MigrationContext,
-    REGION_MIGRATION_TYPE_NAME, RegionLeadership, RegionMigrationProcedure, TableMetadataManager,
+    REGION_MIGRATION_TYPE_NAME, RegionMigrationProcedure, TableMetadataManager,
     failover_procedure_id,
 };
-use remote_wal::kv::{KeyValue, KvBackendRef, KvStateStore, MemoryKvBackend};
+use remote_wal::kv::{KvBackendRef, KvStateStore, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
 
 use crate::support::ddl as support;
@@ -30,34 +30,6 @@ const LOCAL_TABLE: u32 = 1025;
 
 fn region(table: u32, number: u32) -> u64 {
     (u64::from(table) << 32) | u64::from(number)
-}
-
-/// Reports each region's routed datanode as its leader at the route's epoch; datanodes 2 and 3 are alive.
-#[derive(Debug)]
-struct RouteLeadership {
-    kv: KvBackendRef,
-}
-
-#[async_trait]
-impl RegionLeadership for RouteLeadership {
-    async fn region_leader(&self, region_id: u64) -> Option<(u64, u64)> {
-        let table = (region_id >> 32) as u32;
-        let found = self
-            .kv
-            .get(table_route_key(table).as_bytes())
-            .await
-            .ok()??;
-        let route: TableRouteValue = serde_json::from_slice(&found.value).ok()?;
-        let number = (region_id & 0xffff_ffff) as u32;
-        route
-            .region_routes
-            .get(&number)
-            .map(|dn| (*dn, route.region_epoch(number)))
-    }
-
-    async fn live_datanodes(&self) -> Vec<u64> {
-        vec![2, 3]
-    }
 }
 
 struct FailoverScenario {
@@ -75,44 +47,15 @@ struct Outcome {
     metadata: BTreeMap<String, String>,
 }
 
-fn table_keys(table: u32, placement: &[(u32, u64)], wal: &dyn Fn(u32) -> String) -> Vec<KeyValue> {
-    let route = TableRouteValue {
-        region_routes: placement.iter().copied().collect(),
-        version: 1,
-        region_epochs: BTreeMap::new(),
-    };
-    let mut kvs = vec![KeyValue {
-        key: table_route_key(table).into_bytes(),
-        value: serde_json::to_vec(&route).unwrap(),
-    }];
-    let mut by_dn: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
-    for (number, dn) in placement {
-        by_dn.entry(*dn).or_default().push(*number);
-    }
-    for (dn, regions) in by_dn {
-        let value = DatanodeTableValue {
-            table_id: table,
-            region_wal_options: regions.iter().map(|n| (*n, wal(*n))).collect(),
-            regions,
-            engine: "mito".to_string(),
-            region_storage_path: "greptime/public".to_string(),
-            region_options: BTreeMap::new(),
-            version: 1,
-        };
-        kvs.push(KeyValue {
-            key: datanode_table_key(dn, table).into_bytes(),
-            value: serde_json::to_vec(&value).unwrap(),
-        });
-    }
-    kvs
-}
-
 impl FailoverScenario {
     fn context(&self, env: &Env) -> MigrationContext {
         MigrationContext {
             metadata: Arc::new(TableMetadataManager::new(env.kv.clone())),
             datanode_ids: vec![1, 2, 3],
-            leadership: Arc::new(RouteLeadership { kv: env.kv.clone() }),
+            leadership: Arc::new(support::RouteLeadership {
+                kv: env.kv.clone(),
+                live: vec![2, 3],
+            }),
             epoch_key: self.state_in_kv.then(|| {
                 format!(
                     "{}{}",
@@ -133,8 +76,16 @@ impl CrashScenario for FailoverScenario {
         let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
         let kafka = |n: u32| WalOptions::kafka(format!("pool_topic_{n}")).encode();
         let local = |_: u32| WalOptions::RaftEngine.encode();
-        let mut kvs = table_keys(KAFKA_TABLE, &[(0, 1), (1, 2), (2, 1)], &kafka);
-        kvs.extend(table_keys(LOCAL_TABLE, &[(0, 1)], &local));
+        let mut kvs = support::table_keys(
+            KAFKA_TABLE,
+            &BTreeMap::from([(0, 1), (1, 2), (2, 1)]),
+            &kafka,
+        );
+        kvs.extend(support::table_keys(
+            LOCAL_TABLE,
+            &BTreeMap::from([(0, 1)]),
+            &local,
+        ));
         kv.batch_put(kvs, false).await.unwrap();
         let store: Arc<dyn StateStore> = if self.state_in_kv {
             Arc::new(KvStateStore::new(kv.clone()))

@@ -19,8 +19,8 @@ use procedures::{MemoryStateStore, ProcedureId, ProcedureManager, ProcedureWithI
 use remote_wal::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
 use remote_wal::ddl::table_route::{TableRouteValue, table_route_key};
 use remote_wal::ddl::{
-    MigrationContext, REGION_MIGRATION_TYPE_NAME, RegionLeadership, RegionMigrationProcedure,
-    RegionMigrationTask, TableMetadataManager,
+    MigrationContext, REGION_MIGRATION_TYPE_NAME, RegionMigrationProcedure, RegionMigrationTask,
+    TableMetadataManager,
 };
 use remote_wal::kv::{KeyValue, KvBackendRef, KvStateStore, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
@@ -28,33 +28,6 @@ use remote_wal::wal::WalOptions;
 use crate::support::ddl as support;
 
 const TABLE: u32 = 1024;
-
-/// Reports the route's datanode as the leader at the route's epoch.
-#[derive(Debug)]
-struct RouteLeadership {
-    kv: KvBackendRef,
-}
-
-#[async_trait]
-impl RegionLeadership for RouteLeadership {
-    async fn region_leader(&self, region_id: u64) -> Option<(u64, u64)> {
-        let found = self
-            .kv
-            .get(table_route_key(TABLE).as_bytes())
-            .await
-            .ok()??;
-        let route: TableRouteValue = serde_json::from_slice(&found.value).ok()?;
-        let number = (region_id & 0xffff_ffff) as u32;
-        route
-            .region_routes
-            .get(&number)
-            .map(|dn| (*dn, route.region_epoch(number)))
-    }
-
-    async fn live_datanodes(&self) -> Vec<u64> {
-        vec![1, 2, 3]
-    }
-}
 
 struct MigrationScenario {
     /// Region number → datanode.
@@ -83,35 +56,7 @@ fn wal(number: u32) -> String {
 impl MigrationScenario {
     /// The table's metadata before the migration: its route and one `__dn_table` record per datanode.
     fn initial(&self) -> Vec<KeyValue> {
-        let route = TableRouteValue {
-            region_routes: self.placement.clone(),
-            version: 1,
-            region_epochs: BTreeMap::new(),
-        };
-        let mut kvs = vec![KeyValue {
-            key: table_route_key(TABLE).into_bytes(),
-            value: serde_json::to_vec(&route).unwrap(),
-        }];
-        let mut by_dn: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
-        for (number, dn) in &self.placement {
-            by_dn.entry(*dn).or_default().push(*number);
-        }
-        for (dn, regions) in by_dn {
-            let value = DatanodeTableValue {
-                table_id: TABLE,
-                region_wal_options: regions.iter().map(|n| (*n, wal(*n))).collect(),
-                regions,
-                engine: "mito".to_string(),
-                region_storage_path: "greptime/public".to_string(),
-                region_options: BTreeMap::new(),
-                version: 1,
-            };
-            kvs.push(KeyValue {
-                key: datanode_table_key(dn, TABLE).into_bytes(),
-                value: serde_json::to_vec(&value).unwrap(),
-            });
-        }
-        kvs
+        support::table_keys(TABLE, &self.placement, &wal)
     }
 
     fn region_id(&self) -> u64 {
@@ -122,7 +67,10 @@ impl MigrationScenario {
         MigrationContext {
             metadata: Arc::new(TableMetadataManager::new(env.kv.clone())),
             datanode_ids: vec![1, 2, 3],
-            leadership: Arc::new(RouteLeadership { kv: env.kv.clone() }),
+            leadership: Arc::new(support::RouteLeadership {
+                kv: env.kv.clone(),
+                live: vec![1, 2, 3],
+            }),
             epoch_key: self.state_in_kv.then(|| {
                 format!(
                     "{}{}",

@@ -162,3 +162,71 @@ pub fn kafka_endpoints() -> Vec<String> {
     );
     endpoints
 }
+
+/// A leadership that reports each region's routed datanode as its leader at the route's region epoch (as the
+/// registry does once that datanode heartbeats with a lease), and `live` as the live datanodes.
+#[derive(Debug)]
+pub struct RouteLeadership {
+    pub kv: KvBackendRef,
+    pub live: Vec<u64>,
+}
+
+#[async_trait::async_trait]
+impl remote_wal::ddl::RegionLeadership for RouteLeadership {
+    async fn region_leader(&self, region_id: u64) -> Option<(u64, u64)> {
+        let table = (region_id >> 32) as u32;
+        let key = remote_wal::ddl::table_route::table_route_key(table);
+        let found = self.kv.get(key.as_bytes()).await.ok()??;
+        let route: remote_wal::ddl::table_route::TableRouteValue =
+            serde_json::from_slice(&found.value).ok()?;
+        let number = (region_id & 0xffff_ffff) as u32;
+        route
+            .region_routes
+            .get(&number)
+            .map(|dn| (*dn, route.region_epoch(number)))
+    }
+
+    async fn live_datanodes(&self) -> Vec<u64> {
+        self.live.clone()
+    }
+}
+
+/// A table's route (version 1, no epochs) and one `__dn_table` record per datanode, for `placement` (region
+/// number → datanode) with each region's encoded WAL options from `wal`.
+pub fn table_keys(
+    table: u32,
+    placement: &BTreeMap<u32, u64>,
+    wal: &dyn Fn(u32) -> String,
+) -> Vec<remote_wal::kv::KeyValue> {
+    use remote_wal::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
+    use remote_wal::ddl::table_route::{TableRouteValue, table_route_key};
+    let route = TableRouteValue {
+        region_routes: placement.clone(),
+        version: 1,
+        region_epochs: BTreeMap::new(),
+    };
+    let mut kvs = vec![remote_wal::kv::KeyValue {
+        key: table_route_key(table).into_bytes(),
+        value: serde_json::to_vec(&route).expect("a route encodes"),
+    }];
+    let mut by_dn: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    for (number, dn) in placement {
+        by_dn.entry(*dn).or_default().push(*number);
+    }
+    for (dn, regions) in by_dn {
+        let value = DatanodeTableValue {
+            table_id: table,
+            region_wal_options: regions.iter().map(|n| (*n, wal(*n))).collect(),
+            regions,
+            engine: "mito".to_string(),
+            region_storage_path: "greptime/public".to_string(),
+            region_options: BTreeMap::new(),
+            version: 1,
+        };
+        kvs.push(remote_wal::kv::KeyValue {
+            key: datanode_table_key(dn, table).into_bytes(),
+            value: serde_json::to_vec(&value).expect("a record encodes"),
+        });
+    }
+    kvs
+}
