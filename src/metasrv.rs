@@ -238,6 +238,10 @@ pub struct FailoverStatus {
     pub paused: bool,
     /// The datanode incarnations the leader finds failed now.
     pub failed: Vec<FailedDatanode>,
+    /// Regions that cannot lead anywhere until their failed datanode returns: on the raft-engine WAL, the regions
+    /// of the failed datanodes (their WAL is on those machines), by id.
+    #[serde(default)]
+    pub unavailable_regions: Vec<u64>,
 }
 
 /// One failed datanode incarnation.
@@ -946,19 +950,41 @@ impl Metasrv {
     /// What automatic failover stands at: enabled by the config, paused by an operator, and the datanode
     /// incarnations this leader finds failed now (empty off the leader).
     pub async fn failover_status(&self) -> Result<FailoverStatus> {
+        let failed: Vec<FailedDatanode> = self
+            .registry
+            .failed()
+            .await?
+            .into_iter()
+            .map(|(datanode, incarnation)| FailedDatanode {
+                datanode,
+                incarnation,
+            })
+            .collect();
+        let mut unavailable_regions = Vec::new();
+        if matches!(self.config.wal, WalConfig::RaftEngine) {
+            for f in &failed {
+                let prefix = crate::ddl::datanode_table::datanode_table_prefix(f.datanode);
+                let records =
+                    crate::kv::range_all(self.kv.as_ref(), RangeRequest::prefix(prefix), SCAN_PAGE)
+                        .await?;
+                for kv in records {
+                    if let Ok(value) = serde_json::from_slice::<DatanodeTableValue>(&kv.value) {
+                        unavailable_regions.extend(
+                            value
+                                .regions
+                                .iter()
+                                .map(|n| crate::ddl::region::region_id(value.table_id, *n)),
+                        );
+                    }
+                }
+            }
+            unavailable_regions.sort_unstable();
+        }
         Ok(FailoverStatus {
             enabled: self.config.failover.enabled,
             paused: self.failover_paused().await?,
-            failed: self
-                .registry
-                .failed()
-                .await?
-                .into_iter()
-                .map(|(datanode, incarnation)| FailedDatanode {
-                    datanode,
-                    incarnation,
-                })
-                .collect(),
+            failed,
+            unavailable_regions,
         })
     }
 

@@ -224,6 +224,10 @@ async fn on_the_raft_engine_wal_nothing_is_failed_over() {
 async fn nothing_is_failed_over(enabled: bool, kafka: bool) {
     let kv = memory_kv();
     let m = quick_metasrv(&kv, enabled, kafka).await;
+    // Three regions, one per datanode (round-robin from datanode 1).
+    let created = create(&m, "stays", 3).await;
+    let on_three = regions_of(&created, 3);
+    assert_eq!(on_three.len(), 1);
     let registry = m.datanode_registry();
     registry.begin_term();
     registry
@@ -234,6 +238,10 @@ async fn nothing_is_failed_over(enabled: bool, kafka: bool) {
     for _ in 0..POLLS {
         if !registry.failed().await.unwrap().is_empty() {
             assert!(m.fail_over_failed_datanodes().await.unwrap().is_empty());
+            // On raft-engine its regions cannot lead anywhere until it returns, and the status says which.
+            let status = m.failover_status().await.unwrap();
+            let expected = if kafka { Vec::new() } else { on_three.clone() };
+            assert_eq!(status.unavailable_regions, expected, "{status:?}");
             let failovers = m
                 .list_procedures()
                 .await

@@ -65,4 +65,15 @@ pub fn print_status(out: &mut Output, status: &FailoverStatus) {
             .collect();
         out.line(&format!("failed datanodes: {}", failed.join(", ")));
     }
+    if !status.unavailable_regions.is_empty() {
+        let regions: Vec<String> = status
+            .unavailable_regions
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        out.line(&format!(
+            "unavailable regions (raft-engine WAL on a failed datanode): {}",
+            regions.join(", ")
+        ));
+    }
 }

@@ -80,6 +80,7 @@ pub struct Metrics {
     pub heartbeats: Counter,
     datanodes: Gauge,
     datanodes_suspected: Gauge,
+    unavailable_regions: Gauge,
     region_leases: Gauge,
     step_duration: Family<TypeLabels, Histogram, fn() -> Histogram>,
     retries: Counter,
@@ -169,6 +170,12 @@ impl Metrics {
             "Datanodes of this leader's term whose failure detector's phi is at or above [failover] phi_threshold",
             datanodes_suspected.clone(),
         );
+        let unavailable_regions = Gauge::default();
+        registry.register(
+            "unavailable_regions",
+            "Regions that cannot lead anywhere until their failed datanode returns (raft-engine WAL; the leader only)",
+            unavailable_regions.clone(),
+        );
         let region_leases = Gauge::default();
         registry.register(
             "region_leases",
@@ -213,6 +220,7 @@ impl Metrics {
             heartbeats,
             datanodes,
             datanodes_suspected,
+            unavailable_regions,
             region_leases,
             procedures,
             topic_regions,
@@ -265,6 +273,10 @@ impl Metrics {
         self.region_leases.set(
             i64::try_from(datanodes.iter().map(|d| d.leases).sum::<usize>()).unwrap_or(i64::MAX),
         );
+        if let Ok(status) = metasrv.failover_status().await {
+            self.unavailable_regions
+                .set(i64::try_from(status.unavailable_regions.len()).unwrap_or(i64::MAX));
+        }
         let fenced = metasrv.fenced_writes();
         let counted = self.fenced_writes.get();
         if fenced > counted {

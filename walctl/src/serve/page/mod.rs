@@ -88,6 +88,8 @@ pub struct PageData {
     pub now_ms: u64,
     /// `?after=`: the page of finished procedures starts after this cursor (`procedures::listing::Cursor`).
     pub finished_after: Option<String>,
+    /// Automatic failover's state (the leader only), or why it could not be read.
+    pub failover: Option<Result<remote_wal::metasrv::FailoverStatus, String>>,
 }
 
 /// The page's query: `after`, the cursor of the finished procedures' page. Anything else is ignored (the page
@@ -137,6 +139,10 @@ impl PageData {
             .leading
             .is_some()
             .then(|| metasrv.datanode_registry().list());
+        let failover = match status.leading {
+            Some(_) => Some(metasrv.failover_status().await.map_err(|e| e.to_string())),
+            None => None,
+        };
         PageData {
             datanodes,
             this_server: state.advertise.clone(),
@@ -148,6 +154,7 @@ impl PageData {
             wal,
             now_ms: procedures::record::now_ms(),
             finished_after: query.after,
+            failover,
         }
     }
 }

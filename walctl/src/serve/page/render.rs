@@ -291,6 +291,7 @@ fn procedure_row(html: &mut String, info: &ProcedureInfo, data: &PageData) {
 /// (marked when suspected), regions and leases.
 fn datanodes(html: &mut String, data: &PageData) {
     html.push_str("<section id=\"datanodes-section\">\n<h2>Datanodes</h2>\n");
+    failover(html, data);
     let Some(nodes) = &data.datanodes else {
         html.push_str(
             "<p id=\"datanodes-elsewhere\">Datanodes register and heartbeat with the leader; see its page.</p>\n\
@@ -339,6 +340,57 @@ fn datanodes(html: &mut String, data: &PageData) {
         );
     }
     html.push_str("</tbody>\n</table>\n</section>\n");
+}
+
+/// Automatic failover: enabled, paused or disabled; the failed datanodes; the regions that cannot lead anywhere
+/// until their datanode returns.
+fn failover(html: &mut String, data: &PageData) {
+    let Some(status) = &data.failover else {
+        return;
+    };
+    let status = match status {
+        Ok(status) => status,
+        Err(reason) => {
+            let _ = writeln!(
+                html,
+                "<p class=\"error\" id=\"failover\">Automatic failover's state could not be read: {}</p>",
+                escape(reason)
+            );
+            return;
+        }
+    };
+    let state = match (status.enabled, status.paused) {
+        (false, _) => "disabled ([failover] enabled = false)",
+        (true, true) => "paused (walctl failover resume)",
+        (true, false) => "enabled",
+    };
+    let failed: Vec<String> = status
+        .failed
+        .iter()
+        .map(|f| format!("{} (incarnation {})", f.datanode, f.incarnation))
+        .collect();
+    let _ = writeln!(
+        html,
+        "<p id=\"failover\">Automatic failover: {state}; failed datanodes: {}.</p>",
+        if failed.is_empty() {
+            "none".to_string()
+        } else {
+            failed.join(", ")
+        }
+    );
+    if !status.unavailable_regions.is_empty() {
+        let regions: Vec<String> = status
+            .unavailable_regions
+            .iter()
+            .map(u64::to_string)
+            .collect();
+        let _ = writeln!(
+            html,
+            "<p class=\"error\" id=\"unavailable-regions\">Unavailable until their datanode returns (raft-engine \
+             WAL): regions {}.</p>",
+            regions.join(", ")
+        );
+    }
 }
 
 /// Held and awaited locks (the leader only: they live in its memory).
@@ -510,6 +562,15 @@ mod tests {
             }]),
             now_ms: NOW,
             finished_after: None,
+            failover: Some(Ok(remote_wal::metasrv::FailoverStatus {
+                enabled: true,
+                paused: false,
+                failed: vec![remote_wal::metasrv::FailedDatanode {
+                    datanode: 3,
+                    incarnation: 2,
+                }],
+                unavailable_regions: vec![4398046511104],
+            })),
         }
     }
 
@@ -570,6 +631,13 @@ mod tests {
             html.contains("<strong class=\"suspected\">9.25 suspected</strong>"),
             "{html}"
         );
+        assert!(
+            html.contains(
+                "<p id=\"failover\">Automatic failover: enabled; failed datanodes: 3 (incarnation 2).</p>"
+            ),
+            "{html}"
+        );
+        assert!(html.contains("WAL): regions 4398046511104.</p>"), "{html}");
     }
 
     /// The `data-id` of each procedure row, in page order.
