@@ -17,7 +17,8 @@
 //! - **DeleteTombstones** removes the tombstones in one commit with the `done` record.
 //!
 //! Rollback (a cancel, or a failure, before the tombstones are deleted) puts every key back from its tombstone,
-//! on the condition that the key is still absent; the datanodes then reopen the regions as their heartbeats find
+//! on the condition that the key is still absent and (on a metasrv) that the procedure store's epoch is the running
+//! manager's, so a deposed manager's late rollback writes nothing; the datanodes then reopen the regions as their heartbeats find
 //! the route again. Locks: the table's name and id exclusive (a region migration takes the id shared: a drop waits
 //! for a running migration and blocks new ones).
 
@@ -307,27 +308,79 @@ impl DropTableProcedure {
         )
     }
 
-    /// Rollback: every key back from its tombstone where the key is absent, then the tombstones removed.
-    async fn roll_back(&mut self) -> Result<()> {
+    /// Rollback: every key back from its tombstone where the key is absent, the tombstones removed. Each write is
+    /// conditioned on the procedure store's epoch still being the running manager's (with an epoch fence): a
+    /// deposed manager's late rollback cannot put back a table the newer manager has dropped.
+    async fn roll_back(&mut self, ctx: &Context) -> Result<()> {
+        use crate::kv::{Compare, Txn, TxnOp};
         let kv = self.context.metadata.kv();
+        let fence = match (&self.context.epoch_key, ctx.epoch()) {
+            (Some(key), Some(epoch)) => Some((key.clone(), epoch)),
+            _ => None,
+        };
+        let fenced = |compare: &mut Vec<Compare>| {
+            if let Some((key, epoch)) = &fence {
+                compare.push(Compare::ValueEquals(
+                    key.clone().into_bytes(),
+                    epoch.to_string().into_bytes(),
+                ));
+            }
+        };
         for recorded in &self.data.keys {
             let tombstone = tombstone_key(&recorded.key);
             let Some(found) = kv.get(tombstone.as_bytes()).await? else {
                 continue;
             };
-            kv.txn(crate::kv::Txn {
-                compare: vec![crate::kv::Compare::Absent(
-                    recorded.key.clone().into_bytes(),
-                )],
-                success: vec![
-                    crate::kv::TxnOp::Put(recorded.key.clone().into_bytes(), found.value),
-                    crate::kv::TxnOp::Delete(tombstone.clone().into_bytes()),
-                ],
-                failure: vec![crate::kv::TxnOp::Delete(tombstone.into_bytes())],
-            })
-            .await?;
+            let mut compare = vec![Compare::Absent(recorded.key.clone().into_bytes())];
+            fenced(&mut compare);
+            let restored = kv
+                .txn(Txn {
+                    compare,
+                    success: vec![
+                        TxnOp::Put(recorded.key.clone().into_bytes(), found.value),
+                        TxnOp::Delete(tombstone.clone().into_bytes()),
+                    ],
+                    failure: Vec::new(),
+                })
+                .await?;
+            if restored.succeeded {
+                continue;
+            }
+            self.ensure_epoch(ctx, &recorded.key).await?;
+            // The key is back already (an earlier run of the rollback): only the tombstone goes.
+            let mut compare = Vec::new();
+            fenced(&mut compare);
+            let removed = kv
+                .txn(Txn {
+                    compare,
+                    success: vec![TxnOp::Delete(tombstone.into_bytes())],
+                    failure: Vec::new(),
+                })
+                .await?;
+            if !removed.succeeded {
+                self.ensure_epoch(ctx, &recorded.key).await?;
+            }
         }
         Ok(())
+    }
+
+    /// The manager's epoch is still the store's, or the error saying a newer manager runs the procedure.
+    async fn ensure_epoch(&self, ctx: &Context, key: &str) -> Result<()> {
+        let (Some(epoch_key), Some(own)) = (&self.context.epoch_key, ctx.epoch()) else {
+            return Ok(());
+        };
+        let current = self.context.metadata.kv().get(epoch_key.as_bytes()).await?;
+        let current = current.map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+        if current.as_deref() == Some(own.to_string().as_str()) {
+            return Ok(());
+        }
+        crate::error::ProcedureFencedSnafu {
+            procedure_id: ctx.procedure_id().to_string(),
+            key: key.to_string(),
+            own,
+            current: current.unwrap_or_else(|| "absent".to_string()),
+        }
+        .fail()
     }
 }
 
@@ -388,8 +441,16 @@ impl Procedure for DropTableProcedure {
         )
     }
 
-    async fn rollback(&mut self, _ctx: &Context) -> procedures::Result<()> {
-        Ok(self.roll_back().await?)
+    async fn rollback(&mut self, ctx: &Context) -> procedures::Result<()> {
+        self.roll_back(ctx).await.map_err(|e| match e {
+            crate::error::Error::ProcedureFenced { own, current, .. } => {
+                procedures::Error::Fenced {
+                    epoch: current.parse().unwrap_or(0),
+                    own,
+                }
+            }
+            e => e.into(),
+        })
     }
 
     /// `Prepare`, `DeleteMetadata`, `WaitClosed`, `DeleteTombstones`.

@@ -1,10 +1,11 @@
-//! A deposed manager's late route change: manager A is held inside a migration's UpdateRoute, just before its
-//! transaction, while manager B claims the procedure store's epoch (B has no loader for migrations, so the route
-//! stays as it was: only the epoch stands between A and the route). Let go, A's transaction is refused by the epoch
-//! condition, A halts (fenced), and the route and `__dn_table` records are exactly as before.
+//! A deposed manager's late writes. Manager A is held just before a transaction — a migration's route change, or a
+//! cancelled drop's rollback putting a key back — while manager B claims the procedure store's epoch (B has no
+//! loader for the procedure, so nothing else moves: only the epoch stands between A and the keys). Let go, A's
+//! transaction is refused by the epoch condition, A halts (fenced), and the keys are exactly as B found them.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,8 +13,9 @@ use procedures::{LocalManager, ManagerConfig, ProcedureId, ProcedureManager, Pro
 use remote_wal::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
 use remote_wal::ddl::table_route::{TableRouteValue, table_route_key};
 use remote_wal::ddl::{
-    MigrationContext, REGION_MIGRATION_TYPE_NAME, RegionLeadership, RegionMigrationProcedure,
-    RegionMigrationTask, TableMetadataManager,
+    DROP_TABLE_TYPE_NAME, DropTableProcedure, DropTableTask, MigrationContext,
+    REGION_MIGRATION_TYPE_NAME, RegionLeadership, RegionMigrationProcedure, RegionMigrationTask,
+    TableMetadataManager, TableName,
 };
 use remote_wal::kv::{
     KeyValue, KvBackend, KvBackendRef, KvStateStore, KvWrapper, MemoryKvBackend, Txn, TxnResponse,
@@ -26,12 +28,24 @@ use crate::support::ddl as support;
 const TABLE: u32 = 1024;
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Holds every transaction until the test lets it go, and says when one arrived.
+/// Once armed, holds every transaction until the test lets it go, and says when one arrived.
 #[derive(Debug)]
 struct GatedKv {
     inner: KvBackendRef,
+    armed: AtomicBool,
     entered: Semaphore,
     release: Semaphore,
+}
+
+impl GatedKv {
+    fn new(inner: KvBackendRef, armed: bool) -> Arc<Self> {
+        Arc::new(GatedKv {
+            inner,
+            armed: AtomicBool::new(armed),
+            entered: Semaphore::new(0),
+            release: Semaphore::new(0),
+        })
+    }
 }
 
 #[async_trait]
@@ -41,6 +55,9 @@ impl KvWrapper for GatedKv {
     }
 
     async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+        if !self.armed.load(Ordering::SeqCst) {
+            return self.inner.txn(txn).await;
+        }
         self.entered.add_permits(1);
         if let Ok(permit) = self.release.acquire().await {
             permit.forget();
@@ -95,11 +112,7 @@ async fn a_deposed_managers_late_route_change_is_refused_by_the_epoch_and_it_hal
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     kv.batch_put(initial(), false).await.unwrap();
     let before = support::metadata_snapshot(&kv).await;
-    let gated = Arc::new(GatedKv {
-        inner: kv.clone(),
-        entered: Semaphore::new(0),
-        release: Semaphore::new(0),
-    });
+    let gated = GatedKv::new(kv.clone(), true);
     let context = MigrationContext {
         metadata: Arc::new(TableMetadataManager::new(gated.clone())),
         datanode_ids: vec![1, 2],
@@ -183,5 +196,100 @@ async fn a_deposed_managers_late_route_change_is_refused_by_the_epoch_and_it_hal
         .unwrap_err()
         .to_string();
     assert!(err.contains("fenced by epoch"), "{err}");
+    b.stop().await.unwrap();
+}
+
+#[derive(Debug)]
+struct StillOpen;
+
+#[async_trait]
+impl RegionLeadership for StillOpen {
+    async fn region_leader(&self, _region_id: u64) -> Option<(u64, u64)> {
+        Some((1, 0))
+    }
+
+    async fn live_datanodes(&self) -> Vec<u64> {
+        vec![1, 2]
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_managers_late_drop_rollback_puts_nothing_back_and_it_halts() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let mut keys = initial();
+    keys.push(KeyValue {
+        key: b"__table_name/greptime/public/gone".to_vec(),
+        value: format!("{{\"table_id\":{TABLE}}}").into_bytes(),
+    });
+    kv.batch_put(keys, false).await.unwrap();
+    let gated = GatedKv::new(kv.clone(), false);
+    let context = MigrationContext {
+        metadata: Arc::new(TableMetadataManager::new(gated.clone())),
+        datanode_ids: vec![1, 2],
+        leadership: Arc::new(StillOpen),
+        epoch_key: Some("__procedure__/epoch".to_string()),
+    };
+    let a = LocalManager::new(
+        Arc::new(KvStateStore::new(kv.clone())),
+        ManagerConfig::default(),
+    );
+    a.register_loader(
+        DROP_TABLE_TYPE_NAME,
+        DropTableProcedure::loader(context.clone()),
+    )
+    .unwrap();
+    a.start().await.unwrap();
+    let id = ProcedureId::new("late-rollback");
+    let mut watcher = a
+        .submit(ProcedureWithId::new(
+            id.clone(),
+            Box::new(DropTableProcedure::new(
+                DropTableTask {
+                    name: TableName::new("greptime", "public", "gone"),
+                    if_exists: false,
+                    table_id: Some(TABLE),
+                },
+                context,
+            )),
+        ))
+        .await
+        .unwrap();
+    // The drop waits for the datanodes (one still leads a region): its keys are tombstones.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while watcher.info().step_name.as_deref() != Some("WaitClosed") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never reached WaitClosed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let dropped = support::metadata_snapshot(&kv).await;
+    assert!(!dropped.contains_key("__table_name/greptime/public/gone"));
+
+    // Cancelled: A's rollback is held before its first write, while B claims the store.
+    gated.armed.store(true, Ordering::SeqCst);
+    a.cancel(&id).await.unwrap();
+    tokio::time::timeout(WAIT, gated.entered.acquire())
+        .await
+        .expect("A's rollback reaches its transaction")
+        .unwrap()
+        .forget();
+    let b = LocalManager::new(
+        Arc::new(KvStateStore::new(kv.clone())),
+        ManagerConfig::default(),
+    );
+    b.start().await.unwrap();
+    gated.release.add_permits(16);
+    gated.armed.store(false, Ordering::SeqCst);
+    let outcome = tokio::time::timeout(WAIT, watcher.wait())
+        .await
+        .expect("A stops");
+    assert!(outcome.is_err(), "{outcome:?}");
+    // Nothing came back: the table stays dropped for B to finish.
+    assert_eq!(
+        support::metadata_snapshot(&kv).await,
+        dropped,
+        "a key was put back"
+    );
     b.stop().await.unwrap();
 }
