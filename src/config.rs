@@ -406,6 +406,10 @@ pub struct MetadataStoreConfig {
     /// etcd: how long one request may take.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// etcd: how long one member may take to answer a point request before the call passes it over (a read goes
+    /// to the next member at once; a write fails retryably and its retry starts at the next member).
+    #[serde(with = "humantime_serde")]
+    pub member_timeout: Duration,
     /// Every key this metasrv reads or writes starts with this prefix (default: none), so several metasrvs can
     /// share one etcd cluster without seeing each other's tables, topic names or procedures.
     pub key_prefix: String,
@@ -419,6 +423,7 @@ impl Default for MetadataStoreConfig {
             endpoints: vec!["127.0.0.1:2379".to_string()],
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
+            member_timeout: Duration::from_secs(2),
             key_prefix: String::new(),
         }
     }

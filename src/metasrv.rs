@@ -1407,6 +1407,7 @@ async fn open_kv_backend(config: &MetasrvConfig, mode: RedbOpenMode) -> Result<K
                 endpoints: store.endpoints.clone(),
                 connect_timeout: store.connect_timeout,
                 request_timeout: store.request_timeout,
+                member_timeout: store.member_timeout,
                 ..Default::default()
             };
             Arc::new(crate::kv::EtcdKvBackend::connect(etcd).await?)

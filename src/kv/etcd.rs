@@ -1,8 +1,11 @@
 //! [`EtcdKvBackend`]: the metadata store on an etcd cluster (v3 API, over `etcd-client`).
 //!
-//! - Every call runs under the configured request timeout; a connection is proven at [`EtcdKvBackend::connect`]
-//!   with a status call under the connect timeout, so an unreachable cluster is reported, naming the endpoints,
-//!   instead of hanging.
+//! - A client per member; calls start at the member the last one reached and move between members by the rules
+//!   of [`members`]: a member that refuses, fails transiently or does not answer a point request within
+//!   `member_timeout` is passed over (a read goes to the next member at once; a write fails retryably, since it may
+//!   have been applied, and its retry starts at the next member). A connection is proven at
+//!   [`EtcdKvBackend::connect`] with a status call under the connect timeout, so an unreachable cluster is
+//!   reported, naming the endpoints, instead of hanging.
 //! - etcd's limits (`--max-txn-ops`, 128 by default; `--max-request-bytes`, 1.5 MiB by default) are honoured on
 //!   the client: `batch_get`, `batch_put` and `batch_delete` are split into several transactions (each atomic,
 //!   the batch as a whole then is not); a [`Txn`] or a single value over the limits is refused before anything is
@@ -15,20 +18,22 @@
 //! - `Compare::Absent` / `Present` compare the key's create revision with 0; `ValueEquals` compares the value
 //!   (which fails on an absent key, as etcd does).
 
+pub(crate) mod members;
 mod point_reads;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare as EtcdCompare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient,
-    PutOptions, Txn as EtcdTxn, TxnOp as EtcdTxnOp, TxnOpResponse as EtcdTxnOpResponse,
+    Client, Compare as EtcdCompare, CompareOp, DeleteOptions, GetOptions, KvClient, PutOptions,
+    Txn as EtcdTxn, TxnOp as EtcdTxnOp, TxnOpResponse as EtcdTxnOpResponse,
 };
 use serde::{Deserialize, Serialize};
 use snafu::{IntoError, ensure};
 
+pub(crate) use self::members::is_transient as is_retryable;
+use self::members::{Failure, Members, Resend};
 use self::point_reads::{PointReads, Reader, Values};
 use crate::error::{
     EtcdConfigSnafu, EtcdConnectSnafu, EtcdConnectTimeoutSnafu, EtcdOpSnafu, EtcdTimeoutSnafu,
@@ -52,9 +57,6 @@ pub const ETCD_TXNS_IN_FLIGHT: usize = 8;
 
 const MAX_RESPONSE_BYTES: usize = 512 << 20;
 
-/// gRPC status codes that may clear up on retry: DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE.
-const RETRYABLE_CODES: [i32; 3] = [4, 8, 14];
-
 /// How to reach etcd and what it accepts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
@@ -67,6 +69,12 @@ pub struct EtcdConfig {
     /// How long any one call may take.
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// How long one member may take to answer a point request (a read, a write, a transaction) before the call
+    /// gives up on it and the next call starts at the next member; a read moves on at once. Ranges are given the
+    /// whole `request_timeout` (a large one may take long); a connection that stops answering pings is closed
+    /// sooner anyway. See `docs/ha.md`.
+    #[serde(with = "humantime_serde")]
+    pub member_timeout: Duration,
     /// The cluster's `--max-txn-ops`.
     pub max_txn_ops: usize,
     /// The most key and value bytes sent in one request (the cluster's `--max-request-bytes` less headroom).
@@ -79,6 +87,7 @@ impl Default for EtcdConfig {
             endpoints: vec!["127.0.0.1:2379".to_string()],
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
+            member_timeout: Duration::from_secs(2),
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
         }
@@ -98,10 +107,9 @@ impl EtcdConfig {
 /// A [`KvBackend`] on etcd.
 #[derive(Clone)]
 pub struct EtcdKvBackend {
-    /// One client per endpoint (a member each), in the configured order.
-    members: Arc<Vec<KvClient>>,
-    /// The member the last call reached: calls start there and move on only when it refuses connections.
-    preferred: Arc<AtomicUsize>,
+    /// One client per endpoint (a member each), in the configured order, and the member calls start at (see
+    /// [`members`]).
+    members: Arc<Members<KvClient>>,
     config: EtcdConfig,
     endpoints: String,
     /// The point reads in flight and queued: concurrent ones share a request.
@@ -134,39 +142,44 @@ impl EtcdKvBackend {
                 ),
             }
         );
+        ensure!(
+            !config.member_timeout.is_zero() && !config.request_timeout.is_zero(),
+            EtcdConfigSnafu {
+                reason: "request_timeout and member_timeout must be positive",
+            }
+        );
         let endpoints = config.endpoints.join(",");
-        let options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            .with_timeout(config.request_timeout);
-        // One client per member rather than one balancing over all: a balanced channel keeps sending requests to a
-        // member that went down (it fails fast, so it looks least loaded), while a client of our own moves to the
-        // next member as soon as its member refuses the connection.
+        let options =
+            members::connect_options(config.connect_timeout, Some(config.request_timeout));
+        // One client per member rather than one balancing over all (see `members`).
         let connecting = async {
-            let mut members = Vec::with_capacity(config.endpoints.len());
+            let mut clients = Vec::with_capacity(config.endpoints.len());
             for endpoint in &config.endpoints {
-                members.push(Client::connect([endpoint], Some(options.clone())).await?);
+                clients.push(Client::connect([endpoint], Some(options.clone())).await?);
             }
             // Connecting is lazy: a status call proves a member answers; the first that does is preferred.
-            let mut last = None;
-            for (i, member) in members.iter_mut().enumerate() {
-                match member.status().await {
-                    Ok(_) => return Ok((members, i)),
-                    Err(e) if is_connection_refused(&e) => last = Some(e),
-                    Err(e) => return Err(e),
-                }
-            }
-            Err(last.unwrap_or_else(|| etcd_client::Error::InvalidArgs("no endpoints".into())))
+            let members = Members::new(clients, config.endpoints.clone());
+            let status = members
+                .call(config.connect_timeout, Resend::Safe, |mut c| async move {
+                    c.status().await
+                })
+                .await;
+            Ok::<_, etcd_client::Error>((status, members))
         };
         let (clients, preferred) =
             match tokio::time::timeout(config.connect_timeout, connecting).await {
-                Err(_) => {
+                Ok(Ok((Ok(_), members))) => {
+                    let preferred = members.preferred();
+                    (members, preferred)
+                }
+                Err(_) | Ok(Ok((Err(Failure::Timeout { .. }), _))) => {
                     return EtcdConnectTimeoutSnafu {
                         endpoints,
                         timeout: config.connect_timeout,
                     }
                     .fail();
                 }
-                Ok(Err(source)) => {
+                Ok(Err(source)) | Ok(Ok((Err(Failure::Etcd { error: source, .. }), _))) => {
                     return Err(EtcdConnectSnafu {
                         endpoints,
                         detail: describe(&source),
@@ -174,12 +187,18 @@ impl EtcdKvBackend {
                     }
                     .into_error(source));
                 }
-                Ok(Ok(connected)) => connected,
             };
-        let members = clients
-            .iter()
-            .map(|c| c.kv_client().max_decoding_message_size(MAX_RESPONSE_BYTES))
+        let kv_clients = (0..clients.len())
+            .map(|i| {
+                clients
+                    .member(i)
+                    .0
+                    .kv_client()
+                    .max_decoding_message_size(MAX_RESPONSE_BYTES)
+            })
             .collect();
+        let members = Members::new(kv_clients, config.endpoints.clone());
+        members.prefer(preferred);
         let reads = PointReads::new(point_reads::Limits {
             max_keys: config.max_txn_ops,
             max_bytes: config.max_request_bytes,
@@ -188,7 +207,6 @@ impl EtcdKvBackend {
         });
         Ok(EtcdKvBackend {
             members: Arc::new(members),
-            preferred: Arc::new(AtomicUsize::new(preferred)),
             config,
             endpoints,
             reads,
@@ -200,57 +218,51 @@ impl EtcdKvBackend {
         &self.config
     }
 
-    /// Runs one etcd call, `f` on a member's client, under the request timeout. It starts at the member the last
-    /// call reached; when that member refuses the connection (the request never reached it, so sending it to
-    /// another member is safe, writes included) the next member is tried, each at most once.
-    async fn call<T, F, Fut>(&self, action: &'static str, key: &[u8], f: F) -> Result<T>
+    /// Runs one etcd call, `f` on a member's client, by the rules of [`members`]: a point request gives each member
+    /// `member_timeout`, a range the whole `request_timeout`; `resend` says whether a request that may have
+    /// reached a member may go to the next one.
+    async fn call<T, F, Fut>(
+        &self,
+        action: &'static str,
+        key: &[u8],
+        resend: Resend,
+        f: F,
+    ) -> Result<T>
     where
         F: Fn(KvClient) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let n = self.members.len();
-        let start = self.preferred.load(Ordering::Relaxed);
-        let mut outcome = None;
-        for step in 0..n {
-            let i = (start + step) % n;
-            match tokio::time::timeout(self.config.request_timeout, f(self.members[i].clone()))
-                .await
-            {
-                Ok(Err(e)) if is_connection_refused(&e) && step + 1 < n => continue,
-                Ok(Ok(out)) => {
-                    self.preferred.store(i, Ordering::Relaxed);
-                    outcome = Some(Ok(Ok(out)));
-                    break;
-                }
-                other => {
-                    outcome = Some(other);
-                    break;
-                }
-            }
-        }
-        let Some(outcome) = outcome else {
-            return EtcdConfigSnafu {
-                reason: "no endpoints given",
-            }
-            .fail();
+        let attempt = if action == "range" {
+            self.config.request_timeout
+        } else {
+            self.config.member_timeout.min(self.config.request_timeout)
         };
+        let whole = self.config.request_timeout;
+        let outcome = tokio::time::timeout(whole, self.members.call(attempt, resend, f))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Failure::Timeout {
+                    endpoint: self.endpoints.clone(),
+                    after: whole,
+                })
+            });
         match outcome {
-            Err(_) => EtcdTimeoutSnafu {
-                endpoints: self.endpoints.clone(),
+            Ok(out) => Ok(out),
+            Err(Failure::Timeout { endpoint, after }) => EtcdTimeoutSnafu {
+                endpoints: endpoint,
                 action,
                 key: display_key(key),
-                timeout: self.config.request_timeout,
+                timeout: after,
             }
             .fail(),
-            Ok(Err(source)) => Err(EtcdOpSnafu {
-                endpoints: self.endpoints.clone(),
+            Err(Failure::Etcd { endpoint, error }) => Err(EtcdOpSnafu {
+                endpoints: endpoint,
                 action,
                 key: display_key(key),
-                detail: describe(&source),
-                retryable: is_retryable(&source),
+                detail: describe(&error),
+                retryable: is_retryable(&error),
             }
-            .into_error(source)),
-            Ok(Ok(out)) => Ok(out),
+            .into_error(error)),
         }
     }
 
@@ -259,11 +271,12 @@ impl EtcdKvBackend {
         &self,
         action: &'static str,
         key: &[u8],
+        resend: Resend,
         ops: Vec<EtcdTxnOp>,
     ) -> Result<Vec<EtcdTxnOpResponse>> {
         let txn = EtcdTxn::new().and_then(ops);
         let resp = self
-            .call(action, key, |mut kv| {
+            .call(action, key, resend, |mut kv| {
                 let txn = txn.clone();
                 async move { kv.txn(txn).await }
             })
@@ -388,41 +401,13 @@ pub fn describe(e: &etcd_client::Error) -> String {
     }
 }
 
-/// Whether an etcd client error may clear up on retry (the cluster was unreachable, overloaded or timed out).
-/// Whether `e` is a member refusing the connection: the request was never sent to it.
-pub(crate) fn is_connection_refused(e: &etcd_client::Error) -> bool {
-    use std::error::Error as _;
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
-        etcd_client::Error::GRpcStatus(status) => status.source(),
-        other => other.source(),
-    };
-    while let Some(c) = cause {
-        if c.downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-        {
-            return true;
-        }
-        cause = c.source();
-    }
-    false
-}
-
-pub(crate) fn is_retryable(e: &etcd_client::Error) -> bool {
-    use etcd_client::Error as E;
-    match e {
-        E::GRpcStatus(status) => RETRYABLE_CODES.contains(&i32::from(status.code())),
-        E::TransportError(_) | E::IoError(_) => true,
-        _ => false,
-    }
-}
-
 /// One read request: a range of one key, or a read-only transaction of one get per key.
 #[async_trait]
 impl Reader for EtcdKvBackend {
     async fn read(&self, action: &'static str, keys: &[Vec<u8>]) -> Result<Values> {
         if let [key] = keys {
             let resp = self
-                .call(action, key, |mut kv| async move {
+                .call(action, key, Resend::Safe, |mut kv| async move {
                     kv.get(key.as_slice(), None).await
                 })
                 .await?;
@@ -434,7 +419,7 @@ impl Reader for EtcdKvBackend {
             .map(|k| EtcdTxnOp::get(k.clone(), None))
             .collect();
         let mut values = Vec::with_capacity(keys.len());
-        for resp in self.plain_txn(action, first, ops).await? {
+        for resp in self.plain_txn(action, first, Resend::Safe, ops).await? {
             if let EtcdTxnOpResponse::Get(get) = resp {
                 values.push(get.kvs().first().map(to_kv));
             }
@@ -503,7 +488,7 @@ impl KvBackend for EtcdKvBackend {
             options = options.with_keys_only();
         }
         let resp = self
-            .call("range", &req.key, |mut kv| {
+            .call("range", &req.key, Resend::Safe, |mut kv| {
                 let (key, options) = (req.key.clone(), options.clone());
                 async move { kv.get(key, Some(options)).await }
             })
@@ -519,7 +504,7 @@ impl KvBackend for EtcdKvBackend {
         self.check_size(&req.key, req.key.len() + req.value.len())?;
         let options = req.prev_kv.then(|| PutOptions::new().with_prev_key());
         let resp = self
-            .call("put", &req.key, |mut kv| {
+            .call("put", &req.key, Resend::Never, |mut kv| {
                 let (key, value, options) = (req.key.clone(), req.value.clone(), options.clone());
                 async move { kv.put(key, value, options).await }
             })
@@ -545,7 +530,10 @@ impl KvBackend for EtcdKvBackend {
                     )
                 })
                 .collect();
-            for resp in self.plain_txn("batch_put", &first, ops).await? {
+            for resp in self
+                .plain_txn("batch_put", &first, Resend::Never, ops)
+                .await?
+            {
                 if let EtcdTxnOpResponse::Put(put) = resp
                     && prev_kv
                 {
@@ -573,7 +561,7 @@ impl KvBackend for EtcdKvBackend {
             )])
             .or_else(vec![EtcdTxnOp::get(req.key.clone(), None)]);
         let resp = self
-            .call("compare_and_put", &req.key, |mut kv| {
+            .call("compare_and_put", &req.key, Resend::Never, |mut kv| {
                 let txn = txn.clone();
                 async move { kv.txn(txn).await }
             })
@@ -608,7 +596,7 @@ impl KvBackend for EtcdKvBackend {
             options = options.with_prev_key();
         }
         let resp = self
-            .call("delete_range", key, |mut kv| {
+            .call("delete_range", key, Resend::Never, |mut kv| {
                 let options = options.clone();
                 async move { kv.delete(key, Some(options)).await }
             })
@@ -636,7 +624,10 @@ impl KvBackend for EtcdKvBackend {
                     EtcdTxnOp::delete(k, prev_kv.then(|| DeleteOptions::new().with_prev_key()))
                 })
                 .collect();
-            for resp in self.plain_txn("batch_delete", &first, ops).await? {
+            for resp in self
+                .plain_txn("batch_delete", &first, Resend::Never, ops)
+                .await?
+            {
                 if let EtcdTxnOpResponse::Delete(del) = resp {
                     prevs.extend(del.prev_kvs().iter().map(to_kv));
                 }
@@ -658,12 +649,23 @@ impl KvBackend for EtcdKvBackend {
             .map(|c| c.key().to_vec())
             .or_else(|| txn.success.first().map(|op| op.key().to_vec()))
             .unwrap_or_default();
+        // A transaction of reads only may be sent to another member after one that may have received it.
+        let resend = if txn
+            .success
+            .iter()
+            .chain(&txn.failure)
+            .all(|op| matches!(op, TxnOp::Get(_)))
+        {
+            Resend::Safe
+        } else {
+            Resend::Never
+        };
         let etcd_txn = EtcdTxn::new()
             .when(txn.compare.into_iter().map(to_compare).collect::<Vec<_>>())
             .and_then(txn.success.into_iter().map(to_op).collect::<Vec<_>>())
             .or_else(txn.failure.into_iter().map(to_op).collect::<Vec<_>>());
         let resp = self
-            .call("txn", &first, |mut kv| {
+            .call("txn", &first, resend, |mut kv| {
                 let txn = etcd_txn.clone();
                 async move { kv.txn(txn).await }
             })

@@ -7,28 +7,29 @@
 //! every procedure-state write compare that key: a leader whose lease ended cannot write, even if it does not know
 //! yet.
 //!
-//! The election keeps one etcd client per member, as the kv backend does ([`crate::kv::etcd`]): every call starts
-//! at the member the last call reached and moves to the next when that member refuses the connection, so a member
-//! that is down costs a refused connection, not a failed campaign or a lost keep-alive.
+//! The election keeps one etcd client per member, as the kv backend does, and moves between them by the same rules
+//! ([`crate::kv::etcd::members`]): a member that refuses, fails transiently or does not answer within a third of the
+//! TTL is passed over. The lease's upkeep has clients of its own (its own connections, so request load on the
+//! others cannot delay it) and keeps a keep-alive stream open on two members at once: a member that dies, hangs or
+//! loses its quorum leaves the other stream proving the lease while a replacement opens on the next member.
 //!
 //! The server also stops on its own before that point: a [`Term`] is lost as soon as no keep-alive was
 //! acknowledged for two thirds of the TTL (the last third is the safety margin for clocks and a write in flight),
 //! or when a write found the leadership gone. The server then stops its manager and campaigns again.
 
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use etcd_client::{
-    Client, ConnectOptions, GetOptions, LeaderKey, ResignOptions, SortOrder, SortTarget,
-};
+use etcd_client::{Client, GetOptions, LeaderKey, ResignOptions, SortOrder, SortTarget};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::kv::etcd::{describe, is_connection_refused, is_retryable};
+use crate::kv::etcd::describe;
+use crate::kv::etcd::members::{self, Failure, Members, Resend};
 use crate::kv::state_store::{LeaderFence, LeaderLease};
 
 /// The election's key, under the metadata store's key prefix.
@@ -68,40 +69,12 @@ pub struct ElectionConfig {
     pub lease_ttl: Duration,
 }
 
-/// One etcd client per member, in the configured order, and the member the last call reached.
-struct Members {
-    clients: Vec<Client>,
-    preferred: AtomicUsize,
-}
-
-impl Members {
-    /// Runs `f` on a member's client: first the member the last call reached, then, while a member refuses the
-    /// connection (the request never reached it, so sending it elsewhere is safe), the next, each at most once.
-    async fn call<T, F, Fut>(&self, f: F) -> std::result::Result<T, etcd_client::Error>
-    where
-        F: Fn(Client) -> Fut,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        let n = self.clients.len();
-        let start = self.preferred.load(Ordering::Relaxed);
-        let mut refused = None;
-        for step in 0..n {
-            let i = (start + step) % n;
-            match f(self.clients[i].clone()).await {
-                Err(e) if is_connection_refused(&e) => refused = Some(e),
-                outcome => {
-                    self.preferred.store(i, Ordering::Relaxed);
-                    return outcome;
-                }
-            }
-        }
-        Err(refused.unwrap_or_else(|| etcd_client::Error::InvalidArgs("no endpoints".into())))
-    }
-}
-
 /// A server's participation in the election.
 pub struct Election {
-    members: Arc<Members>,
+    /// Clients for reading the leader, granting, campaigning, resigning and revoking.
+    members: Arc<Members<Client>>,
+    /// The lease upkeep's own clients (their own connections).
+    keepers: Arc<Members<Client>>,
     config: ElectionConfig,
     name: String,
     value: Vec<u8>,
@@ -163,39 +136,48 @@ impl Election {
             detail: e.to_string(),
             retryable: false,
         })?;
-        let options = ConnectOptions::new().with_connect_timeout(config.connect_timeout);
+        let options = members::connect_options(config.connect_timeout, None);
+        let attempt = attempt_timeout(config.lease_ttl);
         // Connecting is lazy: a status call proves a member answers; the first that does is preferred.
         let connecting = async {
             let mut clients = Vec::with_capacity(config.endpoints.len());
+            let mut keepers = Vec::with_capacity(config.endpoints.len());
             for endpoint in &config.endpoints {
                 clients.push(Client::connect([endpoint], Some(options.clone())).await?);
+                keepers.push(Client::connect([endpoint], Some(options.clone())).await?);
             }
-            let members = Members {
-                clients,
-                preferred: AtomicUsize::new(0),
+            let members = Members::new(clients, config.endpoints.clone());
+            let keepers = Members::new(keepers, config.endpoints.clone());
+            let status = members
+                .call(attempt, Resend::Safe, |mut client| async move {
+                    client.status().await
+                })
+                .await;
+            keepers.prefer(members.preferred());
+            Ok::<_, etcd_client::Error>((status, members, keepers))
+        };
+        let (members, keepers) =
+            match tokio::time::timeout(config.connect_timeout, connecting).await {
+                Ok(Ok((Ok(_), members, keepers))) => (Arc::new(members), Arc::new(keepers)),
+                Ok(Ok((Err(failure), _, _))) => {
+                    return Err(failure_error(&name, "connect", failure));
+                }
+                Ok(Err(e)) => {
+                    return Err(error(&name, &config, "connect", &e));
+                }
+                Err(_) => {
+                    return Err(Error::Election {
+                        election: name,
+                        endpoints: config.endpoints.join(","),
+                        action: "connect",
+                        detail: format!("no answer within {:?}", config.connect_timeout),
+                        retryable: true,
+                    });
+                }
             };
-            members
-                .call(|mut client| async move { client.status().await })
-                .await?;
-            Ok::<_, etcd_client::Error>(members)
-        };
-        let members = match tokio::time::timeout(config.connect_timeout, connecting).await {
-            Ok(Ok(members)) => Arc::new(members),
-            Ok(Err(e)) => {
-                return Err(error(&name, &config, "connect", &e));
-            }
-            Err(_) => {
-                return Err(Error::Election {
-                    election: name,
-                    endpoints: config.endpoints.join(","),
-                    action: "connect",
-                    detail: format!("no answer within {:?}", config.connect_timeout),
-                    retryable: true,
-                });
-            }
-        };
         Ok(Election {
             members,
+            keepers,
             config,
             name,
             value,
@@ -225,6 +207,21 @@ impl Election {
         i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
     }
 
+    /// Runs one election call that may be sent to several members ([`Resend::Safe`]) under [`CALL_TIMEOUT`].
+    async fn call<T, F, Fut>(&self, action: &'static str, f: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let attempt = attempt_timeout(self.config.lease_ttl);
+        match tokio::time::timeout(CALL_TIMEOUT, self.members.call(attempt, Resend::Safe, f)).await
+        {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(failure)) => Err(failure_error(&self.name, action, failure)),
+            Err(_) => Err(self.timeout(action)),
+        }
+    }
+
     /// The leader etcd knows now (the candidate key with the lowest create revision), if any.
     pub async fn leader(&self) -> Result<Option<LeaderInfo>> {
         let prefix = format!("{}/", self.name);
@@ -232,14 +229,12 @@ impl Election {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let read = self.members.call(|client| {
-            let (prefix, options) = (prefix.clone(), options.clone());
-            async move { client.kv_client().get(prefix, Some(options)).await }
-        });
-        let resp = tokio::time::timeout(CALL_TIMEOUT, read)
-            .await
-            .map_err(|_| self.timeout("read the leader"))?
-            .map_err(|e| error(&self.name, &self.config, "read the leader", &e))?;
+        let resp = self
+            .call("read the leader", |client| {
+                let (prefix, options) = (prefix.clone(), options.clone());
+                async move { client.kv_client().get(prefix, Some(options)).await }
+            })
+            .await?;
         let Some(kv) = resp.kvs().first() else {
             return Ok(None);
         };
@@ -255,44 +250,33 @@ impl Election {
     /// Campaigns until this server leads, and returns the term: grants a lease, keeps it alive, and waits in
     /// etcd's campaign. The fence holds the term's leadership when this returns. Cancel-safe: dropping the future
     /// stops the keep-alive, and the lease (so the candidate key) ends within the TTL.
+    ///
+    /// The lease is proven from the moment the grant was **sent**: etcd starts the TTL when it grants, which is
+    /// after the send, so counting from the send never credits the lease with time etcd did not give it.
     pub async fn campaign(&self) -> Result<Term> {
         let ttl = self.ttl_secs();
-        let grant = self
-            .members
-            .call(|client| async move { client.lease_client().grant(ttl, None).await });
-        let lease = tokio::time::timeout(CALL_TIMEOUT, grant)
-            .await
-            .map_err(|_| self.timeout("grant the lease"))?
-            .map_err(|e| error(&self.name, &self.config, "grant the lease", &e))?
+        let grant_sent = Instant::now();
+        let lease = self
+            .call("grant the lease", |client| async move {
+                client.lease_client().grant(ttl, None).await
+            })
+            .await?
             .id();
         *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
-        let keep_alive = self
-            .members
-            .call(|client| async move { client.lease_client().keep_alive(lease).await });
-        let (keeper, stream) = tokio::time::timeout(CALL_TIMEOUT, keep_alive)
-            .await
-            .map_err(|_| self.timeout("keep the lease alive"))?
-            .map_err(|e| error(&self.name, &self.config, "keep the lease alive", &e))?;
         let (lost_tx, mut lost) = watch::channel(false);
         let keeper = KeepAlive {
-            members: self.members.clone(),
+            members: self.keepers.clone(),
             lease,
-            keeper,
-            stream,
             ttl: self.config.lease_ttl,
             fence: self.fence.clone(),
             lost: lost_tx,
         };
-        let keeper = tokio::spawn(keeper.run());
+        let keeper = tokio::spawn(keeper.run(grant_sent));
         // The keeper task ends the lease's upkeep when the campaign is dropped or fails.
         let guard = AbortOnDrop(Some(keeper));
 
-        let campaign = self.members.call(|client| {
-            let (name, value) = (self.name.clone(), self.value.clone());
-            async move { client.election_client().campaign(name, value, lease).await }
-        });
         let resp = tokio::select! {
-            resp = campaign => resp.map_err(|e| error(&self.name, &self.config, "campaign", &e))?,
+            resp = self.campaign_on_members(lease) => resp?,
             _ = lost.wait_for(|lost| *lost) => {
                 return Err(Error::Election {
                     election: self.name.clone(),
@@ -336,23 +320,90 @@ impl Election {
         })
     }
 
+    /// etcd's campaign for `lease`, waiting on two members at once (the preferred one and the next): a member that
+    /// hangs or is cut off then cannot hold the campaign back. Campaigning twice with one lease is safe: both calls
+    /// create (or find) the same candidate key, `{election}/{lease}`, so both answer the same leader key. A campaign
+    /// that fails is started again on the next member not in use; the call fails when every member failed.
+    async fn campaign_on_members(&self, lease: i64) -> Result<etcd_client::CampaignResponse> {
+        type Campaign = Pin<
+            Box<
+                dyn Future<
+                        Output = std::result::Result<
+                            etcd_client::CampaignResponse,
+                            etcd_client::Error,
+                        >,
+                    > + Send,
+            >,
+        >;
+        let n = self.members.len();
+        let start = self.members.preferred();
+        let open = |i: usize| -> Campaign {
+            let (client, _) = self.members.member(i);
+            let (name, value) = (self.name.clone(), self.value.clone());
+            Box::pin(async move { client.election_client().campaign(name, value, lease).await })
+        };
+        let mut next = start;
+        let slot = |next: &mut usize| -> Option<(usize, Campaign)> {
+            (*next < start + n).then(|| {
+                let i = *next % n;
+                *next += 1;
+                (i, open(i))
+            })
+        };
+        let mut a = slot(&mut next);
+        let mut b = slot(&mut next);
+        let mut last = None;
+        loop {
+            let (i, outcome, which) = match (&mut a, &mut b) {
+                (None, None) => break,
+                (Some((i, fa)), None) => (*i, fa.await, 0),
+                (None, Some((i, fb))) => (*i, fb.await, 1),
+                (Some((ia, fa)), Some((ib, fb))) => tokio::select! {
+                    r = fa => (*ia, r, 0),
+                    r = fb => (*ib, r, 1),
+                },
+            };
+            match outcome {
+                Ok(resp) => {
+                    self.members.prefer(i);
+                    return Ok(resp);
+                }
+                Err(e) if members::is_transient(&e) || members::is_connection_refused(&e) => {
+                    tracing::debug!(election = %self.name, member = i, error = %describe(&e), "campaign moves on");
+                    self.members.pass_over(i);
+                    last = Some(e);
+                    let replacement = slot(&mut next);
+                    if which == 0 {
+                        a = replacement;
+                    } else {
+                        b = replacement;
+                    }
+                }
+                Err(e) => return Err(error(&self.name, &self.config, "campaign", &e)),
+            }
+        }
+        let e = last.unwrap_or_else(|| etcd_client::Error::InvalidArgs("no endpoints".into()));
+        Err(error(&self.name, &self.config, "campaign", &e))
+    }
+
     /// Gives the term up: the fence is cleared first (no write of this server passes after that), then the
     /// leader key is resigned and the lease revoked so another server wins at once. Best effort on etcd: a
     /// failure is logged; the lease then ends within its TTL.
     pub async fn resign(&self, term: Term) {
-        self.fence.clear();
+        // The upkeep is stopped (and joined) before the fence is cleared, so it does not take the cleared fence for
+        // a write that found the leadership gone.
         term.keeper.abort();
+        let _ = term.keeper.await;
+        self.fence.clear();
         let options = ResignOptions::new().with_leader(term.leader.clone());
-        let resign = self.members.call(|client| {
-            let options = options.clone();
-            async move { client.election_client().resign(Some(options)).await }
-        });
-        match tokio::time::timeout(CALL_TIMEOUT, resign).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(election = %self.name, error = %describe(&e), "resigning failed")
-            }
-            Err(_) => tracing::warn!(election = %self.name, "resigning timed out"),
+        let resigned = self
+            .call("resign", |client| {
+                let options = options.clone();
+                async move { client.election_client().resign(Some(options)).await }
+            })
+            .await;
+        if let Err(e) = resigned {
+            tracing::warn!(election = %self.name, error = %e, "resigning failed");
         }
         self.revoke(term.lease).await;
         tracing::info!(election = %self.name, epoch = term.epoch, "resigned");
@@ -374,15 +425,13 @@ impl Election {
                 *current = None;
             }
         }
-        let revoke = self
-            .members
-            .call(|client| async move { client.lease_client().revoke(lease).await });
-        match tokio::time::timeout(CALL_TIMEOUT, revoke).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(election = %self.name, error = %describe(&e), "revoking the lease failed")
-            }
-            Err(_) => tracing::warn!(election = %self.name, "revoking the lease timed out"),
+        let revoked = self
+            .call("revoke the lease", |client| async move {
+                client.lease_client().revoke(lease).await
+            })
+            .await;
+        if let Err(e) = revoked {
+            tracing::warn!(election = %self.name, error = %e, "revoking the lease failed");
         }
     }
 
@@ -397,6 +446,12 @@ impl Election {
     }
 }
 
+/// How long one member may take to answer an election call before the next is tried: a third of the TTL, between
+/// 250 ms and 1 s.
+fn attempt_timeout(ttl: Duration) -> Duration {
+    (ttl / 3).clamp(Duration::from_millis(250), Duration::from_secs(1))
+}
+
 fn error(
     name: &str,
     config: &ElectionConfig,
@@ -408,7 +463,26 @@ fn error(
         endpoints: config.endpoints.join(","),
         action,
         detail: describe(e),
-        retryable: is_retryable(e),
+        retryable: members::is_transient(e) || members::is_connection_refused(e),
+    }
+}
+
+fn failure_error(name: &str, action: &'static str, failure: Failure) -> Error {
+    match failure {
+        Failure::Etcd { endpoint, error: e } => Error::Election {
+            election: name.to_string(),
+            endpoints: endpoint,
+            action,
+            detail: describe(&e),
+            retryable: members::is_transient(&e) || members::is_connection_refused(&e),
+        },
+        Failure::Timeout { endpoint, after } => Error::Election {
+            election: name.to_string(),
+            endpoints: endpoint,
+            action,
+            detail: format!("no answer within {after:?}"),
+            retryable: true,
+        },
     }
 }
 
@@ -433,122 +507,101 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// The lease's upkeep: a keep-alive every third of the TTL, and the term declared lost when none was
-/// acknowledged for two thirds of it.
+/// What a keep-alive lane reports to the upkeep.
+#[derive(Debug)]
+enum LaneEvent {
+    /// A keep-alive sent at `sent` was acknowledged with the lease alive.
+    Acked { sent: Instant },
+    /// etcd says the lease is gone.
+    Expired,
+    /// The lane on `member` stopped (its member failed, hung or closed the stream).
+    Ended { member: usize, reason: String },
+}
+
+/// The lease's upkeep: keep-alive streams on two members at once ("lanes"), a keep-alive on each every third of
+/// the TTL, and the term declared lost when none was acknowledged for two thirds of it.
 struct KeepAlive {
-    members: Arc<Members>,
+    members: Arc<Members<Client>>,
     lease: i64,
-    keeper: etcd_client::LeaseKeeper,
-    stream: etcd_client::LeaseKeepAliveStream,
     ttl: Duration,
     fence: Arc<LeaderFence>,
     lost: watch::Sender<bool>,
 }
 
 impl KeepAlive {
-    async fn run(mut self) {
+    /// Runs until the term is lost (or the task is aborted). `granted`: when the lease's grant was sent.
+    async fn run(self, granted: Instant) {
         let interval = self.ttl / 3;
-        // Proven alive until: the send time of the last acknowledged keep-alive plus two thirds of the TTL.
+        // Proven alive until: the send time of the last acknowledged keep-alive (at first: of the grant) plus two
+        // thirds of the TTL.
         let margin = self.ttl * 2 / 3;
-        let mut valid_until = Instant::now() + margin;
+        let mut valid_until = granted + margin;
         let mut fence = self.fence.subscribe();
         let mut had_lease = fence.borrow().is_some();
+        let n = self.members.len();
+        let want = n.min(2);
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        // The lanes running: (member, task); and when each member's last lane started, so a member that fails at
+        // once is tried again no sooner than an interval later.
+        let mut lanes: Vec<(usize, AbortOnDrop)> = Vec::new();
+        let mut started: Vec<Option<Instant>> = vec![None; n];
+        let mut next_member = self.members.preferred();
+        let mut top_up = tokio::time::interval(interval / 2);
+        top_up.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let sent = Instant::now();
-            let acked = async {
-                self.keeper.keep_alive().await?;
-                self.stream.message().await
-            };
-            let outcome = tokio::select! {
-                outcome = tokio::time::timeout(interval, acked) => outcome,
+            // Keep `want` lanes on distinct members, starting from the member after the last one tried.
+            let now = Instant::now();
+            for _ in 0..n {
+                if lanes.len() >= want {
+                    break;
+                }
+                let member = next_member % n;
+                next_member = (member + 1) % n;
+                let busy = lanes.iter().any(|(m, _)| *m == member);
+                let recent = started[member].is_some_and(|at| now < at + interval);
+                if busy || recent {
+                    continue;
+                }
+                started[member] = Some(now);
+                let (client, _) = self.members.member(member);
+                let lane = lane(client, member, self.lease, interval, events_tx.clone());
+                lanes.push((member, AbortOnDrop(Some(tokio::spawn(lane)))));
+            }
+            tokio::select! {
+                event = events.recv() => match event {
+                    Some(LaneEvent::Acked { sent }) => {
+                        valid_until = valid_until.max(sent + margin);
+                    }
+                    Some(LaneEvent::Expired) => {
+                        self.lose("etcd says the lease expired");
+                        return;
+                    }
+                    Some(LaneEvent::Ended { member, reason }) => {
+                        tracing::info!(lease = self.lease, member = %self.members.member(member).1, %reason,
+                            "a lease keep-alive stream ended; another member takes over");
+                        lanes.retain(|(m, _)| *m != member);
+                        self.members.pass_over(member);
+                    }
+                    // The sender is held here: never.
+                    None => return,
+                },
                 _ = tokio::time::sleep_until(valid_until) => {
                     self.lose("no keep-alive acknowledged within two thirds of the lease TTL");
                     return;
                 }
-            };
-            match outcome {
-                Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
-                    valid_until = sent + margin;
-                }
-                Ok(Ok(Some(_))) => {
-                    self.lose("etcd says the lease expired");
-                    return;
-                }
-                Ok(Ok(None)) => {
-                    self.lose("the keep-alive stream ended");
-                    return;
-                }
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %describe(&e), "a lease keep-alive failed; retrying");
-                    if !self.reopen_before(valid_until).await {
+                _ = top_up.tick() => {}
+                changed = fence.changed() => {
+                    if changed.is_err() {
                         return;
                     }
-                }
-                Err(_) => {
-                    tracing::warn!("a lease keep-alive was not answered in time; retrying");
-                    // A late answer to this request must not be taken for the answer to the next one (it would
-                    // prove the lease alive from a later send time than etcd saw): start a fresh stream.
-                    if !self.reopen_before(valid_until).await {
+                    let has = fence.borrow_and_update().is_some();
+                    if had_lease && !has {
+                        self.lose("a state write found the leadership gone");
                         return;
                     }
+                    had_lease = has;
                 }
             }
-            // Wait for the next round, or notice a write that found the leadership gone.
-            let next = sent + interval;
-            loop {
-                tokio::select! {
-                    _ = tokio::time::sleep_until(next) => break,
-                    _ = tokio::time::sleep_until(valid_until) => {
-                        self.lose("no keep-alive acknowledged within two thirds of the lease TTL");
-                        return;
-                    }
-                    changed = fence.changed() => {
-                        if changed.is_err() {
-                            return;
-                        }
-                        let has = fence.borrow_and_update().is_some();
-                        if had_lease && !has {
-                            self.lose("a state write found the leadership gone");
-                            return;
-                        }
-                        had_lease = has;
-                    }
-                }
-            }
-        }
-    }
-
-    /// [`KeepAlive::reopen`], unless the lease stops being proven first: then the term is lost (the deadline holds
-    /// while the stream is being replaced too, so a member that is slow to answer cannot stretch the term past two
-    /// thirds of the TTL) and this returns false.
-    async fn reopen_before(&mut self, valid_until: Instant) -> bool {
-        let expired = tokio::select! {
-            _ = self.reopen() => false,
-            _ = tokio::time::sleep_until(valid_until) => true,
-        };
-        if expired {
-            self.lose("no keep-alive acknowledged within two thirds of the lease TTL");
-        }
-        !expired
-    }
-
-    /// Replaces the keep-alive stream, dropping answers still in flight on the old one. Best effort: on failure the
-    /// old stream stays, and the next round tries again (the deadline ends the term if none succeeds).
-    async fn reopen(&mut self) {
-        let interval = self.ttl / 3;
-        let lease = self.lease;
-        let reopen = self
-            .members
-            .call(|client| async move { client.lease_client().keep_alive(lease).await });
-        match tokio::time::timeout(interval, reopen).await {
-            Ok(Ok((keeper, stream))) => {
-                self.keeper = keeper;
-                self.stream = stream;
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %describe(&e), "reopening the lease keep-alive failed")
-            }
-            Err(_) => tracing::warn!("reopening the lease keep-alive timed out"),
         }
     }
 
@@ -556,5 +609,59 @@ impl KeepAlive {
         self.fence.clear();
         tracing::warn!(reason, "leadership can no longer be proven; stepping down");
         self.lost.send_replace(true);
+    }
+}
+
+/// One keep-alive stream on `member`: a keep-alive every `interval`, each answer awaited (at most `interval`)
+/// before the next is sent, so an answer always belongs to the last send. Opening the stream is itself a
+/// keep-alive. Ends, saying why, on the first failure or late answer: the upkeep opens another lane elsewhere.
+async fn lane(
+    client: Client,
+    member: usize,
+    lease: i64,
+    interval: Duration,
+    events: mpsc::UnboundedSender<LaneEvent>,
+) {
+    let end = |reason: String| {
+        let _ = events.send(LaneEvent::Ended { member, reason });
+    };
+    let sent = Instant::now();
+    let opened = tokio::time::timeout(interval, client.lease_client().keep_alive(lease)).await;
+    let (mut keeper, mut stream) = match opened {
+        Ok(Ok(pair)) => pair,
+        Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
+            // The opening keep-alive was answered with no TTL: the lease is gone.
+            let _ = events.send(LaneEvent::Expired);
+            return;
+        }
+        Ok(Err(e)) => return end(describe(&e)),
+        Err(_) => return end(format!("no keep-alive stream within {interval:?}")),
+    };
+    if events.send(LaneEvent::Acked { sent }).is_err() {
+        return;
+    }
+    let mut sent = sent;
+    loop {
+        tokio::time::sleep_until(sent + interval).await;
+        sent = Instant::now();
+        let answered = tokio::time::timeout(interval, async {
+            keeper.keep_alive().await?;
+            stream.message().await
+        })
+        .await;
+        match answered {
+            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
+                if events.send(LaneEvent::Acked { sent }).is_err() {
+                    return;
+                }
+            }
+            Ok(Ok(Some(_))) => {
+                let _ = events.send(LaneEvent::Expired);
+                return;
+            }
+            Ok(Ok(None)) => return end("the stream ended".to_string()),
+            Ok(Err(e)) => return end(describe(&e)),
+            Err(_) => return end(format!("a keep-alive was not answered within {interval:?}")),
+        }
     }
 }

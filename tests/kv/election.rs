@@ -14,6 +14,7 @@ use remote_wal::kv::state_store::{KvStateStore, LeaderFence};
 use remote_wal::metasrv::NamespacedKvBackend;
 use remote_wal::metasrv::election::{Election, ElectionConfig};
 
+use crate::support::fault_proxy::{Fault, FaultProxy};
 use crate::support::{require_endpoints, unique};
 
 /// A bound on waits that should end at once; only a broken election reaches it.
@@ -293,4 +294,88 @@ async fn a_term_ends_two_thirds_of_the_ttl_after_the_last_acknowledged_keep_aliv
         after <= Duration::from_millis(917),
         "the term ended {after:?} after the first keep-alive etcd did not answer"
     );
+}
+
+/// The member the leader's calls start at stops answering (blackholed: connections accepted, nothing answered, no
+/// error). The lease's upkeep keeps streams on two members, so the other goes on proving the lease: every write
+/// under the fence, one every 200 ms over three TTLs, is applied — etcd would refuse them once the lease expired
+/// and its leader key went with it — and the term is never lost. A second candidate whose first member is the
+/// blackholed one still reaches etcd (its calls move on) and waits as a follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_first_member_is_blackholed_keeps_its_term() {
+    let live = require_endpoints("ETCD_ENDPOINTS", "etcd");
+    let first = FaultProxy::start(&live[0]);
+    let second = FaultProxy::start(&live[0]);
+    let endpoints = vec![first.address().to_string(), second.address().to_string()];
+    let prefix = format!("{}/", unique("election"));
+    let (leader, fence) = election(&endpoints, &prefix, "10.0.0.1:3002").await;
+    let term = tokio::time::timeout(BOUND, leader.campaign())
+        .await
+        .unwrap()
+        .unwrap();
+    let etcd: KvBackendRef = Arc::new(
+        EtcdKvBackend::connect(EtcdConfig::new(live.clone()))
+            .await
+            .unwrap(),
+    );
+    let kv: KvBackendRef = Arc::new(NamespacedKvBackend::new(etcd, prefix.clone()));
+    let store = Arc::new(KvStateStore::new(kv).with_leader_fence(fence.clone()));
+    let manager = LocalManager::new(store.clone(), ManagerConfig::default());
+    manager.start().await.unwrap();
+    assert_eq!(manager.epoch(), Some(term.epoch()));
+    manager.stop().await.unwrap();
+    let epoch = term.epoch().to_string().into_bytes();
+
+    first.set(Fault::Blackhole);
+    let writes = 30;
+    for i in 0..writes {
+        let outcome = store
+            .write(
+                vec![Condition::Equals {
+                    key: EPOCH_KEY.to_string(),
+                    value: epoch.clone(),
+                }],
+                vec![WriteOp::Put {
+                    key: format!("proc/w{i}"),
+                    value: b"v".to_vec(),
+                }],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            outcome,
+            WriteOutcome::Applied,
+            "write {i} ({} ms after the blackhole) was refused: the lease was not kept alive",
+            i * 200
+        );
+        assert!(!term.is_lost(), "the term was lost by write {i}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(fence.fenced_writes(), 0);
+
+    let (follower, follower_fence) = election(&endpoints, &prefix, "10.0.0.2:3002").await;
+    let seen = tokio::time::timeout(BOUND, follower.leader())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(seen.address, "10.0.0.1:3002");
+    assert_eq!(seen.epoch, term.epoch());
+    let follower = Arc::new(follower);
+    let campaigning = {
+        let follower = follower.clone();
+        tokio::spawn(async move { follower.campaign().await })
+    };
+    leader.resign(term).await;
+    let follower_term = tokio::time::timeout(BOUND, campaigning)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(follower_term.epoch() > seen.epoch);
+    assert_eq!(
+        follower_fence.current().map(|l| l.epoch),
+        Some(follower_term.epoch())
+    );
+    follower.resign(follower_term).await;
 }

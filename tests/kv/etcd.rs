@@ -10,6 +10,7 @@ use remote_wal::kv::{
 };
 
 use crate::support::Service;
+use crate::support::fault_proxy::{Fault, FaultProxy};
 
 fn config(endpoint: &str) -> EtcdConfig {
     EtcdConfig {
@@ -218,6 +219,70 @@ async fn a_member_going_down_fails_no_call() {
             .unwrap_or_else(|e| panic!("get {i} with a member down: {e}"));
         assert_eq!(read.map(|kv| kv.value), Some(value));
     }
+}
+
+/// A member that accepts requests and never answers (blackholed through the fault proxy; three proxies in front
+/// of one etcd stand for three members). A write caught on it fails retryably within `member_timeout`, naming it, and the
+/// next write starts at the other member; a read caught on a blackholed member moves to the other at once and is
+/// answered. Before, every call kept going to the first member and waited out its `request_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blackholed_member_is_passed_over_by_the_next_write_and_by_a_read_at_once() {
+    let live = etcd_from_env().await;
+    let target = live.config().endpoints[0].clone();
+    let first = FaultProxy::start(&target);
+    let second = FaultProxy::start(&target);
+    let third = FaultProxy::start(&target);
+    let kv = bounded(EtcdKvBackend::connect(EtcdConfig {
+        connect_timeout: Duration::from_secs(10),
+        request_timeout: Duration::from_secs(30),
+        member_timeout: Duration::from_millis(500),
+        ..EtcdConfig::new([first.address(), second.address(), third.address()])
+    }))
+    .await
+    .expect("connect through the proxies");
+    let mut key = unique_prefix("kv_etcd");
+    key.extend_from_slice(b"blackholed");
+    let put = |value: &'static [u8]| {
+        kv.put(PutRequest {
+            key: key.clone(),
+            value: value.to_vec(),
+            prev_kv: false,
+        })
+    };
+    bounded(put(b"before"))
+        .await
+        .expect("through the first member");
+
+    first.set(Fault::Blackhole);
+    let err = bounded(put(b"lost?"))
+        .await
+        .expect_err("the first member answers nothing");
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        err.to_string().contains(first.address()),
+        "the error names the member that did not answer: {err}"
+    );
+    for value in [b"after-1".as_slice(), b"after-2"] {
+        bounded(kv.put(PutRequest {
+            key: key.clone(),
+            value: value.to_vec(),
+            prev_kv: false,
+        }))
+        .await
+        .unwrap_or_else(|e| panic!("the next write goes to the other member: {e}"));
+    }
+
+    // Now the second member is preferred: blackhole it too. A read moves on to the third within the call.
+    second.set(Fault::Blackhole);
+    let read = bounded(kv.get(&key))
+        .await
+        .expect("a read moves to the other member within the call");
+    assert_eq!(read.map(|kv| kv.value), Some(b"after-2".to_vec()));
+    let listed = bounded(kv.range(RangeRequest::prefix(key.clone())))
+        .await
+        .expect("and the next calls start there");
+    assert_eq!(listed.kvs.len(), 1);
+    kv.delete_range(&key, &[], false).await.unwrap();
 }
 
 /// The sum of etcd's `grpc_server_handled_total` for `methods` (read from its `/metrics` over plain HTTP; a

@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod ddl;
+pub mod fault_proxy;
 
 use std::path::PathBuf;
 use std::process::Command;
