@@ -18,7 +18,7 @@
 //! - `Compare::Absent` / `Present` compare the key's create revision with 0; `ValueEquals` compares the value
 //!   (which fails on an absent key, as etcd does).
 
-pub(crate) mod members;
+pub mod members;
 mod point_reads;
 
 use std::sync::Arc;

@@ -17,7 +17,6 @@
 //! acknowledged for two thirds of the TTL (the last third is the safety margin for clocks and a write in flight),
 //! or when a write found the leadership gone. The server then stops its manager and campaigns again.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -320,64 +319,32 @@ impl Election {
         })
     }
 
-    /// etcd's campaign for `lease`, waiting on two members at once (the preferred one and the next): a member that
-    /// hangs or is cut off then cannot hold the campaign back. Campaigning twice with one lease is safe: both calls
-    /// create (or find) the same candidate key, `{election}/{lease}`, so both answer the same leader key. A campaign
-    /// that fails is started again on the next member not in use; the call fails when every member failed.
+    /// etcd's campaign for `lease` on the preferred member; when that member fails (refuses, breaks the connection,
+    /// or answers `Unavailable` because it lost its quorum) the campaign starts again on the next one, each member
+    /// tried at most once. The campaign itself has no deadline (it waits while another server leads); a member that
+    /// goes silent is noticed by the connection's pings, which close it and fail the call.
+    ///
+    /// One campaign at a time, never two on different members: etcd ends a campaign whose caller went away by
+    /// resigning its candidate key, so a second campaign dropped after the first won would delete the winner's key.
+    /// A campaign that failed may have left the key or resigned it; the next one creates it or finds it (same
+    /// lease, same key) either way.
     async fn campaign_on_members(&self, lease: i64) -> Result<etcd_client::CampaignResponse> {
-        type Campaign = Pin<
-            Box<
-                dyn Future<
-                        Output = std::result::Result<
-                            etcd_client::CampaignResponse,
-                            etcd_client::Error,
-                        >,
-                    > + Send,
-            >,
-        >;
         let n = self.members.len();
         let start = self.members.preferred();
-        let open = |i: usize| -> Campaign {
-            let (client, _) = self.members.member(i);
-            let (name, value) = (self.name.clone(), self.value.clone());
-            Box::pin(async move { client.election_client().campaign(name, value, lease).await })
-        };
-        let mut next = start;
-        let slot = |next: &mut usize| -> Option<(usize, Campaign)> {
-            (*next < start + n).then(|| {
-                let i = *next % n;
-                *next += 1;
-                (i, open(i))
-            })
-        };
-        let mut a = slot(&mut next);
-        let mut b = slot(&mut next);
         let mut last = None;
-        loop {
-            let (i, outcome, which) = match (&mut a, &mut b) {
-                (None, None) => break,
-                (Some((i, fa)), None) => (*i, fa.await, 0),
-                (None, Some((i, fb))) => (*i, fb.await, 1),
-                (Some((ia, fa)), Some((ib, fb))) => tokio::select! {
-                    r = fa => (*ia, r, 0),
-                    r = fb => (*ib, r, 1),
-                },
-            };
-            match outcome {
+        for step in 0..n {
+            let i = (start + step) % n;
+            let (client, endpoint) = self.members.member(i);
+            let (name, value) = (self.name.clone(), self.value.clone());
+            match client.election_client().campaign(name, value, lease).await {
                 Ok(resp) => {
                     self.members.prefer(i);
                     return Ok(resp);
                 }
                 Err(e) if members::is_transient(&e) || members::is_connection_refused(&e) => {
-                    tracing::debug!(election = %self.name, member = i, error = %describe(&e), "campaign moves on");
+                    tracing::debug!(election = %self.name, %endpoint, error = %describe(&e), "campaign moves on");
                     self.members.pass_over(i);
                     last = Some(e);
-                    let replacement = slot(&mut next);
-                    if which == 0 {
-                        a = replacement;
-                    } else {
-                        b = replacement;
-                    }
                 }
                 Err(e) => return Err(error(&self.name, &self.config, "campaign", &e)),
             }

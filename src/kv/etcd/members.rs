@@ -103,6 +103,11 @@ impl<C: Clone> Members<C> {
         self.clients.len()
     }
 
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.clients.is_empty()
+    }
+
     /// The member calls start at now.
     pub fn preferred(&self) -> usize {
         self.preferred.load(Ordering::Relaxed) % self.len().max(1)

@@ -192,12 +192,17 @@ impl Servers {
 
     /// Starts one more server.
     pub fn spawn(&mut self) -> usize {
+        let toml = self.metasrv_toml.clone();
+        self.spawn_with_toml(&toml)
+    }
+
+    /// Starts one more server on a config of its own (e.g. other endpoints to the same store).
+    pub fn spawn_with_toml(&mut self, metasrv_toml: &str) -> usize {
         let i = self.servers.len();
         let address = format!("127.0.0.1:{}", free_port());
         let config = self.dir.path().join(format!("server-{i}.toml"));
         let text = format!(
-            "{}\n[server]\nlisten = \"{address}\"\nlease_ttl = \"{LEASE_TTL_SECS}s\"\n",
-            self.metasrv_toml
+            "{metasrv_toml}\n[server]\nlisten = \"{address}\"\nlease_ttl = \"{LEASE_TTL_SECS}s\"\n"
         );
         std::fs::write(&config, text).expect("write config");
         let log = self.dir.path().join(format!("server-{i}.log"));

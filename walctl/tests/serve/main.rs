@@ -8,6 +8,8 @@ mod support;
 
 mod cluster;
 mod conflicts;
+#[path = "../../../tests/support/fault_proxy.rs"]
+mod fault_proxy;
 
 mod answers;
 mod client;
@@ -16,6 +18,7 @@ mod failover;
 mod kafka;
 mod listing;
 mod page;
+mod partition;
 mod quorum;
 mod redb;
 mod stalled;
