@@ -117,7 +117,8 @@ impl ApiError {
 impl From<remote_wal::Error> for ApiError {
     /// Classifies by the error and its causes (a step's error reaches the API wrapped in the engine's): bad input
     /// 400, an unknown procedure 404, an existing table or a reused procedure id 409, a fenced or not-leading
-    /// server 503, anything else 500 keeping whether it is retryable.
+    /// server 503, a metadata store that cannot serve now 503 `store_unavailable`, anything else 500 keeping whether
+    /// it is retryable.
     fn from(e: remote_wal::Error) -> Self {
         use remote_wal::Error as E;
         let message = e.to_string().replace('\n', " ");
@@ -137,6 +138,19 @@ impl From<remote_wal::Error> for ApiError {
                     E::CreateTableIdInUse { .. } => (StatusCode::CONFLICT, "conflict"),
                     E::NotLeader { leader } => return ApiError::not_leader(leader.clone()),
                     E::MetasrvNotStarted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
+                    // The metadata store cannot serve now (no quorum, a member gone, a timeout): the client retries
+                    // (with its id, for a write that may have been applied).
+                    E::EtcdOp {
+                        retryable: true, ..
+                    }
+                    | E::EtcdConnect {
+                        retryable: true, ..
+                    }
+                    | E::EtcdTimeout { .. }
+                    | E::EtcdConnectTimeout { .. }
+                    | E::Election {
+                        retryable: true, ..
+                    } => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
                     E::NoKafkaPool { .. } | E::DatanodeUnknown { .. } => {
                         (StatusCode::BAD_REQUEST, "bad_request")
                     }

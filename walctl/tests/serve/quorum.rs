@@ -13,6 +13,8 @@ use crate::cluster::{
 
 /// How long a deposed leader may spend reading who leads for its 503 (`NOT_LEADER_LOOKUP` in the server).
 const NOT_LEADER_LOOKUP: Duration = Duration::from_secs(1);
+/// The servers' `request_timeout` (`Servers::etcd_toml`).
+const STORE_REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// How often a write is sent to the leader while quorum is lost.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 
@@ -150,6 +152,31 @@ fn one_member_down_is_harmless_and_a_lost_quorum_stops_writes_within_the_lease_u
         assert_eq!(status, 503, "{body}");
     }
 
+    // Reads answer at once without a quorum: from the server's memory, or 503 saying the store (or the leader)
+    // cannot be read; never after waiting out the store's timeouts (3 s here), which they did before.
+    for server in &servers.servers {
+        for path in ["/", "/metrics", "/v1/procedures", "/v1/leader", "/ready"] {
+            let sent = Instant::now();
+            let (status, body) = get(&server.url(path));
+            let took = sent.elapsed();
+            println!(
+                "without a quorum: GET {path} at {} -> {status} in {} ms",
+                server.address,
+                took.as_millis()
+            );
+            let kind = body["error"]["kind"].as_str().unwrap_or_default();
+            assert!(
+                status == 200
+                    || (status == 503 && ["store_unavailable", "not_leader"].contains(&kind)),
+                "GET {path}: {status} {body}"
+            );
+            assert!(
+                took < STORE_REQUEST_TIMEOUT,
+                "GET {path} took {took:?}: it waited for the store"
+            );
+        }
+    }
+
     services(&["start", "etcd", &member(first)]);
     services(&["start", "etcd", &member(second)]);
     servers.wait_for_leader(&[0, 1]);
@@ -164,7 +191,7 @@ fn one_member_down_is_harmless_and_a_lost_quorum_stops_writes_within_the_lease_u
         let deadline = Instant::now() + PATIENCE;
         let (status, body) = loop {
             let (status, body) = get(&servers.servers[0].url(&format!("/v1/procedures/{id}")));
-            if status != 500
+            if ![500, 503].contains(&status)
                 || body["error"]["retryable"] != json!(true)
                 || Instant::now() > deadline
             {
