@@ -3,7 +3,7 @@
 //! wait that long), and `walctl procedures cancel` from another process ends the bootstrap while its step waits.
 //!
 //! The bootstrap runs in the server because a redb file admits one process at a time: a `walctl bootstrap` holding
-//! the file could not be reached by another walctl (`walctl/tests/kafka/interrupt.rs` does that on etcd).
+//! the file could not be reached by another walctl's `procedures cancel` (on etcd it can).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
