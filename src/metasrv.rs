@@ -1329,8 +1329,8 @@ impl Metasrv {
     /// of every procedure is refused). With the procedure manager of this process started, through it: a write
     /// fenced by its epoch, honoured at once. Without, the request is written to the state store without claiming
     /// an epoch (`procedures::control::request`), so a manager running in another process is not fenced: it reads
-    /// the request at the procedure's next step boundary, or within its `control_poll_interval` while the procedure
-    /// waits; with no manager running, the next one to start honours it.
+    /// the request within its `control_poll_interval` (interrupting the procedure's step in progress) or at the
+    /// procedure's next step boundary; with no manager running, the next one to start honours it.
     pub async fn control_procedure(
         &self,
         id: Option<&str>,

@@ -47,8 +47,9 @@ pub struct ManagerConfig {
     /// finished this long ago. Checked every half of this time (but at least every `retention_check_interval`, and
     /// at most every 10 ms), so a finished tree leaves memory within 1.5 times this after it finished.
     pub finished_in_memory: Duration,
-    /// How often the control keys (cancel, pause, resume written by any process) are read for procedures that
-    /// wait — for a retry, a lock, or a resume. A running procedure reads the control keys at each step boundary.
+    /// How often the control keys (cancel, pause, resume written by any process) are read for the procedures that
+    /// run a step or wait — for a retry, a lock, or a resume: a cancel or pause seen here interrupts the step or the
+    /// wait. A running procedure also reads the control keys at each step boundary.
     pub control_poll_interval: Duration,
 }
 

@@ -2,8 +2,9 @@
 //!
 //! A request is a key under [`CONTROL_PREFIX`]: `control/proc/{id}` holds the request for one procedure
 //! (`{"action":"cancel"|"pause","requested_at_ms":…}`), [`CONTROL_ALL_KEY`] pauses every procedure of the store. A
-//! manager reads a procedure's key at each step boundary and polls the prefix while procedures wait (for a retry, a
-//! lock, or a resume), so a request written by any process — the manager's own [`crate::ProcedureManager::cancel`], or
+//! manager reads a procedure's key at each step boundary and polls the prefix all the time, interrupting a step in
+//! progress or a wait (for a retry, a lock, or a resume) as soon as it sees a request, so a request written by any
+//! process — the manager's own [`crate::ProcedureManager::cancel`], or
 //! `walctl` while a manager runs elsewhere or none runs — is honoured by whichever manager runs the procedure, now
 //! or after a restart. Resuming deletes the pause key; a cancel key is deleted in the same write as the procedure's
 //! `cancelled` record, so a cancel requested before a crash is honoured on recovery.
@@ -138,8 +139,8 @@ pub(crate) async fn read_one(
 }
 
 /// Writes a control request for `id` from any process, without a manager: no epoch is claimed, so a manager
-/// running elsewhere is not fenced; it sees the request at the procedure's next step boundary (or its next poll,
-/// while the procedure waits). With no manager running, the next manager to start honours it.
+/// running elsewhere is not fenced; it sees the request at its next poll of the control keys (interrupting the
+/// procedure's step in progress) or at the procedure's next step boundary, whichever comes first. With no manager running, the next manager to start honours it.
 ///
 /// The write is conditional on the record being the one read (unfinished), so a request never lands for a
 /// procedure that finished meanwhile. An id the store does not hold is [`Error::ControlUnknown`]; refused

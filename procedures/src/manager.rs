@@ -55,15 +55,18 @@ pub trait ProcedureManager: Send + Sync {
     fn epoch(&self) -> Option<u64>;
 
     /// Requests the cancel of procedure `id` (a fenced write of its control key, see [`crate::control`]): a
-    /// running procedure stops at its next step boundary, one waiting for a retry at once; it rolls back if it
-    /// supports rollback and ends [`crate::ProcedureState::Cancelled`]. Returns once the request is stored, not
+    /// running procedure stops at once — its step in progress is interrupted at its await and the procedure goes
+    /// back to its last persisted record, as after a crash (a procedure whose type has no loader finishes its step
+    /// first) — and one waiting for a retry too; it rolls back if it supports rollback and ends
+    /// [`crate::ProcedureState::Cancelled`]. Returns once the request is stored, not
     /// once the procedure ended (watch it for that). The default refuses: a manager without control.
     async fn cancel(&self, id: &ProcedureId) -> Result<()> {
         Err(no_control(id, "cancel"))
     }
 
-    /// Requests a pause of `id`: at its next step boundary it is persisted `paused` and runs no step, keeping its
-    /// lock keys, until [`ProcedureManager::resume`] (or a cancel). Persisted: it stays paused across a restart.
+    /// Requests a pause of `id`: its step in progress is interrupted like a cancel's (and runs again, from the last
+    /// persisted record, once resumed), then it is persisted `paused` and runs no step, keeping its lock keys,
+    /// until [`ProcedureManager::resume`] (or a cancel). Persisted: it stays paused across a restart.
     async fn pause(&self, id: &ProcedureId) -> Result<()> {
         Err(no_control(id, "pause"))
     }
@@ -73,7 +76,8 @@ pub trait ProcedureManager: Send + Sync {
         Err(no_control(id, "resume"))
     }
 
-    /// Pauses every procedure of the store (running ones at their next step boundary), in any manager on it.
+    /// Pauses every procedure of the store (running ones interrupted in their step, as by
+    /// [`ProcedureManager::pause`]), in any manager on it.
     async fn pause_all(&self) -> Result<()> {
         Err(crate::Error::ManagerNotRunning {
             reason: "this procedure manager does not support pause".to_string(),

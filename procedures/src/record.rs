@@ -54,8 +54,8 @@ pub enum ProcedureState {
     /// written: its record stays at its last persisted step, so a later manager (with the loader, a store that takes
     /// the write) resumes it.
     Stalled,
-    /// Paused by an operator at a step boundary: it keeps its lock keys and its state and runs no step until it is
-    /// resumed (or cancelled). Persisted: it stays paused across a restart.
+    /// Paused by an operator (its step in progress interrupted, to run again from its last persisted state): it
+    /// keeps its lock keys and its state and runs no step until it is resumed (or cancelled). Persisted: it stays paused across a restart.
     Paused,
     /// Finished because an operator cancelled it. The error text says whether its rollback completed
     /// (`cancelled (rolled back)`), failed (`cancelled; rollback failed: …`), or did not run (`cancelled (no rollback: …)`,

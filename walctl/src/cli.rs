@@ -210,13 +210,15 @@ pub enum ProceduresCommand {
     /// The lock keys of unfinished procedures, read from the store; with --server, the keys held and awaited in
     /// the leading server's manager (and who blocks each waiting procedure).
     Locks,
-    /// Cancel a procedure: it stops at its next step boundary (at once while it waits for a retry or a lock),
-    /// rolls back if it can and ends `cancelled`. Writes a request a running manager picks up; see docs/walctl.md.
+    /// Cancel a procedure: its manager interrupts the step in progress (or the wait for a retry or a lock) as soon
+    /// as it reads the request, rolls back from the last persisted state if it can and ends `cancelled`. Writes a
+    /// request a running manager picks up; see docs/walctl.md.
     Cancel {
         /// The procedure id.
         id: String,
     },
-    /// Pause a procedure (or every one with --all): it runs no step, keeps its locks, stays paused across restarts.
+    /// Pause a procedure (or every one with --all): the step in progress is interrupted (run again on resume); it
+    /// runs no step, keeps its locks, stays paused across restarts.
     Pause {
         /// The procedure id.
         #[arg(required_unless_present = "all", conflicts_with = "all")]

@@ -744,9 +744,11 @@ pub fn print_control(out: &mut Output, id: Option<&str>, op: procedures::Control
     };
     let when = match op {
         procedures::ControlOp::Cancel => {
-            "its manager stops it at its next step boundary and rolls it back if it can"
+            "its manager stops it, interrupting the step in progress, and rolls it back if it can"
         }
-        procedures::ControlOp::Pause => "its manager pauses it at its next step boundary",
+        procedures::ControlOp::Pause => {
+            "its manager pauses it, interrupting the step in progress (run again on resume)"
+        }
         procedures::ControlOp::Resume => "its manager resumes it",
     };
     out.line(&format!(

@@ -3,7 +3,8 @@
 //! processes — and the store's epoch, halting the manager as fenced as soon as a newer one claimed the store.
 //!
 //! The keys are the truth (see [`crate::control`]); the manager keeps a copy in memory that runners consult while
-//! they wait, refreshed by the poll every `control_poll_interval` and at once by the manager's own requests. A
+//! they wait or run a step (a cancel or pause in it interrupts the step), refreshed by the poll every
+//! `control_poll_interval` and at once by the manager's own requests. A
 //! runner reads the control keys from the store at each step boundary, so a request written anywhere is honoured at
 //! the very next boundary. Runners reaching a boundary together share one read (see [`BoundaryScans`]).
 

@@ -978,8 +978,18 @@ impl Inner {
         }
     }
 
+    /// Whether a loader is registered for `type_name`, so that [`Inner::reload`] can rebuild its procedures
+    /// (loaders are never unregistered).
+    pub(crate) fn has_loader(&self, type_name: &str) -> bool {
+        self.loaders
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(type_name)
+    }
+
     /// The procedure of `record` rebuilt from its persisted data by its registered loader: what a step whose
-    /// writes were refused goes back to (its in-memory state ran ahead of what is stored).
+    /// writes were refused, or whose run a cancel or pause interrupted, goes back to (its in-memory state ran ahead
+    /// of what is stored).
     pub(crate) fn reload(&self, record: &ProcedureRecord) -> Result<BoxedProcedure> {
         let loaders = self.loaders.read().unwrap_or_else(|p| p.into_inner());
         let Some(loader) = loaders.get(&record.type_name) else {

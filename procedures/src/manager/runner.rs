@@ -51,6 +51,47 @@ async fn cancel_requested(inner: Arc<Inner>, id: ProcedureId) {
     }
 }
 
+/// Resolves once `inner` knows a cancel or a pause of `id` is requested (its own pause, or every procedure's);
+/// never otherwise. What the request asks is read again at the step boundary that follows.
+async fn interrupt_requested(inner: Arc<Inner>, id: ProcedureId) {
+    let mut changed = inner.control_changed.subscribe();
+    loop {
+        let control = inner.control_of(&id);
+        if control.cancel || control.paused {
+            return;
+        }
+        if changed.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// One run of `procedure`'s `execute`, bounded by the procedure's `deadline` (with the `timeout` it came from) when
+/// it has one: a step that runs past it is [`Error::Timeout`].
+async fn execute_step(
+    procedure: &mut BoxedProcedure,
+    ctx: &Context,
+    id: &ProcedureId,
+    deadline: Option<(Instant, std::time::Duration)>,
+) -> Result<Status> {
+    let Some((deadline, timeout)) = deadline else {
+        return procedure.execute(ctx).await;
+    };
+    let timed_out = || Error::Timeout {
+        id: id.clone(),
+        timeout,
+    };
+    match deadline.checked_duration_since(Instant::now()) {
+        Some(left) if !left.is_zero() => {
+            match tokio::time::timeout(left, procedure.execute(ctx)).await {
+                Ok(result) => result,
+                Err(_) => Err(timed_out()),
+            }
+        }
+        _ => Err(timed_out()),
+    }
+}
+
 /// The admission slot kept through a boundary, or a new one of `admission` after a pause gave it back.
 async fn take_slot(
     admission: Arc<tokio::sync::Semaphore>,
@@ -445,23 +486,33 @@ impl Runner {
                 attempt,
             });
             self.publish_shown();
-            let result = match deadline {
-                None => self.procedure.execute(&ctx).await,
-                Some((deadline, timeout)) => {
-                    let timed_out = || Error::Timeout {
-                        id: self.record.id.clone(),
-                        timeout,
-                    };
-                    match deadline.checked_duration_since(Instant::now()) {
-                        Some(left) if !left.is_zero() => {
-                            match tokio::time::timeout(left, self.procedure.execute(&ctx)).await {
-                                Ok(result) => result,
-                                Err(_) => Err(timed_out()),
-                            }
-                        }
-                        _ => Err(timed_out()),
+            // A cancel or pause the manager learns of while the step runs (its own request at once, another
+            // process's at the next poll of the control keys) drops the step's future where it awaits, and what
+            // follows works from the last persisted record, as a recovery after a crash at that await would: see
+            // `Runner::interrupted`. Only `execute` is raced: the write of what it returned (its record, and the
+            // step's own writes committed with it) is never interrupted, so they land whole or not at all. A step
+            // that finishes in the same poll as the request wins (`biased`): its result is kept, and the boundary
+            // then honours the request. A procedure whose type has no loader cannot be rebuilt from its record, so
+            // its step is not interrupted: the request waits for the step's end, as at any boundary.
+            let step_run = execute_step(&mut self.procedure, &ctx, &self.record.id, deadline);
+            let result = if self.inner.has_loader(&self.record.type_name) {
+                let interrupt =
+                    interrupt_requested(Arc::clone(&self.inner), self.record.id.clone());
+                let raced = tokio::select! {
+                    biased;
+                    result = step_run => Some(result),
+                    () = interrupt => None,
+                };
+                let Some(result) = raced else {
+                    if self.inner.is_halted() {
+                        return Err(Stopped);
                     }
-                }
+                    self.interrupted(step)?;
+                    continue;
+                };
+                result
+            } else {
+                step_run.await
             };
             // A manager halted during the step (fenced: another manager runs the procedure now) acts on nothing
             // the step returned: no write, no retry, no child, no rollback.
@@ -565,10 +616,10 @@ impl Runner {
                             delay_ms: delay.as_millis() as u64,
                         });
                         self.publish(ProcedureState::Retrying, Some(text));
-                        // A cancel ends the wait at once; the boundary then honours it.
+                        // A cancel or pause ends the wait at once; the boundary then honours it.
                         tokio::select! {
                             () = tokio::time::sleep(delay) => {}
-                            () = self.cancel_requested() => {}
+                            () = interrupt_requested(Arc::clone(&self.inner), self.id().clone()) => {}
                         }
                     }
                     None => {
@@ -581,6 +632,33 @@ impl Runner {
                 Err(e) => return Box::pin(self.fail(e)).await,
             }
         }
+    }
+
+    /// The step in progress was dropped at an await because a cancel or pause arrived (see `execute_loop`); the
+    /// next boundary honours the request (or runs the step again if it was withdrawn meanwhile).
+    ///
+    /// What the procedure works from next: its **last persisted record**, rebuilt by its registered loader as a
+    /// recovering manager rebuilds it after a crash — not the in-memory procedure the step was changing. `execute`
+    /// takes `&mut self` and may have changed the procedure's state before the await where it was dropped (a field
+    /// set ahead of the effect it records, half of a list updated): nothing guarantees that state describes what
+    /// happened outside, while the record does, and every step is written to resume from its record after a crash
+    /// at any await (steps are idempotent; the crash matrices check it at every side-effect point and durable
+    /// write). Reloading makes an interrupt exactly a crash at that await followed by a recovery in the same
+    /// manager, which keeps the procedure's locks, so a rollback (cancel) or the step's re-run (pause, then resume)
+    /// starts from a state the engine already proves safe. A loader that refuses the record stalls the procedure,
+    /// as it would make a recovery fail.
+    fn interrupted(&mut self, step: Option<String>) -> Result<(), Stopped> {
+        tracing::info!(
+            id = %self.id(),
+            step = step.as_deref().unwrap_or("-"),
+            "step interrupted by a cancel or pause request; going back to its last persisted record"
+        );
+        {
+            let mut live = self.live();
+            live.step_started_at_ms = None;
+            live.next_retry_at_ms = None;
+        }
+        self.reload()
     }
 
     /// A step returned without error: its history entry, and the next step starts from attempt 0.
@@ -1393,8 +1471,8 @@ impl Runner {
         }
     }
 
-    /// Rebuilds the procedure from its last stored record (see [`Runner::persist_step_writes`]); it stalls when its
-    /// loader refuses.
+    /// Rebuilds the procedure from its last stored record (see [`Runner::persist_step_writes`] and
+    /// [`Runner::interrupted`]); it stalls when its loader refuses.
     fn reload(&mut self) -> Result<(), Stopped> {
         match self.inner.reload(&self.record) {
             Ok(procedure) => {

@@ -179,18 +179,28 @@ async fn a_paused_procedure_stays_paused_across_a_restart() {
     assert_eq!(stored(&store, "p").state, ProcedureState::Done);
 }
 
+/// A cancel the manager learns of only at a step boundary: written by another process while the step runs, with
+/// no poll of the control keys before the boundary (a cancel the manager knows of during the step interrupts it:
+/// `interrupt.rs`). The step ends on its own, and the boundary's read of the keys finds the request.
 #[tokio::test]
 async fn a_cancel_at_a_step_boundary_rolls_back_and_ends_cancelled() {
     let env = Env::new(false);
     let store = Arc::new(MemoryStateStore::new());
-    let m = started(&store, &env, fast_config()).await;
+    let config = ManagerConfig {
+        control_poll_interval: Duration::from_secs(3600),
+        ..fast_config()
+    };
+    let m = started(&store, &env, config).await;
     let id = ProcedureId::new("p");
     let mut w = m
         .submit(env.with_id("p", blocked_plan(true)))
         .await
         .unwrap();
     until_entered(&env, "p", 1).await;
-    m.cancel(&id).await.unwrap();
+    let outside: &dyn StateStore = store.as_ref();
+    control::request(outside, &id, ControlOp::Cancel)
+        .await
+        .unwrap();
     env.gate.add_permits(100);
     let err = within(w.wait()).await.unwrap_err();
     assert_eq!(
@@ -198,7 +208,11 @@ async fn a_cancel_at_a_step_boundary_rolls_back_and_ends_cancelled() {
         "procedure p was cancelled: cancelled (rolled back)"
     );
     assert_eq!(env.rollbacks.load(Ordering::SeqCst), 1);
-    assert!(!env.events().contains(&"enter p at 2".to_string()));
+    assert_eq!(
+        env.events(),
+        ["enter p at 0", "exit p", "enter p at 1", "exit p"],
+        "the step the cancel was written during ran to its end, and no step after it"
+    );
     let record = stored(&store, "p");
     assert_eq!(record.state, ProcedureState::Cancelled);
     assert_eq!(record.error.as_deref(), Some("cancelled (rolled back)"));
@@ -274,6 +288,36 @@ async fn a_cancel_ends_a_retry_wait_at_once() {
         err.to_string().ends_with("cancelled (rolled back)"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn a_pause_ends_a_retry_wait_at_once_and_the_resume_runs_the_step_again() {
+    let env = Env::new(true);
+    let store = Arc::new(MemoryStateStore::new());
+    // The retry delay is an hour: only the pause can end the wait before `within` gives up.
+    let config = ManagerConfig {
+        step_retry: RetryPolicy {
+            max_retries: 5,
+            initial_delay: Duration::from_secs(3600),
+            max_delay: Duration::from_secs(3600),
+            factor: 2.0,
+        },
+        ..fast_config()
+    };
+    let m = started(&store, &env, config).await;
+    let plan = Plan {
+        retryable_failures: 1,
+        ..Plan::steps(2, true)
+    };
+    let id = ProcedureId::new("p");
+    let mut w = m.submit(env.with_id("p", plan)).await.unwrap();
+    until_state(&m, "p", ProcedureState::Retrying).await;
+    m.pause(&id).await.unwrap();
+    until_state(&m, "p", ProcedureState::Paused).await;
+    assert_eq!(stored(&store, "p").state, ProcedureState::Paused);
+    m.resume(&id).await.unwrap();
+    within(w.wait()).await.unwrap();
+    assert_eq!(stored(&store, "p").state, ProcedureState::Done);
 }
 
 #[tokio::test]

@@ -9,6 +9,7 @@ mod boundary_scans;
 mod control;
 mod epoch;
 mod finished;
+mod interrupt;
 mod introspection;
 mod lifecycle;
 mod listing;

@@ -4,7 +4,8 @@
 //! The procedure is a create-table stopped in CreateRegions by a "killed" run played in this test process: a
 //! `Metasrv` on a redb file whose datanodes create the first region and then block, so one region exists when the
 //! run is stopped. (redb admits one process at a time, so walctl runs between two runs of the manager here; on etcd a
-//! running manager picks the request up at the procedure's next step boundary or poll.)
+//! running manager picks the request up at its next poll, interrupting the step in progress, or at the procedure's
+//! next step boundary.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

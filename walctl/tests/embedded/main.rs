@@ -10,6 +10,7 @@ mod commands;
 mod control;
 mod damaged_file;
 mod idempotent;
+mod interrupt;
 mod introspection;
 mod purge;
 mod readonly;
