@@ -15,6 +15,7 @@ mod answers;
 mod client;
 mod embedded;
 mod failover;
+mod handover;
 mod kafka;
 mod listing;
 mod page;

@@ -107,18 +107,18 @@ impl Partitionable {
 
 /// What the client saw.
 #[derive(Debug, Default)]
-struct Load {
+pub struct Load {
     /// Tables created: (name, table id).
-    created: Vec<(String, u64)>,
+    pub created: Vec<(String, u64)>,
     /// Answers a client may not retry (a final error for work that may still finish), with the request.
-    final_errors: Vec<String>,
+    pub final_errors: Vec<String>,
     /// Answers retried (no answer, 503, retryable 500).
-    retried: usize,
+    pub retried: usize,
 }
 
 /// A client creating tables one after another through whichever server leads, each with an id of its own, retrying
 /// an id until it gets 200, and recording every answer it could not retry.
-fn load(addresses: Vec<String>, tag: &'static str, stop: Arc<AtomicBool>) -> JoinHandle<Load> {
+pub fn load(addresses: Vec<String>, tag: &'static str, stop: Arc<AtomicBool>) -> JoinHandle<Load> {
     std::thread::spawn(move || {
         let mut seen = Load::default();
         let mut leader = 0usize;
