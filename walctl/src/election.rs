@@ -15,6 +15,8 @@ use crate::Failure;
 
 /// How often a command waiting for leadership checks whether a server leads now.
 const LEADER_POLL: Duration = Duration::from_millis(200);
+/// How long a leading server named by the election may take to answer the command's probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Joins the election of the store `config` names, with the `[server]` section's lease TTL.
 pub async fn connect(
@@ -49,12 +51,35 @@ fn describe(leader: Option<&LeaderInfo>) -> String {
         Some(l) if l.address.is_empty() => {
             format!("another walctl command (epoch {})", l.epoch)
         }
-        Some(l) => format!("the server at {} (epoch {})", l.address, l.epoch),
+        Some(l) => format!(
+            "the server at {} (epoch {}), which did not answer",
+            l.address, l.epoch
+        ),
         None => "none".to_string(),
     }
 }
 
+/// Whether a server answers HTTP at `address` within [`PROBE_TIMEOUT`] (any answer: a live process).
+async fn answers(address: &str) -> bool {
+    let url = format!("http://{address}/v1/leader");
+    tokio::task::spawn_blocking(move || {
+        let agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(PROBE_TIMEOUT))
+            .build()
+            .new_agent();
+        agent.get(&url).call().is_ok()
+    })
+    .await
+    .unwrap_or(false)
+}
+
 /// Campaigns until this process leads or a server does, for at most `wait`.
+///
+/// A server the election names is sent the command only if it answers: a leader killed a moment ago stays named
+/// until its lease expires, and the command would otherwise keep knocking at a dead address. Until then the
+/// command reads the election again every [`LEADER_POLL`], campaigning all along, so it goes to the server that
+/// leads next, or runs itself if it wins.
 pub async fn join(election: &Election, wait: Duration) -> Result<Joined, Failure> {
     let deadline = Instant::now() + wait;
     let campaign = election.campaign();
@@ -63,8 +88,12 @@ pub async fn join(election: &Election, wait: Duration) -> Result<Joined, Failure
     loop {
         match election.leader().await {
             Ok(Some(leader)) if !leader.address.is_empty() => {
-                election.withdraw().await;
-                return Ok(Joined::Server(leader.address));
+                if answers(&leader.address).await {
+                    election.withdraw().await;
+                    return Ok(Joined::Server(leader.address));
+                }
+                tracing::debug!(address = %leader.address, "the named leader does not answer; reading again");
+                last = Some(leader);
             }
             Ok(leader) => last = leader,
             Err(e) => tracing::debug!(error = %e, "reading the leader failed; campaigning on"),

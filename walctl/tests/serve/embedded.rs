@@ -219,3 +219,34 @@ fn bench_ddl_beside_a_leading_server_is_refused_and_the_server_keeps_its_term() 
     servers.servers[leader].signal("-TERM");
     assert_eq!(servers.servers[leader].wait(), Some(0));
 }
+
+/// An embedded writer started right after the leading server was killed with kill -9: the election names the dead
+/// server until its lease expires. The command does not knock at the dead address (it did, until `--wait` ran out,
+/// 18 times of 18); it reads the election again until the next server leads, and is sent there.
+#[test]
+fn an_embedded_writer_started_just_after_a_leader_crash_reaches_the_next_leader() {
+    let etcd = endpoints("ETCD_ENDPOINTS");
+    let mut servers = Servers::on_etcd(&etcd, 2);
+    let leader = servers.wait_for_leader(&[0, 1]);
+    let other = 1 - leader;
+    let config = servers.dir.path().join("embedded.toml");
+    std::fs::write(&config, &servers.metasrv_toml).expect("write config");
+    servers.servers[leader].signal("-KILL");
+    let _ = servers.servers[leader].wait();
+    let out = Command::new(walctl_path())
+        .arg("--config")
+        .arg(&config)
+        .args(["--json", "create-table", "after_crash", "--regions", "1"])
+        .args(["--wait", "30s"])
+        .current_dir(servers.dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run walctl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines = json_lines(&String::from_utf8_lossy(&out.stdout));
+    assert!(lines[0]["table_id"].as_u64().is_some(), "{lines:?}");
+    assert_eq!(servers.wait_for_leader(&[other]), other);
+    let (_, leader_now) = get(&servers.servers[other].url("/v1/leader"));
+    assert_eq!(leader_now["self"], Value::from(true), "{leader_now}");
+}
