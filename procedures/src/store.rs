@@ -102,6 +102,11 @@ pub trait StateStore: Send + Sync {
     /// Applies `ops` atomically if every one of `conditions` holds, else nothing.
     async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome>;
 
+    /// Waits until no write handed to this store is still queued or in flight (a store that commits writes in a
+    /// task of its own, e.g. a group commit). The manager calls it when it stops, after its own tasks are gone, so
+    /// nothing it wrote lands after [`crate::ProcedureManager::stop`] returns. The default has nothing to wait for.
+    async fn quiesce(&self) {}
+
     /// Whether [`StateStore::write_with_step`] can apply writes meant for `store` atomically with this store's own:
     /// this store lives in `store`. `false` by default; the engine then applies a step's writes alone first.
     fn joins(&self, _store: &dyn StepStore) -> bool {

@@ -272,6 +272,13 @@ impl KvStateStore {
 
 #[async_trait]
 impl StateStore for KvStateStore {
+    /// Waits for the group commit's task to end (see [`procedures::StateStore::quiesce`]).
+    async fn quiesce(&self) {
+        if let Some(group) = &self.group {
+            group.idle().await;
+        }
+    }
+
     async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
         self.ensure_alive(&format!("get '{key}'"))?;
         if key == EPOCH_KEY

@@ -353,6 +353,9 @@ impl Inner {
         let _lifecycle = self.lifecycle.lock().await;
         self.halt(HaltReason::Stopped);
         self.drain().await;
+        // The tasks are gone, so are the callers of writes still queued in the store: those are dropped, the
+        // batches in flight are answered, and only then has the manager stopped.
+        self.store.quiesce().await;
     }
 
     /// Awaits every task of a halted manager.

@@ -378,6 +378,10 @@ fn describe_write(conditions: &[Condition], ops: &[WriteOp]) -> String {
 
 #[async_trait]
 impl StateStore for CrashingStore {
+    async fn quiesce(&self) {
+        self.inner.quiesce().await;
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
         self.controller.check_alive(&format!("get '{key}'"))?;
         self.inner.get(key).await

@@ -98,6 +98,8 @@ enum EpochRead {
 #[derive(Debug, Default)]
 pub(super) struct GroupCommit {
     queue: Mutex<Queue>,
+    /// Notified whenever the commit task ends (see [`GroupCommit::idle`]).
+    ended: tokio::sync::Notify,
 }
 
 #[derive(Debug, Default)]
@@ -125,6 +127,21 @@ impl GroupCommit {
         self.lock().pending.len()
     }
 
+    /// Waits until no commit task runs: every batch it sent was answered, and every write queued was committed or
+    /// dropped with its caller.
+    pub(super) async fn idle(&self) {
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            // Registered before the look, so an end between the look and the wait is not missed.
+            ended.as_mut().enable();
+            if !self.lock().committing {
+                return;
+            }
+            ended.await;
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Queue> {
         // Every change under the lock is a push, a drain or a flag: a poisoned lock still holds a usable queue.
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
@@ -132,8 +149,9 @@ impl GroupCommit {
 }
 
 /// Resets the committing flag when the commit task ends without doing so itself (it panicked, or the runtime
-/// dropped it): the writes still queued are answered with a retryable error (their senders are dropped), so their
-/// callers retry and a new commit task starts.
+/// dropped it, even before it ever ran: the guard is made before the task is spawned and moves into it): the
+/// writes still queued are answered with a retryable error (their senders are dropped), so their callers retry and
+/// a new commit task starts.
 struct CommitTaskGuard {
     group: Arc<GroupCommit>,
     armed: bool,
@@ -142,9 +160,12 @@ struct CommitTaskGuard {
 impl Drop for CommitTaskGuard {
     fn drop(&mut self) {
         if self.armed {
-            let mut queue = self.group.lock();
-            queue.committing = false;
-            queue.pending.clear();
+            {
+                let mut queue = self.group.lock();
+                queue.committing = false;
+                queue.pending.clear();
+            }
+            self.group.ended.notify_waiters();
         }
     }
 }
@@ -291,8 +312,11 @@ impl KvStateStore {
         };
         if start {
             let store = self.clone();
-            let group = Arc::clone(group);
-            tokio::spawn(async move { store.run_commits(group).await });
+            let guard = CommitTaskGuard {
+                group: Arc::clone(group),
+                armed: true,
+            };
+            tokio::spawn(async move { store.run_commits(guard).await });
         }
         match answer.await {
             Ok(outcome) => outcome,
@@ -312,11 +336,8 @@ impl KvStateStore {
     /// [`KvBackend::max_txns_in_flight`](crate::kv::KvBackend::max_txns_in_flight) batches are in flight at once
     /// (one on redb and memory); batches in flight together touch no key in common, and the manager's claim of
     /// the epoch is sent only when nothing else is in flight, and nothing is sent beside it.
-    async fn run_commits(self, group: Arc<GroupCommit>) {
-        let mut guard = CommitTaskGuard {
-            group: Arc::clone(&group),
-            armed: true,
-        };
+    async fn run_commits(self, mut guard: CommitTaskGuard) {
+        let group = Arc::clone(&guard.group);
         let slots = self.kv.max_txns_in_flight().max(1);
         let mut in_flight = FuturesUnordered::new();
         // Keys of the batches in flight; and whether one of them is the epoch claim.
@@ -354,6 +375,8 @@ impl KvStateStore {
                 if queue.pending.is_empty() {
                     queue.committing = false;
                     guard.armed = false;
+                    drop(queue);
+                    group.ended.notify_waiters();
                     return;
                 }
                 continue;
@@ -363,7 +386,8 @@ impl KvStateStore {
             }
             claim_in_flight &= !claim;
             for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                // A caller that went away no longer wants the answer; its write is committed (or not) all the same.
+                // A caller that went away after its batch was sent no longer wants the answer; the write is
+                // committed (or not) all the same, as a write in flight when its sender crashes.
                 let _ = reply.send(outcome);
             }
         }
@@ -396,6 +420,11 @@ impl KvStateStore {
         let mut batch: Vec<Pending> = Vec::new();
         let mut rest = VecDeque::with_capacity(pending.len());
         while let Some(p) = pending.pop_front() {
+            // A caller that went away (its task aborted, the manager stopped) left a write nobody waits for: it is
+            // not sent, as if the caller had crashed before sending it.
+            if p.reply.is_closed() {
+                continue;
+            }
             let blocked = closed
                 || !p.write.keys.is_disjoint(busy)
                 || !p.write.keys.is_disjoint(&deferred_keys);
