@@ -238,7 +238,14 @@ pub struct ServerConfig {
     /// before it runs out.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
+    /// Write requests (create and drop table, migrate region, bootstrap, prune) the server takes at once; past it a
+    /// write is answered `429 overloaded` with `Retry-After`, so a burst cannot queue without bound. Datanode
+    /// heartbeats, reads and procedure control are never refused this way.
+    pub max_pending_writes: usize,
 }
+
+/// The default of [`ServerConfig::max_pending_writes`].
+pub const DEFAULT_MAX_PENDING_WRITES: usize = 2048;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -246,6 +253,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:3002".to_string(),
             advertise: String::new(),
             lease_ttl: Duration::from_secs(5),
+            max_pending_writes: DEFAULT_MAX_PENDING_WRITES,
         }
     }
 }
@@ -260,7 +268,8 @@ impl ServerConfig {
         }
     }
 
-    /// `listen` and `advertise` are `host:port` (a port given), `lease_ttl` within 2–60 s.
+    /// `listen` and `advertise` are `host:port` (a port given), `lease_ttl` within 2–60 s, `max_pending_writes`
+    /// at least 1.
     pub fn validate(&self) -> Result<()> {
         for (key, value, may_be_empty) in [
             ("server.listen", &self.listen, false),
@@ -288,6 +297,14 @@ impl ServerConfig {
                 key: "server.lease_ttl",
                 value: humantime_serde::re::humantime::format_duration(self.lease_ttl).to_string(),
                 reason: "must be within 2s and 60s",
+            }
+        );
+        ensure!(
+            self.max_pending_writes >= 1,
+            InvalidConfigSnafu {
+                key: "server.max_pending_writes",
+                value: self.max_pending_writes.to_string(),
+                reason: "must be at least 1",
             }
         );
         Ok(())

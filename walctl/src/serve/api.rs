@@ -35,6 +35,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// This server's advertised address.
     pub advertise: String,
+    /// Permits for write requests in progress (`[server] max_pending_writes`).
+    pub admission: Arc<tokio::sync::Semaphore>,
 }
 
 /// Every route. Every answer but the page's and the metrics' is JSON, errors of the router and extractors
@@ -86,6 +88,19 @@ pub(super) type ApiResult = Result<Response, ApiError>;
 pub(super) const NOT_LEADER_LOOKUP: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl AppState {
+    /// A permit for one write request, held while it is handled; none left: `429 overloaded` (with `Retry-After`,
+    /// added by `error::json_errors`), retryable.
+    pub(super) fn admit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        Arc::clone(&self.admission)
+            .try_acquire_owned()
+            .map_err(|_| {
+                ApiError::overloaded(
+                    "this server is handling as many write requests as it takes at once ([server] \
+                 max_pending_writes); retry after a moment",
+                )
+            })
+    }
+
     pub(super) fn status(&self) -> Status {
         self.status.borrow().clone()
     }
@@ -218,6 +233,7 @@ fn default_wait() -> bool {
 }
 
 async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) -> ApiResult {
+    let _permit = state.admit()?;
     let body: CreateTableBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid create-table body: {e}")))?;
     let name = parse_table_name(&body.name)?;
@@ -310,6 +326,7 @@ async fn drop_table(
     Path(name): Path<String>,
     Query(params): Query<HashMap<String, String>>,
 ) -> ApiResult {
+    let _permit = state.admit()?;
     let name = parse_table_name(&name)?;
     let if_exists = match params.get("if_exists").map(String::as_str) {
         None | Some("false") => false,
@@ -347,6 +364,7 @@ async fn migrate_region(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> ApiResult {
+    let _permit = state.admit()?;
     let region_id: u64 = id.parse().map_err(|_| {
         ApiError::bad_request(format!(
             "region id '{}' is not a number ((table_id << 32) | region_number)",
@@ -476,6 +494,7 @@ async fn locks(State(state): State<AppState>) -> ApiResult {
 }
 
 async fn bootstrap(State(state): State<AppState>) -> ApiResult {
+    let _permit = state.admit()?;
     state.ensure_leader().await?;
     let report = state.metasrv.bootstrap(|_| {}).await?;
     Ok(Json(report).into_response())
@@ -542,6 +561,7 @@ struct PruneBody {
 
 /// `POST /v1/wal/prune` `{"topic": null | "T"}`: runs the WAL prune (the leader only); one report per topic.
 async fn prune_wal(State(state): State<AppState>, body: axum::body::Bytes) -> ApiResult {
+    let _permit = state.admit()?;
     let body: PruneBody = if body.is_empty() {
         PruneBody::default()
     } else {

@@ -21,7 +21,8 @@ pub struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
     /// A stable machine-readable kind (`bad_request`, `not_found`, `method_not_allowed`, `payload_too_large`,
-    /// `not_registered`, `already_exists`, `conflict`, `stale_incarnation`, `not_leader`, `not_ready`, `internal`).
+    /// `not_registered`, `already_exists`, `conflict`, `stale_incarnation`, `not_leader`, `not_ready`, `overloaded`,
+    /// `store_unavailable`, `internal`).
     pub kind: &'static str,
     /// What went wrong, for people; names the field, table, procedure id or leader concerned.
     pub message: String,
@@ -88,6 +89,17 @@ impl ApiError {
             message,
             retryable: true,
             leader,
+        }
+    }
+
+    /// 429: the server takes no more write requests at once now; retryable (the answer carries `Retry-After`).
+    pub fn overloaded(reason: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            kind: "overloaded",
+            message: reason.into(),
+            retryable: true,
+            leader: None,
         }
     }
 
@@ -259,12 +271,20 @@ impl IntoResponse for ApiError {
 /// Middleware making every error answer JSON of the API's shape: an answer the router or an extractor built
 /// itself (404 for an unknown route, 405 for a method a route does not take, 413 for a body over [`BODY_LIMIT`],
 /// a 400 of a rejected extractor) is replaced by `{"error":{"kind","message","retryable"}}`, keeping its status
-/// (and a 405's `Allow` header). Answers that already are JSON, and every success, pass unchanged.
+/// (and a 405's `Allow` header). Answers that already are JSON, and every success, pass unchanged. A 429 gets
+/// `Retry-After: 1` when it has none.
 pub async fn json_errors(request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = excerpt(request.uri().path(), PATH_EXCERPT);
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
     let status = response.status();
+    if status == StatusCode::TOO_MANY_REQUESTS
+        && !response.headers().contains_key(header::RETRY_AFTER)
+    {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("1"));
+    }
     if !(status.is_client_error() || status.is_server_error()) || is_json(response.headers()) {
         return response;
     }

@@ -89,6 +89,7 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
         status: status_rx,
         metrics,
         advertise: advertise.clone(),
+        admission: Arc::new(tokio::sync::Semaphore::new(server.max_pending_writes)),
     });
     tracing::info!(listen = %server.listen, %advertise, "serving");
     // Printed for scripts and tests that start a server on port 0.

@@ -142,6 +142,8 @@ pub struct Servers {
     pub dir: TempDir,
     pub servers: Vec<Server>,
     pub metasrv_toml: String,
+    /// More lines for the `[server]` section of servers spawned from now on.
+    pub server_toml: String,
 }
 
 impl Servers {
@@ -183,6 +185,7 @@ impl Servers {
             dir,
             servers: Vec::new(),
             metasrv_toml,
+            server_toml: String::new(),
         };
         for _ in 0..n {
             servers.spawn();
@@ -202,7 +205,8 @@ impl Servers {
         let address = format!("127.0.0.1:{}", free_port());
         let config = self.dir.path().join(format!("server-{i}.toml"));
         let text = format!(
-            "{metasrv_toml}\n[server]\nlisten = \"{address}\"\nlease_ttl = \"{LEASE_TTL_SECS}s\"\n"
+            "{metasrv_toml}\n[server]\nlisten = \"{address}\"\nlease_ttl = \"{LEASE_TTL_SECS}s\"\n{}\n",
+            self.server_toml
         );
         std::fs::write(&config, text).expect("write config");
         let log = self.dir.path().join(format!("server-{i}.log"));

@@ -18,6 +18,7 @@ mod failover;
 mod handover;
 mod kafka;
 mod listing;
+mod overload;
 mod page;
 mod partition;
 mod quorum;
