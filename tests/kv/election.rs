@@ -379,3 +379,35 @@ async fn a_leader_whose_first_member_is_blackholed_keeps_its_term() {
     );
     follower.resign(follower_term).await;
 }
+
+/// A candidate whose campaign waits behind a leader for longer than etcd's ping policy tolerates bad pings (its
+/// `--grpc-keepalive-min-time`, 5 s: three pings sooner than that close the connection) with nothing else on its
+/// connections, and then wins when the leader resigns: the campaign call it made at first is the one that wins.
+/// With pings every second the waiting campaign's connection was closed every few seconds and the campaign failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_waiting_twenty_seconds_behind_a_leader_wins_when_it_resigns() {
+    let endpoints = require_endpoints("ETCD_ENDPOINTS", "etcd");
+    let prefix = format!("{}/", unique("election"));
+    let (a, _) = election(&endpoints, &prefix, "10.0.0.1:3002").await;
+    let (b, fence_b) = election(&endpoints, &prefix, "10.0.0.2:3002").await;
+    let term_a = tokio::time::timeout(BOUND, a.campaign())
+        .await
+        .unwrap()
+        .unwrap();
+    let b = Arc::new(b);
+    let campaigning = {
+        let b = b.clone();
+        tokio::spawn(async move { b.campaign().await })
+    };
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let epoch_a = term_a.epoch();
+    a.resign(term_a).await;
+    let term_b = tokio::time::timeout(BOUND, campaigning)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the waiting campaign failed: {e}"));
+    assert!(term_b.epoch() > epoch_a);
+    assert_eq!(fence_b.current().map(|l| l.epoch), Some(term_b.epoch()));
+    b.resign(term_b).await;
+}

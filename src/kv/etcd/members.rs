@@ -17,18 +17,22 @@
 //!
 //! The clients are built with etcd's `require_leader` flag, so a member that lost its raft leader (partitioned into
 //! a minority) refuses at once with `Unavailable` instead of holding the request until its own timeout, and with
-//! HTTP/2 keep-alive pings, so a connection that stopped answering is closed (failing its requests) within
-//! [`PING_INTERVAL`] + [`PING_TIMEOUT`] even for a call whose own deadline is long.
+//! HTTP/2 keep-alive pings while a request is in flight, so a connection that stopped answering is closed (failing
+//! its requests) within [`PING_INTERVAL`] + [`PING_TIMEOUT`] even for a call with no deadline of its own (a
+//! campaign).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use etcd_client::ConnectOptions;
 
-/// How often an HTTP/2 ping checks a connection to a member.
-pub const PING_INTERVAL: Duration = Duration::from_secs(1);
+/// How often an HTTP/2 ping checks a connection to a member while a request is in flight on it. Not more often
+/// than etcd allows: etcd's `--grpc-keepalive-min-time` (5 s by default) makes it close a connection that pings
+/// more often (after three such pings, "too many pings"), which failed every long call (a campaign) every few
+/// seconds. For the same reason no ping is sent on an idle connection, which etcd counts against the client too.
+pub const PING_INTERVAL: Duration = Duration::from_secs(6);
 /// How long a ping may go unanswered before the connection is closed.
-pub const PING_TIMEOUT: Duration = Duration::from_secs(1);
+pub const PING_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// gRPC status codes that say the member (or the cluster through it) could not serve the request now:
 /// CANCELLED, UNKNOWN (what a reset connection surfaces as), DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED,
@@ -73,7 +77,7 @@ pub fn connect_options(
         .with_connect_timeout(connect_timeout)
         .with_require_leader(true)
         .with_keep_alive(PING_INTERVAL, PING_TIMEOUT)
-        .with_keep_alive_while_idle(true);
+        .with_keep_alive_while_idle(false);
     match request_timeout {
         Some(timeout) => options.with_timeout(timeout),
         None => options,
