@@ -8,8 +8,18 @@
 //!    with as many `Metasrv::create_table` calls (the `DdlManager` embedded in this process) on the same etcd under
 //!    another key prefix. Reports both p50s and their ratio (the anchor is the embedded p50, measured in the same
 //!    run), and the p50 of one read of a table name (the check the API makes before it submits).
+//! 3. Bursts: `BENCH_BURST` (default 500) concurrent `POST /v1/tables` with `"wait": false` (each its own table and
+//!    id), then as many with `"wait": true`, then as many creating one name under as many ids: each kind's p50 and
+//!    max answer time, the answers by status, and whether the leader kept its epoch.
+//! 4. etcd member faults, on a three-member cluster of the bench's own (`scripts/services.sh
+//!    start-etcd-cluster`): a client creating tables one after another while a member that is not etcd's raft
+//!    leader is killed with SIGKILL: the create p50 and max before and after the kill, answers that were not 200,
+//!    and whether the leader kept its epoch. Then quorum is lost (the raft leader killed too): how long after it
+//!    the first write is refused with 503, and how long `/`, `/metrics` and `/v1/procedures` take to answer.
 
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use remote_wal::config::MetasrvConfig;
@@ -206,5 +216,267 @@ fn main() {
         api_p50.as_secs_f64() / embedded_p50.as_secs_f64(),
         ms(p50(name_reads))
     );
+    bursts(&agent, &servers, env_count("BENCH_BURST", 500));
     drop(servers);
+    member_faults(&agent, dir.path(), &run);
+}
+
+/// The `/v1/leader` epoch as server `i` reads it.
+fn epoch(agent: &ureq::Agent, server: &Server) -> Option<u64> {
+    agent
+        .get(format!("http://{}/v1/leader", server.address))
+        .call()
+        .ok()
+        .and_then(|mut r| r.body_mut().read_json::<Value>().ok())
+        .and_then(|v| v["epoch"].as_u64())
+}
+
+fn max(v: &[Duration]) -> Duration {
+    v.iter().max().copied().unwrap_or_default()
+}
+
+/// Sends `bodies` to `url` all at once, one thread each; returns each answer's status and time.
+fn all_at_once(url: &str, bodies: Vec<Value>) -> Vec<(u16, Duration)> {
+    let barrier = Arc::new(std::sync::Barrier::new(bodies.len()));
+    let threads: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let (url, barrier) = (url.to_string(), barrier.clone());
+            std::thread::spawn(move || {
+                let agent = ureq::Agent::config_builder()
+                    .http_status_as_error(false)
+                    .timeout_global(Some(PATIENCE))
+                    .build()
+                    .new_agent();
+                barrier.wait();
+                let started = Instant::now();
+                let status = agent
+                    .post(&url)
+                    .send_json(&body)
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0);
+                (status, started.elapsed())
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| t.join().expect("a client thread"))
+        .collect()
+}
+
+fn by_status(answers: &[(u16, Duration)]) -> String {
+    let mut counts = std::collections::BTreeMap::new();
+    for (status, _) in answers {
+        *counts.entry(*status).or_insert(0usize) += 1;
+    }
+    counts
+        .iter()
+        .map(|(s, n)| format!("{n}x{s}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn bursts(agent: &ureq::Agent, servers: &[Server], n: usize) {
+    let current = leader(agent, servers);
+    let before = epoch(agent, &servers[current]);
+    let url = format!("http://{}/v1/tables", servers[current].address);
+    for (kind, bodies) in [
+        (
+            "wait: false",
+            (0..n)
+                .map(|i| json!({"name": format!("burst_nowait_{i}"), "regions": 1, "id": format!("burst-nowait-{i}"), "wait": false}))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "wait: true",
+            (0..n)
+                .map(|i| json!({"name": format!("burst_wait_{i}"), "regions": 1, "id": format!("burst-wait-{i}"), "wait": true}))
+                .collect(),
+        ),
+        (
+            "one name, many ids",
+            (0..n)
+                .map(|i| json!({"name": "burst_same", "regions": 1, "id": format!("burst-same-{i}"), "wait": true}))
+                .collect(),
+        ),
+    ] {
+        let answers = all_at_once(&url, bodies);
+        let times: Vec<Duration> = answers.iter().map(|(_, t)| *t).collect();
+        println!(
+            "burst of {n} creates ({kind}): p50 {}, max {}; answers {}",
+            ms(p50(times.clone())),
+            ms(max(&times)),
+            by_status(&answers)
+        );
+    }
+    let after = epoch(agent, &servers[current]);
+    println!(
+        "after the bursts the leader {} its epoch ({before:?} -> {after:?})",
+        if before == after && before.is_some() {
+            "kept"
+        } else {
+            "did not keep"
+        }
+    );
+}
+
+fn services(args: &[&str]) -> String {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh");
+    let out = Command::new(script)
+        .args(args)
+        .output()
+        .expect("run scripts/services.sh");
+    assert!(
+        out.status.success(),
+        "services.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// The index of etcd's raft leader among `endpoints` (asking each member's status over HTTP).
+fn raft_leader(agent: &ureq::Agent, endpoints: &[String]) -> usize {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        for (i, e) in endpoints.iter().enumerate() {
+            // etcd's /metrics says whether this member is the leader.
+            let text = agent
+                .get(format!("http://{e}/metrics"))
+                .call()
+                .ok()
+                .and_then(|mut r| r.body_mut().read_to_string().ok())
+                .unwrap_or_default();
+            if text.lines().any(|l| l.trim() == "etcd_server_is_leader 1") {
+                return i;
+            }
+        }
+        assert!(Instant::now() < deadline, "no raft leader");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn member_faults(agent: &ureq::Agent, dir: &std::path::Path, run: &str) {
+    let name = format!("bsf{}", std::process::id());
+    let endpoints: Vec<String> = services(&["start-etcd-cluster", &name, "3"])
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    let served = toml(&endpoints.join(","), &format!("{run}/faults/"));
+    let servers: Vec<Server> = (0..3).map(|_| spawn(dir, &served)).collect();
+    let current = leader(agent, &servers);
+    let before = epoch(agent, &servers[current]);
+    let url = format!("http://{}/v1/tables", servers[current].address);
+    let stop = Arc::new(AtomicBool::new(false));
+    let killed_at: Arc<std::sync::Mutex<Option<Instant>>> = Arc::default();
+    let client = {
+        let (url, stop, killed_at) = (url.clone(), stop.clone(), killed_at.clone());
+        std::thread::spawn(move || {
+            let agent = agent_for_client();
+            let (mut before, mut after, mut not_ok) = (Vec::new(), Vec::new(), 0usize);
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let body = json!({"name": format!("member_{i}"), "regions": 2, "id": format!("member-{i}"), "wait": true});
+                let started = Instant::now();
+                let status = agent
+                    .post(&url)
+                    .send_json(&body)
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0);
+                let took = started.elapsed();
+                if status != 200 {
+                    not_ok += 1;
+                }
+                if killed_at.lock().map(|k| k.is_some()).unwrap_or(false) {
+                    after.push(took);
+                } else {
+                    before.push(took);
+                }
+            }
+            (before, after, not_ok)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let raft = raft_leader(agent, &endpoints);
+    let victim = (raft + 1) % 3;
+    let member = format!("{name}-{}", victim + 1);
+    let pid = services(&["pid", "etcd", &member]);
+    let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    if let Ok(mut k) = killed_at.lock() {
+        *k = Some(Instant::now());
+    }
+    std::thread::sleep(Duration::from_secs(5));
+    stop.store(true, Ordering::Relaxed);
+    let (pre, post, not_ok) = client.join().expect("the client");
+    let after_epoch = epoch(agent, &servers[current]);
+    println!(
+        "etcd member killed under load (not the raft leader): create p50 {} / max {} before ({} tables), p50 {} / \
+         max {} after ({} tables); {not_ok} answers not 200; the leader {} its epoch",
+        ms(p50(pre.clone())),
+        ms(max(&pre)),
+        pre.len(),
+        ms(p50(post.clone())),
+        ms(max(&post)),
+        post.len(),
+        if before == after_epoch {
+            "kept"
+        } else {
+            "did not keep"
+        }
+    );
+
+    // Quorum lost: kill the raft leader too; writes every 100 ms until the first 503.
+    let alive: Vec<String> = (0..3)
+        .filter(|&i| i != victim)
+        .map(|i| endpoints[i].clone())
+        .collect();
+    let raft = raft_leader(agent, &alive);
+    let raft_index = endpoints
+        .iter()
+        .position(|e| *e == alive[raft])
+        .unwrap_or(0);
+    let pid = services(&["pid", "etcd", &format!("{name}-{}", raft_index + 1)]);
+    let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    let lost = Instant::now();
+    let mut refused_after = None;
+    for i in 0..200 {
+        let sent = lost.elapsed();
+        let status = agent
+            .post(&url)
+            .send_json(json!({"name": format!("noquorum_{i}"), "regions": 1, "id": format!("noquorum-{i}")}))
+            .map(|r| r.status().as_u16())
+            .unwrap_or(0);
+        if status == 503 {
+            refused_after = Some(sent);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let address = &servers[current].address;
+    let reads: Vec<String> = ["/", "/metrics", "/v1/procedures", "/v1/leader"]
+        .iter()
+        .map(|path| {
+            let started = Instant::now();
+            let status = status(agent, &format!("http://{address}{path}"));
+            format!("{path} {status} in {}", ms(started.elapsed()))
+        })
+        .collect();
+    println!(
+        "quorum lost: the first write refused with 503 was sent {} after the loss (lease_ttl {LEASE_TTL_SECS}s); \
+         reads then: {}",
+        refused_after.map(ms).unwrap_or_else(|| "never".to_string()),
+        reads.join(", ")
+    );
+    drop(servers);
+    services(&["remove-etcd-cluster", &name, "3"]);
+}
+
+fn agent_for_client() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(PATIENCE))
+        .build()
+        .new_agent()
 }
