@@ -104,6 +104,12 @@ impl TableMetadataAllocator {
         self
     }
 
+    /// The kv key holding the procedure manager's epoch, when reservations are fenced by it
+    /// ([`TableMetadataAllocator::with_epoch_fence`]); other writes of a create-table fence themselves with it too.
+    pub fn epoch_key(&self) -> Option<&str> {
+        self.epoch_key.as_deref()
+    }
+
     /// A fresh table id (never handed out before, by any allocator on the same kv).
     pub async fn next_table_id(&self) -> Result<u32> {
         let id = self.table_ids.next().await?;

@@ -292,24 +292,9 @@ impl CreateTableProcedure {
                 )));
             }
             let metadata = TableMetadata::new(&self.data.task, &allocation);
-            if self.context.metadata.table_id(&self.data.task.name).await?
-                == Some(allocation.table_id)
-            {
-                let keys: Vec<Vec<u8>> = metadata
-                    .encode()?
-                    .into_iter()
-                    .map(|(key, _)| key.into_bytes())
-                    .collect();
-                self.context
-                    .metadata
-                    .kv()
-                    .batch_delete(&keys, false)
-                    .await?;
-                ctx.side_effect_point(&format!(
-                    "deleted the metadata of table {}",
-                    allocation.table_id
-                ))?;
-            }
+            self.delete_metadata(ctx, &metadata)
+                .await
+                .map_err(allocate_error)?;
             for (datanode_id, request) in requests {
                 let region_id = request.region_id;
                 self.context
@@ -372,6 +357,80 @@ fn allocate_error(e: crate::error::Error) -> procedures::Error {
             own,
         },
         e => e.into(),
+    }
+}
+
+impl CreateTableProcedure {
+    /// Rollback's first part: when the name maps to this procedure's table, deletes every key of its metadata in
+    /// one transaction conditioned on the name key still holding what was read and, with the allocator's epoch
+    /// fence, on the procedure store's epoch being this manager's. A deposed manager's late rollback thus deletes
+    /// nothing: neither the table a newer manager finished under this procedure, nor the name key of a later
+    /// table of the same name. A refusal is looked at again: the epoch moved is [`crate::Error::ProcedureFenced`]
+    /// (the manager halts); the name moved (deleted, or now another table's) leaves nothing of this table to
+    /// delete.
+    async fn delete_metadata(&self, ctx: &Context, metadata: &TableMetadata) -> Result<()> {
+        use crate::kv::{Compare, Txn, TxnOp};
+        let kv = self.context.metadata.kv();
+        let name_key = metadata.name.key();
+        let fence = match (self.context.allocator.epoch_key(), ctx.epoch()) {
+            (Some(key), Some(epoch)) => Some((key.to_string(), epoch)),
+            _ => None,
+        };
+        let Some(stored) = kv.get(name_key.as_bytes()).await? else {
+            return Ok(());
+        };
+        let maps_here =
+            serde_json::from_slice::<crate::ddl::table_name::TableNameValue>(&stored.value)
+                .is_ok_and(|v| v.table_id == metadata.table_id());
+        if !maps_here {
+            return Ok(());
+        }
+        let mut compare = vec![Compare::ValueEquals(
+            name_key.clone().into_bytes(),
+            stored.value,
+        )];
+        if let Some((key, epoch)) = &fence {
+            compare.push(Compare::ValueEquals(
+                key.clone().into_bytes(),
+                epoch.to_string().into_bytes(),
+            ));
+        }
+        let success = metadata
+            .encode()?
+            .into_iter()
+            .map(|(key, _)| TxnOp::Delete(key.into_bytes()))
+            .collect();
+        let deleted = kv
+            .txn(Txn {
+                compare,
+                success,
+                failure: Vec::new(),
+            })
+            .await?;
+        if deleted.succeeded {
+            ctx.side_effect_point(&format!(
+                "deleted the metadata of table {}",
+                metadata.table_id()
+            ))?;
+            return Ok(());
+        }
+        if let Some((key, own)) = fence {
+            let current = kv
+                .get(key.as_bytes())
+                .await?
+                .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
+            if current.as_deref() != Some(own.to_string().as_str()) {
+                return crate::error::ProcedureFencedSnafu {
+                    procedure_id: ctx.procedure_id().to_string(),
+                    key,
+                    own,
+                    current: current.unwrap_or_else(|| "absent".to_string()),
+                }
+                .fail();
+            }
+        }
+        // The name key changed between the read and the transaction: it no longer holds this table.
+        Ok(())
     }
 }
 

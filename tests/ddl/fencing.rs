@@ -393,3 +393,184 @@ async fn interleaving(pause: Pause, plan: CrashPlan, then: Then) {
     }
     check_end(&kv, &id, &stale, &label).await;
 }
+
+/// Datanodes in memory whose region creations wait at a gate (so a test can catch a create-table inside
+/// CreateRegions); they drop regions, as a rollback needs.
+#[derive(Debug)]
+struct HeldDatanodes {
+    inner: MemoryDatanodeManager,
+    gate: Arc<Gate>,
+}
+
+#[async_trait]
+impl remote_wal::ddl::DatanodeManager for HeldDatanodes {
+    async fn create_region(
+        &self,
+        datanode_id: u64,
+        request: remote_wal::ddl::RegionCreateRequest,
+    ) -> remote_wal::Result<()> {
+        self.gate.pass().await;
+        self.inner.create_region(datanode_id, request).await
+    }
+
+    fn can_drop_regions(&self) -> bool {
+        true
+    }
+
+    async fn drop_region(&self, datanode_id: u64, region_id: u64) -> remote_wal::Result<()> {
+        self.inner.drop_region(datanode_id, region_id).await
+    }
+}
+
+/// Once armed, holds every transaction until let go, and says when one arrived.
+#[derive(Debug)]
+struct GatedTxns {
+    inner: KvBackendRef,
+    armed: std::sync::atomic::AtomicBool,
+    gate: Arc<Gate>,
+}
+
+#[async_trait]
+impl KvWrapper for GatedTxns {
+    fn inner(&self) -> &dyn KvBackend {
+        self.inner.as_ref()
+    }
+
+    async fn txn(
+        &self,
+        txn: remote_wal::kv::Txn,
+    ) -> remote_wal::Result<remote_wal::kv::TxnResponse> {
+        if self.armed.load(std::sync::atomic::Ordering::SeqCst) {
+            self.gate.pass().await;
+        }
+        self.inner.txn(txn).await
+    }
+}
+
+/// A create-table cancelled while it creates its regions, whose table metadata an earlier run had written alone,
+/// rolls back: its rollback's delete of that metadata is held while another manager claims the store's epoch.
+/// Let go, the delete is refused by the epoch condition in its transaction, the stale manager halts, and every
+/// key of the table is still there (before, the delete was unconditional and took them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_managers_late_create_table_rollback_deletes_no_metadata_and_it_halts() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let regions_gate = Gate::new();
+    let delete_gate = Gate::new();
+    let metadata_kv = Arc::new(GatedTxns {
+        inner: kv.clone(),
+        armed: std::sync::atomic::AtomicBool::new(false),
+        gate: delete_gate.clone(),
+    });
+    let ctx = DdlContext {
+        metadata: Arc::new(TableMetadataManager::new(metadata_kv.clone())),
+        allocator: Arc::new(
+            TableMetadataAllocator::new(
+                kv.clone(),
+                Arc::new(RoundRobinPeerSelector::new(vec![1, 2])),
+                Arc::new(RaftEngineWalSource),
+            )
+            .with_epoch_fence(EPOCH_KEY),
+        ),
+        datanodes: Arc::new(HeldDatanodes {
+            inner: MemoryDatanodeManager::new(),
+            gate: regions_gate.clone(),
+        }),
+    };
+    let a = LocalManager::new(Arc::new(KvStateStore::new(kv.clone())), config());
+    a.register_loader(
+        CREATE_TABLE_TYPE_NAME,
+        CreateTableProcedure::loader(ctx.clone()),
+    )
+    .unwrap();
+    a.start().await.unwrap();
+    let id = ProcedureId::new("late-create-rollback");
+    let task = CreateTableTask::new(TableName::new("greptime", "public", "late"), 2);
+    let mut watcher = a
+        .submit(ProcedureWithId::new(
+            id.clone(),
+            Box::new(CreateTableProcedure::new(task.clone(), ctx.clone())),
+        ))
+        .await
+        .unwrap();
+    // Inside CreateRegions: the allocation is in the record.
+    tokio::time::timeout(WAIT, regions_gate.entered.acquire())
+        .await
+        .unwrap()
+        .unwrap()
+        .forget();
+    let record: serde_json::Value = serde_json::from_slice(
+        &kv.get(format!("__procedure__/proc/{id}", id = id.as_str()).as_bytes())
+            .await
+            .unwrap()
+            .expect("the record")
+            .value,
+    )
+    .unwrap();
+    let allocation: remote_wal::ddl::TableAllocation =
+        serde_json::from_value(record["data"]["allocation"].clone()).expect("an allocation");
+    // An earlier run's metadata, written alone (as with a store that cannot join a step's writes).
+    let metadata = remote_wal::ddl::TableMetadata::new(&task, &allocation)
+        .encode()
+        .unwrap();
+    kv.batch_put(
+        metadata
+            .iter()
+            .map(|(k, v)| remote_wal::kv::KeyValue {
+                key: k.clone().into_bytes(),
+                value: v.clone(),
+            })
+            .collect(),
+        false,
+    )
+    .await
+    .unwrap();
+
+    metadata_kv
+        .armed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    a.cancel(&id).await.unwrap();
+    // The rollback's delete reaches the kv and is held there.
+    tokio::time::timeout(WAIT, delete_gate.entered.acquire())
+        .await
+        .unwrap()
+        .unwrap()
+        .forget();
+    // Manager B claims the store meanwhile.
+    kv.put(remote_wal::kv::PutRequest {
+        key: EPOCH_KEY.as_bytes().to_vec(),
+        value: b"999".to_vec(),
+        prev_kv: false,
+    })
+    .await
+    .unwrap();
+    delete_gate.release.add_permits(1);
+    let err = tokio::time::timeout(WAIT, watcher.wait())
+        .await
+        .unwrap()
+        .expect_err("the stale manager halts")
+        .to_string();
+    assert!(
+        err.contains("fenced") || err.contains("not running"),
+        "{err}"
+    );
+    for (key, value) in &metadata {
+        assert_eq!(
+            kv.get(key.as_bytes()).await.unwrap().map(|kv| kv.value),
+            Some(value.clone()),
+            "{key} was deleted by the deposed manager"
+        );
+    }
+    let late = a
+        .submit(ProcedureWithId::new(
+            ProcedureId::new("after"),
+            Box::new(CreateTableProcedure::new(
+                CreateTableTask::new(TableName::new("greptime", "public", "after"), 1),
+                ctx,
+            )),
+        ))
+        .await
+        .map(|_| ())
+        .expect_err("a halted manager takes no work")
+        .to_string();
+    assert!(late.contains("fenced"), "{late}");
+}
