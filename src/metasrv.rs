@@ -632,9 +632,11 @@ impl Metasrv {
     /// Starts the procedure manager: it claims the store (fencing any older manager) and recovers and resumes
     /// every unfinished procedure. Enough for listing procedures, building open requests and reading the pool.
     ///
-    /// What the recovered procedures need is loaded first: a Kafka pool whose names are all persisted is ready
-    /// before any recovered create-table runs its Allocate step. A pool not bootstrapped yet is no error here (the
-    /// step waits, retrying, and loads the pool again on each attempt).
+    /// What the recovered procedures need is loaded first: a Kafka pool whose names are all persisted is usable
+    /// before any recovered create-table runs its Allocate step, from the store alone (the brokers are not asked
+    /// here, so an unreachable Kafka does not hold the start back; [`Metasrv::start`] and [`Metasrv::bootstrap`]
+    /// check them). A pool not bootstrapped yet is no error here (the step waits, retrying, and loads the pool
+    /// again on each attempt).
     pub async fn start_procedures(&self) -> Result<()> {
         if self.started.swap(true, Ordering::SeqCst) {
             return Ok(());
@@ -656,9 +658,11 @@ impl Metasrv {
         Ok(())
     }
 
-    /// Loads the persisted Kafka pool, if it is complete, into the allocator. Best effort: a pool not bootstrapped
-    /// yet is logged at debug, any other error (the metadata store unreachable) as a warning, and the start goes on
-    /// (the procedure manager's start reports an unreachable store itself; a create-table step retries the load).
+    /// Loads the persisted Kafka pool, if it is complete, into the allocator from the store alone
+    /// ([`KafkaTopicManager::load_persisted`]: usable, its brokers unchecked). Best effort: a pool not
+    /// bootstrapped yet is logged at debug, any other error (the metadata store unreachable) as a warning, and the
+    /// start goes on (the procedure manager's start reports an unreachable store itself; a create-table step
+    /// retries the load).
     async fn load_persisted_pool(&self) {
         let WalOptionsAllocator::Kafka(topics) = self.wal.as_ref() else {
             return;
@@ -666,14 +670,27 @@ impl Metasrv {
         if topics.is_ready() {
             return;
         }
-        match topics.load_ready().await {
-            Ok(()) => {}
-            Err(e @ Error::TopicPoolNotReady { .. }) => {
-                tracing::debug!(error = %e, "the Kafka topic pool is not bootstrapped yet");
+        match topics.load_persisted().await {
+            Ok(true) => {
+                tracing::info!(
+                    pool = %topics.spec().topic_name_prefix,
+                    "the Kafka topic pool is loaded from the metadata store; its brokers are not checked yet"
+                );
             }
+            Ok(false) => tracing::debug!("the Kafka topic pool is not bootstrapped yet"),
             Err(e) => {
                 tracing::warn!(error = %e, "could not load the persisted Kafka topic pool before recovering procedures");
             }
+        }
+    }
+
+    /// Whether the WAL's brokers were checked: `None` for raft-engine (no brokers); for Kafka, whether the pool is
+    /// usable and the last load saw its topics on the brokers (false while it is used on the store's word alone,
+    /// as after [`Metasrv::start_procedures`] until [`Metasrv::bootstrap`] reaches the brokers).
+    pub fn wal_brokers_checked(&self) -> Option<bool> {
+        match self.wal.as_ref() {
+            WalOptionsAllocator::RaftEngine => None,
+            WalOptionsAllocator::Kafka(topics) => Some(topics.brokers_checked()),
         }
     }
 

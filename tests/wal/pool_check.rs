@@ -106,6 +106,87 @@ async fn bootstrap_with_the_brokers_unreachable_does_not_claim_success() {
     second.stop().await.unwrap();
 }
 
+#[tokio::test]
+async fn a_pool_the_store_holds_whole_is_usable_without_the_brokers_until_they_answer_otherwise() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let first = metasrv(kafka_config("trusted", 3), &kv, &admin);
+    first.bootstrap(|_| {}).await.unwrap();
+    assert_eq!(first.wal_brokers_checked(), Some(true));
+    first.stop().await.unwrap();
+
+    // A new leader while the brokers are down: the manager's start loads the pool from the store, asking no broker,
+    // and tables get its topics.
+    admin.fail_all(Some(FakeFault::DeadlineExhausted));
+    let second = metasrv(kafka_config("trusted", 3), &kv, &admin);
+    let reads = admin.metadata_reads();
+    second.start_procedures().await.unwrap();
+    assert_eq!(admin.metadata_reads(), reads, "the start asked the brokers");
+    assert!(second.is_wal_ready());
+    assert_eq!(second.wal_brokers_checked(), Some(false));
+    let name = remote_wal::metasrv::parse_table_name("down").unwrap();
+    let table = second.create_table(name, 3, false).await.unwrap();
+    for region in &table.regions {
+        assert!(region.wal_options.contains("trusted_"), "{region:?}");
+    }
+
+    // A check that cannot reach the brokers fails and leaves the pool usable, unchecked.
+    let err = second.bootstrap(|_| {}).await.unwrap_err();
+    assert!(err.to_string().contains(FAKE_ENDPOINT), "{err}");
+    assert!(second.is_wal_ready());
+    assert_eq!(second.wal_brokers_checked(), Some(false));
+
+    // The brokers back, the check passes.
+    admin.fail_all(None);
+    assert!(second.bootstrap(|_| {}).await.unwrap().ready);
+    assert_eq!(second.wal_brokers_checked(), Some(true));
+    // Unreachable again: a ready pool stays usable, as unchecked.
+    admin.fail_all(Some(FakeFault::DeadlineExhausted));
+    second.bootstrap(|_| {}).await.unwrap_err();
+    assert!(second.is_wal_ready());
+    assert_eq!(second.wal_brokers_checked(), Some(false));
+    second.stop().await.unwrap();
+
+    // A check that reaches the brokers and misses a topic makes the store's word void.
+    admin.fail_all(None);
+    admin.delete_out_of_band("trusted_1");
+    let pool = manager(TopicPoolSpec::new("trusted", 3), &kv, &admin);
+    assert!(pool.load_persisted().await.unwrap());
+    assert!(!pool.brokers_checked());
+    let err = pool.load_ready().await.unwrap_err();
+    assert!(err.to_string().contains("trusted_1"), "{err}");
+    assert!(!pool.is_ready());
+    assert!(pool.alloc().unwrap_err().to_string().contains("trusted_1"));
+
+    // The config now asks for 2 partitions per topic; the names do not say how many the topics have, so the pool is
+    // usable from the store until the bootstrap's refusal, which the brokers' answer then confirms.
+    admin.create_topic("trusted_1", 1, 1).await.unwrap();
+    let mut config = kafka_config("trusted", 3);
+    if let WalConfig::Kafka(kafka) = &mut config.wal {
+        kafka.num_partitions = 2;
+    }
+    let third = metasrv(config, &kv, &admin);
+    third.start_procedures().await.unwrap();
+    assert!(third.is_wal_ready());
+    let err = third.bootstrap(|_| {}).await.unwrap_err().to_string();
+    assert!(err.contains("partition"), "{err}");
+    assert!(
+        !third.is_wal_ready(),
+        "the brokers' answer voids the store's word"
+    );
+    assert_eq!(third.wal_brokers_checked(), Some(false));
+    third.stop().await.unwrap();
+
+    // A pool the store does not hold whole (one more topic configured) is not usable without a bootstrap.
+    let grown = manager(TopicPoolSpec::new("trusted", 4), &kv, &admin);
+    assert!(!grown.load_persisted().await.unwrap());
+    let err = grown.alloc().unwrap_err().to_string();
+    assert!(
+        err.contains("1 of 4 topics are not persisted") && err.contains("trusted_3"),
+        "{err}"
+    );
+}
+
 fn manager(
     spec: TopicPoolSpec,
     kv: &KvBackendRef,

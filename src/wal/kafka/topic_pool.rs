@@ -9,7 +9,7 @@ use std::time::Duration;
 use procedures::{ProcedureManager, ProcedureManagerRef, ProcedureWithId};
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::{InvalidTopicPoolSnafu, Result, TopicBootstrapSnafu, TopicPoolNotReadySnafu};
 use crate::kv::KvBackendRef;
@@ -197,6 +197,9 @@ enum PoolState {
     NotLoaded,
     /// Every wanted topic persisted and seen on the brokers: these topics, in index order.
     Ready(Arc<Vec<String>>),
+    /// Every wanted topic persisted, the brokers not asked (a load from the store only), or asked by a later load
+    /// that could not reach them: these topics, in index order, handed out on the store's word.
+    Persisted(Arc<Vec<String>>),
     /// Why the last load did not make the pool ready (repeated by allocation errors).
     NotReady(Arc<str>),
 }
@@ -214,10 +217,12 @@ const METADATA_SETTLE_FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// The Kafka topic pool of one metasrv: runs the bootstrap procedure, then keeps the ready pool in memory and hands
 /// out its topics. Before the pool is ready every allocation is an error.
 ///
-/// The pool becomes ready only when every wanted topic is persisted **and** was seen on the brokers (with the
-/// pool's partition count) by the same load — listed by them, or its creation acknowledged by the controller to a
-/// bootstrap of this process just before — so it never hands out a topic it has not seen on the brokers since it
-/// loaded the pool.
+/// A load ([`KafkaTopicManager::start`], [`KafkaTopicManager::load_ready`]) makes the pool ready only when every
+/// wanted topic is persisted **and** was seen on the brokers (with the pool's partition count) by the same load —
+/// listed by them, or its creation acknowledged by the controller to a bootstrap of this process just before. The
+/// one exception is asked for by name: [`KafkaTopicManager::load_persisted`] makes a pool the store holds whole
+/// usable without the brokers (a new leader serving DDL while Kafka is down), until a load that reaches the
+/// brokers says otherwise; [`KafkaTopicManager::brokers_checked`] tells the two apart.
 #[derive(Debug)]
 pub struct KafkaTopicManager {
     spec: Arc<TopicPoolSpec>,
@@ -337,10 +342,10 @@ impl KafkaTopicManager {
             };
             match submitted {
                 Ok(mut watcher) => {
-                    watcher
-                        .wait()
-                        .await
-                        .context(TopicBootstrapSnafu { prefix })?;
+                    if let Err(source) = watcher.wait().await {
+                        self.recheck_if_unchecked().await;
+                        return Err(source).context(TopicBootstrapSnafu { prefix });
+                    }
                     return self.load_ready().await;
                 }
                 Err(procedures::Error::DuplicateProcedure { .. }) => {
@@ -390,7 +395,8 @@ impl KafkaTopicManager {
     /// seconds, as a broker learns of new topics after the controller), and makes the pool ready when every wanted
     /// topic is persisted and seen on the brokers with the pool's partition count; otherwise an
     /// error naming the topics that are not (the pool is then not ready: nothing is handed out). An unreachable
-    /// broker is an error.
+    /// broker is an error; it leaves a pool that was usable before usable, as unchecked
+    /// ([`Self::brokers_checked`] false), and any other not ready.
     pub async fn load_ready(&self) -> Result<()> {
         match self.load().await? {
             Ok(()) => Ok(()),
@@ -412,12 +418,104 @@ impl KafkaTopicManager {
             Ok(Ok(topics)) => self.seed_selector().await.map(|()| Ok(topics)),
             other => other,
         };
-        *self.state.write().unwrap_or_else(|p| p.into_inner()) = match &result {
-            Ok(Ok(topics)) => PoolState::Ready(topics.clone()),
-            Ok(Err(reason)) => PoolState::NotReady(reason.as_str().into()),
-            Err(e) => PoolState::NotReady(format!("the last check of the pool failed: {e}").into()),
+        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let usable = match &*state {
+            PoolState::Ready(topics) | PoolState::Persisted(topics) => Some(topics.clone()),
+            PoolState::NotLoaded | PoolState::NotReady(_) => None,
         };
+        *state = match (&result, usable) {
+            (Ok(Ok(topics)), _) => PoolState::Ready(topics.clone()),
+            (Ok(Err(reason)), _) => PoolState::NotReady(reason.as_str().into()),
+            // A check that could not be made (brokers unreachable) teaches nothing about the pool: one the store
+            // holds whole stays usable, as persisted and unchecked.
+            (Err(_), Some(topics)) => PoolState::Persisted(topics),
+            (Err(e), None) => {
+                PoolState::NotReady(format!("the last check of the pool failed: {e}").into())
+            }
+        };
+        drop(state);
         Ok(result?.map(|_| ()))
+    }
+
+    /// Makes the pool usable from the metadata store alone, without asking the brokers, when the store holds
+    /// every wanted topic (`__topic_name/kafka/{prefix}_{i}` for each `i` in `0..num_topics`: the names the
+    /// config's pool asks for, whatever else is persisted). Returns whether the pool is usable now.
+    ///
+    /// A pool already usable is left as it is. A complete one is seeded into the selector like a checked one
+    /// and hands out its topics on the store's word: every persisted name was a topic the controller
+    /// acknowledged or the brokers listed when the bootstrap persisted it. The brokers are checked by the next
+    /// [`KafkaTopicManager::start`] or [`KafkaTopicManager::load_ready`]: a check that reaches them and misses a
+    /// topic makes the pool not ready, one that cannot reach them leaves it usable ([`Self::brokers_checked`]
+    /// tells which). An incomplete pool is not ready, naming the missing names, as a first start's is.
+    pub async fn load_persisted(&self) -> Result<bool> {
+        if self.is_ready() {
+            return Ok(true);
+        }
+        let missing = self.not_persisted().await?;
+        if !missing.is_empty() {
+            *self.state.write().unwrap_or_else(|p| p.into_inner()) =
+                PoolState::NotReady(self.not_persisted_reason(&missing).into());
+            return Ok(false);
+        }
+        self.seed_selector().await?;
+        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        // A load that raced ahead and checked the brokers keeps its verdict.
+        if matches!(*state, PoolState::NotLoaded | PoolState::NotReady(_)) {
+            *state = PoolState::Persisted(Arc::new(self.spec.topic_names()));
+        }
+        Ok(matches!(
+            *state,
+            PoolState::Ready(_) | PoolState::Persisted(_)
+        ))
+    }
+
+    /// After a bootstrap failed: a pool used on the store's word alone is loaded once more, so that brokers that
+    /// answered the bootstrap with a refusal (a topic with another partition count than the config's) make it not
+    /// ready, as they would have at a load; brokers that cannot be reached leave it as it is. Nothing is written.
+    async fn recheck_if_unchecked(&self) {
+        let unchecked = matches!(
+            *self.state.read().unwrap_or_else(|p| p.into_inner()),
+            PoolState::Persisted(_)
+        );
+        if unchecked && let Err(e) = self.load().await {
+            debug!(pool = %self.spec.topic_name_prefix, error = %e, "the pool could not be checked after a failed bootstrap");
+        }
+    }
+
+    /// Whether the pool is usable and its topics were seen on the brokers by the last load (false while it is
+    /// usable on the store's word only, see [`Self::load_persisted`], and while it is not usable).
+    pub fn brokers_checked(&self) -> bool {
+        matches!(
+            *self.state.read().unwrap_or_else(|p| p.into_inner()),
+            PoolState::Ready(_)
+        )
+    }
+
+    /// The wanted topics the store does not hold, in index order.
+    async fn not_persisted(&self) -> Result<Vec<String>> {
+        let persisted: BTreeSet<String> = list_persisted_topics(
+            self.kv.as_ref(),
+            &format!("{}_", self.spec.topic_name_prefix),
+        )
+        .await?
+        .into_iter()
+        .collect();
+        Ok(self
+            .spec
+            .topic_names()
+            .into_iter()
+            .filter(|t| !persisted.contains(t))
+            .collect())
+    }
+
+    /// Why a pool missing the names `missing` is not ready.
+    fn not_persisted_reason(&self, missing: &[String]) -> String {
+        format!(
+            "{} of {} topics are not persisted (first: {:?})",
+            missing.len(),
+            self.spec.num_topics,
+            missing.iter().take(5).collect::<Vec<_>>()
+        )
     }
 
     /// Seeds the selector with the regions per topic the store records, while it still wants them (once for a
@@ -459,12 +557,7 @@ impl KafkaTopicManager {
             .cloned()
             .collect();
         if !missing.is_empty() {
-            return Ok(Err(format!(
-                "{} of {} topics are not persisted (first: {:?})",
-                missing.len(),
-                self.spec.num_topics,
-                missing.iter().take(5).collect::<Vec<_>>()
-            )));
+            return Ok(Err(self.not_persisted_reason(&missing)));
         }
         let acknowledged =
             std::mem::take(&mut *self.acknowledged.lock().unwrap_or_else(|p| p.into_inner()));
@@ -557,7 +650,7 @@ impl KafkaTopicManager {
     /// The ready pool's topics, in index order; an error before the pool is ready.
     pub fn topics(&self) -> Result<Arc<Vec<String>>> {
         let reason = match &*self.state.read().unwrap_or_else(|p| p.into_inner()) {
-            PoolState::Ready(topics) => return Ok(topics.clone()),
+            PoolState::Ready(topics) | PoolState::Persisted(topics) => return Ok(topics.clone()),
             PoolState::NotReady(reason) => reason.to_string(),
             PoolState::NotLoaded => {
                 "the topic bootstrap has not completed (call start first)".to_string()

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::serve::error::ApiError;
-use crate::serve::leadership::Status;
+use crate::serve::leadership::{BrokerCheck, Status};
 use crate::serve::metrics::Metrics;
 
 /// What every handler sees.
@@ -175,16 +175,32 @@ async fn health() -> Response {
 async fn ready(State(state): State<AppState>) -> ApiResult {
     let status = state.status();
     if status.ready() {
-        return Ok(Json(json!({ "ready": true, "epoch": status.leading })).into_response());
+        let mut out = json!({ "ready": true, "epoch": status.leading });
+        if let Some(brokers) = &status.brokers {
+            out["brokers"] = json!(brokers.describe());
+        }
+        return Ok(Json(out).into_response());
     }
     if status.leading.is_none() {
         return Err(state.not_leader().await);
     }
-    Err(ApiError::not_ready(if status.manager_started {
-        "the WAL topic pool is not ready yet"
-    } else {
-        "the procedure manager is still recovering"
-    }))
+    if !status.manager_started {
+        return Err(ApiError::not_ready(
+            "the procedure manager is still recovering",
+        ));
+    }
+    Err(pool_not_ready(&status))
+}
+
+/// The 503 of a leader whose WAL pool is not ready, with what its last bootstrap met.
+fn pool_not_ready(status: &Status) -> ApiError {
+    match &status.brokers {
+        Some(check @ BrokerCheck::Failed(_)) => ApiError::not_ready(format!(
+            "the WAL topic pool is not ready yet (brokers: {})",
+            check.describe()
+        )),
+        _ => ApiError::not_ready("the WAL topic pool is not ready yet"),
+    }
 }
 
 async fn metrics(State(state): State<AppState>) -> ApiResult {
@@ -211,7 +227,12 @@ async fn leader(State(state): State<AppState>) -> ApiResult {
     let (leader, epoch) = state.leader().await?;
     let own = state.status().leading;
     let is_self = own.is_some() && own == epoch;
-    Ok(Json(json!({ "leader": leader, "epoch": epoch, "self": is_self })).into_response())
+    let mut out = json!({ "leader": leader, "epoch": epoch, "self": is_self });
+    // Only the leader checks the brokers; a follower's view of them would be the leader's, which it does not have.
+    if is_self && let Some(brokers) = &state.status().brokers {
+        out["brokers"] = json!(brokers.describe());
+    }
+    Ok(Json(out).into_response())
 }
 
 /// The body of `POST /v1/tables`.
@@ -245,8 +266,9 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
         remote_wal::ddl::procedure_id::validate_procedure_id(&name, id)?;
     }
     state.ensure_leader().await?;
-    if !state.status().pool_ready {
-        return Err(ApiError::not_ready("the WAL topic pool is not ready yet"));
+    let status = state.status();
+    if !status.pool_ready {
+        return Err(pool_not_ready(&status));
     }
     let id = body.id.unwrap_or_else(|| ProcedureId::random().to_string());
     if body.wait {

@@ -22,8 +22,33 @@ pub struct Status {
     pub leading: Option<u64>,
     /// The procedure manager runs (recovery done).
     pub manager_started: bool,
-    /// New regions can get WAL options (the Kafka pool is ready; always for raft-engine).
+    /// New regions can get WAL options (the Kafka pool is ready, or complete in the store; always for
+    /// raft-engine).
     pub pool_ready: bool,
+    /// What this term's check of the Kafka brokers found (`None` for raft-engine, and while not leading).
+    pub brokers: Option<BrokerCheck>,
+}
+
+/// Where this term's check of the Kafka WAL's brokers (the pool's bootstrap, retried until it completes) stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BrokerCheck {
+    /// Not finished yet: the pool, if ready, is served from the metadata store.
+    Unchecked,
+    /// The bootstrap completed: every pool topic is on the brokers.
+    Ok,
+    /// The last bootstrap failed (the brokers unreachable, or a topic they refused); retried.
+    Failed(String),
+}
+
+impl BrokerCheck {
+    /// `unchecked`, `ok` or `failed: <why>`, as `/ready`, `/v1/leader` and the page show it.
+    pub fn describe(&self) -> String {
+        match self {
+            BrokerCheck::Unchecked => "unchecked".to_string(),
+            BrokerCheck::Ok => "ok".to_string(),
+            BrokerCheck::Failed(why) => format!("failed: {why}"),
+        }
+    }
 }
 
 impl Status {
@@ -112,10 +137,12 @@ async fn lead(
     let epoch = term_epoch
         .or_else(|| metasrv.procedure_manager().epoch())
         .unwrap_or(0);
+    let kafka = matches!(metasrv.config().wal, WalConfig::Kafka(_));
     status.send_replace(Status {
         leading: Some(epoch),
         manager_started: true,
         pool_ready: false,
+        brokers: kafka.then_some(BrokerCheck::Unchecked),
     });
     tracing::info!(epoch, "leading: the procedure manager runs");
     tokio::select! {
@@ -148,22 +175,61 @@ async fn fail_over_periodically(metasrv: &Metasrv) {
 }
 
 /// Readies the WAL pool, retrying until it works, then prunes the WAL periodically. Never returns.
+///
+/// A Kafka pool the store holds whole was made usable by the manager's start without asking the brokers: the
+/// server is ready for DDL at once, and the bootstrap below (the same procedure, through the same fenced manager,
+/// as for a pool not persisted yet) checks the brokers meanwhile; its outcome is [`Status::brokers`]. A pool not
+/// persisted yet is ready only once the bootstrap completes. Each failed attempt logs one warning and waits
+/// [`RETRY_DELAY`] (besides the brokers' own deadline inside the attempt).
 async fn ready_then_prune(
     metasrv: &Metasrv,
     status: &watch::Sender<Status>,
     epoch: u64,
     metrics: &Metrics,
 ) {
+    let kafka = matches!(metasrv.config().wal, WalConfig::Kafka(_));
+    if kafka {
+        metrics.wal_brokers_unchecked.set(1);
+    }
+    if kafka && metasrv.is_wal_ready() {
+        status.send_modify(|s| s.pool_ready = true);
+        tracing::info!(
+            epoch,
+            "ready: the WAL topic pool is served from the metadata store while its brokers are checked"
+        );
+    }
     loop {
-        match metasrv.bootstrap(|_| {}).await {
+        let check = match metasrv.bootstrap(|_| {}).await {
             Ok(report) if report.ready => break,
-            Ok(_) => tracing::warn!("the WAL pool is not ready yet; retrying"),
-            Err(e) => tracing::warn!(error = %e, "could not ready the WAL pool; retrying"),
-        }
+            Ok(_) => {
+                tracing::warn!("the WAL pool is not ready yet; retrying");
+                "the bootstrap finished but the pool is not ready".to_string()
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not ready the WAL pool; retrying");
+                e.to_string()
+            }
+        };
+        // A check that reached the brokers and found a topic missing makes the pool not ready; one that could not
+        // reach them leaves a pool the store holds whole ready.
+        let pool_ready = metasrv.is_wal_ready();
+        status.send_modify(|s| {
+            s.pool_ready = pool_ready;
+            s.brokers = kafka.then_some(BrokerCheck::Failed(check));
+        });
         tokio::time::sleep(RETRY_DELAY).await;
     }
-    status.send_modify(|s| s.pool_ready = true);
-    tracing::info!(epoch, "ready");
+    let was_ready = status.borrow().pool_ready;
+    status.send_modify(|s| {
+        s.pool_ready = true;
+        s.brokers = kafka.then_some(BrokerCheck::Ok);
+    });
+    metrics.wal_brokers_unchecked.set(0);
+    if was_ready {
+        tracing::info!(epoch, "the WAL topic pool's brokers are checked");
+    } else {
+        tracing::info!(epoch, "ready");
+    }
     prune_periodically(metasrv, metrics).await
 }
 
@@ -203,6 +269,7 @@ async fn stop(metasrv: &Metasrv, status: &watch::Sender<Status>, metrics: &Metri
     status.send_replace(Status::default());
     metasrv.datanode_registry().end_term();
     metrics.leader.set(0);
+    metrics.wal_brokers_unchecked.set(0);
     if let Err(e) = metasrv.stop().await {
         tracing::warn!(error = %e, "stopping the procedure manager failed");
     }

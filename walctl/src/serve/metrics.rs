@@ -74,6 +74,9 @@ pub struct Metrics {
     pub wal_prunes: Counter,
     /// Rounds of the periodic WAL prune that failed.
     pub wal_prune_failures: Counter,
+    /// 1 while this server leads with the Kafka WAL and its term's check of the brokers (the pool's bootstrap) has
+    /// not completed, else 0.
+    pub wal_brokers_unchecked: Gauge,
     /// Datanode registrations this server accepted.
     pub datanode_registrations: Counter,
     /// Datanode heartbeats this server answered.
@@ -146,6 +149,13 @@ impl Metrics {
             "Rounds of the leader's periodic WAL prune that failed",
             wal_prune_failures.clone(),
         );
+        let wal_brokers_unchecked = Gauge::default();
+        registry.register(
+            "wal_brokers_unchecked",
+            "1 while this server leads with the Kafka WAL and has not yet checked the brokers this term (its \
+             pool's bootstrap has not completed; a pool the metadata store holds whole is served meanwhile)",
+            wal_brokers_unchecked.clone(),
+        );
         let datanode_registrations = Counter::default();
         registry.register(
             "datanode_registrations",
@@ -216,6 +226,7 @@ impl Metrics {
             admin_duration,
             wal_prunes,
             wal_prune_failures,
+            wal_brokers_unchecked,
             datanode_registrations,
             heartbeats,
             datanodes,

@@ -17,7 +17,8 @@ pub const LEASE_TTL_SECS: u64 = 2;
 /// hanging, not a speed requirement.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
-fn services_script() -> PathBuf {
+/// The services script (`scripts/services.sh`, or `REMOTE_WAL_SERVICES_SCRIPT`).
+pub fn services_script() -> PathBuf {
     std::env::var_os("REMOTE_WAL_SERVICES_SCRIPT")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scripts/services.sh"))

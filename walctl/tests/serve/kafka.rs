@@ -1,5 +1,7 @@
 //! Servers with the Kafka WAL (shared `ETCD_ENDPOINTS` and `KAFKA_ENDPOINTS`): the leader is ready only once the
-//! topic pool is, tables get pool topics, and a follower reads the pool from the store.
+//! topic pool is, tables get pool topics, and a follower reads the pool from the store. And, on an etcd cluster and
+//! a broker of the test's own: a new leader elected while Kafka is down serves create-table from the pool the store
+//! holds, saying its brokers are not checked, until Kafka returns.
 
 use serde_json::json;
 
@@ -226,4 +228,218 @@ fn write_and_flush(config: &std::path::Path, topic: &str, regions: &[u64], flush
         }
         metasrv.stop().await.expect("stop");
     });
+}
+
+/// A single-broker Kafka of one test's own, stopped and its state removed on drop (the test stops and starts it).
+struct OwnKafka {
+    name: String,
+    endpoint: String,
+}
+
+impl OwnKafka {
+    fn start(tag: &str) -> Self {
+        let name = unique(tag);
+        crate::cluster::services(&["start", "kafka", &name]);
+        let endpoint = crate::cluster::services(&["endpoint", "kafka", &name]);
+        OwnKafka { name, endpoint }
+    }
+
+    fn stop(&self) {
+        crate::cluster::services(&["stop", "kafka", &self.name]);
+    }
+
+    /// Starts it again on the same port with its data; returns once it is ready.
+    fn restart(&self) {
+        crate::cluster::services(&["start", "kafka", &self.name]);
+    }
+}
+
+impl Drop for OwnKafka {
+    /// Stops the broker (if running) and deletes its state under the script's `target/services`.
+    fn drop(&mut self) {
+        let script = crate::cluster::services_script();
+        let _ = std::process::Command::new(&script)
+            .args(["stop", "kafka", &self.name])
+            .output();
+        if let Some(root) = script.parent().and_then(|scripts| scripts.parent()) {
+            let _ = std::fs::remove_dir_all(root.join("target/services").join(&self.name));
+        }
+    }
+}
+
+/// Lines of a server's log at WARN or ERROR from this project's code (rskafka's own lines left out: it logs each
+/// failed connection attempt of its retries).
+fn our_warnings(log: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| (l.contains(" WARN ") || l.contains(" ERROR ")) && !l.contains(" rskafka"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_new_leader_serves_ddl_from_the_stored_pool_while_kafka_is_down() {
+    use std::time::{Duration, Instant};
+
+    let etcd = crate::cluster::EtcdCluster::start("kdown");
+    let kafka = OwnKafka::start("kdown");
+    let prefix = unique("kdownwal");
+    // A short backoff deadline, so that a check of the stopped broker ends (and says so) within seconds.
+    let wal = format!(
+        "\n[wal]\nprovider = \"kafka\"\nbroker_endpoints = [\"{}\"]\nnum_topics = 4\ntopic_name_prefix = \
+         \"{prefix}\"\nreplication_factor = 1\ncreate_topic_timeout = \"3s\"\n\n[wal.backoff]\ninit = \"100ms\"\n\
+         max = \"500ms\"\ndeadline = \"3s\"\n",
+        kafka.endpoint
+    );
+    let servers = Servers::on_etcd_with(&etcd.endpoints, &wal, 3);
+    let first = servers.wait_for_leader(&[0, 1, 2]);
+    let (status, ready) = get(&servers.servers[first].url("/ready"));
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(
+        ready["brokers"],
+        json!("ok"),
+        "a first leader is ready once its bootstrap checked the brokers: {ready}"
+    );
+    let warnings = our_warnings(&servers.servers[first].log);
+    assert!(
+        warnings.is_empty(),
+        "no warning on the way to a ready pool: {warnings:?}"
+    );
+    let pool: Vec<String> = (0..4).map(|i| format!("{prefix}_{i}")).collect();
+
+    kafka.stop();
+    servers.servers[first].signal("-KILL");
+    let killed_at = Instant::now();
+    let survivors: Vec<usize> = (0..3).filter(|&i| i != first).collect();
+
+    // Kafka stays down: a new leader must create the table from the pool the store holds.
+    let body =
+        json!({"name": "during_outage", "regions": 4, "id": "during-outage-1", "wait": true});
+    let deadline = killed_at + Duration::from_secs(30);
+    let mut answers: Vec<String> = Vec::new();
+    let (leader, table) = 'created: loop {
+        for &i in &survivors {
+            let (status, value) = post(&servers.servers[i].url("/v1/tables"), &body);
+            if status == 200 {
+                break 'created (i, value);
+            }
+            answers.push(format!("server {i}: {status} {value}"));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no server created a table within 30 s of the leader's kill while Kafka is down; last answers:\n{}\n\
+             logs:\n{}\n----\n{}",
+            answers[answers.len().saturating_sub(4)..].join("\n"),
+            servers.servers[survivors[0]].log_tail(),
+            servers.servers[survivors[1]].log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let first_200 = killed_at.elapsed();
+    println!(
+        "kill -9 of the leader → first 200 of POST /v1/tables with Kafka down: {} ms ({} answers before it)",
+        first_200.as_millis(),
+        answers.len()
+    );
+    let regions = table["regions"].as_array().cloned().unwrap_or_default();
+    assert_eq!(regions.len(), 4, "{table}");
+    for region in &regions {
+        let options: serde_json::Value =
+            serde_json::from_str(region["wal_options"].as_str().unwrap_or_default())
+                .unwrap_or_else(|e| panic!("wal_options of {region} is not JSON: {e}"));
+        assert_eq!(options["wal.provider"], json!("kafka"), "{region}");
+        let topic = options["wal.kafka.topic"].as_str().unwrap_or_default();
+        assert!(
+            pool.iter().any(|t| t == topic),
+            "{topic} is not a pool topic {pool:?}: {region}"
+        );
+    }
+
+    // Ready, and saying that the brokers are not checked: unchecked, then failed once a check ran out of time.
+    let leader_url = |path: &str| servers.servers[leader].url(path);
+    let (status, ready) = get(&leader_url("/ready"));
+    assert_eq!(status, 200, "{ready}");
+    let brokers = ready["brokers"].as_str().unwrap_or_default().to_string();
+    assert!(
+        brokers == "unchecked" || brokers.starts_with("failed: "),
+        "{ready}"
+    );
+    let metrics = crate::cluster::get_text(&leader_url("/metrics"));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "walctl_wal_brokers_unchecked 1"),
+        "{metrics}"
+    );
+    let failed = loop {
+        let (_, ready) = get(&leader_url("/ready"));
+        let brokers = ready["brokers"].as_str().unwrap_or_default().to_string();
+        if brokers.starts_with("failed: ") {
+            break brokers;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(45),
+            "the brokers' check never said it failed: {ready}\n{}",
+            servers.servers[leader].log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    println!("with Kafka down, /ready says brokers: {failed}");
+    assert!(
+        failed.contains(&kafka.endpoint),
+        "the failure names the broker: {failed}"
+    );
+    let (_, who) = get(&leader_url("/v1/leader"));
+    assert_eq!(who["self"], json!(true), "{who}");
+    assert!(
+        who["brokers"]
+            .as_str()
+            .is_some_and(|b| b.starts_with("failed: ")),
+        "{who}"
+    );
+    let outage = killed_at.elapsed();
+    let warnings = our_warnings(&servers.servers[leader].log);
+    println!(
+        "{} warnings in {} ms of outage on the new leader",
+        warnings.len(),
+        outage.as_millis()
+    );
+    assert!(
+        warnings.len() as u64 <= outage.as_secs() + 2,
+        "at most one warning a second while Kafka is down: {warnings:#?}"
+    );
+
+    // The script returns once the broker is ready again; the leader's next check (at most the backoff deadline
+    // and a second away) passes.
+    let restarted_at = Instant::now();
+    kafka.restart();
+    loop {
+        let (_, ready) = get(&leader_url("/ready"));
+        if ready["brokers"] == json!("ok") {
+            break;
+        }
+        assert!(
+            restarted_at.elapsed() < Duration::from_secs(60),
+            "the brokers' check did not succeed within 60 s of Kafka's return: {ready}\n{}",
+            servers.servers[leader].log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "Kafka restarted → brokers ok {} ms after the restart began",
+        restarted_at.elapsed().as_millis()
+    );
+    let metrics = crate::cluster::get_text(&leader_url("/metrics"));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "walctl_wal_brokers_unchecked 0"),
+        "{metrics}"
+    );
+    let (status, again) = post(
+        &leader_url("/v1/tables"),
+        &json!({"name": "after_outage", "regions": 2, "id": "after-outage-1"}),
+    );
+    assert_eq!(status, 200, "{again}");
 }

@@ -12,6 +12,7 @@ use remote_wal::metasrv::TopicsReport;
 use super::chart::{Bar, bar_chart};
 use super::escape::escape;
 use super::{Leader, PageData, ProcedureSource, WalSection};
+use crate::serve::leadership::BrokerCheck;
 
 /// At most this many unfinished or failed procedures are shown; the rest are counted and linked.
 const MAX_OPEN_ROWS: usize = 300;
@@ -94,7 +95,30 @@ fn cluster(html: &mut String, data: &PageData) {
     } else {
         "not ready: the WAL topic pool is being readied"
     };
-    let _ = writeln!(html, "<p id=\"readiness\">{readiness}</p>\n</section>");
+    let _ = writeln!(html, "<p id=\"readiness\">{readiness}</p>");
+    if let Some(brokers) = &data.status.brokers {
+        let (class, text) = match brokers {
+            BrokerCheck::Ok => (
+                "",
+                "checked: every pool topic is on the brokers".to_string(),
+            ),
+            BrokerCheck::Unchecked => (
+                "",
+                "unchecked yet: new regions get topics of the pool as the metadata store holds it"
+                    .to_string(),
+            ),
+            BrokerCheck::Failed(why) => (
+                " class=\"error\"",
+                format!(
+                    "the last check failed, retried: {}; new regions get topics of the pool as the metadata \
+                     store holds it, if it holds it whole",
+                    escape(why)
+                ),
+            ),
+        };
+        let _ = writeln!(html, "<p id=\"brokers\"{class}>Kafka brokers: {text}</p>");
+    }
+    html.push_str("</section>\n");
 }
 
 /// Where a state sorts: stuck ones (stalled, failed, retrying) first, then rolling back, running, done.
@@ -540,6 +564,7 @@ mod tests {
                 leading: Some(7),
                 manager_started: true,
                 pool_ready: true,
+                brokers: None,
             },
             leader: Leader::Elected {
                 address: "10.0.0.1:3002".to_string(),
@@ -638,6 +663,30 @@ mod tests {
             "{html}"
         );
         assert!(html.contains("WAL): regions 4398046511104.</p>"), "{html}");
+    }
+
+    #[test]
+    fn the_brokers_check_shows_with_the_failure_escaped_and_not_at_all_on_raft_engine() {
+        let mut data = leader_data(Vec::new(), Vec::new());
+        assert!(!render(&data).contains("id=\"brokers\""));
+        data.status.brokers = Some(crate::serve::leadership::BrokerCheck::Unchecked);
+        assert!(
+            render(&data).contains("<p id=\"brokers\">Kafka brokers: unchecked yet"),
+            "{}",
+            render(&data)
+        );
+        data.status.brokers = Some(crate::serve::leadership::BrokerCheck::Failed(
+            "cannot connect to <b>broker</b>".to_string(),
+        ));
+        let html = render(&data);
+        assert!(
+            html.contains("<p id=\"brokers\" class=\"error\">Kafka brokers: the last check failed")
+                && html.contains("&lt;b&gt;broker&lt;/b&gt;")
+                && !html.contains("<b>broker</b>"),
+            "{html}"
+        );
+        data.status.brokers = Some(crate::serve::leadership::BrokerCheck::Ok);
+        assert!(render(&data).contains("<p id=\"brokers\">Kafka brokers: checked"));
     }
 
     /// The `data-id` of each procedure row, in page order.
