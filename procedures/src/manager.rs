@@ -39,6 +39,16 @@ pub trait ProcedureManager: Send + Sync {
     /// future at any point leaves either no procedure (the record was not written) or a running one.
     async fn submit(&self, procedure: ProcedureWithId) -> Result<Watcher>;
 
+    /// [`ProcedureManager::submit`], except that a root under the same id that **failed and whose rollback
+    /// completed** (it left nothing behind) is replaced by this submission and runs again: its record is overwritten
+    /// in one write conditioned on the failed record's bytes, so two such resubmissions run it once. Any other
+    /// procedure under the id is answered as `submit` answers it. The caller checks that the request is the same
+    /// one (the id stays an idempotency key for everything that did or may still take effect). The default is
+    /// `submit`: a manager that cannot replace records never runs an id twice.
+    async fn submit_again_if_rolled_back(&self, procedure: ProcedureWithId) -> Result<Watcher> {
+        self.submit(procedure).await
+    }
+
     /// A watcher of a procedure this manager knows (submitted or recovered), finished or not. A finished procedure
     /// that left memory (see [`crate::ManagerConfig::finished_in_memory`]) is read from its record in the store:
     /// its watcher resolves at once. An error when that read fails.

@@ -121,10 +121,28 @@ impl DdlManager {
             })?;
         // A submission that stored the record ran `task` by construction; only an id that named an existing
         // procedure needs its record read and compared.
+        let mut watcher = watcher;
         if let Some(task) = &chosen
             && !watcher.is_new_submission()
         {
             self.ensure_same_task(&procedure_id, task).await?;
+            // The same request under an id whose create-table failed and was rolled back (nothing of it is left):
+            // it runs again rather than answer the old failure (a failure that may have been the store's, for
+            // work a retry would finish).
+            let info = watcher.info();
+            if info.state == procedures::ProcedureState::Failed && info.refusal.is_none() {
+                let again = Box::new(CreateTableProcedure::new(
+                    task.clone(),
+                    self.context.clone(),
+                ));
+                watcher = self
+                    .procedures
+                    .submit_again_if_rolled_back(ProcedureWithId::new(procedure_id.clone(), again))
+                    .await
+                    .context(CreateTableSnafu {
+                        table: table.clone(),
+                    })?;
+            }
         }
         Ok((procedure_id, watcher))
     }

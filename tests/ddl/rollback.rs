@@ -255,3 +255,103 @@ async fn a_cancelled_bootstrap_deletes_no_topic_and_the_next_bootstrap_completes
     );
     manager.stop().await.unwrap();
 }
+
+/// Datanodes that refuse every region creation for good while `refuse` is set.
+#[derive(Debug)]
+struct RefusingDatanodes {
+    inner: Arc<MemoryDatanodeManager>,
+    refuse: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl DatanodeManager for RefusingDatanodes {
+    async fn create_region(
+        &self,
+        datanode_id: u64,
+        request: RegionCreateRequest,
+    ) -> remote_wal::Result<()> {
+        if self.refuse.load(Ordering::SeqCst) {
+            return Err(remote_wal::Error::RegionExistsWithDifferentOptions {
+                region_id: request.region_id,
+                datanode_id,
+                existing: "another table's region".to_string(),
+                requested: "this one".to_string(),
+            });
+        }
+        self.inner.create_region(datanode_id, request).await
+    }
+
+    fn can_drop_regions(&self) -> bool {
+        true
+    }
+
+    async fn drop_region(&self, datanode_id: u64, region_id: u64) -> remote_wal::Result<()> {
+        self.inner.drop_region(datanode_id, region_id).await
+    }
+}
+
+/// A create-table that failed and was rolled back runs again when its client sends the same request with the same
+/// id (the failure could have been a fault a retry clears), and creates the table once; another request under that
+/// id is still refused naming the difference.
+#[tokio::test]
+async fn a_failed_rolled_back_create_table_sent_again_with_its_id_creates_the_table() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let memory = Arc::new(MemoryDatanodeManager::new());
+    let datanodes = Arc::new(RefusingDatanodes {
+        inner: memory.clone(),
+        refuse: std::sync::atomic::AtomicBool::new(true),
+    });
+    let manager = Arc::new(LocalManager::new(
+        Arc::new(KvStateStore::new(kv.clone())),
+        ManagerConfig::default(),
+    ));
+    let context = DdlContext {
+        metadata: Arc::new(TableMetadataManager::new(kv.clone())),
+        allocator: Arc::new(TableMetadataAllocator::new(
+            kv.clone(),
+            Arc::new(RoundRobinPeerSelector::new(vec![1, 2])),
+            Arc::new(support::FakeKafkaPool::new(4)),
+        )),
+        datanodes: datanodes.clone(),
+    };
+    let ddl = Arc::new(DdlManager::new(manager.clone(), context));
+    ddl.register_loaders().unwrap();
+    manager.start().await.unwrap();
+    let task = || CreateTableTask::new(TableName::new("greptime", "public", "again"), 2);
+    let id = ProcedureId::new("create-again");
+
+    let failed = ddl
+        .create_table_with_id(task(), Some(id.clone()))
+        .await
+        .expect_err("the datanodes refuse");
+    assert!(
+        failed.to_string().contains("another table's region"),
+        "{failed}"
+    );
+    assert!(
+        metadata_keys(&kv).await.is_empty(),
+        "rolled back: no key left"
+    );
+
+    datanodes.refuse.store(false, Ordering::SeqCst);
+    let table_id = ddl
+        .create_table_with_id(task(), Some(id.clone()))
+        .await
+        .expect("the same request under the same id runs again");
+    assert_eq!(
+        ddl.create_table_with_id(task(), Some(id.clone()))
+            .await
+            .unwrap(),
+        table_id,
+        "and is then the same table"
+    );
+    assert_eq!(memory.regions().len(), 2);
+    let other = ddl
+        .create_table_with_id(
+            CreateTableTask::new(TableName::new("greptime", "public", "again"), 3),
+            Some(id),
+        )
+        .await
+        .expect_err("another request under the id");
+    assert!(other.to_string().contains("differs"), "{other}");
+}

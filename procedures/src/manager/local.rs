@@ -1077,6 +1077,94 @@ impl Inner {
         answer.await.unwrap_or_else(|_| Err(stopped()))
     }
 
+    /// [`crate::ProcedureManager::submit_again_if_rolled_back`]: replaces a failed, rolled-back root's record with
+    /// this submission's (conditioned on the stored bytes) and runs it; anything else is `submit_root`'s answer.
+    pub(crate) async fn submit_again(
+        self: &Arc<Self>,
+        procedure: ProcedureWithId,
+    ) -> Result<Watcher> {
+        let epoch = self.running_epoch()?;
+        let key = record_key(&procedure.id);
+        let Some(stored) = self.read(|| self.store.get(&key)).await? else {
+            return self.submit_root(procedure).await;
+        };
+        let replaceable = serde_json::from_slice::<ProcedureRecord>(&stored)
+            .is_ok_and(|old| old.parent_id.is_none() && rolled_back_failure(&old));
+        if !replaceable {
+            return self.submit_root(procedure).await;
+        }
+        let new = NewProcedure::new(procedure, None)?;
+        let id = new.record.id.clone();
+        {
+            let mut state = self.state();
+            if let Phase::Halted(reason) = &state.phase {
+                return Err(reason.error());
+            }
+            match state.procedures.get(&id) {
+                // Finished (the failed one, kept in memory): forgotten, the new submission takes its place.
+                Some(entry) if entry.info.state.is_finished() => {
+                    if entry.info.type_name != new.record.type_name {
+                        return existing_watcher(entry, &new.record.type_name);
+                    }
+                    state.procedures.remove(&id);
+                }
+                // Another submission of the id got here first.
+                Some(entry) => return existing_watcher(entry, &new.record.type_name),
+                None => {}
+            }
+            state.procedures.insert(
+                id.clone(),
+                Entry::new(ProcedureInfo::from(&new.record), id.clone()),
+            );
+        }
+        let outcome = self
+            .write(
+                epoch,
+                vec![Condition::Equals {
+                    key: key.clone(),
+                    value: stored,
+                }],
+                vec![WriteOp::Put {
+                    key: key.clone(),
+                    value: new.value.clone(),
+                }],
+                std::slice::from_ref(&id),
+            )
+            .await;
+        match outcome {
+            Ok(WriteOutcome::Applied) => {
+                tracing::info!(%id, "a failed, rolled-back procedure submitted again: it runs again");
+                self.launch(epoch, new)
+            }
+            Ok(WriteOutcome::Rejected { current })
+                if current
+                    .iter()
+                    .any(|(k, v)| *k == key && v.as_ref() == Some(&new.value)) =>
+            {
+                self.launch(epoch, new)
+            }
+            // Replaced (or changed) meanwhile by another writer: watch what the store holds now.
+            Ok(WriteOutcome::Rejected { .. }) => {
+                self.abandon(&id, "the record under its id changed meanwhile");
+                self.adopt(&id).await?;
+                let state = self.state();
+                match state.procedures.get(&id) {
+                    Some(entry) => existing_watcher(entry, &new.record.type_name),
+                    None => Err(Error::ManagerNotRunning {
+                        reason: format!("procedure {id} was forgotten while it was being loaded"),
+                    }),
+                }
+            }
+            Err(e) => {
+                self.abandon(&id, &format!("its record could not be replaced: {e}"));
+                if e.is_fatal() {
+                    self.halt_on(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+
     /// The submission task of a root reserved by `submit_root`: writes its first record and runs it, or finds the
     /// procedure the store already has under its id.
     async fn settle_root(self: Arc<Self>, epoch: u64, new: NewProcedure) -> Result<Watcher> {
@@ -1314,6 +1402,20 @@ impl Inner {
 
 /// A watcher of the procedure a submission found under its id; [`Error::ProcedureIdInUse`] when it is of another
 /// type than the submission.
+/// Whether `record` ended failed after a rollback that completed (its last rollback event says so).
+fn rolled_back_failure(record: &ProcedureRecord) -> bool {
+    record.state == ProcedureState::Failed
+        && record
+            .events
+            .iter()
+            .rev()
+            .find_map(|e| match &e.kind {
+                EventKind::RolledBack { completed, .. } => Some(*completed),
+                _ => None,
+            })
+            .unwrap_or(false)
+}
+
 fn existing_watcher(entry: &Entry, submitted: &str) -> Result<Watcher> {
     if entry.info.type_name != submitted {
         return Err(Error::ProcedureIdInUse {
@@ -1481,6 +1583,10 @@ impl ProcedureManager for LocalManager {
 
     async fn submit(&self, procedure: ProcedureWithId) -> Result<Watcher> {
         self.inner.submit_root(procedure).await
+    }
+
+    async fn submit_again_if_rolled_back(&self, procedure: ProcedureWithId) -> Result<Watcher> {
+        self.inner.submit_again(procedure).await
     }
 
     async fn watch(&self, id: &ProcedureId) -> Result<Option<Watcher>> {

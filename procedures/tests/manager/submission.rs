@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
+use procedures::StateStore as _;
 use procedures::record::record_key;
 use procedures::{
     Context, Error, LocalManager, MemoryStateStore, Procedure, ProcedureId, ProcedureManager,
@@ -26,6 +27,14 @@ fn entered(env: &Env, id: &str) -> usize {
     env.events()
         .iter()
         .filter(|e| e.starts_with(&format!("enter {id} ")))
+        .count()
+}
+
+/// How many runs of `id` started (entered its first step).
+fn runs(env: &Env, id: &str) -> usize {
+    env.events()
+        .iter()
+        .filter(|e| *e == &format!("enter {id} at 0"))
         .count()
 }
 
@@ -365,4 +374,95 @@ async fn dropping_submit_while_it_reads_a_stored_record_leaves_that_procedure_ru
         Some(serde_json::json!({ "steps": 3 }))
     );
     assert_eq!(entered(&env, "s"), 4);
+}
+
+/// A root that failed and rolled back completely runs again when submitted again with
+/// `submit_again_if_rolled_back`; two such submissions at once run it once. One that failed without a completed
+/// rollback, or that is done, is answered as `submit` answers it.
+#[tokio::test]
+async fn a_failed_rolled_back_root_submitted_again_runs_again_once() {
+    let store = Arc::new(MemoryStateStore::new());
+    let env = Env::new(true);
+    let m = manager(store.clone(), &env).await;
+    let failing = Plan {
+        fail: true,
+        rollback: true,
+        ..Plan::steps(1, true)
+    };
+    let err = within(
+        m.submit(env.with_id("again", failing))
+            .await
+            .unwrap()
+            .wait(),
+    )
+    .await
+    .expect_err("it fails");
+    assert!(matches!(err, Error::ProcedureFailed { .. }), "{err}");
+    assert_eq!(env.rollbacks.load(Ordering::SeqCst), 1);
+    // `submit` keeps answering the failure.
+    let same = within(
+        m.submit(env.with_id("again", Plan::steps(1, true)))
+            .await
+            .unwrap()
+            .wait(),
+    )
+    .await;
+    assert!(same.is_err());
+
+    // Submitted again twice at once: one replaces the record and runs, the other watches that run.
+    let (a, b) = tokio::join!(
+        m.submit_again_if_rolled_back(env.with_id("again", Plan::steps(1, true))),
+        m.submit_again_if_rolled_back(env.with_id("again", Plan::steps(1, true))),
+    );
+    let (mut a, mut b) = (a.unwrap(), b.unwrap());
+    within(a.wait()).await.expect("the run again succeeds");
+    within(b.wait()).await.expect("the other watcher sees it");
+    assert_eq!(
+        runs(&env, "again"),
+        2,
+        "one failed run and one run again: {:?}",
+        env.events()
+    );
+    let record: ProcedureRecord = serde_json::from_slice(
+        &store
+            .get(&record_key(&ProcedureId::new("again")))
+            .await
+            .unwrap()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(record.state, procedures::ProcedureState::Done);
+
+    // Done: submitting again does not run it again.
+    let mut done = m
+        .submit_again_if_rolled_back(env.with_id("again", Plan::steps(1, true)))
+        .await
+        .unwrap();
+    within(done.wait()).await.unwrap();
+    assert_eq!(runs(&env, "again"), 2);
+
+    // Failed without a rollback: its failure is the answer.
+    let no_rollback = Plan {
+        fail: true,
+        ..Plan::steps(1, true)
+    };
+    let _ = within(
+        m.submit(env.with_id("kept", no_rollback))
+            .await
+            .unwrap()
+            .wait(),
+    )
+    .await;
+    let again = within(
+        m.submit_again_if_rolled_back(env.with_id("kept", Plan::steps(1, true)))
+            .await
+            .unwrap()
+            .wait(),
+    )
+    .await;
+    assert!(
+        again.is_err(),
+        "a failure without a rollback is not run again"
+    );
+    assert_eq!(runs(&env, "kept"), 1);
 }
