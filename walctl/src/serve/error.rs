@@ -434,7 +434,7 @@ mod tests {
         };
         assert_eq!(
             classify(store),
-            (StatusCode::INTERNAL_SERVER_ERROR, "internal", true)
+            (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", true)
         );
     }
 }
