@@ -2,7 +2,9 @@
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::procedure::ProcedureId;
+use crate::record::EPOCH_KEY;
 use crate::step_writes::{StepStore, StepWrites};
 
 /// A precondition of an atomic [`StateStore::write`].
@@ -102,6 +104,17 @@ pub trait StateStore: Send + Sync {
     /// Applies `ops` atomically if every one of `conditions` holds, else nothing.
     async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome>;
 
+    /// Claims the epoch a starting manager runs under, in one attempt: `Ok(Some(epoch))` once it is stored;
+    /// `Ok(None)` when another manager changed the epoch key between this claim's read and its write (the manager
+    /// tries again). The default is the engine's own claim ([`claim_next_epoch`]): read
+    /// [`crate::record::EPOCH_KEY`] and write the next number conditioned on the value read. A store whose epoch
+    /// comes from elsewhere (an election) overrides it and writes that epoch, conditioned on its own proof of
+    /// leadership: the claim is a kind of write of its own, never a write of the epoch key the store would have to
+    /// recognise.
+    async fn claim_epoch(&self) -> Result<Option<u64>> {
+        claim_next_epoch(self).await
+    }
+
     /// Waits until no write handed to this store is still queued or in flight (a store that commits writes in a
     /// task of its own, e.g. a group commit). The manager calls it when it stops, after its own tasks are gone, so
     /// nothing it wrote lands after [`crate::ProcedureManager::stop`] returns. The default has nothing to wait for.
@@ -148,4 +161,58 @@ pub(crate) fn page_of(
         .filter(|(k, _)| after.is_none_or(|after| k.as_str() > after))
         .take(limit.max(1))
         .collect()
+}
+
+/// The engine's own epoch claim, one attempt (see [`StateStore::claim_epoch`]): reads [`EPOCH_KEY`] and writes the
+/// next number conditioned on the value read (on the key being absent: 1).
+pub async fn claim_next_epoch<S: StateStore + ?Sized>(store: &S) -> Result<Option<u64>> {
+    let current = store.get(EPOCH_KEY).await?;
+    let (condition, previous) = match &current {
+        Some(bytes) => {
+            let previous = std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| Error::CorruptRecord {
+                    id: ProcedureId::new(EPOCH_KEY),
+                    type_name: "epoch".to_string(),
+                    key: EPOCH_KEY.to_string(),
+                    reason: format!(
+                        "the epoch is not a decimal number: {:?}",
+                        String::from_utf8_lossy(bytes)
+                    ),
+                })?;
+            (
+                Condition::Equals {
+                    key: EPOCH_KEY.to_string(),
+                    value: bytes.clone(),
+                },
+                previous,
+            )
+        }
+        None => (
+            Condition::Absent {
+                key: EPOCH_KEY.to_string(),
+            },
+            0,
+        ),
+    };
+    // An epoch never wraps: a manager claiming 0 after u64::MAX would be fenced by every older one.
+    let Some(epoch) = previous.checked_add(1) else {
+        return Err(Error::ManagerNotRunning {
+            reason: format!(
+                "could not claim an epoch: '{EPOCH_KEY}' holds {previous}, the largest epoch; no newer one exists \
+                 (repair by hand: stop every manager, then reset '{EPOCH_KEY}' to 0)"
+            ),
+        });
+    };
+    let outcome = store
+        .write(
+            vec![condition],
+            vec![WriteOp::Put {
+                key: EPOCH_KEY.to_string(),
+                value: epoch.to_string().into_bytes(),
+            }],
+        )
+        .await?;
+    Ok((outcome == WriteOutcome::Applied).then_some(epoch))
 }

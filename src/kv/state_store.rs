@@ -13,9 +13,10 @@
 //! **Where the epoch comes from.** By default the engine claims its own epoch: it reads `epoch`, writes the next
 //! number with a compare-and-set, and conditions every later write on it (embedded `walctl` commands). Under a
 //! [`LeaderFence`] ([`KvStateStore::with_leader_fence`], used by `walctl serve` on etcd) the epoch is the leader
-//! key's create revision from the etcd election instead: the store answers the engine's read of `epoch` with the
-//! number just below it, so the engine's claim writes exactly the election's epoch, and every write whose
-//! condition names `epoch` becomes a transaction that also compares the leader key's value. When the lease behind
+//! key's create revision from the etcd election instead: the store's claim ([`StateStore::claim_epoch`]) writes
+//! exactly the election's epoch in a transaction conditioned on the leader key's value (a kind of write of its
+//! own: no write through `write` may put the epoch key), and every write whose condition names `epoch` becomes a
+//! transaction that also compares the leader key's value. When the lease behind
 //! the leader key ends (expired, revoked) etcd deletes the key, so every later write of that leader is refused
 //! by etcd itself, whatever the process believes; the engine sees `Fenced` and stops.
 
@@ -272,6 +273,42 @@ impl KvStateStore {
 
 #[async_trait]
 impl StateStore for KvStateStore {
+    /// Without a leader fence, the engine's own claim. Under one, the election's epoch, written in one transaction
+    /// conditioned on the leader key holding this server's value (present only while its lease lives): a claim is
+    /// its own kind of write, never a write of the epoch key recognised by its number. A refusal means the
+    /// leadership is gone: the fence is cleared and the claim fails.
+    async fn claim_epoch(&self) -> procedures::Result<Option<u64>> {
+        let Some(fence) = &self.fence else {
+            return procedures::store::claim_next_epoch(self).await;
+        };
+        self.ensure_alive("claim the epoch")?;
+        let Some(lease) = fence.current() else {
+            return Err(not_leader(EPOCH_KEY));
+        };
+        let txn = Txn {
+            compare: vec![crate::kv::Compare::ValueEquals(
+                lease.key.clone(),
+                lease.value.clone(),
+            )],
+            success: vec![TxnOp::Put(
+                self.kv_key(EPOCH_KEY),
+                lease.epoch.to_string().into_bytes(),
+            )],
+            failure: Vec::new(),
+        };
+        let resp = self
+            .kv
+            .txn(txn)
+            .await
+            .map_err(|e| self.error("claim the epoch", EPOCH_KEY, e))?;
+        if resp.succeeded {
+            return Ok(Some(lease.epoch));
+        }
+        fence.fenced();
+        fence.clear_if(&lease);
+        Err(not_leader(EPOCH_KEY))
+    }
+
     /// Waits for the group commit's task to end (see [`procedures::StateStore::quiesce`]).
     async fn quiesce(&self) {
         if let Some(group) = &self.group {
@@ -281,16 +318,6 @@ impl StateStore for KvStateStore {
 
     async fn get(&self, key: &str) -> procedures::Result<Option<Vec<u8>>> {
         self.ensure_alive(&format!("get '{key}'"))?;
-        if key == EPOCH_KEY
-            && let Some(fence) = &self.fence
-        {
-            // The engine claims "the stored epoch + 1": answer one below the election's epoch, so that its claim
-            // writes exactly the election's epoch.
-            return match fence.current() {
-                Some(lease) => Ok(Some(lease.epoch.saturating_sub(1).to_string().into_bytes())),
-                None => Err(not_leader(key)),
-            };
-        }
         let kv = self
             .kv
             .get(&self.kv_key(key))
@@ -516,10 +543,14 @@ mod tests {
     #[tokio::test]
     async fn writes_stop_once_the_leader_key_is_gone() {
         let (kv, fence, store) = fenced_store(42).await;
-        assert_eq!(store.get(EPOCH_KEY).await.unwrap(), Some(b"41".to_vec()));
-        let claim = store
+        assert_eq!(store.get(EPOCH_KEY).await.unwrap(), None);
+        // The claim is its own write: the election's epoch, conditioned on the leader key.
+        assert_eq!(store.claim_epoch().await.unwrap(), Some(42));
+        assert_eq!(store.get(EPOCH_KEY).await.unwrap(), Some(b"42".to_vec()));
+        // A write that would put the epoch key itself is refused as fenced, whatever number it names.
+        let forged = store
             .write(
-                vec![epoch_is(41)],
+                vec![epoch_is(42)],
                 vec![WriteOp::Put {
                     key: EPOCH_KEY.to_string(),
                     value: b"42".to_vec(),
@@ -527,7 +558,11 @@ mod tests {
             )
             .await
             .unwrap();
-        assert_eq!(claim, WriteOutcome::Applied);
+        assert!(
+            matches!(forged, WriteOutcome::Rejected { .. }),
+            "{forged:?}"
+        );
+        fence.set(lease(42));
         let ok = store.write(vec![epoch_is(42)], vec![put("proc/a")]).await;
         assert_eq!(ok.unwrap(), WriteOutcome::Applied);
 
@@ -547,15 +582,16 @@ mod tests {
         );
         assert!(kv.get(b"__procedure__/proc/b").await.unwrap().is_none());
         assert_eq!(fence.current(), None);
-        assert_eq!(fence.fenced_writes(), 1);
+        assert_eq!(fence.fenced_writes(), 2);
         // With the fence cleared, nothing reaches the store any more.
         let refused = store
             .write(vec![epoch_is(42)], vec![put("proc/c")])
             .await
             .unwrap();
         assert!(matches!(refused, WriteOutcome::Rejected { .. }));
-        assert_eq!(fence.fenced_writes(), 2);
-        assert!(store.get(EPOCH_KEY).await.is_err());
+        assert_eq!(fence.fenced_writes(), 3);
+        // Nor can the claim be made again without the leadership.
+        assert!(store.claim_epoch().await.is_err());
     }
 
     #[tokio::test]
@@ -596,16 +632,7 @@ mod tests {
     #[tokio::test]
     async fn another_failed_condition_is_reported_with_the_epoch_intact() {
         let (_kv, fence, store) = fenced_store(42).await;
-        store
-            .write(
-                vec![epoch_is(41)],
-                vec![WriteOp::Put {
-                    key: EPOCH_KEY.to_string(),
-                    value: b"42".to_vec(),
-                }],
-            )
-            .await
-            .unwrap();
+        assert_eq!(store.claim_epoch().await.unwrap(), Some(42));
         let absent = Condition::Absent {
             key: "proc/a".to_string(),
         };

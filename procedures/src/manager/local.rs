@@ -582,63 +582,14 @@ impl Inner {
         }
     }
 
-    /// Claims the next epoch with a compare-and-set on [`EPOCH_KEY`].
+    /// Claims the epoch through the store ([`StateStore::claim_epoch`]), trying again while another manager
+    /// changes the epoch key at the same time.
     async fn claim_epoch(&self) -> Result<u64> {
         for _ in 0..EPOCH_CLAIM_ATTEMPTS {
-            let current = self.read(|| self.store.get(EPOCH_KEY)).await?;
-            let (condition, previous) = match &current {
-                Some(bytes) => {
-                    let previous = parse_epoch(bytes).ok_or_else(|| Error::CorruptRecord {
-                        id: ProcedureId::new(EPOCH_KEY),
-                        type_name: "epoch".to_string(),
-                        key: EPOCH_KEY.to_string(),
-                        reason: format!(
-                            "the epoch is not a decimal number: {:?}",
-                            String::from_utf8_lossy(bytes)
-                        ),
-                    })?;
-                    (
-                        Condition::Equals {
-                            key: EPOCH_KEY.to_string(),
-                            value: bytes.clone(),
-                        },
-                        previous,
-                    )
-                }
-                None => (
-                    Condition::Absent {
-                        key: EPOCH_KEY.to_string(),
-                    },
-                    0,
-                ),
-            };
-            // An epoch never wraps: a manager claiming 0 after u64::MAX would be fenced by every older one.
-            let Some(epoch) = previous.checked_add(1) else {
-                return Err(Error::ManagerNotRunning {
-                    reason: format!(
-                        "could not claim an epoch: '{EPOCH_KEY}' holds {previous}, the largest epoch; no newer one \
-                         exists (repair by hand: stop every manager, then reset '{EPOCH_KEY}' to 0)"
-                    ),
-                });
-            };
-            let outcome = self
-                .read(|| {
-                    self.store.write(
-                        vec![condition.clone()],
-                        vec![WriteOp::Put {
-                            key: EPOCH_KEY.to_string(),
-                            value: epoch.to_string().into_bytes(),
-                        }],
-                    )
-                })
-                .await?;
-            if outcome == WriteOutcome::Applied {
+            if let Some(epoch) = self.read(|| self.store.claim_epoch()).await? {
                 return Ok(epoch);
             }
-            tracing::debug!(
-                epoch,
-                "another manager claimed the epoch at the same time; retrying"
-            );
+            tracing::debug!("another manager claimed the epoch at the same time; retrying");
         }
         Err(Error::ManagerNotRunning {
             reason: format!(

@@ -382,6 +382,11 @@ impl StateStore for CrashingStore {
         self.inner.quiesce().await;
     }
 
+    async fn claim_epoch(&self) -> Result<Option<u64>> {
+        self.mutate("claim the epoch".to_string(), self.inner.claim_epoch())
+            .await
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
         self.controller.check_alive(&format!("get '{key}'"))?;
         self.inner.get(key).await

@@ -81,9 +81,8 @@ enum EpochCheck {
     None,
     /// A plain compare on the stored epoch; read back on a refusal.
     Plain(Compare),
-    /// Under a leader fence: the leader key's value and, unless the batch is the engine's claim, the stored epoch.
-    /// Both are read back on a refusal.
-    Leader { lease: LeaderLease, claim: bool },
+    /// Under a leader fence: the leader key's value and the stored epoch. Both are read back on a refusal.
+    Leader { lease: LeaderLease },
 }
 
 /// What the epoch part of a refused transaction read.
@@ -643,14 +642,12 @@ impl KvStateStore {
                 compare.push(c.clone());
                 failure.push(TxnOp::Get(epoch_key));
             }
-            EpochCheck::Leader { lease, claim } => {
+            EpochCheck::Leader { lease } => {
                 compare.push(Compare::ValueEquals(lease.key.clone(), lease.value.clone()));
-                if !claim {
-                    compare.push(Compare::ValueEquals(
-                        epoch_key.clone(),
-                        lease.epoch.to_string().into_bytes(),
-                    ));
-                }
+                compare.push(Compare::ValueEquals(
+                    epoch_key.clone(),
+                    lease.epoch.to_string().into_bytes(),
+                ));
                 failure.push(TxnOp::Get(lease.key.clone()));
                 failure.push(TxnOp::Get(epoch_key));
             }
@@ -691,21 +688,21 @@ impl KvStateStore {
             // No leadership: report an epoch above the one asked for (a later leader's is larger still).
             return Err(asked.unwrap_or(0).saturating_add(1));
         };
-        let claim = match asked {
-            Some(e) if e == lease.epoch => false,
-            Some(e) if e.checked_add(1) == Some(lease.epoch) => true,
+        if asked != Some(lease.epoch) {
             // A manager of another term: it is fenced by this one.
-            _ => return Err(lease.epoch),
-        };
-        // The claim may only write this term's epoch.
-        let epoch_key = self.kv_key(EPOCH_KEY);
-        let bad_put = writes.iter().flat_map(|w| &w.success).any(|op| {
-            matches!(op, TxnOp::Put(key, value) if *key == epoch_key && parse_epoch(value) != Some(lease.epoch))
-        });
-        if bad_put {
             return Err(lease.epoch);
         }
-        Ok(EpochCheck::Leader { lease, claim })
+        // Under an election the epoch key is written only by the store's own claim (`claim_epoch`), never by a
+        // write: one that would is refused as fenced.
+        let epoch_key = self.kv_key(EPOCH_KEY);
+        let puts_epoch = writes
+            .iter()
+            .flat_map(|w| &w.success)
+            .any(|op| matches!(op, TxnOp::Put(key, _) if *key == epoch_key));
+        if puts_epoch {
+            return Err(lease.epoch);
+        }
+        Ok(EpochCheck::Leader { lease })
     }
 
     /// Reads the epoch part of a refused transaction's failure branch.
@@ -724,15 +721,14 @@ impl KvStateStore {
                     EpochRead::Refused(stored)
                 }
             }
-            EpochCheck::Leader { lease, claim } => {
+            EpochCheck::Leader { lease } => {
                 let leader = values.next().flatten();
                 let stored = values.next().flatten();
                 let stored_epoch = stored.as_deref().and_then(parse_epoch);
                 if leader.as_deref() == Some(lease.value.as_slice())
-                    && (*claim || stored_epoch == Some(lease.epoch))
+                    && stored_epoch == Some(lease.epoch)
                 {
-                    let reported = if *claim { lease.epoch - 1 } else { lease.epoch };
-                    return EpochRead::Held(Some(reported.to_string().into_bytes()));
+                    return EpochRead::Held(Some(lease.epoch.to_string().into_bytes()));
                 }
                 // The leader key is gone (the lease ended) or another manager claimed the epoch since: this term is
                 // over. Report an epoch above this one; a later leader's is larger still.
