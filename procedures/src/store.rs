@@ -115,6 +115,14 @@ pub trait StateStore: Send + Sync {
         claim_next_epoch(self).await
     }
 
+    /// Tells of changes to the keys under `prefix` as they happen, when the store can: a counter raised after each
+    /// change (and whenever changes may have been missed). The manager then reads the control keys and the epoch
+    /// when they change instead of every `control_poll_interval`. `None` (the default): the manager polls.
+    fn watch_changes(&self, prefix: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let _ = prefix;
+        None
+    }
+
     /// Waits until no write handed to this store is still queued or in flight (a store that commits writes in a
     /// task of its own, e.g. a group commit). The manager calls it when it stops, after its own tasks are gone, so
     /// nothing it wrote lands after [`crate::ProcedureManager::stop`] returns. The default has nothing to wait for.

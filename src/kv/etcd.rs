@@ -110,6 +110,8 @@ pub struct EtcdKvBackend {
     /// One client per endpoint (a member each), in the configured order, and the member calls start at (see
     /// [`members`]).
     members: Arc<Members<KvClient>>,
+    /// The same members' full clients, for watches ([`KvBackend::watch_prefix`]).
+    clients: Arc<Members<Client>>,
     config: EtcdConfig,
     endpoints: String,
     /// The point reads in flight and queued: concurrent ones share a request.
@@ -199,6 +201,7 @@ impl EtcdKvBackend {
             .collect();
         let members = Members::new(kv_clients, config.endpoints.clone());
         members.prefer(preferred);
+        let clients = Arc::new(clients);
         let reads = PointReads::new(point_reads::Limits {
             max_keys: config.max_txn_ops,
             max_bytes: config.max_request_bytes,
@@ -207,6 +210,7 @@ impl EtcdKvBackend {
         });
         Ok(EtcdKvBackend {
             members: Arc::new(members),
+            clients,
             config,
             endpoints,
             reads,
@@ -446,6 +450,55 @@ impl KvBackend for EtcdKvBackend {
     /// several in flight.
     fn max_txns_in_flight(&self) -> usize {
         ETCD_TXNS_IN_FLIGHT
+    }
+
+    /// An etcd watch on the prefix, on the member calls start at; when it fails or is cancelled (the member lost
+    /// its quorum, went away, or its connection went silent) it is set up again on the next member a second later.
+    /// The counter is raised after every response carrying events, and each time the watch is (re)established,
+    /// since changes made while it was down are not replayed.
+    fn watch_prefix(&self, prefix: &[u8]) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let (tx, rx) = tokio::sync::watch::channel(0u64);
+        let clients = Arc::clone(&self.clients);
+        let prefix = prefix.to_vec();
+        tokio::spawn(async move {
+            let mut member = clients.preferred();
+            loop {
+                let (client, endpoint) = clients.member(member);
+                let watched = async {
+                    let mut stream = client
+                        .watch_client()
+                        .watch(
+                            prefix.clone(),
+                            Some(etcd_client::WatchOptions::new().with_prefix()),
+                        )
+                        .await?;
+                    tx.send_modify(|n| *n += 1);
+                    while let Some(resp) = stream.message().await? {
+                        if resp.canceled() {
+                            break;
+                        }
+                        if !resp.events().is_empty() {
+                            tx.send_modify(|n| *n += 1);
+                        }
+                    }
+                    Ok::<(), etcd_client::Error>(())
+                };
+                tokio::select! {
+                    ended = watched => {
+                        if let Err(e) = ended {
+                            tracing::debug!(%endpoint, error = %describe(&e), "an etcd watch ended; setting it up again");
+                        }
+                    }
+                    () = tx.closed() => return,
+                }
+                member = (member + 1) % clients.len().max(1);
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    () = tx.closed() => return,
+                }
+            }
+        });
+        Some(rx)
     }
 
     /// Shares its request with the point reads other callers make at the same time (see the module

@@ -92,6 +92,10 @@ impl KvBackend for WatchedKvBackend {
         self.inner.max_txns_in_flight()
     }
 
+    fn watch_prefix(&self, prefix: &[u8]) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.watch_prefix(prefix)
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         self.inner.get(key).await
     }

@@ -235,6 +235,15 @@ pub trait KvBackend: Send + Sync + Debug {
         1
     }
 
+    /// Tells of changes under `prefix` as they happen, when the backend can: a counter raised after every change
+    /// under the prefix (and after the watch had to be set up again, when changes may have been missed). `None`
+    /// (the default) when the backend cannot watch; the caller then polls. Needs a tokio runtime (the watch runs as
+    /// a task, ended when every receiver is dropped).
+    fn watch_prefix(&self, prefix: &[u8]) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let _ = prefix;
+        None
+    }
+
     /// One key.
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>>;
 

@@ -309,6 +309,11 @@ impl StateStore for KvStateStore {
         Err(not_leader(EPOCH_KEY))
     }
 
+    /// The kv backend's watch of the prefix (on etcd: an etcd watch; `None` on redb and memory).
+    fn watch_changes(&self, prefix: &str) -> Option<watch::Receiver<u64>> {
+        self.kv.watch_prefix(&self.kv_key(prefix))
+    }
+
     /// Waits for the group commit's task to end (see [`procedures::StateStore::quiesce`]).
     async fn quiesce(&self) {
         if let Some(group) = &self.group {

@@ -41,6 +41,11 @@ pub trait KvWrapper: Send + Sync + Debug {
         self.inner().max_txns_in_flight()
     }
 
+    /// The inner backend's watch (see [`KvBackend::watch_prefix`]).
+    fn watch_prefix(&self, prefix: &[u8]) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner().watch_prefix(prefix)
+    }
+
     /// [`KvBackend::get`].
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         self.inner().get(key).await
@@ -108,6 +113,10 @@ impl<W: KvWrapper> KvBackend for W {
 
     fn max_txns_in_flight(&self) -> usize {
         KvWrapper::max_txns_in_flight(self)
+    }
+
+    fn watch_prefix(&self, prefix: &[u8]) -> Option<tokio::sync::watch::Receiver<u64>> {
+        KvWrapper::watch_prefix(self, prefix)
     }
 
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {

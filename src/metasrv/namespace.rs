@@ -116,6 +116,11 @@ impl KvBackend for NamespacedKvBackend {
         self.inner.max_txns_in_flight()
     }
 
+    fn watch_prefix(&self, prefix: &[u8]) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner
+            .watch_prefix(&[self.prefix.as_slice(), prefix].concat())
+    }
+
     async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
         Ok(self
             .inner

@@ -1,6 +1,7 @@
 //! etcd-specific behaviour: unreachable endpoints fail fast naming them, and etcd's limits are enforced on the
 //! client (a txn over 128 ops is refused, nothing applied; big batches are split).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use remote_wal::Error;
@@ -400,4 +401,92 @@ async fn a_point_read_queued_behind_another_sees_every_write_answered_before_it(
     for reader in noise {
         reader.await.unwrap();
     }
+}
+
+/// A step that waits until it is interrupted, telling when it started.
+struct Waits(Arc<tokio::sync::Notify>);
+
+#[async_trait::async_trait]
+impl procedures::Procedure for Waits {
+    fn type_name(&self) -> &str {
+        "waits"
+    }
+    async fn execute(
+        &mut self,
+        _ctx: &procedures::Context,
+    ) -> procedures::Result<procedures::Status> {
+        self.0.notify_one();
+        std::future::pending().await
+    }
+    fn dump(&self) -> procedures::Result<serde_json::Value> {
+        Ok(serde_json::Value::Null)
+    }
+    fn lock_key(&self) -> procedures::LockKey {
+        procedures::LockKey::none()
+    }
+}
+
+/// A cancel written into etcd by another process reaches a manager whose poll of the control keys is an hour
+/// apart: the store watches the control keys, so the manager reads them when they change. (Without the watch the
+/// cancel would wait for the poll.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_from_another_process_reaches_a_manager_on_etcd_through_a_watch_not_the_poll() {
+    use procedures::{
+        ControlOp, LocalManager, ManagerConfig, ProcedureId, ProcedureManager, ProcedureWithId,
+    };
+    use remote_wal::kv::{KvBackendRef, KvStateStore};
+    use remote_wal::metasrv::NamespacedKvBackend;
+
+    let prefix = unique_prefix("kv_watch");
+    let store_on = |etcd: EtcdKvBackend| {
+        let kv: KvBackendRef = Arc::new(NamespacedKvBackend::new(Arc::new(etcd), prefix.clone()));
+        Arc::new(KvStateStore::new(kv))
+    };
+    let store = store_on(etcd_from_env().await);
+    let started = Arc::new(tokio::sync::Notify::new());
+    let manager = LocalManager::new(
+        store.clone(),
+        ManagerConfig {
+            control_poll_interval: Duration::from_secs(3600),
+            ..ManagerConfig::default()
+        },
+    );
+    let loaded = started.clone();
+    manager
+        .register_loader(
+            "waits",
+            Box::new(move |_| Ok(Box::new(Waits(loaded.clone())))),
+        )
+        .unwrap();
+    manager.start().await.unwrap();
+    let id = ProcedureId::new("cancelled-elsewhere");
+    let mut watcher = manager
+        .submit(ProcedureWithId::new(
+            id.clone(),
+            Box::new(Waits(started.clone())),
+        ))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), started.notified())
+        .await
+        .expect("the step runs");
+
+    // Another process: its own connection and store, no manager.
+    let other = store_on(etcd_from_env().await);
+    procedures::control::request(other.as_ref(), &id, ControlOp::Cancel)
+        .await
+        .unwrap();
+    let sent = std::time::Instant::now();
+    let ended = tokio::time::timeout(Duration::from_secs(30), watcher.wait())
+        .await
+        .expect("the cancel reaches the manager long before its next poll");
+    assert!(
+        matches!(ended, Err(procedures::Error::ProcedureCancelled { .. })),
+        "{ended:?}"
+    );
+    println!(
+        "a cancel from another process ended the step {} ms after it was written",
+        sent.elapsed().as_millis()
+    );
+    manager.stop().await.unwrap();
 }

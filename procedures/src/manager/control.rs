@@ -310,15 +310,44 @@ impl Inner {
     }
 }
 
-/// The poll task: every `control_poll_interval`, reads every control key, hands the requests to the runners, and
-/// deletes the keys left for procedures this manager knows as finished (a request that arrived as it finished).
+/// How often the control keys are read anyway while the store watches them (a safety net for a change the watch
+/// did not tell of).
+const WATCHED_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The poll task: reads every control key, hands the requests to the runners, and deletes the keys left for
+/// procedures this manager knows as finished (a request that arrived as it finished). When the store watches the
+/// control keys and the epoch key ([`crate::StateStore::watch_changes`]), it reads them when they change, and
+/// otherwise every [`WATCHED_POLL`] (or `control_poll_interval`, if longer); else every `control_poll_interval`.
 pub(crate) async fn run(inner: Weak<Inner>) {
-    let interval = match inner.upgrade() {
-        Some(inner) => inner.config.control_poll_interval,
+    let (interval, watches) = match inner.upgrade() {
+        Some(inner) => (
+            inner.config.control_poll_interval,
+            inner
+                .store
+                .watch_changes(crate::control::CONTROL_PREFIX)
+                .zip(inner.store.watch_changes(EPOCH_KEY)),
+        ),
         None => return,
     };
+    let Some((mut control, mut epoch)) = watches else {
+        loop {
+            tokio::time::sleep(interval).await;
+            let Some(inner) = inner.upgrade() else {
+                return;
+            };
+            if inner.is_halted() {
+                return;
+            }
+            poll(&inner).await;
+        }
+    };
+    let pause = interval.max(WATCHED_POLL);
     loop {
-        tokio::time::sleep(interval).await;
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            changed = control.changed() => if changed.is_err() { return },
+            changed = epoch.changed() => if changed.is_err() { return },
+        }
         let Some(inner) = inner.upgrade() else {
             return;
         };

@@ -382,6 +382,10 @@ impl StateStore for CrashingStore {
         self.inner.quiesce().await;
     }
 
+    fn watch_changes(&self, prefix: &str) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.watch_changes(prefix)
+    }
+
     async fn claim_epoch(&self) -> Result<Option<u64>> {
         self.mutate("claim the epoch".to_string(), self.inner.claim_epoch())
             .await
