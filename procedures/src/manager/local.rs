@@ -1097,14 +1097,7 @@ impl Inner {
             // Replaced (or changed) meanwhile by another writer: watch what the store holds now.
             Ok(WriteOutcome::Rejected { .. }) => {
                 self.abandon(&id, "the record under its id changed meanwhile");
-                self.adopt(&id).await?;
-                let state = self.state();
-                match state.procedures.get(&id) {
-                    Some(entry) => existing_watcher(entry, &new.record.type_name),
-                    None => Err(Error::ManagerNotRunning {
-                        reason: format!("procedure {id} was forgotten while it was being loaded"),
-                    }),
-                }
+                self.watch_stored(&id, &new.record.type_name).await
             }
             Err(e) => {
                 self.abandon(&id, &format!("its record could not be replaced: {e}"));
@@ -1113,6 +1106,19 @@ impl Inner {
                 }
                 Err(e)
             }
+        }
+    }
+
+    /// A watcher of the procedure the store holds under `id`, loaded (and resumed when unfinished) if this manager
+    /// did not know it: what a submission answers when it finds the id taken by a record it did not write.
+    async fn watch_stored(self: &Arc<Self>, id: &ProcedureId, type_name: &str) -> Result<Watcher> {
+        self.adopt(id).await?;
+        let state = self.state();
+        match state.procedures.get(id) {
+            Some(entry) => existing_watcher(entry, type_name),
+            None => Err(Error::ManagerNotRunning {
+                reason: format!("procedure {id} was forgotten while it was being loaded"),
+            }),
         }
     }
 
@@ -1146,14 +1152,7 @@ impl Inner {
             // unfinished) and watch it.
             Ok(WriteOutcome::Rejected { .. }) => {
                 self.abandon(&id, "the store already has a record under its id");
-                self.adopt(&id).await?;
-                let state = self.state();
-                match state.procedures.get(&id) {
-                    Some(entry) => existing_watcher(entry, &new.record.type_name),
-                    None => Err(Error::ManagerNotRunning {
-                        reason: format!("procedure {id} was forgotten while it was being loaded"),
-                    }),
-                }
+                self.watch_stored(&id, &new.record.type_name).await
             }
             // Only the run that made the submission forgets it or halts on its error: a submission settled in its
             // caller's poll may outlive its run, and a later run must not halt on a write fenced by its own epoch.
