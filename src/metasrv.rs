@@ -351,6 +351,16 @@ impl TopicAdmin for LazyTopicAdmin {
         self.get().await?.describe_topics(names).await
     }
 
+    async fn describe_topics_on_each_broker(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<(String, BTreeMap<String, usize>)>> {
+        self.get()
+            .await?
+            .describe_topics_on_each_broker(names)
+            .await
+    }
+
     async fn describe_topic_configs(
         &self,
         names: &[String],
@@ -775,6 +785,7 @@ impl Metasrv {
             }
         };
         result?;
+        self.wait_until_listed(kafka, &wanted, &on_progress).await?;
         on_progress(BootstrapProgress {
             wanted: wanted.len(),
             on_broker: wanted.len(),
@@ -791,6 +802,53 @@ impl Metasrv {
             },
             config_drift: self.config_drift().await?,
         })
+    }
+
+    /// Ready means listed: after the bootstrap, polls each broker (its Metadata, from its own cache of the
+    /// controller's records) until every one lists every topic of the pool, reporting progress (`on_broker`: the
+    /// fewest any broker lists). A creation the controller acknowledged is in the cluster's metadata, but a client
+    /// of a broker that has not applied it yet finds no such topic. Bounded by `create_topic_timeout`: past it, a
+    /// retryable `TopicNotListed` naming a topic and the broker that does not list it.
+    async fn wait_until_listed(
+        &self,
+        kafka: &KafkaConfig,
+        wanted: &BTreeSet<String>,
+        on_progress: &(impl Fn(BootstrapProgress) + Send + Sync),
+    ) -> Result<()> {
+        let Some(admin) = &self.topic_admin else {
+            return Ok(());
+        };
+        let names: Vec<String> = wanted.iter().cloned().collect();
+        let deadline = tokio::time::Instant::now() + kafka.create_topic_timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let listed = admin.describe_topics_on_each_broker(&names).await?;
+            let missing = listed.iter().find_map(|(endpoint, topics)| {
+                names
+                    .iter()
+                    .find(|n| !topics.contains_key(*n))
+                    .map(|topic| (endpoint.clone(), topic.clone()))
+            });
+            let Some((endpoint, topic)) = missing else {
+                return Ok(());
+            };
+            let fewest = listed.iter().map(|(_, t)| t.len()).min().unwrap_or(0);
+            on_progress(BootstrapProgress {
+                wanted: wanted.len(),
+                on_broker: fewest,
+                persisted: wanted.len(),
+            });
+            if tokio::time::Instant::now() >= deadline {
+                return crate::error::TopicNotListedSnafu {
+                    topic,
+                    endpoints: vec![endpoint],
+                    timeout: kafka.create_topic_timeout,
+                }
+                .fail();
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
     }
 
     async fn bootstrap_progress(
@@ -1509,6 +1567,38 @@ mod tests {
                 "topic_bootstrap/fake_pool/attempt-1 done".to_string(),
             ]
         );
+        metasrv.stop().await.unwrap();
+    }
+
+    /// Ready means listed: a broker that has not yet applied the controller's records answers Metadata without
+    /// the new topics. The bootstrap reports ready only once the brokers list every topic of the pool (before, it
+    /// did as soon as the creations were acknowledged, and a read right after found none of them).
+    #[tokio::test]
+    async fn bootstrap_is_ready_only_once_the_brokers_list_every_topic() {
+        let (metasrv, broker) = kafka_metasrv(8);
+        // The first read (before creating) and the next four answer as a broker behind the controller does.
+        broker.stale_metadata_reads(5);
+        let seen = Arc::new(Mutex::new(Vec::<BootstrapProgress>::new()));
+        let report = {
+            let seen = seen.clone();
+            metasrv
+                .bootstrap(move |p| seen.lock().unwrap().push(p))
+                .await
+                .unwrap()
+        };
+        assert!(report.ready);
+        let listed = broker.list_topics().await.unwrap();
+        assert_eq!(
+            listed.len(),
+            8,
+            "the next read after `ready` lists the whole pool: {listed:?}"
+        );
+        let seen = seen.lock().unwrap().clone();
+        assert!(
+            seen.iter().any(|p| p.on_broker == 0 && p.persisted == 8),
+            "progress showed the pool persisted but not listed while it waited: {seen:?}"
+        );
+        assert_eq!(seen.last().map(|p| p.on_broker), Some(8));
         metasrv.stop().await.unwrap();
     }
 

@@ -90,6 +90,22 @@ pub trait TopicAdmin: Send + Sync + Debug {
             .collect())
     }
 
+    /// [`TopicAdmin::describe_topics`] asked of **each** broker endpoint in turn (each answers from its own metadata
+    /// cache, which follows the controller's records a little behind): per endpoint, those of `names` it lists.
+    /// A topic is usable by clients of every broker only once each lists it.
+    ///
+    /// The default asks any one broker (an admin that cannot address brokers one by one), under the admin's
+    /// endpoints joined.
+    async fn describe_topics_on_each_broker(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<(String, BTreeMap<String, usize>)>> {
+        Ok(vec![(
+            self.endpoints().join(","),
+            self.describe_topics(names).await?,
+        )])
+    }
+
     /// The current value of each config named in `keys` for each topic of `names` that exists (a config with no
     /// value is absent from its map). A topic absent from the answer does not exist.
     ///

@@ -373,6 +373,30 @@ impl BatchAdmin {
         Ok(found)
     }
 
+    /// [`BatchAdmin::describe_topics`] asked of each endpoint alone (see
+    /// [`super::admin::TopicAdmin::describe_topics_on_each_broker`]).
+    pub async fn describe_topics_on_each_broker(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<(String, BTreeMap<String, usize>)>> {
+        let mut listed = Vec::with_capacity(self.endpoints.len());
+        for endpoint in &self.endpoints {
+            let alone = BatchAdmin {
+                endpoints: vec![endpoint.clone()],
+                create_topic_timeout: self.create_topic_timeout,
+                connect_timeout: self.connect_timeout,
+                request_timeout: self.request_timeout,
+                backoff: self.backoff.clone(),
+                batch_size: self.batch_size,
+                correlation: AtomicI32::new(0),
+                throttled_until: Mutex::new(None),
+                proven_replication: AtomicI16::new(0),
+            };
+            listed.push((endpoint.clone(), alone.describe_topics(names).await?));
+        }
+        Ok(listed)
+    }
+
     /// The current values of the configs `keys` of each topic of `names`, from DescribeConfigs requests naming at
     /// most [`METADATA_TOPICS_PER_REQUEST`] topics each. A topic Kafka does not know is left out; a config with no
     /// value (a sensitive one) is absent from its topic's map; any other per-topic error code is an error naming

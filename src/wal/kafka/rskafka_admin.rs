@@ -234,6 +234,13 @@ impl TopicAdmin for RsKafkaTopicAdmin {
         self.batch.describe_topics(names).await
     }
 
+    async fn describe_topics_on_each_broker(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<(String, BTreeMap<String, usize>)>> {
+        self.batch.describe_topics_on_each_broker(names).await
+    }
+
     async fn describe_topic_configs(
         &self,
         names: &[String],

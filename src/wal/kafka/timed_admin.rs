@@ -109,6 +109,17 @@ impl TopicAdmin for TimedTopicAdmin {
             .await
     }
 
+    async fn describe_topics_on_each_broker(
+        &self,
+        names: &[String],
+    ) -> Result<Vec<(String, BTreeMap<String, usize>)>> {
+        self.timed(
+            "describe_topics_on_each_broker",
+            self.inner.describe_topics_on_each_broker(names),
+        )
+        .await
+    }
+
     async fn describe_topic_configs(
         &self,
         names: &[String],
