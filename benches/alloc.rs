@@ -15,7 +15,10 @@ fn ready_allocator(rt: &tokio::runtime::Runtime) -> WalOptionsAllocator {
     rt.block_on(async {
         let spec = TopicPoolSpec::new("bench_wal_topic", 64);
         let kv = Arc::new(MemoryKvBackend::new());
+        // The pool on the (fake) brokers and its names persisted, as after a bootstrap.
+        let brokers = FakeTopicAdmin::new();
         for topic in spec.topic_names() {
+            brokers.create_out_of_band(&topic, 1);
             kv.put(PutRequest {
                 key: topic_name_key(&topic),
                 value: TopicNameValue::default().encode(),
@@ -27,7 +30,7 @@ fn ready_allocator(rt: &tokio::runtime::Runtime) -> WalOptionsAllocator {
         let manager = KafkaTopicManager::new(
             spec,
             kv,
-            Arc::new(FakeTopicAdmin::new()),
+            Arc::new(brokers),
             Arc::new(RoundRobinTopicSelector::new()),
         )
         .expect("valid spec");
