@@ -92,14 +92,15 @@ async fn a_manager_busy_in_a_step_halts_as_soon_as_a_newer_one_claims_the_store(
         .to_string();
     assert!(err.contains(&format!("fenced by epoch {newer}")), "{err}");
 
-    // Let the held step go: it was stopped, so the record stays as it was.
+    // Let the held step go, then stop the manager, which joins every task it had (and waits for its store to be
+    // quiet): whatever the step or its runner would still do has happened by then. It was fenced, so the record
+    // stays as it was.
     env.gate.add_permits(10);
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    m1.stop().await.unwrap();
     assert_eq!(
         store.snapshot()[&record_key(&id)],
         before,
         "a fenced manager wrote"
     );
-    m1.stop().await.unwrap();
     m2.stop().await.unwrap();
 }

@@ -350,11 +350,34 @@ async fn retention_deletes_the_finished_record_under_the_epoch() {
         }
     })
     .await;
-    // Gone from memory with its record (a later sweep finds nothing more to delete).
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    assert!(m.list_procedures().await.unwrap().is_empty());
+    // Gone from memory with its record; a later sweep finds nothing more to delete: a second procedure, finished
+    // after, is deleted by a sweep that runs after the first one's, and nothing of `p` is written again meanwhile.
+    within(async {
+        while !m.list_procedures().await.unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    let mut later = m
+        .submit(env.with_id("q", Plan::steps(0, true)))
+        .await
+        .unwrap();
+    within(later.wait()).await.unwrap();
+    within(async {
+        while writes.lock().unwrap().len() < 7 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
     let writes = writes.lock().unwrap();
-    // Epoch claim, submission, done, delete.
+    assert_eq!(
+        writes[6].1,
+        vec![WriteOp::Delete {
+            key: "proc/q".into()
+        }],
+        "{writes:?}"
+    );
+    // Epoch claim, submission, done, delete; then q's submission, done, delete.
     assert_eq!(
         writes[3],
         (
@@ -364,7 +387,7 @@ async fn retention_deletes_the_finished_record_under_the_epoch() {
             }]
         )
     );
-    assert_eq!(writes.len(), 4);
+    assert_eq!(writes.len(), 7, "{writes:?}");
 }
 
 #[tokio::test]
