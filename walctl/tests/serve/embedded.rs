@@ -250,3 +250,44 @@ fn an_embedded_writer_started_just_after_a_leader_crash_reaches_the_next_leader(
     let (_, leader_now) = get(&servers.servers[other].url("/v1/leader"));
     assert_eq!(leader_now["self"], Value::from(true), "{leader_now}");
 }
+
+/// Successful embedded commands on etcd print no WARN or ERROR line: each joins the election, leads, runs and
+/// resigns (its lease upkeep stopped before its fence is cleared, so the resignation is not taken for a lost
+/// term), and reads claim nothing.
+#[test]
+fn successful_embedded_commands_on_etcd_print_no_warning() {
+    let etcd = endpoints("ETCD_ENDPOINTS");
+    let (toml, _) = Servers::etcd_toml(&etcd, "");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("embedded.toml");
+    std::fs::write(&config, toml).expect("write config");
+    for args in [
+        vec!["create-table", "quiet", "--regions", "2"],
+        vec!["procedures", "list"],
+        vec!["drop-table", "quiet"],
+        vec![
+            "create-table",
+            "quiet_again",
+            "--regions",
+            "1",
+            "--id",
+            "quiet-1",
+        ],
+    ] {
+        let out = Command::new(walctl_path())
+            .arg("--config")
+            .arg(&config)
+            .args(&args)
+            .current_dir(dir.path())
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run walctl");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let noisy: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect();
+        assert!(noisy.is_empty(), "{args:?} printed: {noisy:#?}");
+    }
+}
