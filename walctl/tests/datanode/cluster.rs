@@ -96,6 +96,8 @@ pub struct Cluster {
     pub datanodes: BTreeMap<u64, Process>,
     /// The listen address of each datanode id (kept across restarts unless a test moves it).
     pub addresses: HashMap<u64, String>,
+    /// The heartbeat interval datanodes started from now on are given.
+    pub heartbeat_ms: u64,
     spawned: usize,
 }
 
@@ -103,7 +105,18 @@ impl Cluster {
     /// A cluster with datanodes `ids` (each started), a pool of `topics` Kafka topics and `extra_wal` appended to
     /// the `[wal]` section.
     pub fn start(ids: &[u64], topics: usize, extra_wal: &str) -> Self {
+        Self::start_with_heartbeat(ids, topics, extra_wal, HEARTBEAT_MS)
+    }
+
+    /// [`Cluster::start`] with datanodes heartbeating every `heartbeat_ms`.
+    pub fn start_with_heartbeat(
+        ids: &[u64],
+        topics: usize,
+        extra_wal: &str,
+        heartbeat_ms: u64,
+    ) -> Self {
         let mut cluster = Self::metasrv_only(ids, topics, extra_wal);
+        cluster.heartbeat_ms = heartbeat_ms;
         for id in ids {
             cluster.start_datanode(*id);
         }
@@ -154,6 +167,7 @@ max_retry_delay = "500ms"
             serve: None,
             datanodes: BTreeMap::new(),
             addresses: HashMap::new(),
+            heartbeat_ms: HEARTBEAT_MS,
             spawned: 0,
         };
         cluster.start_serve();
@@ -204,10 +218,11 @@ max_retry_delay = "500ms"
             .join(format!("datanode-{id}-{}.toml", address.replace(':', "_")));
         let text = format!(
             "{}\n[datanode]\nid = {id}\nlisten = \"{address}\"\nmetasrv = [\"{}\"]\nregion_storage = \"{}\"\n\
-             heartbeat_interval = \"{HEARTBEAT_MS}ms\"\n",
+             heartbeat_interval = \"{}ms\"\n",
             self.metasrv_toml,
             self.serve_address,
-            self.dir.path().join("regions").display()
+            self.dir.path().join("regions").display(),
+            self.heartbeat_ms
         );
         std::fs::write(&path, text).expect("write datanode config");
         path

@@ -1,0 +1,96 @@
+//! Automatic failover, measured over many kills (issue #18's figure): each round starts a cluster of its own
+//! (`walctl serve` and three `walctl datanode` on the Kafka WAL, `KAFKA_ENDPOINTS` / `ETCD_ENDPOINTS`), creates a
+//! table of 6 regions, runs `walctl load` with an ack log, kills (SIGKILL) the datanode leading most regions, and
+//! times the kill until every one of its regions leads on a live datanode. Then it checks the ack log against the
+//! regions' dumps: every acknowledged entry exactly once, in order. Prints each round, then p50, p99 and max, and
+//! the acknowledged entries lost (must be 0). Run with
+//!
+//! ```text
+//! KAFKA_ENDPOINTS=… ETCD_ENDPOINTS=… cargo bench -p walctl --bench failover [--profile dev]
+//! ```
+//!
+//! `BENCH_KILLS` (default 20) rounds; `BENCH_HEARTBEAT_MS` (default 1000) the datanodes' heartbeat interval.
+
+#[path = "../tests/support/mod.rs"]
+#[allow(dead_code)]
+mod support;
+
+#[path = "../tests/datanode/cluster.rs"]
+#[allow(dead_code)]
+mod cluster;
+
+use std::time::{Duration, Instant};
+
+use cluster::{Cluster, get};
+
+fn env_count(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Whether every region of `regions` leads on a datanode other than `victim`, per the leader's registry.
+fn moved(cluster: &Cluster, regions: &[u64], victim: u64) -> bool {
+    let (_, body) = get(&format!("http://{}/v1/datanodes", cluster.serve_address));
+    let nodes = body["datanodes"].as_array().cloned().unwrap_or_default();
+    regions.iter().all(|region| {
+        nodes.iter().any(|node| {
+            node["id"].as_u64() != Some(victim)
+                && node["regions"].as_array().is_some_and(|rs| {
+                    rs.iter()
+                        .any(|r| r["region_id"].as_u64() == Some(*region) && r["role"] == "leader")
+                })
+        })
+    })
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn main() {
+    let kills = env_count("BENCH_KILLS", 20);
+    let heartbeat_ms = env_count("BENCH_HEARTBEAT_MS", 1000);
+    let mut times = Vec::new();
+    let (mut acknowledged, mut checked) = (0u64, 0u64);
+    for round in 0..kills {
+        let mut cluster = Cluster::start_with_heartbeat(&[1, 2, 3], 2, "", heartbeat_ms);
+        let table = format!("failover_{round}");
+        let regions = cluster.create_table(&table, 6);
+        let (mut load, acks) = cluster.start_load(&table, "30s", &["--concurrency", "6"]);
+        std::thread::sleep(Duration::from_secs(3));
+        let victim = cluster.busiest_datanode(&table);
+        cluster
+            .datanodes
+            .get_mut(&victim)
+            .expect("the victim runs")
+            .kill9();
+        let killed = Instant::now();
+        cluster.wait_for("every region to lead on a live datanode", || {
+            moved(&cluster, &regions, victim)
+        });
+        let took = killed.elapsed();
+        let report = cluster.finish_load(&mut load);
+        let acked = report["acknowledged"].as_u64().unwrap_or(0);
+        let seen = cluster.assert_nothing_acknowledged_lost(&[acks]) as u64;
+        println!(
+            "round {round}: datanode {victim} killed; every region leads elsewhere after {} ms; {acked} \
+             entries acknowledged, {seen} found once each",
+            took.as_millis()
+        );
+        acknowledged += acked;
+        checked += seen;
+        times.push(took);
+    }
+    times.sort();
+    println!(
+        "failover over {kills} kills (heartbeat {heartbeat_ms} ms): p50 {} ms, p99 {} ms, max {} ms; \
+         acknowledged {acknowledged}, lost {}",
+        percentile(&times, 0.5).as_millis(),
+        percentile(&times, 0.99).as_millis(),
+        times.last().map(Duration::as_millis).unwrap_or(0),
+        acknowledged.saturating_sub(checked)
+    );
+}
