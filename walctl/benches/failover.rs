@@ -12,11 +12,9 @@
 //! `BENCH_KILLS` (default 20) rounds; `BENCH_HEARTBEAT_MS` (default 1000) the datanodes' heartbeat interval.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 #[path = "../tests/datanode/cluster.rs"]
-#[allow(dead_code)]
 mod cluster;
 
 use std::time::{Duration, Instant};
