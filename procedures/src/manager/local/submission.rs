@@ -1,0 +1,458 @@
+//! Submission: a new root procedure (or the same id sent again), reserving its id, persisting its first record
+//! and launching its runner.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+
+use crate::error::{Error, Result};
+use crate::event::{EventKind, push_event};
+use crate::manager::lock::ProcedureLocks;
+use crate::manager::runner::{Resume, Runner};
+use crate::procedure::{BoxedProcedure, ProcedureId, ProcedureWithId};
+use crate::record::{
+    ProcedureInfo, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, declared_keys, now_ms,
+    record_key,
+};
+use crate::store::{Condition, WriteOp, WriteOutcome};
+use crate::watcher::Watcher;
+
+use super::{Entry, Inner, Phase, State};
+
+impl Inner {
+    /// Submits a root procedure: the public `submit`.
+    ///
+    /// An id the manager knows (in memory, or as a record in its store) gives a watcher of that procedure, running
+    /// or finished, when it is of the same type ([`Error::ProcedureIdInUse`] otherwise): a caller-chosen id is an
+    /// idempotency key.
+    ///
+    /// Cancellation-safe: the id is reserved, the submission is polled once, and — when the store did not answer in
+    /// that poll — handed to a submission task, all without an await in between; the caller then only awaits the
+    /// task's answer. Dropping this future therefore never cancels the write: the task still runs the procedure if
+    /// its record is written, or forgets the reservation if not. Only `stop` aborts the task (and then the next
+    /// start recovers whatever record landed). A store that answers at once (in memory) settles the submission in
+    /// the caller's own poll, without a task and the two thread hand-offs it would cost.
+    pub(crate) async fn submit_root(
+        self: &Arc<Self>,
+        procedure: ProcedureWithId,
+    ) -> Result<Watcher> {
+        let epoch = self.running_epoch()?;
+        let new = NewProcedure::new(procedure, None)?;
+        let id = new.record.id.clone();
+        {
+            let mut state = self.state();
+            if let Phase::Halted(reason) = &state.phase {
+                return Err(reason.error());
+            }
+            if let Some(entry) = state.procedures.get(&id) {
+                return existing_watcher(entry, &new.record.type_name);
+            }
+            state.procedures.insert(
+                id.clone(),
+                Entry::new(ProcedureInfo::from(&new.record), id.clone()),
+            );
+        }
+        // Boxed, so that a submission still pending after its first poll can move into a task.
+        let mut settle = Box::pin(Arc::clone(self).settle_root(epoch, new));
+        if let std::task::Poll::Ready(answer) = futures::poll!(&mut settle) {
+            return answer;
+        }
+        let stopped = || Error::ManagerNotRunning {
+            reason: format!("the manager stopped while procedure {id} was being submitted"),
+        };
+        let answer = {
+            let mut state = self.state();
+            if matches!(state.phase, Phase::Halted(_)) || state.epoch != Some(epoch) {
+                // Halted since the poll: `stop` may have drained the tasks already, so none may be spawned. The
+                // write in flight is dropped like an aborted task; the next start recovers it if it landed.
+                return Err(stopped());
+            }
+            let (tx, rx) = oneshot::channel();
+            state.spawn(async move {
+                // The caller may be gone; the submission is settled all the same.
+                let _ = tx.send(settle.await);
+            });
+            rx
+        };
+        answer.await.unwrap_or_else(|_| Err(stopped()))
+    }
+
+    /// [`crate::ProcedureManager::submit_again_if_rolled_back`]: replaces a failed, rolled-back root's record with
+    /// this submission's (conditioned on the stored bytes) and runs it; anything else is `submit_root`'s answer.
+    pub(crate) async fn submit_again(
+        self: &Arc<Self>,
+        procedure: ProcedureWithId,
+    ) -> Result<Watcher> {
+        let epoch = self.running_epoch()?;
+        let key = record_key(&procedure.id);
+        let Some(stored) = self.read(|| self.store.get(&key)).await? else {
+            return self.submit_root(procedure).await;
+        };
+        let replaceable = serde_json::from_slice::<ProcedureRecord>(&stored)
+            .is_ok_and(|old| old.parent_id.is_none() && rolled_back_failure(&old));
+        if !replaceable {
+            return self.submit_root(procedure).await;
+        }
+        let new = NewProcedure::new(procedure, None)?;
+        let id = new.record.id.clone();
+        {
+            let mut state = self.state();
+            if let Phase::Halted(reason) = &state.phase {
+                return Err(reason.error());
+            }
+            match state.procedures.get(&id) {
+                // Finished (the failed one, kept in memory): forgotten, the new submission takes its place.
+                Some(entry) if entry.info.state.is_finished() => {
+                    if entry.info.type_name != new.record.type_name {
+                        return existing_watcher(entry, &new.record.type_name);
+                    }
+                    state.procedures.remove(&id);
+                }
+                // Another submission of the id got here first.
+                Some(entry) => return existing_watcher(entry, &new.record.type_name),
+                None => {}
+            }
+            state.procedures.insert(
+                id.clone(),
+                Entry::new(ProcedureInfo::from(&new.record), id.clone()),
+            );
+        }
+        let outcome = self
+            .write(
+                epoch,
+                vec![Condition::Equals {
+                    key: key.clone(),
+                    value: stored,
+                }],
+                vec![WriteOp::Put {
+                    key: key.clone(),
+                    value: new.value.clone(),
+                }],
+                std::slice::from_ref(&id),
+            )
+            .await;
+        match outcome {
+            Ok(WriteOutcome::Applied) => {
+                tracing::info!(%id, "a failed, rolled-back procedure submitted again: it runs again");
+                self.launch(epoch, new)
+            }
+            Ok(WriteOutcome::Rejected { current })
+                if current
+                    .iter()
+                    .any(|(k, v)| *k == key && v.as_ref() == Some(&new.value)) =>
+            {
+                self.launch(epoch, new)
+            }
+            // Replaced (or changed) meanwhile by another writer: watch what the store holds now.
+            Ok(WriteOutcome::Rejected { .. }) => {
+                self.abandon(&id, "the record under its id changed meanwhile");
+                self.watch_stored(&id, &new.record.type_name).await
+            }
+            Err(e) => {
+                self.abandon(&id, &format!("its record could not be replaced: {e}"));
+                if e.is_fatal() {
+                    self.halt_on(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// A watcher of the procedure the store holds under `id`, loaded (and resumed when unfinished) if this manager
+    /// did not know it: what a submission answers when it finds the id taken by a record it did not write.
+    pub(super) async fn watch_stored(
+        self: &Arc<Self>,
+        id: &ProcedureId,
+        type_name: &str,
+    ) -> Result<Watcher> {
+        self.adopt(id).await?;
+        let state = self.state();
+        match state.procedures.get(id) {
+            Some(entry) => existing_watcher(entry, type_name),
+            None => Err(Error::ManagerNotRunning {
+                reason: format!("procedure {id} was forgotten while it was being loaded"),
+            }),
+        }
+    }
+
+    /// The submission task of a root reserved by `submit_root`: writes its first record and runs it, or finds the
+    /// procedure the store already has under its id.
+    pub(super) async fn settle_root(
+        self: Arc<Self>,
+        epoch: u64,
+        new: NewProcedure,
+    ) -> Result<Watcher> {
+        let id = new.record.id.clone();
+        let key = new.key();
+        let outcome = self
+            .write(
+                epoch,
+                vec![Condition::Absent { key: key.clone() }],
+                vec![WriteOp::Put {
+                    key: key.clone(),
+                    value: new.value.clone(),
+                }],
+                std::slice::from_ref(&id),
+            )
+            .await;
+        match outcome {
+            Ok(WriteOutcome::Applied) => self.launch(epoch, new),
+            // A retried write that finds exactly its own record: an earlier attempt landed but its answer was lost.
+            Ok(WriteOutcome::Rejected { current })
+                if current
+                    .iter()
+                    .any(|(k, v)| *k == key && v.as_ref() == Some(&new.value)) =>
+            {
+                self.launch(epoch, new)
+            }
+            // The store has a record under this id that this manager did not load: load it (resuming it when
+            // unfinished) and watch it.
+            Ok(WriteOutcome::Rejected { .. }) => {
+                self.abandon(&id, "the store already has a record under its id");
+                self.watch_stored(&id, &new.record.type_name).await
+            }
+            // Only the run that made the submission forgets it or halts on its error: a submission settled in its
+            // caller's poll may outlive its run, and a later run must not halt on a write fenced by its own epoch.
+            Err(e) if self.state().epoch == Some(epoch) => {
+                self.abandon(&id, &format!("its first record could not be written: {e}"));
+                if e.is_fatal() {
+                    self.halt_on(&e);
+                }
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Forgets the reservation of a root whose first record this submission did not write; a watcher taken
+    /// meanwhile resolves with [`Error::ManagerNotRunning`] naming `why`.
+    pub(super) fn abandon(&self, id: &ProcedureId, why: &str) {
+        let mut state = self.state();
+        if let Some(mut entry) = state.procedures.remove(id) {
+            let mut info = entry.info_copy();
+            info.error = Some(format!("not submitted: {why}"));
+            entry.close(info);
+        }
+    }
+
+    /// Persists a new procedure (a child of `parent`, or a root when `None`) and starts its runner.
+    pub(crate) async fn submit(
+        self: &Arc<Self>,
+        procedure: ProcedureWithId,
+        parent: Option<&ProcedureId>,
+    ) -> Result<Watcher> {
+        let epoch = self.running_epoch()?;
+        let new = NewProcedure::new(procedure, parent)?;
+        let id = new.record.id.clone();
+        // Reserve the id in memory first, so two submissions of one id cannot both write.
+        self.reserve(&new)?;
+        let key = new.key();
+        let outcome = self
+            .write(
+                epoch,
+                vec![Condition::Absent { key: key.clone() }],
+                vec![WriteOp::Put {
+                    key,
+                    value: new.value.clone(),
+                }],
+                std::slice::from_ref(&id),
+            )
+            .await;
+        match outcome {
+            Ok(WriteOutcome::Applied) => self.launch(epoch, new),
+            // A retried write that finds exactly its own record: an earlier attempt landed but its answer was lost
+            // (only this manager writes under its epoch, and it reserved the id). The procedure is submitted.
+            Ok(WriteOutcome::Rejected { current })
+                if current
+                    .iter()
+                    .any(|(k, v)| *k == new.key() && v.as_ref() == Some(&new.value)) =>
+            {
+                self.launch(epoch, new)
+            }
+            Ok(WriteOutcome::Rejected { .. }) => {
+                self.unreserve(&id);
+                Err(Error::DuplicateProcedure { id })
+            }
+            Err(e) => {
+                self.unreserve(&id);
+                if e.is_fatal() {
+                    self.halt_on(&e);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes the id of a procedure about to be persisted in memory, in its parent's tree: from now on a submission
+    /// of the same id is a duplicate. [`Error::DuplicateProcedure`] when the id is known already.
+    pub(crate) fn reserve(&self, new: &NewProcedure) -> Result<()> {
+        let mut state = self.state();
+        let id = &new.record.id;
+        if state.procedures.contains_key(id) {
+            return Err(Error::DuplicateProcedure { id: id.clone() });
+        }
+        let root = match &new.record.parent_id {
+            Some(parent) => state
+                .procedures
+                .get(parent)
+                .map(|p| p.root.clone())
+                .unwrap_or_else(|| parent.clone()),
+            None => id.clone(),
+        };
+        state.procedures.insert(
+            id.clone(),
+            Entry::new(ProcedureInfo::from(&new.record), root),
+        );
+        Ok(())
+    }
+
+    /// Forgets a reservation whose record was not written.
+    pub(crate) fn unreserve(&self, id: &ProcedureId) {
+        self.state().procedures.remove(id);
+    }
+
+    /// Starts the runner of a reserved procedure whose first record is written, and returns its watcher.
+    pub(crate) fn launch(self: &Arc<Self>, epoch: u64, new: NewProcedure) -> Result<Watcher> {
+        let NewProcedure {
+            record, procedure, ..
+        } = new;
+        let id = record.id.clone();
+        let mut state = self.state();
+        if let Phase::Halted(reason) = &state.phase {
+            return Err(reason.error());
+        }
+        if state.epoch != Some(epoch) {
+            // A submission settled in its caller's poll outlived the run it was made in (stopped and started again
+            // meanwhile): the new run loaded its record, if it landed, and runs it.
+            return Err(Error::ManagerNotRunning {
+                reason: format!("the manager restarted while procedure {id} was being submitted"),
+            });
+        }
+        self.spawn_locked(&mut state, epoch, record, procedure, Resume::Execute, false);
+        state
+            .procedures
+            .get(&id)
+            .map(|entry| entry.watcher().stored_by_this_submission())
+            .ok_or_else(|| Error::ManagerNotRunning {
+                reason: format!("procedure {id} was forgotten while it was being submitted"),
+            })
+    }
+
+    /// Starts the runner task of a procedure whose entry is already in `state`; `recovered` when its record was
+    /// loaded from the store rather than written by this manager's submission.
+    pub(super) fn spawn_locked(
+        self: &Arc<Self>,
+        state: &mut State,
+        epoch: u64,
+        record: ProcedureRecord,
+        procedure: BoxedProcedure,
+        resume: Resume,
+        recovered: bool,
+    ) {
+        let Some(entry) = state.procedures.get(&record.id) else {
+            return;
+        };
+        let runner = Box::new(Runner::new(
+            Arc::clone(self),
+            epoch,
+            entry.root.clone(),
+            record,
+            procedure,
+            recovered,
+        ));
+        state.spawn(runner.run(resume));
+    }
+}
+
+/// Whether `record` ended failed after a rollback that completed (its last rollback event says so).
+pub(super) fn rolled_back_failure(record: &ProcedureRecord) -> bool {
+    record.state == ProcedureState::Failed
+        && record
+            .events
+            .iter()
+            .rev()
+            .find_map(|e| match &e.kind {
+                EventKind::RolledBack { completed, .. } => Some(*completed),
+                _ => None,
+            })
+            .unwrap_or(false)
+}
+
+/// A watcher of the procedure a submission found under its id; [`Error::ProcedureIdInUse`] when it is of another
+/// type than the submission.
+pub(super) fn existing_watcher(entry: &Entry, submitted: &str) -> Result<Watcher> {
+    if entry.info.type_name != submitted {
+        return Err(Error::ProcedureIdInUse {
+            id: entry.info.id.clone(),
+            existing: entry.info.type_name.clone(),
+            submitted: submitted.to_string(),
+        });
+    }
+    Ok(entry.watcher())
+}
+
+/// Adds the keys a procedure holds, or what it waits for, as the lock table shows them now.
+pub(super) fn with_locks(info: &mut ProcedureInfo, locks: ProcedureLocks) {
+    info.locks_held = locks.held;
+    info.lock_wait = locks.waiting;
+}
+
+pub(super) fn self_not_started() -> Error {
+    Error::ManagerNotRunning {
+        reason: "the manager has not been started".to_string(),
+    }
+}
+
+/// A procedure about to be persisted for the first time: its submission record (step 0), the record's bytes, and
+/// the procedure itself.
+pub(crate) struct NewProcedure {
+    pub(crate) record: ProcedureRecord,
+    pub(crate) value: Vec<u8>,
+    pub(crate) procedure: BoxedProcedure,
+}
+
+impl NewProcedure {
+    /// The submission record of `procedure`, a child of `parent` if given.
+    pub(crate) fn new(procedure: ProcedureWithId, parent: Option<&ProcedureId>) -> Result<Self> {
+        let ProcedureWithId { id, procedure } = procedure;
+        let data = procedure.dump()?;
+        let now = now_ms();
+        let mut events = Vec::new();
+        push_event(&mut events, now, EventKind::Submitted);
+        let mut record = ProcedureRecord {
+            format_version: RECORD_FORMAT_VERSION,
+            type_name: procedure.type_name().to_string(),
+            id: id.clone(),
+            parent_id: parent.cloned(),
+            step: 0,
+            state: ProcedureState::Running,
+            data,
+            output: None,
+            error: None,
+            waiting_for: Vec::new(),
+            created_at_ms: now,
+            updated_at_ms: now,
+            step_name: procedure.step_name(),
+            lock_keys: declared_keys(&procedure.lock_key()),
+            events,
+        };
+        record.format_version = record.required_format_version();
+        // Sized for a typical first record, so it is not grown (and copied) as it is written.
+        let mut value = Vec::with_capacity(512);
+        serde_json::to_writer(&mut value, &record).map_err(|source| Error::Serialize {
+            id,
+            what: "record",
+            source,
+        })?;
+        Ok(NewProcedure {
+            record,
+            value,
+            procedure,
+        })
+    }
+
+    /// The store key of its record.
+    pub(crate) fn key(&self) -> String {
+        record_key(&self.record.id)
+    }
+}
