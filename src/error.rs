@@ -1269,6 +1269,8 @@ pub enum Error {
 
 impl Error {
     /// Whether the same call may succeed if tried again (a service was unreachable, a timeout).
+    ///
+    /// The match names every variant (no catch-all), so a new variant does not compile until it is classified.
     pub fn is_retryable(&self) -> bool {
         match self {
             Error::Procedure { source } => source.is_retryable(),
@@ -1299,7 +1301,90 @@ impl Error {
             | Error::RegionStillOpen { .. } => true,
             Error::CreateTable { source, .. } => source.is_retryable(),
             Error::WalRegion { source, .. } => source.is_retryable(),
-            _ => false,
+            // ---- not retryable: the same call fails the same way (bad input, damaged data, a refusal) ----
+            Error::KvInvalidRequest { .. }
+            | Error::KvLimit { .. }
+            | Error::RedbOpen { .. }
+            | Error::RedbLocked { .. }
+            | Error::RedbOp { .. }
+            | Error::RedbTask { .. }
+            | Error::RedbMissing { .. }
+            | Error::RedbEmptyFile { .. }
+            | Error::RedbFile { .. }
+            | Error::RedbDamaged { .. }
+            | Error::EtcdConfig { .. }
+            | Error::ParseWalConfig { .. }
+            | Error::InvalidWalConfig { .. }
+            | Error::InvalidTopicName { .. }
+            | Error::TopicPartitionMismatch { .. }
+            | Error::InvalidReplicationFactor { .. }
+            | Error::KafkaRejectedTopicName { .. }
+            | Error::DecodeWalOptions { .. }
+            | Error::InvalidTopicNameKey { .. }
+            | Error::InvalidTopicPool { .. }
+            | Error::PoolTopicPartitions { .. }
+            | Error::PersistTopicNamesConflict { .. }
+            | Error::TopicBootstrap { .. }
+            | Error::BootstrapPoolChanged { .. }
+            | Error::TopicPoolNotReady { .. }
+            | Error::EmptyTopicList { .. }
+            | Error::InvalidName { .. }
+            | Error::InvalidCreateTable { .. }
+            | Error::TableAlreadyExists { .. }
+            | Error::TableMetadataConflict { .. }
+            | Error::MetadataTxnTooLarge { .. }
+            | Error::EncodeMetadata { .. }
+            | Error::DecodeMetadata { .. }
+            | Error::CorruptSequence { .. }
+            | Error::SequenceExhausted { .. }
+            | Error::ProcedureFenced { .. }
+            | Error::NoDatanodes { .. }
+            | Error::WalOptionsCount { .. }
+            | Error::RegionExistsWithDifferentOptions { .. }
+            | Error::CreateTableState { .. }
+            | Error::CreateTableOutput { .. }
+            | Error::CreateTableIdInUse { .. }
+            | Error::InvalidRegionMigration { .. }
+            | Error::RegionMigrationState { .. }
+            | Error::TableNotFound { .. }
+            | Error::TableChanged { .. }
+            | Error::DropTableState { .. }
+            | Error::DatanodeFailoverState { .. }
+            | Error::InvalidDatanodeTableKey { .. }
+            | Error::DecodeDatanodeTableValue { .. }
+            | Error::RegionWalOptions { .. }
+            | Error::WalProviderMismatch { .. }
+            | Error::MissingRegionWalOptions { .. }
+            | Error::LogKafkaTimeout { .. }
+            | Error::LogRecordCorrupt { .. }
+            | Error::LogEntriesPruned { .. }
+            | Error::LogCheckpointAboveEnd { .. }
+            | Error::RaftEngineOpen { .. }
+            | Error::RaftEngineOp { .. }
+            | Error::RaftEngineTask { .. }
+            | Error::InvalidTopicRegionKey { .. }
+            | Error::PruneTopicUnknown { .. }
+            | Error::WalPrune { .. }
+            | Error::RegionReplay { .. }
+            | Error::LogProduceMismatch { .. }
+            | Error::LogRegionNotRegistered { .. }
+            | Error::DatanodeUnknown { .. }
+            | Error::DatanodeStaleIncarnation { .. }
+            | Error::DatanodeRetired { .. }
+            | Error::DatanodeNotRegistered { .. }
+            | Error::WalFlushBeyondEnd { .. }
+            | Error::ReadConfig { .. }
+            | Error::ParseConfig { .. }
+            | Error::InvalidConfig { .. }
+            | Error::ValidateConfig { .. }
+            | Error::InvalidTableReference { .. }
+            | Error::ProcedureNotFound { .. }
+            | Error::ProcedurePurge { .. }
+            | Error::NoKafkaPool { .. }
+            | Error::WalTableNotFound { .. }
+            | Error::WalRegionNotFound { .. }
+            | Error::CreateDataDir { .. }
+            | Error::MetasrvNotStarted { .. } => false,
         }
     }
 }
