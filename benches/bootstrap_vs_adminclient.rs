@@ -60,6 +60,7 @@ fn sizes() -> Vec<usize> {
             assert!(!sizes.is_empty(), "BENCH_SIZES is empty");
             sizes
         }
+        Err(_) if smoke() => vec![16],
         Err(_) => SIZES.to_vec(),
     }
 }
@@ -217,6 +218,12 @@ async fn run(
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// Whether this run is `cargo test --benches` (the test command runs every bench once, at its smallest, so a
+/// broken bench fails CI) rather than `cargo bench`, which passes `--bench`.
+fn smoke() -> bool {
+    !std::env::args().any(|a| a == "--bench")
 }
 
 fn main() {

@@ -77,9 +77,12 @@ fn bench_create_table(c: &mut Criterion) {
         vec![("memory", Arc::new(MemoryKvBackend::new())), ("redb", redb)];
     // etcd only when a cluster is given (a separate run: set ETCD_ENDPOINTS first); keys are unique per run.
     if let Some(etcd) = etcd_from_env(&rt) {
-        backends.push(("etcd", etcd));
+        // 64 regions on Kafka topics make a metadata transaction of 154 operations, over the 128 etcd takes in one
+        // transaction (the create is refused with that error): etcd measures 32.
+        backends.push(("etcd_32_regions", etcd));
     }
     for (name, kv) in backends {
+        let regions = if name.starts_with("etcd") { 32 } else { 64 };
         let store = Arc::new(KvStateStore::with_prefix(
             kv.clone(),
             format!("__bench_procedures/{run}/"),
@@ -90,7 +93,7 @@ fn bench_create_table(c: &mut Criterion) {
             b.to_async(&rt).iter(|| async {
                 let i = n.fetch_add(1, Ordering::Relaxed);
                 let table = TableName::new("greptime", format!("bench_{run}"), format!("t{i}"));
-                ddl.create_table(CreateTableTask::new(table, 64))
+                ddl.create_table(CreateTableTask::new(table, regions))
                     .await
                     .expect("create")
             })

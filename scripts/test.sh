@@ -4,8 +4,8 @@
 # It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc, chromium; Maven Central:
 # the Apache Kafka jars, cached under target/kafka-libs), runs clippy and rustdoc with warnings denied (the lint gates
 # all run before any service starts, so they fail fast), starts one Kafka broker (KRaft) and one etcd on free
-# loopback ports, waits until both answer, runs the whole workspace's tests (and builds the benchmarks), and stops
-# the services again — also when tests fail, in which case it prints the services' logs.
+# loopback ports, waits until both answer, runs the whole workspace's tests, every benchmark and example once at
+# its smallest, and stops the services again — also when tests fail, in which case it prints the services' logs.
 #
 # KAFKA_ENDPOINTS / ETCD_ENDPOINTS set in the environment: use those services instead of starting our own.
 set -euo pipefail
@@ -97,3 +97,14 @@ echo "[test] KAFKA_ENDPOINTS=$KAFKA_ENDPOINTS ETCD_ENDPOINTS=$ETCD_ENDPOINTS"
 
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast
+
+# Every bench and example runs once, at its smallest, against the services above, so a broken one fails here
+# rather than on the day someone measures (criterion runs each case once in test mode; our own harnesses run their
+# smallest case when not given `--bench`). The figures printed are not measurements.
+echo "[test] every bench once (cargo test --bench '*') and every example"
+cargo test --workspace --bench '*' --no-fail-fast
+cargo run -q -p procedures --example engine_cpu -- 1 1000
+cargo run -q -p procedures --example engine_cpu_system -- 1 1000
+fixtures=$(mktemp -d)
+cargo run -q --example format1_fixtures -- "$fixtures"
+rm -rf "$fixtures"

@@ -1327,7 +1327,7 @@ impl Error {
             | Error::TopicBootstrap { .. }
             | Error::BootstrapPoolChanged { .. }
             | Error::TopicPoolNotReady { .. }
-            | Error::EmptyTopicList { .. }
+            | Error::EmptyTopicList
             | Error::InvalidName { .. }
             | Error::InvalidCreateTable { .. }
             | Error::TableAlreadyExists { .. }
