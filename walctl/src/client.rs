@@ -170,6 +170,16 @@ impl Client {
 }
 
 impl Client {
+    /// What the leader serves (`GET /v1/leader`'s `served`, see `crate::drift`); `None` when the server that
+    /// answered does not lead or does not say.
+    pub fn served(&mut self) -> Result<Option<Value>, Failure> {
+        let answer = self.call(Method::Get, "/v1/leader", None)?;
+        Ok(match answer["self"].as_bool() {
+            Some(true) => answer.get("served").cloned(),
+            _ => None,
+        })
+    }
+
     /// `GET /v1/tables/{name}`: the table's regions with their leader datanodes and addresses.
     pub fn table_leaders(
         &mut self,

@@ -19,6 +19,7 @@ mod bench_heartbeats;
 mod cli;
 mod client;
 mod datanode_server;
+mod drift;
 mod election;
 mod failover;
 mod load;
@@ -154,7 +155,20 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 )))
             }
             election::Joined::Server(address) => tokio::task::block_in_place(|| {
-                let mut client = client::Client::new(&[address], cli.wait)?;
+                let mut client = client::Client::new(&[address.clone()], cli.wait)?;
+                // The server runs the command with its own config: refused when that is not this command's.
+                if let Some(theirs) = client.served()? {
+                    let found = drift::differences(&drift::served(&config), &theirs);
+                    if !found.is_empty() {
+                        return Err(Failure::Refused(format!(
+                            "the server at {address} leads this store and would run this command with its own \
+                             config, which differs from {}: {}; run the command with that server's config, or with \
+                             --server {address} to use it knowingly",
+                            path.display(),
+                            found.join("; ")
+                        )));
+                    }
+                }
                 client::execute(&mut client, &cli.command, &mut out)
             }),
             election::Joined::Term(term) => {

@@ -232,6 +232,10 @@ async fn leader(State(state): State<AppState>) -> ApiResult {
     if is_self && let Some(brokers) = &state.status().brokers {
         out["brokers"] = json!(brokers.describe());
     }
+    // What an embedded command sent here compares its own config with (`crate::drift`).
+    if is_self {
+        out["served"] = crate::drift::served(state.metasrv.config());
+    }
     Ok(Json(out).into_response())
 }
 

@@ -291,3 +291,69 @@ fn successful_embedded_commands_on_etcd_print_no_warning() {
         assert!(noisy.is_empty(), "{args:?} printed: {noisy:#?}");
     }
 }
+
+/// An embedded command whose config names another pool and other datanodes than the leading server's: sent on, the
+/// server would run it with its own config (a bootstrap once made the server's pool and printed it as ready). It is
+/// refused, naming the server, the file and each difference with both values, and nothing is created.
+#[test]
+fn an_embedded_command_whose_config_differs_from_the_leading_servers_is_refused_naming_both() {
+    let etcd = endpoints("ETCD_ENDPOINTS");
+    let servers = Servers::on_etcd(&etcd, 1);
+    let leader = servers.wait_for_leader(&[0]);
+    let address = servers.servers[leader].address.clone();
+    let config = servers.dir.path().join("drifted.toml");
+    let drifted = servers.metasrv_toml.replace("ids = [1, 2]", "ids = [7]")
+        + "\n[wal]\nprovider = \"kafka\"\nbroker_endpoints = [\"127.0.0.1:1\"]\ntopic_name_prefix = \"other_pool\"\n";
+    assert_ne!(drifted, servers.metasrv_toml);
+    std::fs::write(&config, &drifted).expect("write config");
+    for args in [
+        &["create-table", "drifted", "--regions", "1"][..],
+        &["bootstrap"][..],
+    ] {
+        let out = Command::new(walctl_path())
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .current_dir(servers.dir.path())
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run walctl");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.trim_end(),
+            format!(
+                "error: the server at {address} leads this store and would run this command with its own config, \
+                 which differs from {}: datanodes.ids: [7] here, [1,2] on the server; wal.broker_endpoints: \
+                 [\"127.0.0.1:1\"] here, not set on the server; wal.num_partitions: 1 here, not set on the server; \
+                 wal.num_topics: 64 here, not set on the server; wal.provider: \"kafka\" here, \"raft_engine\" on \
+                 the server; wal.replication_factor: 1 here, not set on the server; wal.topic_name_prefix: \
+                 \"other_pool\" here, not set on the server; run the command with that server's config, or with \
+                 --server {address} to use it knowingly",
+                config.display()
+            ),
+            "{args:?}"
+        );
+    }
+    // No procedure of any kind ran: the server's store holds none.
+    std::fs::write(
+        servers.dir.path().join("embedded.toml"),
+        &servers.metasrv_toml,
+    )
+    .expect("write config");
+    let out = Command::new(walctl_path())
+        .arg("--config")
+        .arg(servers.dir.path().join("embedded.toml"))
+        .args(["--json", "procedures", "list"])
+        .current_dir(servers.dir.path())
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run walctl procedures list");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = json_lines(&String::from_utf8_lossy(&out.stdout));
+    assert!(listed.is_empty(), "{listed:?}");
+}
