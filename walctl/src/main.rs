@@ -155,7 +155,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 )))
             }
             election::Joined::Server(address) => tokio::task::block_in_place(|| {
-                let mut client = client::Client::new(&[address.clone()], cli.wait)?;
+                let mut client = client::Client::new(std::slice::from_ref(&address), cli.wait)?;
                 // The server runs the command with its own config: refused when that is not this command's.
                 if let Some(theirs) = client.served()? {
                     let found = drift::differences(&drift::served(&config), &theirs);
