@@ -33,7 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use procedures::{LocalManager, ManagerConfig, ProcedureManager, ProcedureWithId};
 use remote_wal::kv::{EtcdConfig, EtcdKvBackend, KvBackendRef, KvStateStore};
-use remote_wal::metasrv::NamespacedKvBackend;
+use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::wal::KafkaConfig;
 use remote_wal::wal::kafka::TopicPoolSpec;
 use remote_wal::wal::kafka::admin::TopicAdminRef;

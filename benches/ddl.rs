@@ -29,7 +29,7 @@ use remote_wal::kv::{
     Compare, CountingKvBackend, KeyValue, KvBackend, KvBackendRef, MemoryKvBackend, PutRequest,
     RangeRequest, Txn, TxnOp, range_all,
 };
-use remote_wal::metasrv::NamespacedKvBackend;
+use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::wal::WalOptions;
 use tokio::runtime::Runtime;
 

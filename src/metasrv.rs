@@ -48,11 +48,11 @@ use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 pub mod datanodes;
 pub mod election;
 pub mod failure_detector;
-mod namespace;
 mod wal_prune;
 pub mod wal_stats;
 
-pub use namespace::NamespacedKvBackend;
+/// The namespacing kv wrapper, which lives in [`crate::kv`]; named here too for callers that found it here.
+pub use crate::kv::NamespacedKvBackend;
 
 /// The catalog of a table name given without one.
 pub const DEFAULT_CATALOG: &str = "greptime";

@@ -11,7 +11,7 @@ use procedures::{
 use remote_wal::kv::KvBackendRef;
 use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::state_store::{KvStateStore, LeaderFence};
-use remote_wal::metasrv::NamespacedKvBackend;
+use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::metasrv::election::{Election, ElectionConfig};
 
 use crate::support::fault_proxy::{Fault, FaultProxy};

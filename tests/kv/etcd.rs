@@ -435,7 +435,7 @@ async fn a_cancel_from_another_process_reaches_a_manager_on_etcd_through_a_watch
         ControlOp, LocalManager, ManagerConfig, ProcedureId, ProcedureManager, ProcedureWithId,
     };
     use remote_wal::kv::{KvBackendRef, KvStateStore};
-    use remote_wal::metasrv::NamespacedKvBackend;
+    use remote_wal::kv::NamespacedKvBackend;
 
     let prefix = unique_prefix("kv_watch");
     let store_on = |etcd: EtcdKvBackend| {

@@ -13,7 +13,7 @@ use procedures::{
 };
 use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
 use remote_wal::kv::{KvBackendRef, KvStateStore, RangeRequest};
-use remote_wal::metasrv::NamespacedKvBackend;
+use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::wal::kafka::bootstrap::{
     BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure, bootstrap_procedure_id,
 };
