@@ -5,10 +5,10 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use criterion::{Criterion, criterion_group, criterion_main};
+use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
 use remote_wal::kv::{KvBackend, MemoryKvBackend, PutRequest};
 use remote_wal::wal::WalOptionsAllocator;
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
-use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 use remote_wal::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
 
 fn ready_allocator(rt: &tokio::runtime::Runtime) -> WalOptionsAllocator {

@@ -32,8 +32,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use procedures::{LocalManager, ManagerConfig, ProcedureManager, ProcedureWithId};
-use remote_wal::kv::{EtcdConfig, EtcdKvBackend, KvBackendRef, KvStateStore};
 use remote_wal::kv::NamespacedKvBackend;
+use remote_wal::kv::{EtcdConfig, EtcdKvBackend, KvBackendRef, KvStateStore};
 use remote_wal::wal::KafkaConfig;
 use remote_wal::wal::kafka::TopicPoolSpec;
 use remote_wal::wal::kafka::admin::TopicAdminRef;

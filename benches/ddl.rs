@@ -16,12 +16,13 @@ use futures::StreamExt;
 use procedures::{LocalManager, ManagerConfig, ProcedureManager, StateStore};
 use remote_wal::datanode::{RegionOpener, WalProviderKind};
 use remote_wal::ddl::allocator::TABLE_ID_SEQ_KEY;
-use remote_wal::ddl::datanode_table::datanode_table_key;
 use remote_wal::ddl::{
     CreateTableTask, DatanodeTableValue, DdlContext, DdlManager, MemoryDatanodeManager,
     RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager, TableName,
     WalOptionsSource,
 };
+use remote_wal::key::datanode_table::datanode_table_key;
+use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::redb::RedbKvBackend;
 use remote_wal::kv::state_store::{KvStateStore, PROCEDURE_PREFIX};
@@ -29,7 +30,6 @@ use remote_wal::kv::{
     Compare, CountingKvBackend, KeyValue, KvBackend, KvBackendRef, MemoryKvBackend, PutRequest,
     RangeRequest, Txn, TxnOp, range_all,
 };
-use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::wal::WalOptions;
 use tokio::runtime::Runtime;
 

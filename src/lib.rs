@@ -26,6 +26,7 @@ pub mod config;
 pub mod datanode;
 pub mod ddl;
 pub mod error;
+pub mod key;
 pub mod kv;
 pub mod metasrv;
 pub mod wal;

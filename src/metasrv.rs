@@ -33,6 +33,7 @@ use crate::error::{
     MetasrvNotStartedSnafu, NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu,
     RedbTaskSnafu, Result,
 };
+use crate::key::topic_name::list_persisted_topics;
 use crate::kv::redb::RedbOpenMode;
 use crate::kv::state_store::LeaderFence;
 use crate::kv::{CommitObserver, CountingKvBackend, KvBackendRef, RangeRequest, WatchedKvBackend};
@@ -40,7 +41,6 @@ use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use crate::wal::kafka::record_deleter::LazyRecordDeleter;
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::kafka::timed_admin::{TimedTopicAdmin, TopicAdminObserver};
-use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::kafka::{KafkaTopicManager, TopicConfigDrift};
 use crate::wal::prune::{RecordDeleterRef, WalPruneProcedure};
 use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
@@ -436,8 +436,8 @@ impl Metasrv {
         let watched = Arc::new(WatchedKvBackend::new(
             commits.clone(),
             vec![
-                format!("{}/", crate::ddl::datanode_table::DATANODE_TABLE_KEY_PREFIX).into_bytes(),
-                format!("{}/", crate::ddl::table_route::TABLE_ROUTE_KEY_PREFIX).into_bytes(),
+                format!("{}/", crate::key::datanode_table::DATANODE_TABLE_KEY_PREFIX).into_bytes(),
+                format!("{}/", crate::key::table_route::TABLE_ROUTE_KEY_PREFIX).into_bytes(),
             ],
         ));
         let kv: KvBackendRef = watched.clone();
@@ -1038,7 +1038,7 @@ impl Metasrv {
         let mut unavailable_regions = Vec::new();
         if matches!(self.config.wal, WalConfig::RaftEngine) {
             for f in &failed {
-                let prefix = crate::ddl::datanode_table::datanode_table_prefix(f.datanode);
+                let prefix = crate::key::datanode_table::datanode_table_prefix(f.datanode);
                 let records =
                     crate::kv::range_all(self.kv.as_ref(), RangeRequest::prefix(prefix), SCAN_PAGE)
                         .await?;
@@ -1381,7 +1381,7 @@ impl Metasrv {
     /// Regions per Kafka topic, counted over every datanode table value. Values that do not decode are skipped
     /// (`open-regions` reports them).
     async fn regions_per_topic(&self) -> Result<BTreeMap<String, usize>> {
-        let prefix = format!("{}/", crate::ddl::datanode_table::DATANODE_TABLE_KEY_PREFIX);
+        let prefix = format!("{}/", crate::key::datanode_table::DATANODE_TABLE_KEY_PREFIX);
         let kvs =
             crate::kv::range_all(self.kv.as_ref(), RangeRequest::prefix(prefix), SCAN_PAGE).await?;
         let mut counts = BTreeMap::new();

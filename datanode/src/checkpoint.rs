@@ -1,6 +1,6 @@
 //! Replay checkpoints: where a datanode records a region's flushed entry id so the metasrv (and the datanode's
 //! next replay) can read it, in the region's `__topic_region/{topic}/{region_id}` key (its codec is the library's
-//! `remote_wal::wal::topic_region`; create table writes the key, empty, with the table's metadata).
+//! `remote_wal::key::topic_region`; create table writes the key, empty, with the table's metadata).
 //!
 //! A checkpoint only moves forward: [`CheckpointStore::record_flushed`] is a compare-and-put loop that leaves a
 //! higher stored checkpoint alone. A new region on a Kafka topic starts at the topic's current end
@@ -10,10 +10,10 @@
 use std::collections::BTreeMap;
 
 use remote_wal::error::{CheckpointContentionSnafu, Result};
-use remote_wal::kv::{CompareAndPutRequest, KvBackendRef};
-pub use remote_wal::wal::topic_region::{
+pub use remote_wal::key::topic_region::{
     ReplayCheckpoint, TOPIC_REGION_PREFIX, TopicRegionValue, topic_region_key, topic_region_prefix,
 };
+use remote_wal::kv::{CompareAndPutRequest, KvBackendRef};
 
 use crate::log_store::kafka::{KafkaLogStore, PartitionLog};
 use crate::log_store::{EntryId, RegionId};
@@ -44,7 +44,7 @@ impl CheckpointStore {
 
     /// Every region recorded on `topic`, with its value (an error names a key that does not decode).
     pub async fn regions(&self, topic: &str) -> Result<BTreeMap<RegionId, TopicRegionValue>> {
-        remote_wal::wal::topic_region::read_topic_regions(self.kv.as_ref(), topic).await
+        remote_wal::key::topic_region::read_topic_regions(self.kv.as_ref(), topic).await
     }
 
     /// Records that the region's entries up to `entry_id` are flushed. The checkpoint only moves forward: a

@@ -13,8 +13,8 @@ use crate::log_store::kafka::{KafkaLogStore, PartitionLog, ReadCounts};
 use crate::log_store::record::{entry_id_of_offset, offset_of_entry_id};
 use crate::log_store::{Entry, EntryId, RegionId};
 use remote_wal::error::{LogCheckpointAboveEndSnafu, LogEntriesPrunedSnafu, Result};
+use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
 use remote_wal::kv::KvBackendRef;
-use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 
 /// What one region replayed.
 #[derive(Clone, Debug, PartialEq, Eq)]

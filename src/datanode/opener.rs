@@ -6,13 +6,13 @@ use std::fmt;
 use snafu::IntoError;
 
 use crate::datanode::open_request::RegionOpenRequest;
-use crate::ddl::datanode_table::{
-    DatanodeTableValue, datanode_table_prefix, parse_datanode_table_key,
-};
 use crate::ddl::region::{region_dir, region_id};
 use crate::error::{
     DecodeDatanodeTableValueSnafu, Error, InvalidDatanodeTableKeySnafu,
     MissingRegionWalOptionsSnafu, Result, WalProviderMismatchSnafu,
+};
+use crate::key::datanode_table::{
+    DatanodeTableValue, datanode_table_prefix, parse_datanode_table_key,
 };
 use crate::kv::{KeyValue, KvBackendRef, RangeRequest};
 use crate::wal::{WAL_OPTIONS_KEY, WalOptions};

@@ -26,14 +26,7 @@ pub const MIN_USER_TABLE_ID: u32 = 1024;
 /// [`Sequence`]).
 pub const TABLE_ID_STEP: u64 = 10;
 
-/// Prefix of allocation reservations: `__table_allocation/{procedure_id}` holds the [`TableAllocation`] a
-/// create-table procedure made, until its metadata is written.
-pub const ALLOCATION_KEY_PREFIX: &str = "__table_allocation";
-
-/// The kv key of the allocation reserved by procedure `procedure_id`.
-pub fn allocation_key(procedure_id: &str) -> String {
-    format!("{ALLOCATION_KEY_PREFIX}/{procedure_id}")
-}
+pub use crate::key::table_allocation::{ALLOCATION_KEY_PREFIX, allocation_key};
 
 /// What was allocated for one new table. The create-table procedure persists it before using any of it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -318,8 +311,8 @@ impl TableMetadataAllocator {
 mod tests {
     use super::*;
     use crate::ddl::peer::RoundRobinPeerSelector;
-    use crate::ddl::table_name::TableName;
     use crate::ddl::wal_source::RaftEngineWalSource;
+    use crate::key::table_name::TableName;
     use crate::kv::MemoryKvBackend;
 
     fn allocator(kv: &KvBackendRef) -> TableMetadataAllocator {

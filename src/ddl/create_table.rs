@@ -380,7 +380,7 @@ impl CreateTableProcedure {
             return Ok(());
         };
         let maps_here =
-            serde_json::from_slice::<crate::ddl::table_name::TableNameValue>(&stored.value)
+            serde_json::from_slice::<crate::key::table_name::TableNameValue>(&stored.value)
                 .is_ok_and(|v| v.table_id == metadata.table_id());
         if !maps_here {
             return Ok(());

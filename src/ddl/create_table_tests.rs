@@ -11,10 +11,10 @@ use crate::ddl::create_table::{CreateTableProcedure, CreateTableState, region_cr
 use crate::ddl::datanode_manager::{DatanodeManager, MemoryDatanodeManager, MockDatanodeManager};
 use crate::ddl::metadata_manager::{TableMetadata, TableMetadataManager};
 use crate::ddl::peer::{MockPeerSelector, RoundRobinPeerSelector};
-use crate::ddl::table_name::TableName;
 use crate::ddl::task::CreateTableTask;
 use crate::ddl::wal_source::{MockWalOptionsSource, RaftEngineWalSource};
 use crate::error::Error;
+use crate::key::table_name::TableName;
 use crate::kv::{KvBackend, KvBackendRef, MemoryKvBackend};
 use crate::wal::WalOptions;
 

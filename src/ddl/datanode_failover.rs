@@ -21,7 +21,6 @@ use procedures::{
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
-use crate::ddl::datanode_table::{DatanodeTableValue, datanode_table_prefix};
 use crate::ddl::region::region_id;
 use crate::ddl::region_migration::{
     MigrationContext, RegionMigrationProcedure, RegionMigrationTask,
@@ -29,6 +28,7 @@ use crate::ddl::region_migration::{
 use crate::error::{
     DatanodeFailoverStateSnafu, DecodeMetadataSnafu, NoFailoverTargetSnafu, Result,
 };
+use crate::key::datanode_table::{DatanodeTableValue, datanode_table_prefix};
 use crate::kv::RangeRequest;
 use crate::wal::WalOptions;
 

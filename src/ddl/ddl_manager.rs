@@ -7,9 +7,9 @@ use snafu::ResultExt;
 use crate::ddl::context::DdlContext;
 use crate::ddl::create_table::{CREATE_TABLE_TYPE_NAME, CreateTableData, CreateTableProcedure};
 use crate::ddl::procedure_id::validate_procedure_id;
-use crate::ddl::table_name::TableNameValue;
 use crate::ddl::task::CreateTableTask;
 use crate::error::{CreateTableIdInUseSnafu, CreateTableOutputSnafu, CreateTableSnafu, Result};
+use crate::key::table_name::TableNameValue;
 use crate::kv::KvStateStore;
 
 /// Submits DDL procedures to a procedure manager and awaits them.

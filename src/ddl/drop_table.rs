@@ -32,19 +32,19 @@ use procedures::{
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
-use crate::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
 use crate::ddl::region::region_id;
 use crate::ddl::region_migration::MigrationContext;
-use crate::ddl::table_info::table_info_key;
-use crate::ddl::table_name::TableName;
-use crate::ddl::table_route::{TableRouteValue, table_route_key};
 use crate::error::{
     DecodeMetadataSnafu, DropTableStateSnafu, RegionStillOpenSnafu, Result, TableChangedSnafu,
     TableNotFoundSnafu,
 };
+use crate::key::datanode_table::{DatanodeTableValue, datanode_table_key};
+use crate::key::table_info::table_info_key;
+use crate::key::table_name::TableName;
+use crate::key::table_route::{TableRouteValue, table_route_key};
+use crate::key::topic_region::topic_region_key;
 use crate::kv::KvStepStore;
 use crate::wal::WalOptions;
-use crate::wal::topic_region::topic_region_key;
 
 /// The type name the procedure is registered and persisted under.
 pub const DROP_TABLE_TYPE_NAME: &str = "remote_wal::DropTable";

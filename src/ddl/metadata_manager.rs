@@ -8,19 +8,19 @@ use serde::de::DeserializeOwned;
 use snafu::{ResultExt, ensure};
 
 use crate::ddl::allocator::TableAllocation;
-use crate::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
 use crate::ddl::region::region_storage_path;
-use crate::ddl::table_info::{TableInfoValue, table_info_key};
-use crate::ddl::table_name::{TableName, TableNameValue};
-use crate::ddl::table_route::{TableRouteValue, table_route_key};
 use crate::ddl::task::CreateTableTask;
 use crate::error::{
     DecodeMetadataSnafu, EncodeMetadataSnafu, InvalidCreateTableSnafu, MetadataTxnTooLargeSnafu,
     Result, TableAlreadyExistsSnafu, TableMetadataConflictSnafu,
 };
+use crate::key::datanode_table::{DatanodeTableValue, datanode_table_key};
+use crate::key::table_info::{TableInfoValue, table_info_key};
+use crate::key::table_name::{TableName, TableNameValue};
+use crate::key::table_route::{TableRouteValue, table_route_key};
+use crate::key::topic_region::{TOPIC_REGION_PREFIX, TopicRegionValue, topic_region_key};
 use crate::kv::{Compare, KvBackendRef, KvStepStore, Txn, TxnOp, TxnOpResponse};
 use crate::wal::WalOptions;
-use crate::wal::topic_region::{TOPIC_REGION_PREFIX, TopicRegionValue, topic_region_key};
 use procedures::{Condition, StepWrites, WriteOp};
 
 /// Operations the procedure engine adds to the metadata transaction of a create-table (see `check_fits`).

@@ -6,7 +6,6 @@ pub mod context;
 pub mod create_table;
 pub mod datanode_failover;
 pub mod datanode_manager;
-pub mod datanode_table;
 pub mod ddl_manager;
 pub mod drop_table;
 pub mod metadata_manager;
@@ -15,12 +14,11 @@ pub mod procedure_id;
 pub mod region;
 pub mod region_migration;
 pub mod sequence;
-pub mod table_info;
-pub mod table_name;
-pub mod table_route;
 pub mod task;
 pub mod wal_source;
 
+pub use crate::key::datanode_table::DatanodeTableValue;
+pub use crate::key::table_name::TableName;
 pub use allocator::{TableAllocation, TableMetadataAllocator, TableMetadataAllocatorRef};
 pub use context::DdlContext;
 pub use create_table::{CREATE_TABLE_TYPE_NAME, CreateTableProcedure};
@@ -30,7 +28,6 @@ pub use datanode_failover::{
 pub use datanode_manager::{
     DatanodeManager, DatanodeManagerRef, MemoryDatanodeManager, RegionCreateRequest,
 };
-pub use datanode_table::DatanodeTableValue;
 pub use ddl_manager::DdlManager;
 pub use drop_table::{DROP_TABLE_TYPE_NAME, DropTableProcedure, DropTableTask};
 pub use metadata_manager::{TableMetadata, TableMetadataManager, TableMetadataManagerRef};
@@ -39,7 +36,6 @@ pub use region_migration::{
     MigrationContext, REGION_MIGRATION_TYPE_NAME, RegionLeadership, RegionMigrationProcedure,
     RegionMigrationTask,
 };
-pub use table_name::TableName;
 pub use task::CreateTableTask;
 pub use wal_source::{RaftEngineWalSource, WalOptionsSource, WalOptionsSourceRef};
 

@@ -3,8 +3,8 @@
 
 use snafu::ensure;
 
-use crate::ddl::table_name::TableName;
 use crate::error::{InvalidCreateTableSnafu, Result};
+use crate::key::table_name::TableName;
 
 /// The longest procedure id a client may choose, in bytes of UTF-8.
 pub const MAX_PROCEDURE_ID_BYTES: usize = 128;

@@ -34,14 +34,14 @@ use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, Status, Stri
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
-use crate::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
 use crate::ddl::metadata_manager::TableMetadataManagerRef;
 use crate::ddl::region::{region_number, region_table_id};
-use crate::ddl::table_route::{TableRouteValue, table_route_key};
 use crate::error::{
     DecodeMetadataSnafu, InvalidRegionMigrationSnafu, ProcedureFencedSnafu,
     RegionMigrationStateSnafu, RegionNotLeadingYetSnafu, Result,
 };
+use crate::key::datanode_table::{DatanodeTableValue, datanode_table_key};
+use crate::key::table_route::{TableRouteValue, table_route_key};
 use crate::kv::{Compare, Txn, TxnOp};
 use crate::wal::WalOptions;
 

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use snafu::ensure;
 
-use crate::ddl::table_name::{TableName, validate_name};
 use crate::error::{InvalidCreateTableSnafu, Result};
+use crate::key::table_name::{TableName, validate_name};
 use crate::wal::WAL_OPTIONS_KEY;
 
 /// The most regions one table may have.

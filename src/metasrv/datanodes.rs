@@ -34,17 +34,17 @@ use crate::datanode::protocol::{
 };
 use crate::datanode::{RegionOpenRequest, RegionOpener, WalProviderKind};
 use crate::ddl::region::{region_number, region_table_id as table_id_of};
-use crate::ddl::table_route::TableRouteValue;
-use crate::ddl::table_route::table_route_key;
 use crate::error::{
     DatanodeNotRegisteredSnafu, DatanodeRegistrationContentionSnafu, DatanodeRetiredSnafu,
     DatanodeStaleIncarnationSnafu, DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu,
     DecodeMetadataSnafu, Result,
 };
+use crate::key::table_route::TableRouteValue;
+use crate::key::table_route::table_route_key;
+use crate::key::topic_name::get_topic_value;
+use crate::key::topic_region::{TopicRegionValue, topic_region_key};
 use crate::kv::{CompareAndPutRequest, KvBackendRef, WriteGeneration};
 use crate::metasrv::failure_detector::PhiAccrualDetector;
-use crate::wal::kafka::topic_key::get_topic_value;
-use crate::wal::topic_region::{TopicRegionValue, topic_region_key};
 use crate::wal::{WAL_OPTIONS_KEY, WalOptions};
 
 /// Prefix of the datanode registration keys: `__datanode/{id}`.
@@ -842,7 +842,7 @@ impl DatanodeRegistry {
     ) -> Result<Option<u64>> {
         let current = TopicRegionValue::decode(&found.key, &found.value)?;
         let next = TopicRegionValue {
-            checkpoint: Some(crate::wal::topic_region::ReplayCheckpoint {
+            checkpoint: Some(crate::key::topic_region::ReplayCheckpoint {
                 entry_id: flushed,
                 metadata_entry_id: current.checkpoint.and_then(|c| c.metadata_entry_id),
             }),

@@ -6,8 +6,8 @@ use snafu::{IntoError, ResultExt};
 
 use super::Metasrv;
 use crate::error::{NoKafkaPoolSnafu, Result, WalPruneSnafu};
+use crate::key::topic_name::list_persisted_topics;
 use crate::wal::WalConfig;
-use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::prune::{PruneOutput, WalPruneProcedure, prune_procedure_id};
 
 impl Metasrv {

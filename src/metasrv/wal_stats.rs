@@ -12,12 +12,12 @@ use serde::Serialize;
 
 use super::{Metasrv, SCAN_PAGE};
 use crate::ddl::DatanodeTableValue;
-use crate::ddl::datanode_table::parse_datanode_table_key;
 use crate::error::{NoKafkaPoolSnafu, Result};
+use crate::key::datanode_table::parse_datanode_table_key;
+use crate::key::topic_name::{get_topic_value, list_persisted_topics};
+use crate::key::topic_region::{EntryId, RegionId, read_topic_regions};
 use crate::kv::RangeRequest;
 use crate::wal::kafka::partition::{KafkaPartition, call_bound, connect_client};
-use crate::wal::kafka::topic_key::{get_topic_value, list_persisted_topics};
-use crate::wal::topic_region::{EntryId, RegionId, read_topic_regions};
 use crate::wal::{WalConfig, WalOptions};
 
 /// The command's name in errors.
@@ -115,7 +115,7 @@ impl Metasrv {
     /// The region ids whose recorded WAL options name each Kafka topic, over every datanode table value (values
     /// that do not decode are skipped: `open-regions` reports them).
     async fn region_ids_per_topic(&self) -> Result<BTreeMap<String, BTreeSet<RegionId>>> {
-        let prefix = format!("{}/", crate::ddl::datanode_table::DATANODE_TABLE_KEY_PREFIX);
+        let prefix = format!("{}/", crate::key::datanode_table::DATANODE_TABLE_KEY_PREFIX);
         let kvs =
             crate::kv::range_all(self.kv.as_ref(), RangeRequest::prefix(prefix), SCAN_PAGE).await?;
         let mut out: BTreeMap<String, BTreeSet<RegionId>> = BTreeMap::new();

@@ -6,7 +6,6 @@ pub mod config;
 pub mod kafka;
 pub mod options;
 pub mod prune;
-pub mod topic_region;
 
 pub use allocator::{WalOptionsAllocator, WalOptionsAllocatorRef};
 pub use config::{BackoffConfig, KafkaConfig, SelectorType, TopicConfig, WalConfig};

@@ -20,7 +20,7 @@
 //! moment, which is at or above every checkpoint step 1 read (a checkpoint never exceeds the end of the topic it
 //! was recorded on), and it writes its first entry only after recording it. The full argument: `docs/wal.md`.
 //!
-//! `__topic_region` values are read with the one codec of that key (`crate::wal::topic_region`); the lower of the
+//! `__topic_region` values are read with the one codec of that key (`crate::key::topic_region`); the lower of the
 //! checkpoint's `entry_id` and `metadata_entry_id` is the flushed id.
 
 use std::fmt;
@@ -32,9 +32,9 @@ use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use crate::error::{PruneTopicUnknownSnafu, PruneWatermarkContentionSnafu, Result};
+use crate::key::topic_name::{TopicNameValue, topic_name_key};
+use crate::key::topic_region::read_topic_regions;
 use crate::kv::{CompareAndPutRequest, KvBackendRef};
-use crate::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
-use crate::wal::topic_region::read_topic_regions;
 
 /// Compare-and-put attempts before advancing the watermark gives up (another writer kept changing the key).
 const MAX_CAS_ATTEMPTS: usize = 16;

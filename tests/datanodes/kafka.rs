@@ -5,9 +5,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
+use remote_wal::key::topic_region::{TOPIC_REGION_PREFIX, TopicRegionValue, topic_region_key};
 use remote_wal::kv::{CompareAndPutRequest, CompareAndPutResponse, KvWrapper};
 use remote_wal::wal::WalOptions;
-use remote_wal::wal::topic_region::{TOPIC_REGION_PREFIX, TopicRegionValue, topic_region_key};
 
 use super::*;
 

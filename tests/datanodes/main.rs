@@ -25,8 +25,8 @@ use remote_wal::datanode::protocol::{
     HeartbeatRequest, HeartbeatResponse, RegionRole, RegionStat, RegisterRequest, RegisterResponse,
     lease_for,
 };
-use remote_wal::ddl::table_route::{TableRouteValue, table_route_key};
 use remote_wal::ddl::{MemoryDatanodeManager, TableName};
+use remote_wal::key::table_route::{TableRouteValue, table_route_key};
 use remote_wal::kv::{KvBackend, KvBackendRef, MemoryKvBackend, PutRequest};
 use remote_wal::metasrv::datanodes::{DatanodeRecord, DatanodeRegistry, datanode_key};
 use remote_wal::metasrv::{Metasrv, TableRegions};

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use remote_wal::datanode::protocol::Instruction;
-use remote_wal::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
+use remote_wal::key::datanode_table::{DatanodeTableValue, datanode_table_key};
 
 use super::*;
 

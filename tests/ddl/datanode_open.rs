@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use remote_wal::datanode::{RegionOpener, WalProviderKind};
 use remote_wal::ddl::DatanodeTableValue;
-use remote_wal::ddl::datanode_table::datanode_table_key;
 use remote_wal::ddl::region::region_id;
+use remote_wal::key::datanode_table::datanode_table_key;
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend, PutRequest};
 use remote_wal::wal::WalOptions;
 

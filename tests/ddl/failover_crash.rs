@@ -13,13 +13,13 @@ use procedures::testing::{
     CrashScenario, MatrixConfig, StoreDigest, run_crash_matrix, store_digest,
 };
 use procedures::{MemoryStateStore, ProcedureManager, ProcedureWithId, StateStore};
-use remote_wal::ddl::datanode_table::datanode_table_key;
-use remote_wal::ddl::table_route::{TableRouteValue, table_route_key};
 use remote_wal::ddl::{
     DATANODE_FAILOVER_TYPE_NAME, DatanodeFailoverProcedure, MigrationContext,
     REGION_MIGRATION_TYPE_NAME, RegionMigrationProcedure, TableMetadataManager,
     failover_procedure_id,
 };
+use remote_wal::key::datanode_table::datanode_table_key;
+use remote_wal::key::table_route::{TableRouteValue, table_route_key};
 use remote_wal::kv::{KvBackendRef, KvStateStore, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
 

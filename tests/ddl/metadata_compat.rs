@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use remote_wal::ddl::DatanodeTableValue;
-use remote_wal::ddl::table_name::TableNameValue;
-use remote_wal::wal::kafka::topic_key::TopicNameValue;
+use remote_wal::key::table_name::TableNameValue;
+use remote_wal::key::topic_name::TopicNameValue;
 use remote_wal::wal::{KafkaWalOptions, WalOptions};
 
 /// GreptimeDB 1.2's bytes for `DatanodeTableValue { table_id: 1024, regions: vec![1, 2, 10], follower_regions:

@@ -16,12 +16,12 @@ use procedures::testing::{
     CrashScenario, MatrixConfig, StoreDigest, run_crash_matrix, store_digest,
 };
 use procedures::{MemoryStateStore, ProcedureId, ProcedureManager, ProcedureWithId, StateStore};
-use remote_wal::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
-use remote_wal::ddl::table_route::{TableRouteValue, table_route_key};
 use remote_wal::ddl::{
     MigrationContext, REGION_MIGRATION_TYPE_NAME, RegionMigrationProcedure, RegionMigrationTask,
     TableMetadataManager,
 };
+use remote_wal::key::datanode_table::{DatanodeTableValue, datanode_table_key};
+use remote_wal::key::table_route::{TableRouteValue, table_route_key};
 use remote_wal::kv::{KeyValue, KvBackendRef, KvStateStore, MemoryKvBackend};
 use remote_wal::wal::WalOptions;
 

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use procedures::{LocalManager, ManagerConfig, ProcedureId, ProcedureManager, ProcedureWithId};
-use remote_wal::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
-use remote_wal::ddl::table_route::{TableRouteValue, table_route_key};
 use remote_wal::ddl::{
     DROP_TABLE_TYPE_NAME, DropTableProcedure, DropTableTask, MigrationContext,
     REGION_MIGRATION_TYPE_NAME, RegionLeadership, RegionMigrationProcedure, RegionMigrationTask,
     TableMetadataManager, TableName,
 };
+use remote_wal::key::datanode_table::{DatanodeTableValue, datanode_table_key};
+use remote_wal::key::table_route::{TableRouteValue, table_route_key};
 use remote_wal::kv::{
     KeyValue, KvBackend, KvBackendRef, KvStateStore, KvWrapper, MemoryKvBackend, Txn, TxnResponse,
 };

@@ -13,11 +13,11 @@ use remote_wal::ddl::{
     CreateTableTask, DdlContext, DdlManager, RoundRobinPeerSelector, TableMetadataAllocator,
     TableMetadataManager, TableName,
 };
+use remote_wal::key::topic_name::list_persisted_topics;
 use remote_wal::kv::state_store::KvStateStore;
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::admin::TopicAdmin;
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
-use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::{BackoffConfig, KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 use support::{Service, unique};
 

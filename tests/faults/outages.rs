@@ -19,13 +19,13 @@ use remote_wal::ddl::{
     CreateTableTask, DdlContext, DdlManager, RaftEngineWalSource, RoundRobinPeerSelector,
     TableMetadataAllocator, TableMetadataManager, TableName,
 };
+use remote_wal::key::topic_name::list_persisted_topics;
 use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::state_store::KvStateStore;
 use remote_wal::kv::{KvBackend, KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::KafkaTopicManager;
 use remote_wal::wal::kafka::admin::TopicAdmin;
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
-use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::{BackoffConfig, KafkaConfig, WalOptionsAllocator};
 use support::{Service, unique};
 use tokio::sync::watch;

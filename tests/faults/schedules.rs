@@ -36,20 +36,20 @@ use procedures::{
 use proptest::prelude::*;
 use remote_wal::datanode::opener::{RegionOpener, WalProviderKind};
 use remote_wal::ddl::allocator::ALLOCATION_KEY_PREFIX;
-use remote_wal::ddl::datanode_table::DatanodeTableValue;
 use remote_wal::ddl::region::region_id;
-use remote_wal::ddl::table_name::TableNameValue;
-use remote_wal::ddl::table_route::TableRouteValue;
 use remote_wal::ddl::{
     CreateTableProcedure, CreateTableTask, DdlContext, MemoryDatanodeManager,
     RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager, TableName,
     WalOptionsSource,
 };
+use remote_wal::key::datanode_table::DatanodeTableValue;
+use remote_wal::key::table_name::TableNameValue;
+use remote_wal::key::table_route::TableRouteValue;
+use remote_wal::key::topic_name::{get_topic_value, list_persisted_topics};
 use remote_wal::kv::{
     KvBackend, KvBackendRef, KvStateStore, MemoryKvBackend, RangeRequest, range_all,
 };
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
-use remote_wal::wal::kafka::topic_key::{get_topic_value, list_persisted_topics};
 use remote_wal::wal::kafka::{KafkaTopicManager, RoundRobinTopicSelector, TopicPoolSpec};
 use remote_wal::wal::{WAL_OPTIONS_KEY, WalOptions, WalOptionsAllocator};
 

@@ -9,9 +9,9 @@ use procedures::{
     Condition, LocalManager, ManagerConfig, ProcedureManager, StateStore, WriteOp, WriteOutcome,
 };
 use remote_wal::kv::KvBackendRef;
+use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::state_store::{KvStateStore, LeaderFence};
-use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::metasrv::election::{Election, ElectionConfig};
 
 use crate::support::fault_proxy::{Fault, FaultProxy};

@@ -434,8 +434,8 @@ async fn a_cancel_from_another_process_reaches_a_manager_on_etcd_through_a_watch
     use procedures::{
         ControlOp, LocalManager, ManagerConfig, ProcedureId, ProcedureManager, ProcedureWithId,
     };
-    use remote_wal::kv::{KvBackendRef, KvStateStore};
     use remote_wal::kv::NamespacedKvBackend;
+    use remote_wal::kv::{KvBackendRef, KvStateStore};
 
     let prefix = unique_prefix("kv_watch");
     let store_on = |etcd: EtcdKvBackend| {

@@ -175,9 +175,9 @@ pub struct RouteLeadership {
 impl remote_wal::ddl::RegionLeadership for RouteLeadership {
     async fn region_leader(&self, region_id: u64) -> Option<(u64, u64)> {
         let table = (region_id >> 32) as u32;
-        let key = remote_wal::ddl::table_route::table_route_key(table);
+        let key = remote_wal::key::table_route::table_route_key(table);
         let found = self.kv.get(key.as_bytes()).await.ok()??;
-        let route: remote_wal::ddl::table_route::TableRouteValue =
+        let route: remote_wal::key::table_route::TableRouteValue =
             serde_json::from_slice(&found.value).ok()?;
         let number = (region_id & 0xffff_ffff) as u32;
         route
@@ -198,8 +198,8 @@ pub fn table_keys(
     placement: &BTreeMap<u32, u64>,
     wal: &dyn Fn(u32) -> String,
 ) -> Vec<remote_wal::kv::KeyValue> {
-    use remote_wal::ddl::datanode_table::{DatanodeTableValue, datanode_table_key};
-    use remote_wal::ddl::table_route::{TableRouteValue, table_route_key};
+    use remote_wal::key::datanode_table::{DatanodeTableValue, datanode_table_key};
+    use remote_wal::key::table_route::{TableRouteValue, table_route_key};
     let route = TableRouteValue {
         region_routes: placement.clone(),
         version: 1,

@@ -8,11 +8,11 @@ use procedures::{
     LocalManager, ManagerConfig, MemoryStateStore, ProcedureManager, ProcedureManagerRef,
     RetryPolicy,
 };
+use remote_wal::key::topic_name::list_persisted_topics;
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::bootstrap::bootstrap_procedure_id;
 use remote_wal::wal::kafka::testing::FAKE_ENDPOINT;
 use remote_wal::wal::kafka::testing::{FakeFault, FakeTopicAdmin};
-use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::kafka::{
     KafkaTopicManager, ReadyPoll, RoundRobinTopicSelector, TopicPoolSpec,
 };

@@ -18,12 +18,12 @@ use procedures::{
 };
 use remote_wal::config::MetasrvConfig;
 use remote_wal::datanode::{RegionOpener, WalProviderKind};
-use remote_wal::ddl::datanode_table::DatanodeTableValue;
 use remote_wal::ddl::{
     CreateTableTask, DatanodeManagerRef, DdlContext, DdlManager, MemoryDatanodeManager,
     RaftEngineWalSource, RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager,
     TableName,
 };
+use remote_wal::key::datanode_table::DatanodeTableValue;
 use remote_wal::kv::{
     EtcdConfig, EtcdKvBackend, KvBackend, KvBackendRef, KvStateStore, MemoryKvBackend, PutRequest,
     RedbKvBackend,

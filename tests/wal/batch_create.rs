@@ -15,13 +15,13 @@ use procedures::testing::{
 use procedures::{
     Context, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, StateStore, Status,
 };
+use remote_wal::key::topic_name::list_persisted_topics;
 use remote_wal::kv::{KvBackendRef, KvStateStore, MemoryKvBackend};
 use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin};
 use remote_wal::wal::kafka::bootstrap::{
     BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure, bootstrap_procedure_id,
 };
 use remote_wal::wal::kafka::testing::{FakeFault, FakeTopicAdmin};
-use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
 use rskafka::client::error::ProtocolError;
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use procedures::{Context, Procedure, ProcedureId, Status};
+use remote_wal::key::topic_name::list_persisted_topics;
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::TopicPoolSpec;
 use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicCreation};
@@ -16,7 +17,6 @@ use remote_wal::wal::kafka::bootstrap::{
     BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure,
 };
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
-use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::{KafkaConfig, TopicConfig};
 
 use crate::support;

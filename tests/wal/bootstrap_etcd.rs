@@ -11,16 +11,16 @@ use procedures::{
     Context, LocalManager, ManagerConfig, Procedure, ProcedureId, ProcedureManager,
     ProcedureWithId, Status,
 };
+use remote_wal::key::topic_name::{
+    TopicNameValue, get_topic_value, list_persisted_topics, topic_name_key,
+};
+use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
 use remote_wal::kv::{KvBackendRef, KvStateStore, RangeRequest};
-use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::wal::kafka::bootstrap::{
     BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure, bootstrap_procedure_id,
 };
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
-use remote_wal::wal::kafka::topic_key::{
-    TopicNameValue, get_topic_value, list_persisted_topics, topic_name_key,
-};
 use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
 
 #[tokio::test]

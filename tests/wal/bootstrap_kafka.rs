@@ -15,11 +15,11 @@ use procedures::{
     LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
     ProcedureManagerRef, ProcedureWithId, RetryPolicy, SideEffectHook, StateStore,
 };
+use remote_wal::key::topic_name::list_persisted_topics;
 use remote_wal::kv::{KvBackendRef, KvStateStore, MemoryKvBackend};
 use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin};
 use remote_wal::wal::kafka::bootstrap::{TopicBootstrapProcedure, bootstrap_procedure_id};
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
-use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::kafka::{KafkaTopicManager, TopicPoolSpec};
 use remote_wal::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use procedures::{Context, Procedure, ProcedureId, Status};
+use remote_wal::key::topic_name::list_persisted_topics;
 use remote_wal::kv::{KvBackendRef, MemoryKvBackend};
 use remote_wal::wal::kafka::bootstrap::{
     BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure,
 };
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
-use remote_wal::wal::kafka::topic_key::list_persisted_topics;
 use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
 use serde_json::Value;
 
@@ -179,7 +179,7 @@ async fn a_format1_record_at_persist_names_resumes_through_the_loader() {
     }
     // One name made it to the store before the kill, and GreptimeDB advanced it since.
     kv.put(remote_wal::kv::PutRequest {
-        key: remote_wal::wal::kafka::topic_key::topic_name_key(&created[0]),
+        key: remote_wal::key::topic_name::topic_name_key(&created[0]),
         value: br#"{"pruned_entry_id":9}"#.to_vec(),
         prev_kv: false,
     })
@@ -205,9 +205,7 @@ async fn a_format1_record_at_persist_names_resumes_through_the_loader() {
         wanted
     );
     let kept = kv
-        .get(&remote_wal::wal::kafka::topic_key::topic_name_key(
-            &created[0],
-        ))
+        .get(&remote_wal::key::topic_name::topic_name_key(&created[0]))
         .await
         .unwrap()
         .unwrap();

@@ -9,6 +9,9 @@ use async_trait::async_trait;
 use mockall::{Sequence, mock};
 use procedures::{Context, Procedure, ProcedureId, Status};
 use remote_wal::Result;
+use remote_wal::key::topic_name::{
+    TopicNameValue, get_topic_value, list_persisted_topics, topic_name_key,
+};
 use remote_wal::kv::{
     CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef,
     MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnOpResponse, TxnResponse,
@@ -19,9 +22,6 @@ use remote_wal::wal::kafka::bootstrap::{
     bootstrap_procedure_id, pool_lock_key,
 };
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
-use remote_wal::wal::kafka::topic_key::{
-    TopicNameValue, get_topic_value, list_persisted_topics, topic_name_key,
-};
 use remote_wal::wal::kafka::{ReadyPoll, TopicPoolSpec};
 
 mock! {

@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
+use remote_wal::key::topic_name::{persist_topics_txn, topic_name_key};
 use remote_wal::kv::{KvBackend, MemoryKvBackend, PutRequest};
 use remote_wal::wal::KafkaConfig;
 use remote_wal::wal::kafka::KafkaTopicManager;
-use remote_wal::wal::kafka::topic_key::{persist_topics_txn, topic_name_key};
 
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 

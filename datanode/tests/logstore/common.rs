@@ -13,12 +13,12 @@ use datanode::log_store::memory_partition::MemoryPartition;
 use datanode::log_store::{
     Entry, EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, RsKafkaPartition,
 };
+use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
 use remote_wal::kv::{
     CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, KvStateStore,
     KvWrapper, MemoryKvBackend, PutRequest,
 };
 use remote_wal::wal::KafkaConfig;
-use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 use remote_wal::wal::prune::{
     PruneMode, PruneOutput, RecordDeleter, WalPruneProcedure, prune_procedure_id,
 };

@@ -21,8 +21,8 @@ use procedures::testing::{
     CrashScenario, MatrixConfig, MatrixReport, StoreDigest, run_crash_matrix, store_digest,
 };
 use procedures::{ProcedureManager, ProcedureWithId, StateStore};
+use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
 use remote_wal::kv::{KvBackend, KvBackendRef, PutRequest};
-use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 use remote_wal::wal::prune::{
     PruneMode, PruneOutput, RecordDeleter, WalPruneProcedure, prune_procedure_id,
 };

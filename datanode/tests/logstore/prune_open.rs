@@ -17,12 +17,12 @@ use procedures::testing::MatrixConfig;
 use procedures::{ProcedureManager, ProcedureWithId};
 use remote_wal::datanode::RegionOpenRequest;
 use remote_wal::datanode::protocol::{HeartbeatResponse, RegionLease, RegionRole, RegionToOpen};
+use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
+use remote_wal::key::topic_region::{TopicRegionValue, topic_region_key};
 use remote_wal::kv::PutRequest;
-use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 use remote_wal::wal::prune::{
     PruneMode, PruneOutput, RecordDeleter, WalPruneProcedure, prune_procedure_id,
 };
-use remote_wal::wal::topic_region::{TopicRegionValue, topic_region_key};
 use remote_wal::wal::{KafkaConfig, WAL_OPTIONS_KEY};
 
 use crate::common::{Env, TOPIC};

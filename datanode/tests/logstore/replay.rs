@@ -7,9 +7,9 @@ use std::sync::Arc;
 use datanode::checkpoint::{CheckpointStore, start_kafka_region};
 use datanode::log_store::{EntryToWrite, KafkaLogStoreConfig, LogStore};
 use datanode::replay::replay_topic;
+use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
 use remote_wal::kv::memory::MemoryKvBackend;
 use remote_wal::kv::{KvBackendRef, PutRequest};
-use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 
 use crate::common::{broker_store, broker_topic, bytes, memory_store};
 

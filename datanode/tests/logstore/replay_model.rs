@@ -25,8 +25,8 @@ use procedures::testing::{CrashPlan, CrashPoint, CrashingStore, MatrixConfig};
 use procedures::{LocalManager, ProcedureId, ProcedureManager, ProcedureWithId};
 use proptest::prelude::*;
 use remote_wal::error::LogKafkaTimeoutSnafu;
+use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
 use remote_wal::kv::KvBackend;
-use remote_wal::wal::kafka::topic_key::{TopicNameValue, topic_name_key};
 use remote_wal::wal::prune::{PruneMode, PruneOutput, WalPruneProcedure, prune_procedure_id};
 
 use crate::common::{Env, TOPIC, bytes, prune_env, shared_store};

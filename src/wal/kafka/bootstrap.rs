@@ -52,12 +52,12 @@ use tracing::{debug, info, warn};
 use crate::error::{
     BootstrapPoolChangedSnafu, PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu, Result,
 };
-use crate::kv::KvBackendRef;
-use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdminRef};
-use crate::wal::kafka::topic_key::{
+use crate::key::topic_name::{
     TopicNameValue, decode_topic_name_key, list_persisted_topics, persist_topics_txn,
     topic_name_key,
 };
+use crate::kv::KvBackendRef;
+use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdminRef};
 use crate::wal::kafka::topic_pool::TopicPoolSpec;
 
 /// The procedure id of a pool's bootstrap: `topic_bootstrap/{prefix}` for attempt 0, then

@@ -11,7 +11,6 @@ pub mod selector;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod timed_admin;
-pub mod topic_key;
 pub mod topic_pool;
 
 pub use bootstrap::TopicBootstrapProcedure;

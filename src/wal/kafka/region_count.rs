@@ -7,15 +7,10 @@ use serde::Deserialize;
 use tracing::warn;
 
 use crate::error::Result;
+use crate::key::datanode_table::DATANODE_TABLE_KEY_PREFIX;
+use crate::key::table_allocation::ALLOCATION_KEY_PREFIX;
 use crate::kv::{KvBackend, RangeRequest, display_key, range_all};
 use crate::wal::options::WalOptions;
-
-/// Prefix of the datanode table values (`__dn_table/{datanode_id}/{table_id}`), GreptimeDB's layout.
-const DATANODE_TABLE_PREFIX: &str = "__dn_table/";
-
-/// Prefix of the allocations create-table procedures reserved (`__table_allocation/{procedure_id}`) and have not
-/// released yet.
-const TABLE_ALLOCATION_PREFIX: &str = "__table_allocation/";
 
 /// Prefix of the procedure records in the metadata store: an unfinished create-table keeps its allocation in its
 /// record's `data.allocation` until its metadata commits (with its `done` record).
@@ -64,11 +59,13 @@ struct RegionWalOptions {
 pub async fn regions_per_topic(kv: &dyn KvBackend) -> Result<BTreeMap<String, u64>> {
     let mut counts = BTreeMap::new();
     let mut tables = BTreeSet::new();
-    for (key, value) in scan::<RegionWalOptions>(kv, DATANODE_TABLE_PREFIX).await? {
+    for (key, value) in
+        scan::<RegionWalOptions>(kv, &format!("{DATANODE_TABLE_KEY_PREFIX}/")).await?
+    {
         tables.insert(value.table_id);
         add(&mut counts, &key, &value);
     }
-    for (key, value) in scan::<RegionWalOptions>(kv, TABLE_ALLOCATION_PREFIX).await? {
+    for (key, value) in scan::<RegionWalOptions>(kv, &format!("{ALLOCATION_KEY_PREFIX}/")).await? {
         if tables.insert(value.table_id) {
             add(&mut counts, &key, &value);
         }

@@ -12,6 +12,7 @@ use snafu::ResultExt;
 use tracing::{debug, info, warn};
 
 use crate::error::{InvalidTopicPoolSnafu, Result, TopicBootstrapSnafu, TopicPoolNotReadySnafu};
+use crate::key::topic_name::list_persisted_topics;
 use crate::kv::KvBackendRef;
 use crate::wal::config::{KafkaConfig, SelectorType, TopicConfig};
 use crate::wal::kafka::admin::TopicAdminRef;
@@ -20,7 +21,6 @@ use crate::wal::kafka::bootstrap::{
 };
 use crate::wal::kafka::region_count::regions_per_topic;
 use crate::wal::kafka::selector::{LeastLoadedTopicSelector, TopicSelectorRef};
-use crate::wal::kafka::topic_key::list_persisted_topics;
 use crate::wal::options::WalOptions;
 
 /// How often and how long the bootstrap polled the broker's metadata for created topics to show up. The bootstrap

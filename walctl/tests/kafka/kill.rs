@@ -123,7 +123,7 @@ deadline = "60s"
     let from_file: BTreeSet<String> = runtime.block_on(async {
         let kv = remote_wal::kv::RedbKvBackend::open(env.dir.path().join("walctl-data/kill.redb"))
             .unwrap();
-        remote_wal::wal::kafka::topic_key::list_persisted_topics(&kv, &format!("{prefix}_"))
+        remote_wal::key::topic_name::list_persisted_topics(&kv, &format!("{prefix}_"))
             .await
             .unwrap()
             .into_iter()

@@ -12,9 +12,9 @@ use datanode::checkpoint::CheckpointStore;
 use datanode::log_store::kafka::{PartitionLog, RsKafkaPartition, call_bound, connect_client};
 use datanode::log_store::{EntryToWrite, KafkaLogStore, KafkaLogStoreConfig, LogStore};
 use remote_wal::config::MetasrvConfig;
+use remote_wal::key::topic_name::get_topic_value;
 use remote_wal::kv::redb::RedbOpenMode;
 use remote_wal::metasrv::Metasrv;
-use remote_wal::wal::kafka::topic_key::get_topic_value;
 use remote_wal::wal::{KafkaConfig, WalConfig};
 
 use crate::support::{Env, kafka_etcd_config, unique, walctl_path};
