@@ -11,15 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use procedures::record::{EPOCH_KEY, RECORD_PREFIX};
-use procedures::{
-    Condition, LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef, StateStore, WriteOp,
-    WriteOutcome,
-};
-use serde::{Deserialize, Serialize};
+use procedures::purge::PurgeOutcome;
+use procedures::{LocalManager, ProcedureId, ProcedureInfo, ProcedureManagerRef};
 use snafu::{ResultExt, ensure};
-use tokio::sync::OnceCell;
 
 use crate::config::{MetadataBackend, MetasrvConfig};
 use crate::datanode::{OpenRegions, RegionOpener, WalProviderKind};
@@ -37,9 +31,9 @@ use crate::key::topic_name::list_persisted_topics;
 use crate::kv::redb::RedbOpenMode;
 use crate::kv::state_store::LeaderFence;
 use crate::kv::{CommitObserver, CountingKvBackend, KvBackendRef, RangeRequest, WatchedKvBackend};
-use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
+use crate::wal::kafka::admin::TopicAdminRef;
+use crate::wal::kafka::lazy_admin::LazyTopicAdmin;
 use crate::wal::kafka::record_deleter::LazyRecordDeleter;
-use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::kafka::timed_admin::{TimedTopicAdmin, TopicAdminObserver};
 use crate::wal::kafka::{KafkaTopicManager, TopicConfigDrift};
 use crate::wal::prune::{RecordDeleterRef, WalPruneProcedure};
@@ -48,8 +42,14 @@ use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 pub mod datanodes;
 pub mod election;
 pub mod failure_detector;
+mod reports;
 mod wal_prune;
 pub mod wal_stats;
+
+pub use reports::{
+    BootstrapProgress, BootstrapReport, FailedDatanode, FailoverStatus, RegionPlacement,
+    RegionSpread, TableRegions, TopicUsage, TopicsReport,
+};
 
 /// The namespacing kv wrapper, which lives in [`crate::kv`]; named here too for callers that found it here.
 pub use crate::kv::NamespacedKvBackend;
@@ -104,154 +104,8 @@ pub fn parse_table_name(name: &str) -> Result<TableName> {
     Ok(full)
 }
 
-/// One region of a table: where it lives and which WAL it writes to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RegionPlacement {
-    /// The region's number in its table.
-    pub region_number: u32,
-    /// `(table_id << 32) | region_number`.
-    pub region_id: u64,
-    /// The datanode serving it.
-    pub datanode_id: u64,
-    /// The encoded WAL options (`{"wal.provider":...}`), as recorded for the datanode.
-    pub wal_options: String,
-}
-
-/// A table and its regions.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TableRegions {
-    /// `catalog.schema.table`.
-    pub table: String,
-    /// The table id.
-    pub table_id: u32,
-    /// Its regions, by region number.
-    pub regions: Vec<RegionPlacement>,
-}
-
-/// Where a Kafka pool bootstrap stands (reported while it runs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub struct BootstrapProgress {
-    /// Topics in the pool.
-    pub wanted: usize,
-    /// Wanted topics the brokers already show.
-    pub on_broker: usize,
-    /// Wanted topic names already persisted in the metadata store.
-    pub persisted: usize,
-}
-
-/// The outcome of [`Metasrv::bootstrap`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BootstrapReport {
-    /// `kafka` or `raft_engine`.
-    pub provider: String,
-    /// The pool's topic name prefix (Kafka only).
-    pub topic_name_prefix: Option<String>,
-    /// Topics in the pool (0 for raft-engine).
-    pub num_topics: usize,
-    /// Whether new regions can get WAL options now.
-    pub ready: bool,
-    /// Persisted pool topics this run found missing on the brokers (deleted out of band) and recreated.
-    pub recreated_topics: usize,
-    /// Pool topics whose configs differ from `[wal] topic_config` (reported, never changed).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub config_drift: Vec<TopicConfigDrift>,
-}
-
-/// One topic and how many regions write to it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TopicUsage {
-    /// The topic.
-    pub topic: String,
-    /// Regions whose recorded WAL options name it.
-    pub regions: usize,
-    /// Whether its name is persisted as part of the pool.
-    pub persisted: bool,
-    /// Whether it is one of the configured pool's topics (a topic used by regions but outside the configured
-    /// pool appears with `false`, e.g. after the pool was configured smaller).
-    pub in_pool: bool,
-}
-
-/// How evenly regions spread over the configured pool's topics: the fewest, the most and the mean regions per
-/// topic (all 0 for a pool of no region). Load-aware selection keeps `max - min` at most 1 for regions it placed.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RegionSpread {
-    /// Regions on the least loaded topic of the pool.
-    pub min: usize,
-    /// Regions on the most loaded topic of the pool.
-    pub max: usize,
-    /// Regions per topic of the pool, on average.
-    pub mean: f64,
-}
-
-impl RegionSpread {
-    /// The spread of `regions` (one count per topic); all 0 when there is no topic.
-    pub fn of(regions: impl IntoIterator<Item = usize>) -> Self {
-        let (mut min, mut max, mut sum, mut n) = (usize::MAX, 0, 0usize, 0usize);
-        for r in regions {
-            min = min.min(r);
-            max = max.max(r);
-            sum += r;
-            n += 1;
-        }
-        if n == 0 {
-            return RegionSpread {
-                min: 0,
-                max: 0,
-                mean: 0.0,
-            };
-        }
-        RegionSpread {
-            min,
-            max,
-            mean: sum as f64 / n as f64,
-        }
-    }
-}
-
-/// The Kafka topic pool as recorded in the metadata store.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TopicsReport {
-    /// The pool's topic name prefix.
-    pub topic_name_prefix: String,
-    /// Topics the config asks for.
-    pub num_topics: usize,
-    /// Of those, how many are persisted.
-    pub persisted: usize,
-    /// Every wanted topic, then any other topic regions use or persisted beyond the pool, with region counts;
-    /// each group sorted by pool index (`p_4` before `p_10`), names not of the form `{prefix}_{i}` last.
-    pub topics: Vec<TopicUsage>,
-    /// Regions per topic over the configured pool's topics (`in_pool`), persisted or not.
-    pub spread: RegionSpread,
-    /// Pool topics whose configs differ from `[wal] topic_config` (reported, never changed).
-    pub config_drift: Vec<TopicConfigDrift>,
-}
-
 /// The key whose presence pauses automatic failover (`walctl failover pause`).
 pub const FAILOVER_PAUSE_KEY: &str = "__failover_pause";
-
-/// What `walctl failover status` and `GET /v1/failover` show.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FailoverStatus {
-    /// `[failover] enabled`.
-    pub enabled: bool,
-    /// Paused by an operator.
-    pub paused: bool,
-    /// The datanode incarnations the leader finds failed now.
-    pub failed: Vec<FailedDatanode>,
-    /// Regions that cannot lead anywhere until their failed datanode returns: on the raft-engine WAL, the regions
-    /// of the failed datanodes (their WAL is on those machines), by id.
-    #[serde(default)]
-    pub unavailable_regions: Vec<u64>,
-}
-
-/// One failed datanode incarnation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FailedDatanode {
-    /// The datanode.
-    pub datanode: u64,
-    /// Its failed incarnation.
-    pub incarnation: u64,
-}
 
 /// The façade: kv backend, procedure manager, WAL options allocator, DDL manager.
 pub struct Metasrv {
@@ -287,86 +141,6 @@ impl std::fmt::Debug for Metasrv {
             .field("wal", &self.config.wal)
             .field("datanodes", &self.config.datanodes.ids)
             .finish_non_exhaustive()
-    }
-}
-
-/// A topic admin that connects to the brokers on first use, so a metasrv configured for Kafka starts (and lists
-/// procedures, builds open requests) while the brokers are down; only what needs them fails.
-#[derive(Debug)]
-struct LazyTopicAdmin {
-    config: KafkaConfig,
-    admin: OnceCell<RsKafkaTopicAdmin>,
-}
-
-impl LazyTopicAdmin {
-    async fn get(&self) -> Result<&RsKafkaTopicAdmin> {
-        self.admin
-            .get_or_try_init(|| RsKafkaTopicAdmin::connect(&self.config))
-            .await
-    }
-}
-
-#[async_trait]
-impl TopicAdmin for LazyTopicAdmin {
-    fn endpoints(&self) -> Vec<String> {
-        self.config.broker_endpoints.clone()
-    }
-
-    async fn list_topics(&self) -> Result<BTreeMap<String, usize>> {
-        self.get().await?.list_topics().await
-    }
-
-    async fn create_topic(
-        &self,
-        name: &str,
-        num_partitions: i32,
-        replication_factor: i16,
-    ) -> Result<CreateTopicOutcome> {
-        self.get()
-            .await?
-            .create_topic(name, num_partitions, replication_factor)
-            .await
-    }
-
-    // Every batched call goes to the connected admin too: the trait's defaults (topic by topic, a full listing)
-    // would lose the batching.
-    fn create_batch_size(&self) -> usize {
-        self.config.create_batch_size
-    }
-
-    async fn create_topics(
-        &self,
-        names: &[String],
-        num_partitions: i32,
-        replication_factor: i16,
-        topic_config: &crate::wal::TopicConfig,
-    ) -> Result<Vec<crate::wal::kafka::admin::TopicCreation>> {
-        self.get()
-            .await?
-            .create_topics(names, num_partitions, replication_factor, topic_config)
-            .await
-    }
-
-    async fn describe_topics(&self, names: &[String]) -> Result<BTreeMap<String, usize>> {
-        self.get().await?.describe_topics(names).await
-    }
-
-    async fn describe_topics_on_each_broker(
-        &self,
-        names: &[String],
-    ) -> Result<Vec<(String, BTreeMap<String, usize>)>> {
-        self.get()
-            .await?
-            .describe_topics_on_each_broker(names)
-            .await
-    }
-
-    async fn describe_topic_configs(
-        &self,
-        names: &[String],
-        keys: &[String],
-    ) -> Result<BTreeMap<String, crate::wal::TopicConfig>> {
-        self.get().await?.describe_topic_configs(names, keys).await
     }
 }
 
@@ -458,10 +232,7 @@ impl Metasrv {
             WalConfig::Kafka(kafka) => {
                 let admin: TopicAdminRef = match topic_admin {
                     Some(admin) => admin,
-                    None => Arc::new(LazyTopicAdmin {
-                        config: kafka.clone(),
-                        admin: OnceCell::new(),
-                    }),
+                    None => Arc::new(LazyTopicAdmin::new(kafka.clone())),
                 };
                 let timed = Arc::new(TimedTopicAdmin::new(admin));
                 let admin: TopicAdminRef = timed.clone();
@@ -1239,65 +1010,17 @@ impl Metasrv {
             }
             .fail();
         }
-        // The record's key names the id; a damaged record may name another id inside its envelope.
-        let records = self.state_store.scan(RECORD_PREFIX).await?;
-        let doomed: Vec<(String, Vec<u8>)> = records
-            .into_iter()
-            .filter(|(key, value)| {
-                key.strip_prefix(RECORD_PREFIX) == Some(id)
-                    || serde_json::from_slice::<serde_json::Value>(value)
-                        .ok()
-                        .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(|i| i == id))
-                        .unwrap_or(false)
-            })
-            .collect();
-        ensure!(!doomed.is_empty(), ProcedureNotFoundSnafu { id });
-        let epoch = self.state_store.get(EPOCH_KEY).await?;
-        let mut conditions: Vec<Condition> = doomed
-            .iter()
-            .map(|(key, value)| Condition::Equals {
-                key: key.clone(),
-                value: value.clone(),
-            })
-            .collect();
-        conditions.push(match epoch {
-            Some(value) => Condition::Equals {
-                key: EPOCH_KEY.to_string(),
-                value,
-            },
-            None => Condition::Absent {
-                key: EPOCH_KEY.to_string(),
-            },
-        });
-        let ops = doomed
-            .into_iter()
-            .map(|(key, _)| WriteOp::Delete { key })
-            .collect();
-        let expected: Vec<(String, Option<Vec<u8>>)> = conditions
-            .iter()
-            .map(|c| match c {
-                Condition::Equals { key, value } => (key.clone(), Some(value.clone())),
-                Condition::Absent { key } => (key.clone(), None),
-            })
-            .collect();
-        match self.state_store.write(conditions, ops).await? {
-            WriteOutcome::Applied => Ok(()),
-            WriteOutcome::Rejected { current } => {
-                // Name only the keys whose value is not the one read.
-                let changed: Vec<&str> = current
-                    .iter()
-                    .filter(|(key, value)| !expected.contains(&(key.clone(), value.clone())))
-                    .map(|(key, _)| key.as_str())
-                    .collect();
-                ProcedurePurgeSnafu {
-                    id,
-                    reason: format!(
-                        "the state store changed while purging (keys {}); run the command again",
-                        changed.join(", ")
-                    ),
-                }
-                .fail()
+        match procedures::purge::purge_records(self.state_store.as_ref(), id).await? {
+            PurgeOutcome::Purged => Ok(()),
+            PurgeOutcome::NotFound => ProcedureNotFoundSnafu { id }.fail(),
+            PurgeOutcome::Changed { keys } => ProcedurePurgeSnafu {
+                id,
+                reason: format!(
+                    "the state store changed while purging (keys {}); run the command again",
+                    keys.join(", ")
+                ),
             }
+            .fail(),
         }
     }
 
@@ -1495,9 +1218,13 @@ async fn open_kv_backend(config: &MetasrvConfig, mode: RedbOpenMode) -> Result<K
 mod tests {
     use std::sync::Mutex;
 
+    use async_trait::async_trait;
+    use procedures::record::RECORD_PREFIX;
+
     use super::*;
     use crate::config::MetadataStoreConfig;
     use crate::kv::{KvBackend, MemoryKvBackend};
+    use crate::wal::kafka::admin::TopicAdmin;
     use crate::wal::kafka::testing::FakeTopicAdmin;
 
     /// The shared in-memory Kafka cluster.

@@ -20,6 +20,7 @@ pub mod manager;
 pub mod memory_store;
 pub mod observer;
 pub mod procedure;
+pub mod purge;
 pub mod record;
 pub mod snapshot;
 pub mod step_writes;

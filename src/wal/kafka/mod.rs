@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod batch_admin;
 pub mod bootstrap;
+pub mod lazy_admin;
 pub mod partition;
 pub mod record_deleter;
 pub mod region_count;
