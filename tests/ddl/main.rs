@@ -11,6 +11,7 @@ mod datanode_open;
 mod drop_crash;
 mod failover_crash;
 mod fencing;
+mod greptime_fixtures;
 mod idempotent_create;
 mod lifecycle;
 mod metadata_compat;

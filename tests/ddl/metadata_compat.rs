@@ -1,6 +1,7 @@
-//! Byte-compatibility of table metadata values with GreptimeDB 1.2's metasrv: values written by either side read on
-//! the other. The GreptimeDB values here are written by hand from its struct definitions and serde attributes,
-//! as its `serde_json` writes them (fields in declaration order, flattened structs in place, no spaces).
+//! Table metadata values in shapes GreptimeDB's own tests do not cover (several regions with Kafka options, region
+//! options, extra and missing fields, keys in hash-map order). These values are composed here from GreptimeDB's
+//! struct definitions and serde attributes, so they show our reading of its layout; the anchor of byte
+//! compatibility is `greptime_fixtures.rs`, which checks GreptimeDB's own serialised bytes.
 
 use std::collections::BTreeMap;
 
