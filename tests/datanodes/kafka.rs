@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use async_trait::async_trait;
 use remote_wal::key::topic_region::{TOPIC_REGION_PREFIX, TopicRegionValue, topic_region_key};
-use remote_wal::kv::{CompareAndPutRequest, CompareAndPutResponse, KvWrapper};
+use remote_wal::kv::{
+    CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvWrapper, PutRequest,
+};
 use remote_wal::wal::WalOptions;
 
 use super::*;
@@ -373,4 +375,163 @@ async fn a_dropped_tables_regions_close_and_no_late_checkpoint_brings_their_keys
     for (_, key) in &keys {
         assert_eq!(checkpoint(&kv, key).await, Err(()));
     }
+}
+
+/// A kv that holds every compare-and-put of a `__topic_region` key while armed: it says so on `reached` and waits
+/// for `release`, so a test can run a drop between the checkpoint's read and its write.
+#[derive(Debug)]
+struct GatedCheckpoints {
+    inner: MemoryKvBackend,
+    armed: AtomicBool,
+    reached: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+    /// The answers of the held writes, in order.
+    answers: std::sync::Mutex<Vec<bool>>,
+}
+
+#[async_trait]
+impl KvWrapper for GatedCheckpoints {
+    fn inner(&self) -> &dyn KvBackend {
+        &self.inner
+    }
+
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::Result<CompareAndPutResponse> {
+        if !(self.armed.load(Ordering::SeqCst)
+            && req.key.starts_with(TOPIC_REGION_PREFIX.as_bytes()))
+        {
+            return self.inner.compare_and_put(req).await;
+        }
+        let released = self.release.notified();
+        self.reached.notify_one();
+        released.await;
+        let answer = self.inner.compare_and_put(req).await?;
+        self.answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(answer.success);
+        Ok(answer)
+    }
+
+    // A blind write of a checkpoint is held the same way (and always applies), so that the test catches one.
+    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+        if !(self.armed.load(Ordering::SeqCst)
+            && req.key.starts_with(TOPIC_REGION_PREFIX.as_bytes()))
+        {
+            return self.inner.put(req).await;
+        }
+        let released = self.release.notified();
+        self.reached.notify_one();
+        released.await;
+        let previous = self.inner.put(req).await?;
+        self.answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(true);
+        Ok(previous)
+    }
+}
+
+/// A flush racing a drop, made to interleave at the worst point: the heartbeat reads a region's `__topic_region`
+/// key (the checkpoint at 3), the drop then moves the table's keys to tombstones, and only then does the
+/// heartbeat's checkpoint write (to 9) reach the store. Written blind, it would create the key again and pin the
+/// topic forever; as a compare-and-put against the value read, it is refused, the key stays gone and the drop
+/// finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_write_that_lands_after_a_drop_deleted_its_key_does_not_recreate_it() {
+    let gated = Arc::new(GatedCheckpoints {
+        inner: MemoryKvBackend::new(),
+        armed: AtomicBool::new(false),
+        reached: tokio::sync::Notify::new(),
+        release: tokio::sync::Notify::new(),
+        answers: std::sync::Mutex::new(Vec::new()),
+    });
+    let kv: KvBackendRef = gated.clone();
+    let m = Arc::new(kafka_metasrv(&kv, vec![1], 2).await);
+    let created = create(&m, "raced", 1).await;
+    let keys = topic_region_keys(&created);
+    let (region, key) = keys[0].clone();
+    let registry = m.datanode_registry().clone();
+    registry.begin_term();
+    registry
+        .register(&register_request(1, "dn1:4001", 100))
+        .await
+        .unwrap();
+    beat_until_leased(&registry, 1, 1, 100, &[region]).await;
+    let leading = |flushed: u64| RegionStat {
+        role: RegionRole::Leader,
+        ..stat(region, flushed)
+    };
+    registry
+        .heartbeat(
+            &heartbeat_request(1, 1, 100, vec![leading(3)]),
+            &BTreeSet::new(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(checkpoint(&kv, &key).await, Ok(Some(3)));
+
+    // The flush to 9: read, then held at its write.
+    gated.armed.store(true, Ordering::SeqCst);
+    let reached = gated.reached.notified();
+    let flushing = {
+        let registry = registry.clone();
+        let request = heartbeat_request(1, 1, 100, vec![leading(9)]);
+        tokio::spawn(async move { registry.heartbeat(&request, &BTreeSet::new()).await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), reached)
+        .await
+        .expect("the checkpoint write reaches the store");
+    gated.armed.store(false, Ordering::SeqCst);
+
+    // The drop moves the keys to tombstones while that write waits.
+    let dropping = {
+        let m = m.clone();
+        tokio::spawn(async move { m.drop_table(table("raced"), false).await })
+    };
+    let mut deleted = false;
+    for _ in 0..POLLS {
+        if checkpoint(&kv, &key).await == Err(()) {
+            deleted = true;
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(deleted, "the drop never deleted region {region}'s key");
+
+    // Now the late write lands: refused, and the key stays gone.
+    gated.release.notify_one();
+    tokio::time::timeout(Duration::from_secs(30), flushing)
+        .await
+        .expect("the heartbeat answers")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        *gated.answers.lock().unwrap_or_else(|e| e.into_inner()),
+        vec![false],
+        "the held checkpoint write was applied"
+    );
+    assert_eq!(checkpoint(&kv, &key).await, Err(()), "the key came back");
+
+    // The datanode reports the region closed: the drop finishes, and nothing brought the key back.
+    beat(&registry, 1, 1, 100, &[], 0).await;
+    let output = tokio::time::timeout(Duration::from_secs(30), dropping)
+        .await
+        .expect("the drop finishes")
+        .unwrap()
+        .unwrap();
+    assert_eq!(output["dropped"], true);
+    assert_eq!(checkpoint(&kv, &key).await, Err(()));
+    assert_eq!(
+        m.topics()
+            .await
+            .unwrap()
+            .topics
+            .iter()
+            .map(|t| t.regions)
+            .sum::<usize>(),
+        0
+    );
 }
