@@ -262,10 +262,8 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
     let body: CreateTableBody = serde_json::from_slice(&body)
         .map_err(|e| ApiError::bad_request(format!("invalid create-table body: {e}")))?;
     let name = parse_table_name(&body.name)?;
-    if body.regions == 0 {
-        return Err(ApiError::bad_request("regions: must be at least 1"));
-    }
-    // The library's check, so that the 400 says what the embedded command says (and quotes the id cut).
+    // The library's checks, so that the 400 says what the embedded command says (and quotes an id cut).
+    remote_wal::ddl::CreateTableTask::new(name.clone(), body.regions).validate_num_regions()?;
     if let Some(id) = &body.id {
         remote_wal::ddl::procedure_id::validate_procedure_id(&name, id)?;
     }

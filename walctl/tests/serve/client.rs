@@ -21,6 +21,9 @@ const COMMANDS: &[&[&str]] = &[
     &["create-table", "t", "--regions", "2", "--id", "t-1"],
     &["create-table", "t", "--regions", "2", "--id", "t-1"],
     &["create-table", "bad name", "--regions", "1"],
+    &["create-table", "z", "--regions", "0"],
+    &["create-table", "z", "--regions", "1", "--id", ""],
+    &["create-table", "z", "--regions", "1", "--id", "a\u{202e}b"],
     &["procedures", "list"],
     &[
         "procedures",

@@ -53,7 +53,12 @@ fn a_second_server_on_one_redb_file_refuses_and_the_first_serves_and_stops_on_si
     );
     assert_eq!(
         (status, &bad["error"]["message"]),
-        (400, &json!("regions: must be at least 1"))
+        (
+            400,
+            &json!(
+                "invalid create-table request for table greptime.public.u: num_regions = 0: a table has 1 to 1024 regions"
+            )
+        )
     );
     let (status, missing) = get(&servers.servers[first].url("/v1/procedures/nope"));
     assert_eq!(status, 404, "{missing}");
