@@ -979,6 +979,36 @@ mod tests {
     }
 
     #[test]
+    fn etcd_tls_and_user_parse_and_bad_combinations_name_the_key() {
+        let c = parse(
+            "[metadata_store]\nbackend = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\n\
+             tls = { ca = \"ca.pem\", cert = \"client.pem\", key = \"client.key\" }\n\
+             username = \"walctl\"\npassword_file = \"etcd.password\"\n",
+        )
+        .unwrap();
+        let security = c.metadata_store.etcd_security();
+        let tls = security.tls.clone().unwrap();
+        assert_eq!(tls.ca, PathBuf::from("ca.pem"));
+        assert_eq!(tls.key, Some(PathBuf::from("client.key")));
+        assert_eq!(security.username.as_deref(), Some("walctl"));
+        assert_eq!(security.password_file, Some(PathBuf::from("etcd.password")));
+        // Round trip: the written file keeps the settings.
+        let again = MetasrvConfig::from_toml_str(&c.to_toml_string(), "again").unwrap();
+        assert_eq!(again.metadata_store.etcd_security(), security);
+
+        let err = parse_err(
+            "[metadata_store]\nbackend = \"etcd\"\ntls = { ca = \"ca.pem\", cert = \"client.pem\" }\n",
+        );
+        assert!(err.contains("metadata_store.tls"), "{err}");
+        let err = parse_err("[metadata_store]\nbackend = \"etcd\"\nusername = \"walctl\"\n");
+        assert!(err.contains("metadata_store.password_file"), "{err}");
+        let err = parse_err(
+            "[metadata_store]\nbackend = \"etcd\"\ntls = { ca = \"ca.pem\", crt = \"x\" }\n",
+        );
+        assert!(err.contains("metadata_store.tls.crt"), "{err}");
+    }
+
+    #[test]
     fn invalid_toml_names_the_line() {
         let err = parse_err("[datanodes]\nids = [1, 2\n");
         assert!(err.contains("line"), "{err}");
