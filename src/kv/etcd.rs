@@ -179,52 +179,41 @@ impl EtcdKvBackend {
                 .await;
             Ok::<_, etcd_client::Error>((status, members))
         };
-        let (clients, preferred) = match tokio::time::timeout(config.connect_timeout, connecting)
-            .await
-        {
-            Ok(Ok((Ok(_), members))) => {
-                let preferred = members.preferred();
-                (members, preferred)
-            }
-            Err(_) | Ok(Ok((Err(Failure::Timeout { .. }), _))) => {
-                return EtcdConnectTimeoutSnafu {
-                    endpoints,
-                    timeout: config.connect_timeout,
+        let (clients, preferred) =
+            match tokio::time::timeout(config.connect_timeout, connecting).await {
+                Ok(Ok((Ok(_), members))) => {
+                    let preferred = members.preferred();
+                    (members, preferred)
                 }
-                .fail();
-            }
-            Ok(Err(source)) => {
-                return Err(EtcdConnectSnafu {
-                    endpoints,
-                    detail: describe(&source),
-                    retryable: is_retryable(&source),
+                Err(_) | Ok(Ok((Err(Failure::Timeout { .. }), _))) => {
+                    return EtcdConnectTimeoutSnafu {
+                        endpoints,
+                        timeout: config.connect_timeout,
+                    }
+                    .fail();
                 }
-                .into_error(source));
-            }
-            Ok(Ok((Err(Failure::Etcd { endpoint, error }), _))) => {
-                // The member whose answer this is (the last one tried when every member failed).
-                let mut detail = describe(&error);
-                if config.security.uses_tls()
-                    && members::tls_refusal(&error).is_none()
-                    && is_retryable(&error)
-                    && !detail.contains("etcdserver")
-                {
-                    // TLS 1.3 finishes the client's side of the handshake before the server checks the client
-                    // certificate: a refused one may show as a closed or reset connection only.
-                    detail.push_str(
-                            "; with TLS, a connection closed or reset at once usually means the server wants a \
-                             client certificate its authority signed (metadata_store.tls.cert and key) or does \
-                             not serve TLS on this port",
-                        );
+                Ok(Err(source)) => {
+                    return Err(EtcdConnectSnafu {
+                        endpoints,
+                        detail: describe(&source),
+                        retryable: is_retryable(&source),
+                    }
+                    .into_error(source));
                 }
-                return Err(EtcdConnectSnafu {
-                    endpoints: endpoint,
-                    detail,
-                    retryable: is_retryable(&error),
+                Ok(Ok((Err(Failure::Etcd { endpoint, error }), _))) => {
+                    // The member whose answer this is (the last one tried when every member failed).
+                    let mut detail = describe(&error);
+                    if let Some(hint) = members::connect_hint(&error, config.security.uses_tls()) {
+                        detail = format!("{detail}; {hint}");
+                    }
+                    return Err(EtcdConnectSnafu {
+                        endpoints: endpoint,
+                        detail,
+                        retryable: is_retryable(&error),
+                    }
+                    .into_error(error));
                 }
-                .into_error(error));
-            }
-        };
+            };
         let kv_clients = (0..clients.len())
             .map(|i| {
                 clients

@@ -181,7 +181,18 @@ impl Election {
             match tokio::time::timeout(config.connect_timeout, connecting).await {
                 Ok(Ok((Ok(_), members, keepers))) => (Arc::new(members), Arc::new(keepers)),
                 Ok(Ok((Err(failure), _, _))) => {
-                    return Err(failure_error(&name, "connect", failure));
+                    let hint = match &failure {
+                        Failure::Etcd { error, .. } => {
+                            members::connect_hint(error, config.security.uses_tls())
+                        }
+                        Failure::Timeout { .. } => None,
+                    };
+                    let mut err = failure_error(&name, "connect", failure);
+                    if let (Error::Election { detail, .. }, Some(hint)) = (&mut err, hint) {
+                        detail.push_str("; ");
+                        detail.push_str(hint);
+                    }
+                    return Err(err);
                 }
                 Ok(Err(e)) => {
                     return Err(error(&name, &config, "connect", &e));

@@ -239,3 +239,14 @@ async fn tls_against_a_plaintext_etcd_is_refused_naming_the_endpoint() {
     // The plaintext etcd closes or resets the connection on the TLS hello.
     failed(config, "serve TLS on this port").await;
 }
+
+#[tokio::test]
+async fn a_plaintext_client_against_the_secure_etcd_fails_naming_the_endpoint() {
+    let etcd = SecureEtcd::from_env();
+    // The TLS-only etcd closes the connection on the plaintext HTTP/2 preface.
+    failed(
+        config(&etcd, EtcdSecurity::default()),
+        "configure metadata_store.tls",
+    )
+    .await;
+}

@@ -290,6 +290,26 @@ pub fn tls_refusal(e: &etcd_client::Error) -> Option<&'static str> {
     }
 }
 
+/// A hint for a connection that failed without a word from etcd when connecting (`tls`: whether TLS is
+/// configured): TLS 1.3 finishes the client's side of the handshake before the server checks the client certificate,
+/// so a refused one may show as a closed or reset connection only; and a TLS-only server closes a plaintext client's
+/// connection at once.
+pub fn connect_hint(e: &etcd_client::Error, tls: bool) -> Option<&'static str> {
+    let etcd_answered = match e {
+        etcd_client::Error::GRpcStatus(status) => status.message().contains("etcdserver"),
+        _ => false,
+    };
+    if etcd_answered || tls_refusal(e).is_some() || !is_transient(e) || is_connection_refused(e) {
+        return None;
+    }
+    Some(if tls {
+        "with TLS, a connection closed or reset at once usually means the server wants a client certificate its \
+         authority signed (metadata_store.tls.cert and key) or does not serve TLS on this port"
+    } else {
+        "a connection closed at once may mean the server serves TLS only (configure metadata_store.tls)"
+    })
+}
+
 /// Whether an etcd client error says the member or the cluster could not serve the request now (so it may clear up
 /// on retry, or on another member): see the module documentation. A refused TLS handshake ([`tls_refusal`]) is not.
 pub fn is_transient(e: &etcd_client::Error) -> bool {
