@@ -250,3 +250,29 @@ async fn a_plaintext_client_against_the_secure_etcd_fails_naming_the_endpoint() 
     )
     .await;
 }
+
+/// Each member signs in before its first call, not when its client is built: a member that is down when connecting
+/// does not stop the others from being used.
+#[tokio::test]
+async fn a_member_down_at_start_does_not_stop_signing_in_to_the_others() {
+    let etcd = SecureEtcd::from_env();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let config = EtcdConfig {
+        endpoints: vec![closed, etcd.endpoints[0].clone()],
+        ..config(&etcd, etcd.security())
+    };
+    let kv = bounded(EtcdKvBackend::connect(config)).await.unwrap();
+    let key = [unique_prefix("down-at-start"), b"k".to_vec()].concat();
+    bounded(kv.put(PutRequest {
+        key: key.clone(),
+        value: b"v".to_vec(),
+        prev_kv: false,
+    }))
+    .await
+    .unwrap();
+    let value = bounded(kv.get(&key)).await.unwrap().map(|kv| kv.value);
+    assert_eq!(value.as_deref(), Some(&b"v"[..]));
+    kv.delete_range(&key, &[], false).await.unwrap();
+}
