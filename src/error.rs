@@ -1333,6 +1333,8 @@ impl Error {
             | Error::RedbFile { .. }
             | Error::RedbDamaged { .. }
             | Error::EtcdConfig { .. }
+            | Error::EtcdSecurityConfig { .. }
+            | Error::EtcdCredentialFile { .. }
             | Error::ParseWalConfig { .. }
             | Error::InvalidWalConfig { .. }
             | Error::InvalidTopicName { .. }
