@@ -16,6 +16,11 @@
 #        scripts/services.sh start-etcd-cluster NAME N  start an N-member etcd cluster NAME-1..NAME-N (fresh data);
 #                                                    prints the client endpoints (comma-separated)
 #        scripts/services.sh remove-etcd-cluster NAME N stop NAME-1..NAME-N and delete their state and data
+#        scripts/services.sh start etcd-secure [NAME]  an etcd serving TLS only, asking every client for a certificate
+#                                                    (--client-cert-auth, --trusted-ca-file) and with auth enabled:
+#                                                    users root, walctl (reads and writes every key) and reader
+#                                                    (reads only). Certificates from scripts/certs.sh under
+#                                                    NAME/certs/, the passwords in NAME/<user>.password.
 #        scripts/services.sh stop-all                stop everything this checkout started
 set -euo pipefail
 
@@ -220,6 +225,62 @@ etcd_start() {
   wait_ready "etcd($name)" check "$dir/etcd.log" "$dir/pid" || { stop_pid "$dir"; die "etcd $name did not start"; }
 }
 
+# An etcd that serves TLS only, wants a client certificate its authority signed, and has auth enabled (users root,
+# walctl and reader, passwords generated once into the state dir). Users and roles are set up over TLS before auth is
+# enabled; a restart keeps the data, the certificates and the passwords. Auth tokens expire after 5 idle seconds
+# (etcd's default is 5 minutes), so the tests' clients go through the token refresh.
+etcd_secure_ctl() { # dir etcdctl-args...
+  local dir=$1; shift
+  ETCDCTL_API=3 etcdctl --endpoints="https://127.0.0.1:$(cat "$dir/port")" --dial-timeout=2s \
+    --cacert "$dir/certs/ca.pem" --cert "$dir/certs/client.pem" --key "$dir/certs/client.key" "$@"
+}
+
+etcd_secure_start() {
+  local name=${1:-etcd-secure} dir="$STATE/${1:-etcd-secure}"
+  mkdir -p "$dir"
+  pid_alive "$dir/pid" && return 0
+  command -v etcd >/dev/null || die "etcd not installed: run scripts/services.sh install"
+  "$ROOT/scripts/certs.sh" "$dir/certs"
+  for user in root walctl reader; do
+    [[ -s $dir/$user.password ]] || (umask 077; openssl rand -hex 16 >"$dir/$user.password")
+  done
+  local port pport
+  port=$(port_for "$dir" port); pport=$(port_for "$dir" peer_port)
+  nohup etcd --name "$name" --data-dir "$dir/data" \
+    --listen-client-urls "https://127.0.0.1:$port" --advertise-client-urls "https://127.0.0.1:$port" \
+    --cert-file "$dir/certs/server.pem" --key-file "$dir/certs/server.key" \
+    --client-cert-auth --trusted-ca-file "$dir/certs/ca.pem" --auth-token-ttl "${ETCD_SECURE_TOKEN_TTL:-5}" \
+    --listen-peer-urls "http://127.0.0.1:$pport" --initial-advertise-peer-urls "http://127.0.0.1:$pport" \
+    --initial-cluster "$name=http://127.0.0.1:$pport" >>"$dir/etcd.log" 2>&1 &
+  echo $! >"$dir/pid"
+  # Before auth is enabled the client certificate alone is enough; after, root's password is given too.
+  check() {
+    pid_alive "$dir/pid" || return 1
+    if [[ -f $dir/auth_enabled ]]; then
+      etcd_secure_ctl "$dir" --user "root:$(cat "$dir/root.password")" endpoint health >/dev/null 2>&1
+    else
+      etcd_secure_ctl "$dir" endpoint health >/dev/null 2>&1
+    fi
+  }
+  wait_ready "etcd($name)" check "$dir/etcd.log" "$dir/pid" || { stop_pid "$dir"; die "etcd $name did not start"; }
+  if [[ ! -f $dir/auth_enabled ]]; then
+    local ctl=(etcd_secure_ctl "$dir")
+    "${ctl[@]}" user add root --interactive=false <"$dir/root.password" >/dev/null \
+      && "${ctl[@]}" user grant-role root root >/dev/null \
+      && "${ctl[@]}" user add walctl --interactive=false <"$dir/walctl.password" >/dev/null \
+      && "${ctl[@]}" role add walctl >/dev/null \
+      && "${ctl[@]}" role grant-permission walctl readwrite --from-key '' >/dev/null \
+      && "${ctl[@]}" user grant-role walctl walctl >/dev/null \
+      && "${ctl[@]}" user add reader --interactive=false <"$dir/reader.password" >/dev/null \
+      && "${ctl[@]}" role add reader >/dev/null \
+      && "${ctl[@]}" role grant-permission reader read --from-key '' >/dev/null \
+      && "${ctl[@]}" user grant-role reader reader >/dev/null \
+      && "${ctl[@]}" auth enable >/dev/null \
+      || { stop_pid "$dir"; die "etcd $name: setting up users and auth failed"; }
+    : >"$dir/auth_enabled"
+  fi
+}
+
 # N members NAME-1..NAME-N on free loopback ports, one initial cluster; fresh data each time (a new cluster token).
 etcd_cluster_start() { # name n
   local name=$1 n=$2 members=() cluster="" m
@@ -260,7 +321,8 @@ case "$cmd" in
     case "${1:-}" in
       kafka) kafka_start "${2:-kafka}" ;;
       etcd) etcd_start "${2:-etcd}" ;;
-      *) die "start kafka|etcd [NAME]" ;;
+      etcd-secure) etcd_secure_start "${2:-etcd-secure}" ;;
+      *) die "start kafka|etcd|etcd-secure [NAME]" ;;
     esac ;;
   stop) [[ -n ${1:-} ]] || die "stop kafka|etcd [NAME]"; stop_pid "$STATE/${2:-$1}" ;;
   endpoint) echo "127.0.0.1:$(cat "$STATE/${2:-$1}/port")" ;;

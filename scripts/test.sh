@@ -7,7 +7,8 @@
 # loopback ports, waits until both answer, runs the whole workspace's tests, every benchmark and example once at
 # its smallest, and stops the services again — also when tests fail, in which case it prints the services' logs.
 #
-# KAFKA_ENDPOINTS / ETCD_ENDPOINTS set in the environment: use those services instead of starting our own.
+# KAFKA_ENDPOINTS / ETCD_ENDPOINTS set in the environment: use those services instead of starting our own; the same
+# for the secure etcd with ETCD_SECURE_ENDPOINTS, ETCD_SECURE_CERTS and ETCD_SECURE_PASSWORD_FILE.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -88,12 +89,21 @@ if [[ -z ${ETCD_ENDPOINTS:-} ]]; then
   started+=(etcd)
   export ETCD_ENDPOINTS=$("$SERVICES" endpoint etcd)
 fi
+# The secure etcd (TLS, client certificates required, auth enabled: users root and walctl); its tests fail, never
+# skip, without these variables.
+if [[ -z ${ETCD_SECURE_ENDPOINTS:-} ]]; then
+  "$SERVICES" start etcd-secure
+  started+=(etcd-secure)
+  export ETCD_SECURE_ENDPOINTS=$("$SERVICES" endpoint etcd-secure)
+  export ETCD_SECURE_CERTS="$ROOT/target/services/etcd-secure/certs"
+  export ETCD_SECURE_PASSWORD_FILE="$ROOT/target/services/etcd-secure/walctl.password"
+fi
 if [[ -z ${KAFKA_ENDPOINTS:-} ]]; then
   "$SERVICES" start kafka
   started+=(kafka)
   export KAFKA_ENDPOINTS=$("$SERVICES" endpoint kafka)
 fi
-echo "[test] KAFKA_ENDPOINTS=$KAFKA_ENDPOINTS ETCD_ENDPOINTS=$ETCD_ENDPOINTS"
+echo "[test] KAFKA_ENDPOINTS=$KAFKA_ENDPOINTS ETCD_ENDPOINTS=$ETCD_ENDPOINTS ETCD_SECURE_ENDPOINTS=$ETCD_SECURE_ENDPOINTS"
 
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast

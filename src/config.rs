@@ -7,6 +7,9 @@
 //! endpoints = ["127.0.0.1:2379"]        # etcd only
 //! connect_timeout = "5s"                # etcd only
 //! request_timeout = "10s"               # etcd only
+//! tls = { ca = "ca.pem", cert = "client.pem", key = "client.key" }  # etcd only, optional; cert/key optional
+//! username = "walctl"                   # etcd only, optional: authenticate as this etcd user
+//! password_file = "etcd.password"       # etcd only, with username: the password (trailing newline trimmed)
 //! key_prefix = "cluster-a/"             # optional: a namespace on a shared store
 //!
 //! [wal]
@@ -49,6 +52,7 @@ use snafu::{IntoError, ResultExt, ensure};
 use crate::error::{
     InvalidConfigSnafu, ParseConfigSnafu, ReadConfigSnafu, Result, ValidateConfigSnafu,
 };
+use crate::kv::etcd::security::{EtcdSecurity, EtcdTlsConfig};
 use crate::wal::WalConfig;
 
 /// Where the embedded default keeps its metadata.
@@ -430,6 +434,26 @@ pub struct MetadataStoreConfig {
     /// Every key this metasrv reads or writes starts with this prefix (default: none), so several metasrvs can
     /// share one etcd cluster without seeing each other's tables, topic names or procedures.
     pub key_prefix: String,
+    /// etcd: TLS for every connection (`{ ca, cert, key }`, cert and key both or neither); absent: plaintext.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EtcdTlsConfig>,
+    /// etcd: the user every connection authenticates as; absent: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    /// etcd: the file holding `username`'s password (one trailing newline trimmed); read when connecting.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+}
+
+impl MetadataStoreConfig {
+    /// The etcd security settings (`tls`, `username`, `password_file`) as the etcd clients take them.
+    pub fn etcd_security(&self) -> EtcdSecurity {
+        EtcdSecurity {
+            tls: self.tls.clone(),
+            username: self.username.clone(),
+            password_file: self.password_file.clone(),
+        }
+    }
 }
 
 impl Default for MetadataStoreConfig {
@@ -442,6 +466,9 @@ impl Default for MetadataStoreConfig {
             request_timeout: Duration::from_secs(10),
             member_timeout: Duration::from_secs(2),
             key_prefix: String::new(),
+            tls: None,
+            username: None,
+            password_file: None,
         }
     }
 }
@@ -671,6 +698,7 @@ impl MetadataStoreConfig {
                         reason: "an endpoint is empty",
                     }
                 );
+                self.etcd_security().validate(&self.endpoints)?;
                 for (key, value) in [
                     ("metadata_store.connect_timeout", self.connect_timeout),
                     ("metadata_store.request_timeout", self.request_timeout),
@@ -948,6 +976,36 @@ mod tests {
 
         let err = parse_err("[metadata_store]\nbackend = \"redb\"\npath = 3\n");
         assert!(err.contains("key `metadata_store.path`"), "{err}");
+    }
+
+    #[test]
+    fn etcd_tls_and_user_parse_and_bad_combinations_name_the_key() {
+        let c = parse(
+            "[metadata_store]\nbackend = \"etcd\"\nendpoints = [\"127.0.0.1:2379\"]\n\
+             tls = { ca = \"ca.pem\", cert = \"client.pem\", key = \"client.key\" }\n\
+             username = \"walctl\"\npassword_file = \"etcd.password\"\n",
+        )
+        .unwrap();
+        let security = c.metadata_store.etcd_security();
+        let tls = security.tls.clone().unwrap();
+        assert_eq!(tls.ca, PathBuf::from("ca.pem"));
+        assert_eq!(tls.key, Some(PathBuf::from("client.key")));
+        assert_eq!(security.username.as_deref(), Some("walctl"));
+        assert_eq!(security.password_file, Some(PathBuf::from("etcd.password")));
+        // Round trip: the written file keeps the settings.
+        let again = MetasrvConfig::from_toml_str(&c.to_toml_string(), "again").unwrap();
+        assert_eq!(again.metadata_store.etcd_security(), security);
+
+        let err = parse_err(
+            "[metadata_store]\nbackend = \"etcd\"\ntls = { ca = \"ca.pem\", cert = \"client.pem\" }\n",
+        );
+        assert!(err.contains("metadata_store.tls"), "{err}");
+        let err = parse_err("[metadata_store]\nbackend = \"etcd\"\nusername = \"walctl\"\n");
+        assert!(err.contains("metadata_store.password_file"), "{err}");
+        let err = parse_err(
+            "[metadata_store]\nbackend = \"etcd\"\ntls = { ca = \"ca.pem\", crt = \"x\" }\n",
+        );
+        assert!(err.contains("metadata_store.tls.crt"), "{err}");
     }
 
     #[test]

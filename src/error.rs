@@ -147,6 +147,26 @@ pub enum Error {
         reason: String,
     },
 
+    /// An etcd security setting (`[metadata_store] tls`, `username`, `password_file`) is unusable.
+    #[snafu(display("invalid etcd configuration: {key}: {reason}"))]
+    EtcdSecurityConfig {
+        /// The key, e.g. `metadata_store.tls.cert`.
+        key: &'static str,
+        /// What is wrong (never a secret's value).
+        reason: String,
+    },
+
+    /// A file an etcd security setting names (a certificate, a key, the password file) could not be read.
+    #[snafu(display("cannot read {key} file {}: {source}", path.display()))]
+    EtcdCredentialFile {
+        /// The key naming the file, e.g. `metadata_store.password_file`.
+        key: &'static str,
+        /// The file.
+        path: std::path::PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+
     /// No etcd endpoint answered the connection attempt.
     #[snafu(display("cannot connect to etcd at {endpoints}: {detail}"))]
     EtcdConnect {
@@ -1313,6 +1333,8 @@ impl Error {
             | Error::RedbFile { .. }
             | Error::RedbDamaged { .. }
             | Error::EtcdConfig { .. }
+            | Error::EtcdSecurityConfig { .. }
+            | Error::EtcdCredentialFile { .. }
             | Error::ParseWalConfig { .. }
             | Error::InvalidWalConfig { .. }
             | Error::InvalidTopicName { .. }

@@ -1206,6 +1206,7 @@ async fn open_kv_backend(config: &MetasrvConfig, mode: RedbOpenMode) -> Result<K
                 connect_timeout: store.connect_timeout,
                 request_timeout: store.request_timeout,
                 member_timeout: store.member_timeout,
+                security: store.etcd_security(),
                 ..Default::default()
             };
             Arc::new(crate::kv::EtcdKvBackend::connect(etcd).await?)

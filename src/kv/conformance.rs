@@ -52,6 +52,73 @@ pub async fn etcd_from_env() -> crate::kv::EtcdKvBackend {
         })
 }
 
+/// The secure etcd the test command starts (`scripts/services.sh start etcd-secure`): TLS with a client
+/// certificate, auth enabled. Read from the environment: `ETCD_SECURE_ENDPOINTS` (comma-separated `host:port`),
+/// `ETCD_SECURE_CERTS` (the directory `scripts/certs.sh` filled: `ca.pem`, `client.pem`, `client.key`,
+/// `other-ca.pem`) and `ETCD_SECURE_PASSWORD_FILE` (the `walctl` user's password). Panics naming what is missing:
+/// tests needing it fail, they never skip.
+#[derive(Clone, Debug)]
+pub struct SecureEtcd {
+    /// The endpoints, `host:port`.
+    pub endpoints: Vec<String>,
+    /// The certificates' directory.
+    pub certs: std::path::PathBuf,
+    /// The file holding the `walctl` user's password.
+    pub password_file: std::path::PathBuf,
+}
+
+impl SecureEtcd {
+    /// Reads the environment (see the type's documentation).
+    pub fn from_env() -> Self {
+        let var = |name: &str| {
+            let value = std::env::var(name).unwrap_or_default();
+            assert!(
+                !value.trim().is_empty(),
+                "{name} is not set: this test needs the secure etcd (run through scripts/test.sh, or \
+                 scripts/services.sh start etcd-secure and set ETCD_SECURE_ENDPOINTS, ETCD_SECURE_CERTS and \
+                 ETCD_SECURE_PASSWORD_FILE)"
+            );
+            value
+        };
+        SecureEtcd {
+            endpoints: var("ETCD_SECURE_ENDPOINTS")
+                .split(',')
+                .map(str::trim)
+                .filter(|e| !e.is_empty())
+                .map(String::from)
+                .collect(),
+            certs: var("ETCD_SECURE_CERTS").into(),
+            password_file: var("ETCD_SECURE_PASSWORD_FILE").into(),
+        }
+    }
+
+    /// TLS trusting the test authority, with the client certificate.
+    pub fn tls(&self) -> crate::kv::etcd::security::EtcdTlsConfig {
+        crate::kv::etcd::security::EtcdTlsConfig {
+            ca: self.certs.join("ca.pem"),
+            cert: Some(self.certs.join("client.pem")),
+            key: Some(self.certs.join("client.key")),
+        }
+    }
+
+    /// The full security settings: TLS with the client certificate, as user `walctl`.
+    pub fn security(&self) -> crate::kv::etcd::EtcdSecurity {
+        crate::kv::etcd::EtcdSecurity {
+            tls: Some(self.tls()),
+            username: Some("walctl".to_string()),
+            password_file: Some(self.password_file.clone()),
+        }
+    }
+
+    /// A kv configuration with [`SecureEtcd::security`].
+    pub fn config(&self) -> crate::kv::EtcdConfig {
+        crate::kv::EtcdConfig {
+            security: self.security(),
+            ..crate::kv::EtcdConfig::new(self.endpoints.clone())
+        }
+    }
+}
+
 /// Runs every case. `make` returns a store and the key namespace the case must stay inside: an empty namespace for
 /// a fresh store nobody else uses (memory, a new redb file), a unique prefix on a shared one (etcd). With a
 /// non-empty namespace the store must hold no other key starting with it.

@@ -20,6 +20,7 @@
 
 pub mod members;
 mod point_reads;
+pub mod security;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +36,7 @@ use snafu::{IntoError, ensure};
 pub(crate) use self::members::is_transient as is_retryable;
 use self::members::{Failure, Members, Resend};
 use self::point_reads::{PointReads, Reader, Values};
+pub use self::security::EtcdSecurity;
 use crate::error::{
     EtcdConfigSnafu, EtcdConnectSnafu, EtcdConnectTimeoutSnafu, EtcdOpSnafu, EtcdTimeoutSnafu,
     KvLimitSnafu, Result,
@@ -79,6 +81,8 @@ pub struct EtcdConfig {
     pub max_txn_ops: usize,
     /// The most key and value bytes sent in one request (the cluster's `--max-request-bytes` less headroom).
     pub max_request_bytes: usize,
+    /// TLS and the user every connection uses ([`security`]); default: plaintext, no user.
+    pub security: EtcdSecurity,
 }
 
 impl Default for EtcdConfig {
@@ -90,6 +94,7 @@ impl Default for EtcdConfig {
             member_timeout: Duration::from_secs(2),
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            security: EtcdSecurity::default(),
         }
     }
 }
@@ -151,16 +156,22 @@ impl EtcdKvBackend {
             }
         );
         let endpoints = config.endpoints.join(",");
-        let options =
-            members::connect_options(config.connect_timeout, Some(config.request_timeout));
+        let loaded = config.security.load(
+            &config.endpoints,
+            members::connect_options(config.connect_timeout, Some(config.request_timeout)),
+        )?;
         // One client per member rather than one balancing over all (see `members`).
         let connecting = async {
             let mut clients = Vec::with_capacity(config.endpoints.len());
+            let mut sign_in = Vec::with_capacity(config.endpoints.len());
             for endpoint in &config.endpoints {
-                clients.push(Client::connect([endpoint], Some(options.clone())).await?);
+                let (client, signing) = members::connect_member(endpoint, &loaded).await?;
+                clients.push(client);
+                sign_in.push(signing);
             }
-            // Connecting is lazy: a status call proves a member answers; the first that does is preferred.
-            let members = Members::new(clients, config.endpoints.clone());
+            // Connecting is lazy: a status call (after signing in, with a user) proves a member answers; the first
+            // that does is preferred.
+            let members = Members::new(clients, config.endpoints.clone()).with_sign_in(sign_in);
             let status = members
                 .call(config.connect_timeout, Resend::Safe, |mut c| async move {
                     c.status().await
@@ -181,13 +192,26 @@ impl EtcdKvBackend {
                     }
                     .fail();
                 }
-                Ok(Err(source)) | Ok(Ok((Err(Failure::Etcd { error: source, .. }), _))) => {
+                Ok(Err(source)) => {
                     return Err(EtcdConnectSnafu {
                         endpoints,
                         detail: describe(&source),
                         retryable: is_retryable(&source),
                     }
                     .into_error(source));
+                }
+                Ok(Ok((Err(Failure::Etcd { endpoint, error }), _))) => {
+                    // The member whose answer this is (the last one tried when every member failed).
+                    let mut detail = describe(&error);
+                    if let Some(hint) = members::connect_hint(&error, config.security.uses_tls()) {
+                        detail = format!("{detail}; {hint}");
+                    }
+                    return Err(EtcdConnectSnafu {
+                        endpoints: endpoint,
+                        detail,
+                        retryable: is_retryable(&error),
+                    }
+                    .into_error(error));
                 }
             };
         let kv_clients = (0..clients.len())
@@ -199,7 +223,8 @@ impl EtcdKvBackend {
                     .max_decoding_message_size(MAX_RESPONSE_BYTES)
             })
             .collect();
-        let members = Members::new(kv_clients, config.endpoints.clone());
+        let members =
+            Members::new(kv_clients, config.endpoints.clone()).with_sign_in(clients.sign_in());
         members.prefer(preferred);
         let clients = Arc::new(clients);
         let reads = PointReads::new(point_reads::Limits {
@@ -372,7 +397,12 @@ fn from_op_response(resp: EtcdTxnOpResponse) -> TxnOpResponse {
 /// nested debug output.
 pub fn describe(e: &etcd_client::Error) -> String {
     use std::error::Error as _;
+    let refusal = members::tls_refusal(e);
     let head = match e {
+        etcd_client::Error::GRpcStatus(status) if let Some(what) = refusal => {
+            format!("{what}: {}", status.message())
+        }
+        other if let Some(what) = refusal => format!("{what}: {other}"),
         etcd_client::Error::GRpcStatus(status) => {
             let code = format!("{:?}", status.code());
             let mut words = String::new();
@@ -465,6 +495,7 @@ impl KvBackend for EtcdKvBackend {
             loop {
                 let (client, endpoint) = clients.member(member);
                 let watched = async {
+                    clients.signed_in(member).await?;
                     let mut stream = client
                         .watch_client()
                         .watch(

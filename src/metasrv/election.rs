@@ -66,6 +66,8 @@ pub struct ElectionConfig {
     pub advertise: String,
     /// The lease's time to live (whole seconds, rounded up).
     pub lease_ttl: Duration,
+    /// TLS and the user every election connection uses (the metadata store's).
+    pub security: crate::kv::etcd::EtcdSecurity,
 }
 
 /// A server's participation in the election.
@@ -135,18 +137,38 @@ impl Election {
             detail: e.to_string(),
             retryable: false,
         })?;
-        let options = members::connect_options(config.connect_timeout, None);
+        let loaded = config
+            .security
+            .load(
+                &config.endpoints,
+                members::connect_options(config.connect_timeout, None),
+            )
+            .map_err(|e| Error::Election {
+                election: name.clone(),
+                endpoints: config.endpoints.join(","),
+                action: "read the etcd security settings",
+                detail: e.to_string(),
+                retryable: false,
+            })?;
         let attempt = attempt_timeout(config.lease_ttl);
         // Connecting is lazy: a status call proves a member answers; the first that does is preferred.
         let connecting = async {
             let mut clients = Vec::with_capacity(config.endpoints.len());
             let mut keepers = Vec::with_capacity(config.endpoints.len());
+            let mut sign_in = Vec::with_capacity(config.endpoints.len());
+            let mut keepers_sign_in = Vec::with_capacity(config.endpoints.len());
             for endpoint in &config.endpoints {
-                clients.push(Client::connect([endpoint], Some(options.clone())).await?);
-                keepers.push(Client::connect([endpoint], Some(options.clone())).await?);
+                let (client, signing) = members::connect_member(endpoint, &loaded).await?;
+                clients.push(client);
+                sign_in.push(signing);
+                // The upkeep's own connections sign in on their own (a token belongs to its client).
+                let (keeper, signing) = members::connect_member(endpoint, &loaded).await?;
+                keepers.push(keeper);
+                keepers_sign_in.push(signing);
             }
-            let members = Members::new(clients, config.endpoints.clone());
-            let keepers = Members::new(keepers, config.endpoints.clone());
+            let members = Members::new(clients, config.endpoints.clone()).with_sign_in(sign_in);
+            let keepers =
+                Members::new(keepers, config.endpoints.clone()).with_sign_in(keepers_sign_in);
             let status = members
                 .call(attempt, Resend::Safe, |mut client| async move {
                     client.status().await
@@ -159,7 +181,18 @@ impl Election {
             match tokio::time::timeout(config.connect_timeout, connecting).await {
                 Ok(Ok((Ok(_), members, keepers))) => (Arc::new(members), Arc::new(keepers)),
                 Ok(Ok((Err(failure), _, _))) => {
-                    return Err(failure_error(&name, "connect", failure));
+                    let hint = match &failure {
+                        Failure::Etcd { error, .. } => {
+                            members::connect_hint(error, config.security.uses_tls())
+                        }
+                        Failure::Timeout { .. } => None,
+                    };
+                    let mut err = failure_error(&name, "connect", failure);
+                    if let (Error::Election { detail, .. }, Some(hint)) = (&mut err, hint) {
+                        detail.push_str("; ");
+                        detail.push_str(hint);
+                    }
+                    return Err(err);
                 }
                 Ok(Err(e)) => {
                     return Err(error(&name, &config, "connect", &e));
@@ -336,7 +369,11 @@ impl Election {
             let i = (start + step) % n;
             let (client, endpoint) = self.members.member(i);
             let (name, value) = (self.name.clone(), self.value.clone());
-            match client.election_client().campaign(name, value, lease).await {
+            let campaign = async {
+                self.members.signed_in(i).await?;
+                client.election_client().campaign(name, value, lease).await
+            };
+            match campaign.await {
                 Ok(resp) => {
                     self.members.prefer(i);
                     return Ok(resp);
@@ -530,8 +567,13 @@ impl KeepAlive {
                     continue;
                 }
                 started[member] = Some(now);
-                let (client, _) = self.members.member(member);
-                let lane = lane(client, member, self.lease, interval, events_tx.clone());
+                let lane = lane(
+                    Arc::clone(&self.members),
+                    member,
+                    self.lease,
+                    interval,
+                    events_tx.clone(),
+                );
                 lanes.push((member, AbortOnDrop(Some(tokio::spawn(lane)))));
             }
             tokio::select! {
@@ -583,7 +625,7 @@ impl KeepAlive {
 /// before the next is sent, so an answer always belongs to the last send. Opening the stream is itself a
 /// keep-alive. Ends, saying why, on the first failure or late answer: the upkeep opens another lane elsewhere.
 async fn lane(
-    client: Client,
+    members: Arc<Members<Client>>,
     member: usize,
     lease: i64,
     interval: Duration,
@@ -593,7 +635,12 @@ async fn lane(
         let _ = events.send(LaneEvent::Ended { member, reason });
     };
     let sent = Instant::now();
-    let opened = tokio::time::timeout(interval, client.lease_client().keep_alive(lease)).await;
+    let (client, _) = members.member(member);
+    let opened = tokio::time::timeout(interval, async {
+        members.signed_in(member).await?;
+        client.lease_client().keep_alive(lease).await
+    })
+    .await;
     let (mut keeper, mut stream) = match opened {
         Ok(Ok(pair)) => pair,
         Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {

@@ -33,6 +33,7 @@ async fn election(
             key_prefix: prefix.to_string(),
             advertise: address.to_string(),
             lease_ttl: Duration::from_secs(2),
+            security: Default::default(),
         },
         fence.clone(),
     )

@@ -8,6 +8,7 @@ mod conformance;
 mod crash_matrix;
 mod election;
 mod etcd;
+mod etcd_secure;
 mod group_commit;
 mod redb;
 mod redb_damage;

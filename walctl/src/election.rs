@@ -31,6 +31,7 @@ pub async fn connect(
             key_prefix: config.metadata_store.key_prefix.clone(),
             advertise: String::new(),
             lease_ttl: server.lease_ttl,
+            security: config.metadata_store.etcd_security(),
         },
         fence,
     )

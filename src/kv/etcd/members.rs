@@ -15,6 +15,10 @@
 //!   can tell (the procedure engine compares the record it finds with the one it wrote).
 //! - Any other error (a refused condition is not an error; an invalid request, permission denied) is the answer.
 //!
+//! With a user configured ([`super::security`]), each member's client signs in before its first call, inside that
+//! call's attempt: a member that refuses or does not answer the sign-in is passed over like any other, and a
+//! refused sign-in (a wrong password, an unknown user) is the answer, not retryable.
+//!
 //! The clients are built with etcd's `require_leader` flag, so a member that lost its raft leader (partitioned into
 //! a minority) refuses at once with `Unavailable` instead of holding the request until its own timeout, and with
 //! HTTP/2 keep-alive pings while a request is in flight, so a connection that stopped answering is closed (failing
@@ -24,7 +28,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use etcd_client::ConnectOptions;
+use std::sync::Arc;
+
+use etcd_client::{Client, ConnectOptions};
+
+use super::security::{Loaded, SignIn};
 
 /// How often an HTTP/2 ping checks a connection to a member while a request is in flight on it. Not more often
 /// than etcd allows: etcd's `--grpc-keepalive-min-time` (5 s by default) makes it close a connection that pings
@@ -84,12 +92,25 @@ pub fn connect_options(
     }
 }
 
+/// Builds the client of one member with `loaded`'s options (TLS included), and its [`SignIn`]. Connecting is lazy:
+/// nothing is sent before the first call.
+pub async fn connect_member(
+    endpoint: &str,
+    loaded: &Loaded,
+) -> Result<(Client, Arc<SignIn>), etcd_client::Error> {
+    let client = Client::connect([endpoint], Some(loaded.options.clone())).await?;
+    let sign_in = SignIn::new(client.clone(), loaded.credentials.clone());
+    Ok((client, sign_in))
+}
+
 /// One client per member, in the configured order, and the member calls start at.
 #[derive(Debug)]
 pub struct Members<C> {
     clients: Vec<C>,
     endpoints: Vec<String>,
     preferred: AtomicUsize,
+    /// Each member's sign-in (empty: no user configured).
+    sign_in: Vec<Arc<SignIn>>,
 }
 
 impl<C: Clone> Members<C> {
@@ -99,6 +120,26 @@ impl<C: Clone> Members<C> {
             clients,
             endpoints,
             preferred: AtomicUsize::new(0),
+            sign_in: Vec::new(),
+        }
+    }
+
+    /// The same members, each signing in (one [`SignIn`] per member, in order) before its first call.
+    pub fn with_sign_in(mut self, sign_in: Vec<Arc<SignIn>>) -> Self {
+        self.sign_in = sign_in;
+        self
+    }
+
+    /// The members' sign-ins, for another set of clients on the same connections (whose clones share the token).
+    pub fn sign_in(&self) -> Vec<Arc<SignIn>> {
+        self.sign_in.clone()
+    }
+
+    /// Signs member `i` in unless done already: whoever uses [`Members::member`] directly calls this first.
+    pub async fn signed_in(&self, i: usize) -> Result<(), etcd_client::Error> {
+        match self.sign_in.get(i % self.clients.len().max(1)) {
+            Some(sign_in) => sign_in.ensure().await,
+            None => Ok(()),
         }
     }
 
@@ -154,12 +195,19 @@ impl<C: Clone> Members<C> {
         for step in 0..n {
             let i = (start + step) % n;
             let endpoint = self.endpoints[i].clone();
-            let failure = match tokio::time::timeout(attempt, f(self.clients[i].clone())).await {
+            let client = self.clients[i].clone();
+            let signed_in = async {
+                self.signed_in(i).await?;
+                f(client).await
+            };
+            let failure = match tokio::time::timeout(attempt, signed_in).await {
                 Ok(Ok(out)) => {
                     self.prefer(i);
                     return Ok(out);
                 }
-                Ok(Err(error)) if is_connection_refused(&error) => {
+                Ok(Err(error))
+                    if is_connection_refused(&error) || tls_refusal(&error).is_some() =>
+                {
                     last = Some(Failure::Etcd { endpoint, error });
                     continue;
                 }
@@ -201,10 +249,74 @@ pub fn is_connection_refused(e: &etcd_client::Error) -> bool {
     false
 }
 
+/// What a failed TLS handshake with a member means, when `e` is one: the request was never sent (like a refused
+/// connection, the call moves to the next member), and trying again changes nothing until the configuration or
+/// the certificates do (not retryable).
+pub fn tls_refusal(e: &etcd_client::Error) -> Option<&'static str> {
+    use std::error::Error as _;
+    let mut text = e.to_string();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            text.push_str(status.message());
+            status.source()
+        }
+        other => other.source(),
+    };
+    while let Some(c) = cause {
+        text.push(' ');
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    if text.contains("invalid peer certificate") {
+        Some(
+            "TLS handshake failed: the server's certificate is not signed by an authority in metadata_store.tls.ca \
+             or does not name the endpoint's host",
+        )
+    } else if text.contains("received fatal alert") {
+        Some(
+            "TLS handshake failed: the server refused it (it wants a client certificate its authority signed: check \
+             metadata_store.tls.cert and key)",
+        )
+    } else if text.contains("tls handshake eof")
+        || text.contains("corrupt message")
+        || text.contains("InvalidContentType")
+    {
+        Some(
+            "TLS handshake failed: the server closed the connection during the handshake (does it serve TLS on this \
+             port? without TLS, remove metadata_store.tls)",
+        )
+    } else {
+        None
+    }
+}
+
+/// A hint for a connection that failed without a word from etcd when connecting (`tls`: whether TLS is
+/// configured): TLS 1.3 finishes the client's side of the handshake before the server checks the client certificate,
+/// so a refused one may show as a closed or reset connection only; and a TLS-only server closes a plaintext client's
+/// connection at once.
+pub fn connect_hint(e: &etcd_client::Error, tls: bool) -> Option<&'static str> {
+    let etcd_answered = match e {
+        etcd_client::Error::GRpcStatus(status) => status.message().contains("etcdserver"),
+        _ => false,
+    };
+    if etcd_answered || tls_refusal(e).is_some() || !is_transient(e) || is_connection_refused(e) {
+        return None;
+    }
+    Some(if tls {
+        "with TLS, a connection closed or reset at once usually means the server wants a client certificate its \
+         authority signed (metadata_store.tls.cert and key) or does not serve TLS on this port"
+    } else {
+        "a connection closed at once may mean the server serves TLS only (configure metadata_store.tls)"
+    })
+}
+
 /// Whether an etcd client error says the member or the cluster could not serve the request now (so it may clear up
-/// on retry, or on another member): see the module documentation.
+/// on retry, or on another member): see the module documentation. A refused TLS handshake ([`tls_refusal`]) is not.
 pub fn is_transient(e: &etcd_client::Error) -> bool {
     use etcd_client::Error as E;
+    if tls_refusal(e).is_some() {
+        return false;
+    }
     match e {
         E::GRpcStatus(status) => is_transient_code(i32::from(status.code())),
         E::TransportError(_) | E::IoError(_) => true,

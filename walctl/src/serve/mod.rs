@@ -53,6 +53,7 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
                     key_prefix: config.metadata_store.key_prefix.clone(),
                     advertise: advertise.clone(),
                     lease_ttl: server.lease_ttl,
+                    security: config.metadata_store.etcd_security(),
                 },
                 fence.clone(),
             )

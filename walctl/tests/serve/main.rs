@@ -23,4 +23,5 @@ mod page;
 mod partition;
 mod quorum;
 mod redb;
+mod secure_etcd;
 mod stalled;
