@@ -14,6 +14,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod access;
 mod bench;
 mod bench_heartbeats;
 mod cli;
@@ -57,9 +58,11 @@ fn main() -> ExitCode {
     progress::init_tracing();
     if !cli.server.is_empty() && !cli.command.runs_against_datanodes() {
         // Client mode: plain blocking HTTP, no runtime needed.
-        let result = client::Client::new(&cli.server, cli.wait).and_then(|mut client| {
-            client::execute(&mut client, &cli.command, &mut Output::new(cli.json))
-        });
+        let result = access::Access::from_cli(cli.token_file.as_deref(), cli.ca.as_deref())
+            .and_then(|access| client::Client::new(&cli.server, cli.wait, &access))
+            .and_then(|mut client| {
+                client::execute(&mut client, &cli.command, &mut Output::new(cli.json))
+            });
         return match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -154,7 +157,9 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 )))
             }
             election::Joined::Server(address) => tokio::task::block_in_place(|| {
-                let mut client = client::Client::new(&[address], cli.wait)?;
+                let access =
+                    access::Access::from_cli(cli.token_file.as_deref(), cli.ca.as_deref())?;
+                let mut client = client::Client::new(&[address], cli.wait, &access)?;
                 client::execute(&mut client, &cli.command, &mut out)
             }),
             election::Joined::Term(term) => {
@@ -187,7 +192,9 @@ async fn against_datanodes(cli: &Cli) -> Result<(), Failure> {
     if let Command::Bench(bench::BenchCommand::Heartbeats(args)) = &cli.command {
         return tokio::task::block_in_place(|| bench_heartbeats::run(args, &cli.server, &mut out));
     }
-    let mut router = route::Router::new(&cli.server, cli.config.as_deref(), cli.wait).await?;
+    let access = access::Access::from_cli(cli.token_file.as_deref(), cli.ca.as_deref())?;
+    let mut router =
+        route::Router::new(&cli.server, cli.config.as_deref(), cli.wait, &access).await?;
     let result = tokio::task::block_in_place(|| match &cli.command {
         Command::Load(args) => load::run(args, router, &mut out).map(Some),
         Command::Wal(wal::WalCommand::Flush { table, region }) => {

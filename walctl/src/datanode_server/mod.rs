@@ -45,6 +45,7 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
                 section.listen
             ))
         })?;
+    let access = crate::access::Access::from_files(&section.token_file, &section.ca)?;
     let datanode = Arc::new(Datanode::new(options));
     let link: Arc<dyn datanode::heartbeat::MetasrvLink> = Arc::new(link::HttpLink::new(
         &section.metasrv,
@@ -52,6 +53,7 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
             .heartbeat_interval
             .max(std::time::Duration::from_millis(500)),
         section.id,
+        access,
     ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let app = api::router(datanode.clone());
