@@ -23,4 +23,5 @@ mod page;
 mod partition;
 mod quorum;
 mod redb;
+mod security;
 mod stalled;
