@@ -47,6 +47,24 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
     }
     let advertise = server.advertised().to_string();
 
+    // The tokens and the certificate are read before anything is claimed: a bad file stops the start here.
+    let auth = match &server.auth {
+        Some(auth) => Some(Arc::new(
+            auth::Auth::load(Path::new(&auth.tokens_file), server.metrics_public)
+                .map_err(|e| Failure::Refused(format!("[server] auth: {e}")))?,
+        )),
+        None => None,
+    };
+    let tls = match &server.tls {
+        Some(tls) => Some(
+            listener::tls_config(Path::new(&tls.cert), Path::new(&tls.key))
+                .map_err(|e| Failure::Refused(format!("[server] tls: {e}")))?,
+        ),
+        None => None,
+    };
+    let descriptors = listener::raise_descriptor_limit();
+    tracing::debug!(?descriptors, "open descriptor limit");
+
     let fence = (config.metadata_store.backend == MetadataBackend::Etcd)
         .then(|| Arc::new(LeaderFence::new()));
     let election = match &fence {
@@ -68,24 +86,6 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
     // redb: opening takes the file's lock; a second server fails here naming the path.
     let metasrv =
         Arc::new(Metasrv::open_fenced(config, RedbOpenMode::CreateIfMissing, fence).await?);
-
-    // The tokens and the certificate are read before anything is claimed: a bad file stops the start here.
-    let auth = match &server.auth {
-        Some(auth) => Some(Arc::new(
-            auth::Auth::load(Path::new(&auth.tokens_file), server.metrics_public)
-                .map_err(|e| Failure::Refused(format!("[server] auth: {e}")))?,
-        )),
-        None => None,
-    };
-    let tls = match &server.tls {
-        Some(tls) => Some(
-            listener::tls_config(Path::new(&tls.cert), Path::new(&tls.key))
-                .map_err(|e| Failure::Refused(format!("[server] tls: {e}")))?,
-        ),
-        None => None,
-    };
-    let descriptors = listener::raise_descriptor_limit();
-    tracing::debug!(?descriptors, "open descriptor limit");
 
     let listener = tokio::net::TcpListener::bind(&server.listen)
         .await

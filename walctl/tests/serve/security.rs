@@ -548,7 +548,11 @@ fn no_token_appears_in_logs_answers_metrics_the_page_or_json_output() {
         &dir,
         "bad.toml",
         &format!(
-            "{REDB}\n[server]\nlisten = \"127.0.0.1:0\"\n{}",
+            "{}\n[server]\nlisten = \"127.0.0.1:0\"\n{}",
+            REDB.replace(
+                "data/metadata.redb",
+                &dir.join("bad.redb").display().to_string()
+            ),
             auth_toml(&bad)
         ),
     );
@@ -561,6 +565,10 @@ fn no_token_appears_in_logs_answers_metrics_the_page_or_json_output() {
         stderr(&out).contains("bad-tokens line 2"),
         "{}",
         stderr(&out)
+    );
+    assert!(
+        !dir.join("bad.redb").exists(),
+        "the tokens are read before the store is opened"
     );
     seen.push(format!("{}{}", stdout(&out), stderr(&out)));
     seen.push(std::fs::read_to_string(&server.log).expect("the server's log"));
