@@ -303,17 +303,7 @@ fn tokens_scope_the_api_and_sighup_reloads_them() {
 fn https_with_a_token_untrusted_authorities_and_plain_http_are_told_apart() {
     let mut servers = Servers::start(REDB.to_string(), 0);
     let dir = servers.dir.path().to_path_buf();
-    let certs = dir.join("certs");
-    let script = crate::cluster::services_script()
-        .parent()
-        .expect("scripts/")
-        .join("certs.sh");
-    let made = Command::new("bash")
-        .arg(&script)
-        .arg(&certs)
-        .output()
-        .expect("run scripts/certs.sh");
-    assert!(made.status.success(), "{}", stderr(&made));
+    let certs = make_certs(&dir);
     let tokens = write(&dir, "tokens", &format!("write {WRITE}\n"));
     let token_file = write(&dir, "client.token", &format!("write {WRITE}\n"));
     servers.server_toml = format!(
@@ -764,4 +754,145 @@ fn a_connection_past_max_connections_is_closed_at_once() {
     eventually("a connection served once the others closed", || {
         TcpStream::connect(&server.address).is_ok_and(|mut s| health_on(&mut s))
     });
+}
+
+/// Generates the test certificates in `dir/certs` (`scripts/certs.sh`).
+fn make_certs(dir: &Path) -> PathBuf {
+    let certs = dir.join("certs");
+    let script = crate::cluster::services_script()
+        .parent()
+        .expect("scripts/")
+        .join("certs.sh");
+    let made = Command::new("bash")
+        .arg(&script)
+        .arg(&certs)
+        .output()
+        .expect("run scripts/certs.sh");
+    assert!(made.status.success(), "{}", stderr(&made));
+    certs
+}
+
+#[test]
+fn a_datanode_registers_and_heartbeats_over_https_with_its_token_and_not_without() {
+    let mut servers = Servers::start(REDB.to_string(), 0);
+    let dir = servers.dir.path().to_path_buf();
+    let certs = make_certs(&dir);
+    let tokens = write(&dir, "tokens", &format!("read {READ}\nwrite {WRITE}\n"));
+    servers.server_toml = format!(
+        "{}tls = {{ cert = {:?}, key = {:?} }}\n",
+        auth_toml(&tokens),
+        certs.join("server.pem").display().to_string(),
+        certs.join("server.key").display().to_string()
+    );
+    servers.spawn();
+    let server = &servers.servers[0];
+    let ca = certs.join("ca.pem");
+    let https = agent(Some(&ca));
+    let base = format!("https://{}", server.address);
+    eventually("the server is ready over HTTPS", || {
+        https
+            .get(&format!("{base}/ready"))
+            .call()
+            .is_ok_and(|r| r.status().as_u16() == 200)
+    });
+
+    let datanode = |name: &str, token_file: Option<&Path>| -> std::process::Child {
+        let token = token_file.map_or(String::new(), |f| {
+            format!("token_file = {:?}\n", f.display().to_string())
+        });
+        let config = write(
+            &dir,
+            &format!("{name}.toml"),
+            &format!(
+                "[metadata_store]\nbackend = \"memory\"\n\n[datanodes]\nids = [1]\nwal_dir = {:?}\n\n\
+                 [datanode]\nid = 1\nlisten = \"127.0.0.1:{}\"\nmetasrv = [{base:?}]\nregion_storage = {:?}\n\
+                 heartbeat_interval = \"200ms\"\nca = {:?}\n{token}",
+                dir.join(format!("{name}-wal/{{datanode}}"))
+                    .display()
+                    .to_string(),
+                crate::cluster::free_port(),
+                dir.join("regions").display().to_string(),
+                ca.display().to_string(),
+            ),
+        );
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).expect("a log");
+        Command::new(walctl_path())
+            .arg("--config")
+            .arg(&config)
+            .arg("datanode")
+            .current_dir(&dir)
+            .env("RUST_LOG", "info")
+            .stdout(log.try_clone().expect("the log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn walctl datanode")
+    };
+
+    // Without a token: the registration is refused, and the datanode exits naming why.
+    let mut refused = datanode("no-token", None);
+    let status = refused.wait().expect("the datanode exits");
+    assert!(!status.success());
+    let log = std::fs::read_to_string(dir.join("no-token.log")).unwrap_or_default();
+    assert!(
+        log.contains("bearer token") && log.contains(&server.address),
+        "{log}"
+    );
+
+    // With its token: it registers and heartbeats (the leader's registry lists it, heartbeat after heartbeat).
+    let token_file = write(&dir, "datanode.token", &format!("{WRITE}\n"));
+    let mut child = datanode("with-token", Some(&token_file));
+    let heartbeats = || -> Option<u64> {
+        let answer = send(&https, "GET", &format!("{base}/metrics"), Some(READ), None);
+        answer
+            .text
+            .lines()
+            .find(|l| l.starts_with("walctl_datanode_heartbeats_total"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+    };
+    eventually("the datanode registered and heartbeats", || {
+        let listed = send(
+            &https,
+            "GET",
+            &format!("{base}/v1/datanodes"),
+            Some(READ),
+            None,
+        );
+        listed.body["datanodes"]
+            .as_array()
+            .is_some_and(|d| d.len() == 1)
+            && heartbeats().is_some_and(|n| n >= 3)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn a_body_slower_than_body_timeout_is_answered_408_and_the_connection_closed() {
+    let mut servers = Servers::start(REDB.to_string(), 0);
+    servers.server_toml = "body_timeout = \"1s\"\n".to_string();
+    servers.spawn();
+    servers.wait_for_leader(&[0]);
+    let server = &servers.servers[0];
+    let mut stream = TcpStream::connect(&server.address).expect("connect");
+    // A head announcing 100 bytes, then 10 of them and nothing more.
+    stream
+        .write_all(
+            b"POST /v1/tables HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+              Content-Length: 100\r\n\r\n{\"name\": ",
+        )
+        .expect("a partial request");
+    stream
+        .set_read_timeout(Some(PATIENCE))
+        .expect("a read timeout");
+    let mut answer = String::new();
+    let read = stream.read_to_string(&mut answer);
+    assert!(read.is_ok(), "the server closed the connection: {read:?}");
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"kind\":\"request_timeout\""), "{answer}");
+    assert!(answer.contains("body_timeout"), "{answer}");
+    // Nothing was created.
+    let (status, listed) = get(&server.url("/v1/procedures"));
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["matched"], json!(0), "{listed}");
 }
