@@ -24,6 +24,8 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
@@ -43,6 +45,10 @@ pub struct ListenOptions {
     pub max_connections: usize,
     /// Which setting names these values in messages (`[server]` or `[datanode]`).
     pub section: &'static str,
+    /// Connections open now, kept up to date here.
+    pub open: Gauge,
+    /// Connections closed at once past the cap, counted here.
+    pub refused: Counter,
 }
 
 /// The first byte of a TLS connection: a handshake record.
@@ -110,6 +116,7 @@ pub async fn serve(
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             // Closed at once: a queued connection would hold a descriptor and wait for nothing.
+            options.refused.inc();
             refused += 1;
             if refused.is_power_of_two() {
                 tracing::info!(
@@ -125,8 +132,10 @@ pub async fn serve(
         let options = options.clone();
         let app = app.clone();
         let shutdown = shutdown.clone();
+        options.open.inc();
         tokio::spawn(async move {
             connection(stream, peer, app, &options, shutdown).await;
+            options.open.dec();
             drop(permit);
         });
     }

@@ -111,7 +111,7 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
             metasrv: metasrv.clone(),
             election,
             status: status_rx,
-            metrics,
+            metrics: metrics.clone(),
             advertise: advertise.clone(),
             admission: Arc::new(tokio::sync::Semaphore::new(server.max_pending_writes)),
         },
@@ -140,6 +140,8 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
         header_timeout: server.header_timeout,
         max_connections: server.max_connections,
         section: "[server]",
+        open: metrics.http_connections.clone(),
+        refused: metrics.http_connections_refused.clone(),
     };
     let http = tokio::spawn(listener::serve(listener, app, options, shutdown_rx.clone()));
 

@@ -745,10 +745,25 @@ fn a_connection_past_max_connections_is_closed_at_once() {
         !health_on(&mut past),
         "the connection past the cap was closed without an answer"
     );
-    // The held ones are still served.
+    // The held ones are still served, and the refusal is counted.
     for stream in &mut held {
         assert!(health_on(stream), "a held connection still answers");
     }
+    // Asked on a held connection: the cap leaves no room for another.
+    let mut asking = held.pop().expect("a held connection");
+    asking
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .expect("a request");
+    let mut metrics = String::new();
+    asking
+        .read_to_string(&mut metrics)
+        .expect("the metrics, then the end of the connection");
+    let refused = metrics
+        .lines()
+        .find(|l| l.starts_with("walctl_http_connections_refused_total"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(refused.is_some_and(|n| n >= 1), "{metrics}");
     drop(held);
     // Once they are gone, a new connection is served.
     eventually("a connection served once the others closed", || {
