@@ -104,7 +104,8 @@ impl Tokens {
     }
 
     /// The scope of `presented`, compared in constant time against every token (the time does not tell which
-    /// token, if any, matched, nor how much of one).
+    /// token, if any, matched, nor how many of its bytes a guess got right; only whether its length is one of the
+    /// tokens').
     pub fn scope_of(&self, presented: &[u8]) -> Option<Scope> {
         let mut read = Choice::from(0);
         let mut write = Choice::from(0);

@@ -417,6 +417,10 @@ fn the_page_escapes_ids_and_names_clients_wrote() {
         send(&agent, "GET", &server.url("/v1/procedures"), None, None).status,
         401
     );
+    assert_eq!(
+        send(&agent, "GET", &server.url("/metrics"), None, None).status,
+        200
+    );
 
     // Table names are validated: markup in one is refused (400) and stored nowhere.
     for name in [
