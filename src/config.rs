@@ -126,6 +126,9 @@ pub struct DatanodeConfig {
     /// A PEM file of the authority that signed the servers' certificates, for `https://` metasrv URLs. Empty: the
     /// public web authorities.
     pub ca: String,
+    /// Bearer tokens this datanode's own API asks for, in the format of `[server] auth` (reads need a `read` or
+    /// `write` token, writes and flushes a `write` one, `/health` is open); absent, its API is open.
+    pub auth: Option<ServerAuth>,
 }
 
 impl Default for DatanodeConfig {
@@ -141,6 +144,7 @@ impl Default for DatanodeConfig {
             flush_threshold: DEFAULT_FLUSH_THRESHOLD,
             token_file: String::new(),
             ca: String::new(),
+            auth: None,
         }
     }
 }

@@ -196,9 +196,10 @@ async fn against_datanodes(cli: &Cli) -> Result<(), Failure> {
     let mut router =
         route::Router::new(&cli.server, cli.config.as_deref(), cli.wait, &access).await?;
     let result = tokio::task::block_in_place(|| match &cli.command {
-        Command::Load(args) => load::run(args, router, &mut out).map(Some),
+        Command::Load(args) => load::run(args, router, &access, &mut out).map(Some),
         Command::Wal(wal::WalCommand::Flush { table, region }) => {
-            wal::flush(&mut router, table, *region, cli.wait, &mut out).map(|()| Some(router))
+            wal::flush(&mut router, table, *region, cli.wait, &access, &mut out)
+                .map(|()| Some(router))
         }
         _ => Ok(Some(router)),
     });

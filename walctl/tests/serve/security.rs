@@ -792,7 +792,7 @@ fn make_certs(dir: &Path) -> PathBuf {
 }
 
 #[test]
-fn a_datanode_registers_and_heartbeats_over_https_with_its_token_and_not_without() {
+fn a_datanode_heartbeats_over_https_with_its_token_not_without_and_its_api_asks_for_tokens() {
     let mut servers = Servers::start(REDB.to_string(), 0);
     let dir = servers.dir.path().to_path_buf();
     let certs = make_certs(&dir);
@@ -815,9 +815,15 @@ fn a_datanode_registers_and_heartbeats_over_https_with_its_token_and_not_without
             .is_ok_and(|r| r.status().as_u16() == 200)
     });
 
+    let datanode_port = crate::cluster::free_port();
     let datanode = |name: &str, token_file: Option<&Path>| -> std::process::Child {
+        // With a token it also asks for the server's tokens on its own API.
         let token = token_file.map_or(String::new(), |f| {
-            format!("token_file = {:?}\n", f.display().to_string())
+            format!(
+                "token_file = {:?}\n{}",
+                f.display().to_string(),
+                auth_toml(&tokens)
+            )
         });
         let config = write(
             &dir,
@@ -829,7 +835,7 @@ fn a_datanode_registers_and_heartbeats_over_https_with_its_token_and_not_without
                 dir.join(format!("{name}-wal/{{datanode}}"))
                     .display()
                     .to_string(),
-                crate::cluster::free_port(),
+                datanode_port,
                 dir.join("regions").display().to_string(),
                 ca.display().to_string(),
             ),
@@ -882,6 +888,60 @@ fn a_datanode_registers_and_heartbeats_over_https_with_its_token_and_not_without
             .is_some_and(|d| d.len() == 1)
             && heartbeats().is_some_and(|n| n >= 3)
     });
+
+    // Its own API asks for a token too: reads a read one, flushes a write one.
+    let plain = agent(None);
+    let datanode_url = |path: &str| format!("http://127.0.0.1:{datanode_port}{path}");
+    assert_eq!(
+        send(&plain, "GET", &datanode_url("/health"), None, None).status,
+        200
+    );
+    let refused = send(&plain, "GET", &datanode_url("/v1/regions"), None, None);
+    assert_eq!(refused.status, 401, "{}", refused.text);
+    assert_eq!(refused.body["error"]["kind"], json!("unauthorized"));
+    assert_eq!(
+        send(
+            &plain,
+            "GET",
+            &datanode_url("/v1/regions"),
+            Some(READ),
+            None
+        )
+        .status,
+        200
+    );
+    let forbidden = send(
+        &plain,
+        "POST",
+        &datanode_url("/v1/regions/1/flush"),
+        Some(READ),
+        None,
+    );
+    assert_eq!(forbidden.status, 403, "{}", forbidden.text);
+    // walctl wal flush sends --token-file's token to the server and to the datanode alike.
+    let operator = write(&dir, "operator.token", &format!("write {WRITE}\n"));
+    let client = |args: &[&str]| {
+        let mut all = vec![
+            "--server",
+            base.as_str(),
+            "--ca",
+            ca.to_str().expect("a UTF-8 path"),
+            "--token-file",
+            operator.to_str().expect("a UTF-8 path"),
+        ];
+        all.extend_from_slice(args);
+        walctl(&all, &[])
+    };
+    let out = client(&["create-table", "flushed", "--regions", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = client(&["--json", "wal", "flush", "--table", "flushed"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        stderr(&out),
+        std::fs::read_to_string(dir.join("with-token.log")).unwrap_or_default()
+    );
+    assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
     let _ = child.kill();
     let _ = child.wait();
 }
