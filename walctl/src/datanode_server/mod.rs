@@ -4,8 +4,8 @@
 //! HTTP API until SIGTERM/SIGINT. Told its incarnation is stale, it stops serving and exits non-zero.
 //!
 //! Its calls to `walctl serve` carry `[datanode] token_file`'s token and check `https://` servers against
-//! `[datanode] ca`; its own API asks for `[datanode] auth`'s tokens when set, and bounds connections as the
-//! server's does (`docs/security.md`).
+//! `[datanode] ca`; its own API asks for `[datanode] auth`'s tokens when set (re-read on SIGHUP), and bounds
+//! connections as the server's does (`docs/security.md`).
 
 mod api;
 pub mod link;
@@ -68,7 +68,9 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
     ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut app = api::router(datanode.clone());
+    let mut reloads = None;
     if let Some(auth) = auth {
+        reloads = Some(tokio::spawn(crate::serve::reload_on_sighup(auth.clone())));
         app = app.layer(axum::middleware::from_fn_with_state(
             auth,
             crate::serve::auth::require_token,
@@ -109,6 +111,9 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
         done = heartbeats => Some(done),
     };
     datanode.stop();
+    if let Some(reloads) = reloads {
+        reloads.abort();
+    }
     shutdown_tx.send_replace(true);
     let _ = http.await;
     match outcome {

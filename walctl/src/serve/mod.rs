@@ -162,7 +162,7 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
 
 /// Re-reads the tokens file on every SIGHUP; a file that cannot be read or parsed leaves the old tokens in force
 /// and is logged naming the file and the line (never a token).
-async fn reload_on_sighup(auth: Arc<auth::Auth>) {
+pub(crate) async fn reload_on_sighup(auth: Arc<auth::Auth>) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangup = match signal(SignalKind::hangup()) {
         Ok(hangup) => hangup,

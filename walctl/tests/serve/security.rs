@@ -942,6 +942,35 @@ fn a_datanode_heartbeats_over_https_with_its_token_not_without_and_its_api_asks_
         std::fs::read_to_string(dir.join("with-token.log")).unwrap_or_default()
     );
     assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
+    // SIGHUP: the datanode re-reads its tokens file.
+    write(&dir, "tokens", &format!("read {ROTATED}\n"));
+    let hup = Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(hup.success());
+    eventually("the datanode takes the rotated token", || {
+        send(
+            &plain,
+            "GET",
+            &datanode_url("/v1/regions"),
+            Some(ROTATED),
+            None,
+        )
+        .status
+            == 200
+    });
+    assert_eq!(
+        send(
+            &plain,
+            "GET",
+            &datanode_url("/v1/regions"),
+            Some(READ),
+            None
+        )
+        .status,
+        401
+    );
     let _ = child.kill();
     let _ = child.wait();
 }
