@@ -189,10 +189,12 @@ async fn against_datanodes(cli: &Cli) -> Result<(), Failure> {
     if let Command::Region(command) = &cli.command {
         return region::run(command, cli.config.as_deref(), &mut out).await;
     }
-    if let Command::Bench(bench::BenchCommand::Heartbeats(args)) = &cli.command {
-        return tokio::task::block_in_place(|| bench_heartbeats::run(args, &cli.server, &mut out));
-    }
     let access = access::Access::from_cli(cli.token_file.as_deref(), cli.ca.as_deref())?;
+    if let Command::Bench(bench::BenchCommand::Heartbeats(args)) = &cli.command {
+        return tokio::task::block_in_place(|| {
+            bench_heartbeats::run(args, &cli.server, &access, &mut out)
+        });
+    }
     let mut router =
         route::Router::new(&cli.server, cli.config.as_deref(), cli.wait, &access).await?;
     let result = tokio::task::block_in_place(|| match &cli.command {
