@@ -309,6 +309,9 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default of [`ServerConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
+/// The largest [`ServerConfig::max_connections`] taken.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
+
 impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
@@ -376,11 +379,11 @@ impl ServerConfig {
             }
         );
         ensure!(
-            self.max_connections >= 1,
+            (1..=MAX_CONNECTIONS_LIMIT).contains(&self.max_connections),
             InvalidConfigSnafu {
                 key: "server.max_connections",
                 value: self.max_connections.to_string(),
-                reason: "must be at least 1",
+                reason: format!("must be within 1 and {MAX_CONNECTIONS_LIMIT}"),
             }
         );
         for (key, value) in [
@@ -1150,10 +1153,43 @@ mod tests {
             ("[server]\nlisten = \"nohost\"\n", "server.listen"),
             ("[server]\nlisten = \":80\"\n", "server.listen"),
             ("[server]\nadvertise = \"h:notaport\"\n", "server.advertise"),
+            ("[server]\nmax_connections = 0\n", "server.max_connections"),
+            (
+                "[server]\nmax_connections = 1000001\n",
+                "server.max_connections",
+            ),
+            (
+                "[server]\nheader_timeout = \"10ms\"\n",
+                "server.header_timeout",
+            ),
+            ("[server]\nbody_timeout = \"2h\"\n", "server.body_timeout"),
+            (
+                "[server]\nauth = { tokens_file = \"\" }\n",
+                "server.auth.tokens_file",
+            ),
+            (
+                "[server]\ntls = { cert = \"c.pem\", key = \" \" }\n",
+                "server.tls.key",
+            ),
+            ("[server]\nauth = { tokens = \"t\" }\n", "server.auth"),
         ] {
             let err = parse_err(toml);
             assert!(err.contains(key), "{toml}: {err}");
         }
+        let (_, server) = with_server(
+            "[server]\nauth = { tokens_file = \"tokens\" }\ntls = { cert = \"c.pem\", key = \"k.pem\" }\n\
+             metrics_public = true\nheader_timeout = \"5s\"\nbody_timeout = \"7s\"\nmax_connections = 64\n",
+        )
+        .unwrap();
+        assert_eq!(
+            server.auth.as_ref().map(|a| a.tokens_file.as_str()),
+            Some("tokens")
+        );
+        assert_eq!(server.tls.as_ref().map(|t| t.key.as_str()), Some("k.pem"));
+        assert!(server.metrics_public);
+        assert_eq!(server.header_timeout, Duration::from_secs(5));
+        assert_eq!(server.body_timeout, Duration::from_secs(7));
+        assert_eq!(server.max_connections, 64);
     }
 
     #[test]
