@@ -35,6 +35,12 @@
 //! listen = "127.0.0.1:3002"             # the HTTP API
 //! advertise = "127.0.0.1:3002"          # what followers tell clients to call
 //! lease_ttl = "5s"                      # leadership lease on etcd, 2–60 s
+//! auth = { tokens_file = "tokens" }     # optional: bearer tokens, `SCOPE TOKEN` a line (docs/security.md)
+//! tls = { cert = "server.pem", key = "server.key" }  # optional: HTTPS
+//! metrics_public = false                # /metrics and the page without a token
+//! header_timeout = "10s"                # a request head (and an idle keep-alive connection)
+//! body_timeout = "30s"                  # a request body
+//! max_connections = 1024                # past it, a connection is closed at once
 //! ```
 //!
 //! Every table denies unknown keys. Parse errors are one line naming the file, the position and the key
@@ -119,6 +125,14 @@ pub struct DatanodeConfig {
     pub heartbeat_interval: Duration,
     /// Unflushed bytes per region past which a flush starts on its own (writes wait for it).
     pub flush_threshold: u64,
+    /// A file holding the bearer token (a `write` one) sent with every call to `walctl serve`. Empty: none.
+    pub token_file: String,
+    /// A PEM file of the authority that signed the servers' certificates, for `https://` metasrv URLs. Empty: the
+    /// public web authorities.
+    pub ca: String,
+    /// Bearer tokens this datanode's own API asks for, in the format of `[server] auth` (reads need a `read` or
+    /// `write` token, writes and flushes a `write` one, `/health` is open); absent, its API is open.
+    pub auth: Option<ServerAuth>,
 }
 
 impl Default for DatanodeConfig {
@@ -132,6 +146,9 @@ impl Default for DatanodeConfig {
             wal_dir: String::new(),
             heartbeat_interval: Duration::from_secs(1),
             flush_threshold: DEFAULT_FLUSH_THRESHOLD,
+            token_file: String::new(),
+            ca: String::new(),
+            auth: None,
         }
     }
 }
@@ -246,10 +263,58 @@ pub struct ServerConfig {
     /// write is answered `429 overloaded` with `Retry-After`, so a burst cannot queue without bound. Datanode
     /// heartbeats, reads and procedure control are never refused this way.
     pub max_pending_writes: usize,
+    /// Bearer tokens the API asks for (`docs/security.md`); absent, every route is open to whoever reaches it.
+    pub auth: Option<ServerAuth>,
+    /// HTTPS: the server's certificate chain and key (PEM files); absent, the API speaks plain HTTP.
+    pub tls: Option<ServerTls>,
+    /// Whether `GET /metrics` and the page at `/` answer without a token when `auth` is set.
+    pub metrics_public: bool,
+    /// How long a connection may take to send a request's head (the TLS handshake included), counted from the
+    /// moment the server waits for it, so it also bounds an idle keep-alive connection; past it the connection is
+    /// closed.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// How long a request's body may take to arrive once its head is read; past it the answer is
+    /// `408 request_timeout` and the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Connections served at once; a connection past it is accepted and closed at once (not queued).
+    pub max_connections: usize,
+}
+
+/// `[server] auth`: where the API's bearer tokens are.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerAuth {
+    /// A file of one token a line as `SCOPE TOKEN` (`read` or `write`), `#` comments and blank lines allowed;
+    /// re-read on SIGHUP.
+    pub tokens_file: String,
+}
+
+/// `[server] tls`: the certificate the API presents.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTls {
+    /// The PEM certificate chain, the server's own certificate first.
+    pub cert: String,
+    /// The PEM private key of that certificate (PKCS#8, PKCS#1 or SEC1).
+    pub key: String,
 }
 
 /// The default of [`ServerConfig::max_pending_writes`].
 pub const DEFAULT_MAX_PENDING_WRITES: usize = 2048;
+
+/// The default of [`ServerConfig::header_timeout`].
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default of [`ServerConfig::body_timeout`].
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The default of [`ServerConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// The largest [`ServerConfig::max_connections`] taken.
+pub const MAX_CONNECTIONS_LIMIT: usize = 1_000_000;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -258,6 +323,12 @@ impl Default for ServerConfig {
             advertise: String::new(),
             lease_ttl: Duration::from_secs(5),
             max_pending_writes: DEFAULT_MAX_PENDING_WRITES,
+            auth: None,
+            tls: None,
+            metrics_public: false,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
         }
     }
 }
@@ -311,6 +382,49 @@ impl ServerConfig {
                 reason: "must be at least 1",
             }
         );
+        ensure!(
+            (1..=MAX_CONNECTIONS_LIMIT).contains(&self.max_connections),
+            InvalidConfigSnafu {
+                key: "server.max_connections",
+                value: self.max_connections.to_string(),
+                reason: format!("must be within 1 and {MAX_CONNECTIONS_LIMIT}"),
+            }
+        );
+        for (key, value) in [
+            ("server.header_timeout", self.header_timeout),
+            ("server.body_timeout", self.body_timeout),
+        ] {
+            ensure!(
+                (Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&value),
+                InvalidConfigSnafu {
+                    key,
+                    value: humantime_serde::re::humantime::format_duration(value).to_string(),
+                    reason: "must be within 100ms and 1h",
+                }
+            );
+        }
+        if let Some(auth) = &self.auth {
+            ensure!(
+                !auth.tokens_file.trim().is_empty(),
+                InvalidConfigSnafu {
+                    key: "server.auth.tokens_file",
+                    value: "\"\"",
+                    reason: "must name a file",
+                }
+            );
+        }
+        if let Some(tls) = &self.tls {
+            for (key, value) in [("server.tls.cert", &tls.cert), ("server.tls.key", &tls.key)] {
+                ensure!(
+                    !value.trim().is_empty(),
+                    InvalidConfigSnafu {
+                        key,
+                        value: "\"\"",
+                        reason: "must name a PEM file",
+                    }
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -1097,10 +1211,43 @@ mod tests {
             ("[server]\nlisten = \"nohost\"\n", "server.listen"),
             ("[server]\nlisten = \":80\"\n", "server.listen"),
             ("[server]\nadvertise = \"h:notaport\"\n", "server.advertise"),
+            ("[server]\nmax_connections = 0\n", "server.max_connections"),
+            (
+                "[server]\nmax_connections = 1000001\n",
+                "server.max_connections",
+            ),
+            (
+                "[server]\nheader_timeout = \"10ms\"\n",
+                "server.header_timeout",
+            ),
+            ("[server]\nbody_timeout = \"2h\"\n", "server.body_timeout"),
+            (
+                "[server]\nauth = { tokens_file = \"\" }\n",
+                "server.auth.tokens_file",
+            ),
+            (
+                "[server]\ntls = { cert = \"c.pem\", key = \" \" }\n",
+                "server.tls.key",
+            ),
+            ("[server]\nauth = { tokens = \"t\" }\n", "server.auth"),
         ] {
             let err = parse_err(toml);
             assert!(err.contains(key), "{toml}: {err}");
         }
+        let (_, server) = with_server(
+            "[server]\nauth = { tokens_file = \"tokens\" }\ntls = { cert = \"c.pem\", key = \"k.pem\" }\n\
+             metrics_public = true\nheader_timeout = \"5s\"\nbody_timeout = \"7s\"\nmax_connections = 64\n",
+        )
+        .unwrap();
+        assert_eq!(
+            server.auth.as_ref().map(|a| a.tokens_file.as_str()),
+            Some("tokens")
+        );
+        assert_eq!(server.tls.as_ref().map(|t| t.key.as_str()), Some("k.pem"));
+        assert!(server.metrics_public);
+        assert_eq!(server.header_timeout, Duration::from_secs(5));
+        assert_eq!(server.body_timeout, Duration::from_secs(7));
+        assert_eq!(server.max_connections, 64);
     }
 
     #[test]

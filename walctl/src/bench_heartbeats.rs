@@ -71,21 +71,24 @@ pub struct HeartbeatsReport {
     pub bench_cpu_us_per_heartbeat: Option<f64>,
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .new_agent()
+/// The bench's HTTP client: an agent and the token (`--token-file`, `WALCTL_TOKEN`) and authority (`--ca`) it uses.
+#[derive(Clone)]
+struct Http {
+    agent: ureq::Agent,
+    access: crate::access::Access,
 }
 
-fn post<T: DeserializeOwned>(
-    agent: &ureq::Agent,
-    url: &str,
-    body: &impl Serialize,
-) -> Result<T, Failure> {
-    let mut response = agent
-        .post(url)
+fn agent(access: &crate::access::Access) -> Http {
+    Http {
+        agent: access.agent(Duration::from_secs(60), Duration::from_secs(60)),
+        access: access.clone(),
+    }
+}
+
+fn post<T: DeserializeOwned>(http: &Http, url: &str, body: &impl Serialize) -> Result<T, Failure> {
+    let mut response = http
+        .access
+        .authorize(http.agent.post(url))
         .send_json(body)
         .map_err(|e| Failure::Refused(format!("{url}: {e}")))?;
     let status = response.status().as_u16();
@@ -103,14 +106,15 @@ fn post<T: DeserializeOwned>(
 }
 
 /// One heartbeat of the encoded `body`: the number of leases in the answer (only they are decoded).
-fn heartbeat(agent: &ureq::Agent, url: &str, body: &[u8]) -> Result<u64, Failure> {
+fn heartbeat(http: &Http, url: &str, body: &[u8]) -> Result<u64, Failure> {
     /// The part of the answer the bench counts.
     #[derive(serde::Deserialize)]
     struct Leases {
         leases: Vec<serde::de::IgnoredAny>,
     }
-    let mut response = agent
-        .post(url)
+    let mut response = http
+        .access
+        .authorize(http.agent.post(url))
         .header("content-type", "application/json")
         .send(body)
         .map_err(|e| Failure::Refused(format!("{url}: {e}")))?;
@@ -149,14 +153,19 @@ fn cpu_seconds_of(process: &str) -> Option<f64> {
 }
 
 /// Runs the bench against the leader among `servers`.
-pub fn run(args: &HeartbeatsArgs, servers: &[String], out: &mut Output) -> Result<(), Failure> {
+pub fn run(
+    args: &HeartbeatsArgs,
+    servers: &[String],
+    access: &crate::access::Access,
+    out: &mut Output,
+) -> Result<(), Failure> {
     let Some(server) = servers.first() else {
         return Err(Failure::Refused(
             "bench heartbeats runs against a walctl serve: give it --server".to_string(),
         ));
     };
     let base = base_url(server);
-    let agent = agent();
+    let agent = agent(access);
     let run = format!("{:x}", std::process::id());
     // N tables of R regions: round-robin placement gives each of the N datanodes R regions.
     let created = Arc::new(AtomicU64::new(0));

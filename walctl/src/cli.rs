@@ -31,6 +31,15 @@ pub struct Cli {
     )]
     pub server: Vec<String>,
 
+    /// A file holding the bearer token sent to `walctl serve` with --server (the token alone, or a `SCOPE TOKEN`
+    /// line); without it, the token in the environment variable WALCTL_TOKEN, if set.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
+
+    /// A PEM file of the authority that signed the servers' certificates, for `https://` servers.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+
     /// How long to look for a leader that takes the request with --server (servers down, an election under way),
     /// and how long a command that writes on etcd waits for its turn to lead, before giving up.
     #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]

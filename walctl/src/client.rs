@@ -14,6 +14,7 @@ use remote_wal::wal::prune::PruneOutput;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use crate::access::{Access, is_tls_error};
 use crate::cli::{Command, ProceduresCommand};
 use crate::output::{self, OpenRequests, Output};
 use crate::wal::WalCommand;
@@ -41,6 +42,7 @@ pub struct Client {
     leader: Option<String>,
     agent: ureq::Agent,
     patience: Duration,
+    access: Access,
 }
 
 /// `URL` without a trailing `/`, with `http://` added when no scheme is given.
@@ -54,8 +56,9 @@ fn base_url(url: &str) -> String {
 }
 
 impl Client {
-    /// A client of `servers` (URLs or `host:port`), each request bounded by `patience` in all.
-    pub fn new(servers: &[String], patience: Duration) -> Result<Self, Failure> {
+    /// A client of `servers` (URLs or `host:port`), each request bounded by `patience` in all, with `access`'s
+    /// token and authority.
+    pub fn new(servers: &[String], patience: Duration, access: &Access) -> Result<Self, Failure> {
         let servers: Vec<String> = servers
             .iter()
             .filter(|s| !s.trim().is_empty())
@@ -66,17 +69,13 @@ impl Client {
                 "--server (or WALCTL_SERVER) names no server".to_string(),
             ));
         }
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(CONNECT_TIMEOUT))
-            .timeout_global(Some(patience.max(CONNECT_TIMEOUT)))
-            .build()
-            .new_agent();
+        let agent = access.agent(CONNECT_TIMEOUT, patience.max(CONNECT_TIMEOUT));
         Ok(Client {
             servers,
             leader: None,
             agent,
             patience,
+            access: access.clone(),
         })
     }
 
@@ -98,11 +97,14 @@ impl Client {
                 }
             };
             let url = format!("{server}{path}");
+            let access = &self.access;
             let sent = match (method, body) {
-                (Method::Get, _) => self.agent.get(&url).call(),
-                (Method::Delete, _) => self.agent.delete(&url).call(),
-                (Method::Post, Some(body)) => self.agent.post(&url).send_json(body),
-                (Method::Post, None) => self.agent.post(&url).send_empty(),
+                (Method::Get, _) => access.authorize(self.agent.get(&url)).call(),
+                (Method::Delete, _) => access.authorize(self.agent.delete(&url)).call(),
+                (Method::Post, Some(body)) => {
+                    access.authorize(self.agent.post(&url)).send_json(body)
+                }
+                (Method::Post, None) => access.authorize(self.agent.post(&url)).send_empty(),
             };
             match sent {
                 Ok(mut response) => {
@@ -118,6 +120,10 @@ impl Client {
                         .map(str::to_string)
                         .unwrap_or_else(|| format!("HTTP {status} from {url}"));
                     let retryable = error["retryable"].as_bool().unwrap_or(status == 503);
+                    if status == 401 || status == 403 {
+                        // The server names what is missing; the client names the server.
+                        return Err(Failure::Refused(format!("{server}: {message}")));
+                    }
                     if status != 503 && !retryable {
                         return Err(Failure::Refused(message));
                     }
@@ -129,6 +135,12 @@ impl Client {
                         self.leader = Some(leader);
                         continue;
                     }
+                }
+                // A certificate this client does not trust: every retry would meet it again.
+                Err(e) if is_tls_error(&e) => {
+                    return Err(Failure::Refused(format!(
+                        "{server}: TLS: {e} (--ca names the authority that signed the server's certificate)"
+                    )));
                 }
                 Err(e) => last.push(format!("{server}: {e}")),
             }

@@ -129,6 +129,7 @@ struct Shared {
     latencies: Mutex<Vec<Duration>>,
     acks: Option<Mutex<std::io::BufWriter<std::fs::File>>>,
     agent: ureq::Agent,
+    access: crate::access::Access,
     rate_per_worker: Option<f64>,
     entry_size: usize,
     batch: u64,
@@ -204,8 +205,8 @@ fn send(shared: &Shared, address: &str, region_id: u64, body: &[u8]) -> Sent {
         crate::datanode_server::link::base_url(address)
     );
     match shared
-        .agent
-        .post(&url)
+        .access
+        .authorize(shared.agent.post(&url))
         .header("content-type", "application/octet-stream")
         .send(body)
     {
@@ -226,7 +227,7 @@ fn send(shared: &Shared, address: &str, region_id: u64, body: &[u8]) -> Sent {
                 .to_string();
             match kind {
                 "not_leader" => Sent::NotLeader,
-                "bad_request" => Sent::Refused(message),
+                "bad_request" | "unauthorized" | "forbidden" => Sent::Refused(message),
                 _ => Sent::Unknown(format!("HTTP {status} {kind}: {message}")),
             }
         }
@@ -338,7 +339,12 @@ fn worker(shared: Arc<Shared>, regions: Vec<u64>) -> Result<(), Failure> {
 }
 
 /// Runs the load.
-pub fn run(args: &LoadArgs, router: Router, out: &mut Output) -> Result<Router, Failure> {
+pub fn run(
+    args: &LoadArgs,
+    router: Router,
+    access: &crate::access::Access,
+    out: &mut Output,
+) -> Result<Router, Failure> {
     let acks = match &args.ack_log {
         Some(path) => Some(Mutex::new(std::io::BufWriter::new(
             std::fs::File::create(path).map_err(|e| {
@@ -347,12 +353,7 @@ pub fn run(args: &LoadArgs, router: Router, out: &mut Output) -> Result<Router, 
         ))),
         None => None,
     };
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_connect(Some(Duration::from_secs(2)))
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .new_agent();
+    let agent = access.agent(Duration::from_secs(2), Duration::from_secs(30));
     let workers_wanted = args.concurrency;
     let shared = Arc::new(Shared {
         router: Mutex::new(router),
@@ -367,6 +368,7 @@ pub fn run(args: &LoadArgs, router: Router, out: &mut Output) -> Result<Router, 
         latencies: Mutex::new(Vec::new()),
         acks,
         agent,
+        access: access.clone(),
         rate_per_worker: None,
         entry_size: usize::try_from(args.entry_size).unwrap_or(8),
         batch: args.batch,

@@ -14,6 +14,7 @@
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod access;
 mod bench;
 mod bench_heartbeats;
 mod cli;
@@ -58,9 +59,11 @@ fn main() -> ExitCode {
     progress::init_tracing();
     if !cli.server.is_empty() && !cli.command.runs_against_datanodes() {
         // Client mode: plain blocking HTTP, no runtime needed.
-        let result = client::Client::new(&cli.server, cli.wait).and_then(|mut client| {
-            client::execute(&mut client, &cli.command, &mut Output::new(cli.json))
-        });
+        let result = access::Access::from_cli(cli.token_file.as_deref(), cli.ca.as_deref())
+            .and_then(|access| client::Client::new(&cli.server, cli.wait, &access))
+            .and_then(|mut client| {
+                client::execute(&mut client, &cli.command, &mut Output::new(cli.json))
+            });
         return match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -155,7 +158,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
                 )))
             }
             election::Joined::Server(address) => tokio::task::block_in_place(|| {
-                let mut client = client::Client::new(std::slice::from_ref(&address), cli.wait)?;
+                let access =
+                    access::Access::from_cli(cli.token_file.as_deref(), cli.ca.as_deref())?;
+                let mut client =
+                    client::Client::new(std::slice::from_ref(&address), cli.wait, &access)?;
                 // The server runs the command with its own config: refused when that is not this command's.
                 if let Some(theirs) = client.served()? {
                     let found = drift::differences(&drift::served(&config), &theirs);
@@ -198,14 +204,19 @@ async fn against_datanodes(cli: &Cli) -> Result<(), Failure> {
     if let Command::Region(command) = &cli.command {
         return region::run(command, cli.config.as_deref(), &mut out).await;
     }
+    let access = access::Access::from_cli(cli.token_file.as_deref(), cli.ca.as_deref())?;
     if let Command::Bench(bench::BenchCommand::Heartbeats(args)) = &cli.command {
-        return tokio::task::block_in_place(|| bench_heartbeats::run(args, &cli.server, &mut out));
+        return tokio::task::block_in_place(|| {
+            bench_heartbeats::run(args, &cli.server, &access, &mut out)
+        });
     }
-    let mut router = route::Router::new(&cli.server, cli.config.as_deref(), cli.wait).await?;
+    let mut router =
+        route::Router::new(&cli.server, cli.config.as_deref(), cli.wait, &access).await?;
     let result = tokio::task::block_in_place(|| match &cli.command {
-        Command::Load(args) => load::run(args, router, &mut out).map(Some),
+        Command::Load(args) => load::run(args, router, &access, &mut out).map(Some),
         Command::Wal(wal::WalCommand::Flush { table, region }) => {
-            wal::flush(&mut router, table, *region, cli.wait, &mut out).map(|()| Some(router))
+            wal::flush(&mut router, table, *region, cli.wait, &access, &mut out)
+                .map(|()| Some(router))
         }
         _ => Ok(Some(router)),
     });

@@ -25,14 +25,15 @@ pub enum Router {
 }
 
 impl Router {
-    /// Through `servers` when given, else on the store of `config`.
+    /// Through `servers` (with `access`'s token and authority) when given, else on the store of `config`.
     pub async fn new(
         servers: &[String],
         config: Option<&std::path::Path>,
         wait: Duration,
+        access: &crate::access::Access,
     ) -> Result<Self, Failure> {
         if !servers.is_empty() {
-            return Ok(Router::Servers(Client::new(servers, wait)?));
+            return Ok(Router::Servers(Client::new(servers, wait, access)?));
         }
         let config = match config {
             Some(path) => MetasrvConfig::from_file(path)?,

@@ -147,6 +147,7 @@ pub fn flush(
     table: &str,
     region: Option<u32>,
     wait: std::time::Duration,
+    access: &crate::access::Access,
     out: &mut Output,
 ) -> Result<(), crate::Failure> {
     let deadline = std::time::Instant::now() + wait;
@@ -182,7 +183,7 @@ pub fn flush(
                     leaders.table
                 )));
             };
-            match flush_one(&agent, &r)? {
+            match flush_one(&agent, access, &r)? {
                 Some(value) => break (r, value),
                 None if std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(200));
@@ -215,6 +216,7 @@ pub fn flush(
 /// answer, an error for a definite refusal.
 fn flush_one(
     agent: &ureq::Agent,
+    access: &crate::access::Access,
     r: &remote_wal::metasrv::datanodes::RegionLeader,
 ) -> Result<Option<serde_json::Value>, crate::Failure> {
     let Some(address) = &r.address else {
@@ -225,7 +227,7 @@ fn flush_one(
         crate::datanode_server::link::base_url(address),
         r.region_id
     );
-    let Ok(mut response) = agent.post(&url).send_empty() else {
+    let Ok(mut response) = access.authorize(agent.post(&url)).send_empty() else {
         return Ok(None);
     };
     let status = response.status().as_u16();

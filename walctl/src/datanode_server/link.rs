@@ -20,6 +20,7 @@ pub struct HttpLink {
     servers: Vec<String>,
     leader: Mutex<Option<String>>,
     agent: ureq::Agent,
+    access: crate::access::Access,
     datanode_id: u64,
 }
 
@@ -34,18 +35,19 @@ pub fn base_url(url: &str) -> String {
 }
 
 impl HttpLink {
-    /// A link to `servers`, each request bounded by `timeout`.
-    pub fn new(servers: &[String], timeout: Duration, datanode_id: u64) -> Self {
-        let agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_connect(Some(timeout))
-            .timeout_global(Some(timeout))
-            .build()
-            .new_agent();
+    /// A link to `servers`, each request bounded by `timeout`, sent with `access`'s token (`[datanode]
+    /// token_file`) and checking `https://` servers against its authority (`[datanode] ca`).
+    pub fn new(
+        servers: &[String],
+        timeout: Duration,
+        datanode_id: u64,
+        access: crate::access::Access,
+    ) -> Self {
         HttpLink {
             servers: servers.iter().map(|s| base_url(s)).collect(),
             leader: Mutex::new(None),
-            agent,
+            agent: access.agent(timeout, timeout),
+            access,
             datanode_id,
         }
     }
@@ -74,7 +76,7 @@ impl HttpLink {
             }
             tried.push(server.clone());
             let url = format!("{server}{path}");
-            match self.agent.post(&url).send_json(body) {
+            match self.access.authorize(self.agent.post(&url)).send_json(body) {
                 Ok(mut response) => {
                     let status = response.status().as_u16();
                     let value: Value = response.body_mut().read_json().unwrap_or(Value::Null);
@@ -102,6 +104,14 @@ impl HttpLink {
                         order.insert(i, leader);
                     }
                     let retryable = error["retryable"].as_bool().unwrap_or(status == 503);
+                    // A missing, unknown or read-only token: no other server of the deployment takes it either.
+                    if status == 401 || status == 403 {
+                        return Err(Error::Metasrv {
+                            endpoints: server,
+                            detail: format!("{message} ([datanode] token_file)"),
+                            retryable: false,
+                        });
+                    }
                     if status != 503 && !retryable {
                         return Err(Error::Metasrv {
                             endpoints: server,

@@ -2,6 +2,10 @@
 //! incarnation), heartbeats every `[datanode] heartbeat_interval`, opens the regions the metasrv gives it (each
 //! replayed from region storage and its WAL), takes writes for the regions it holds a lease on, and serves its
 //! HTTP API until SIGTERM/SIGINT. Told its incarnation is stale, it stops serving and exits non-zero.
+//!
+//! Its calls to `walctl serve` carry `[datanode] token_file`'s token and check `https://` servers against
+//! `[datanode] ca`; its own API asks for `[datanode] auth`'s tokens when set (re-read on SIGHUP), and bounds
+//! connections as the server's does (`docs/security.md`).
 
 mod api;
 pub mod link;
@@ -45,6 +49,14 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
                 section.listen
             ))
         })?;
+    let access = crate::access::Access::from_files(&section.token_file, &section.ca)?;
+    let auth = match &section.auth {
+        Some(auth) => Some(Arc::new(
+            crate::serve::auth::Auth::load(Path::new(&auth.tokens_file), false)
+                .map_err(|e| Failure::Refused(format!("[datanode] auth: {e}")))?,
+        )),
+        None => None,
+    };
     let datanode = Arc::new(Datanode::new(options));
     let link: Arc<dyn datanode::heartbeat::MetasrvLink> = Arc::new(link::HttpLink::new(
         &section.metasrv,
@@ -52,22 +64,38 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
             .heartbeat_interval
             .max(std::time::Duration::from_millis(500)),
         section.id,
+        access,
     ));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let app = api::router(datanode.clone());
+    let mut app = api::router(datanode.clone());
+    let mut reloads = None;
+    if let Some(auth) = auth {
+        reloads = Some(tokio::spawn(crate::serve::reload_on_sighup(auth.clone())));
+        app = app.layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::serve::auth::require_token,
+        ));
+    }
     let bound = listener
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_else(|_| section.listen.clone());
     println!("listening on {bound}");
-    let mut http_shutdown = shutdown_rx.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_shutdown.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    // The server's connection loop: the same connection cap and header timeout (their defaults).
+    let options = crate::serve::listener::ListenOptions {
+        tls: None,
+        header_timeout: remote_wal::config::DEFAULT_HEADER_TIMEOUT,
+        max_connections: remote_wal::config::DEFAULT_MAX_CONNECTIONS,
+        section: "[datanode]",
+        open: Default::default(),
+        refused: Default::default(),
+    };
+    let http = tokio::spawn(crate::serve::listener::serve(
+        listener,
+        app,
+        options,
+        shutdown_rx.clone(),
+    ));
 
     let mut registering = shutdown_rx.clone();
     let heartbeats = {
@@ -83,6 +111,9 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
         done = heartbeats => Some(done),
     };
     datanode.stop();
+    if let Some(reloads) = reloads {
+        reloads.abort();
+    }
     shutdown_tx.send_replace(true);
     let _ = http.await;
     match outcome {

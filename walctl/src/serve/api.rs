@@ -39,9 +39,19 @@ pub struct AppState {
     pub admission: Arc<tokio::sync::Semaphore>,
 }
 
+/// What guards the routes: the tokens (`[server] auth`), and how long a body may take to arrive.
+#[derive(Clone)]
+pub struct Guard {
+    /// The tokens; `None`: every route open.
+    pub auth: Option<Arc<crate::serve::auth::Auth>>,
+    /// `[server] body_timeout`.
+    pub body_timeout: std::time::Duration,
+}
+
 /// Every route. Every answer but the page's and the metrics' is JSON, errors of the router and extractors
-/// included (`error::json_errors`); bodies are read up to [`crate::serve::error::BODY_LIMIT`].
-pub fn router(state: AppState) -> Router {
+/// included (`error::json_errors`); a request passes the token check (`serve::auth`) before its body is read,
+/// within `body_timeout` and up to [`crate::serve::error::BODY_LIMIT`] bytes (`listener::read_body`).
+pub fn router(state: AppState, guard: Guard) -> Router {
     let routes = Router::new()
         .route("/", get(crate::serve::page::page))
         .route("/health", get(health))
@@ -75,9 +85,20 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(crate::serve::error::BODY_LIMIT))
         .with_state(state);
     // Outside the routes, so that the middleware sees a 405 with the `Allow` header the routes add.
-    Router::new()
-        .fallback_service(routes)
-        .layer(axum::middleware::from_fn(crate::serve::error::json_errors))
+    let mut app =
+        Router::new()
+            .fallback_service(routes)
+            .layer(axum::middleware::from_fn_with_state(
+                guard.body_timeout,
+                crate::serve::listener::read_body,
+            ));
+    if let Some(auth) = guard.auth {
+        app = app.layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::serve::auth::require_token,
+        ));
+    }
+    app.layer(axum::middleware::from_fn(crate::serve::error::json_errors))
 }
 
 pub(super) type ApiResult = Result<Response, ApiError>;

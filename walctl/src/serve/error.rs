@@ -22,7 +22,7 @@ pub struct ApiError {
     pub status: StatusCode,
     /// A stable machine-readable kind (`bad_request`, `not_found`, `method_not_allowed`, `payload_too_large`,
     /// `not_registered`, `already_exists`, `conflict`, `stale_incarnation`, `not_leader`, `not_ready`, `overloaded`,
-    /// `store_unavailable`, `internal`).
+    /// `store_unavailable`, `unauthorized`, `forbidden`, `request_timeout`, `internal`).
     pub kind: &'static str,
     /// What went wrong, for people; names the field, table, procedure id or leader concerned.
     pub message: String,
@@ -73,6 +73,39 @@ impl ApiError {
             kind: "payload_too_large",
             message: message.into(),
             retryable: false,
+            leader: None,
+        }
+    }
+
+    /// 401: no bearer token, or one the server does not hold (`serve::auth`).
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            kind: "unauthorized",
+            message: message.into(),
+            retryable: false,
+            leader: None,
+        }
+    }
+
+    /// 403: the token is valid but its scope does not allow the request (a read token on a write).
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::FORBIDDEN,
+            kind: "forbidden",
+            message: message.into(),
+            retryable: false,
+            leader: None,
+        }
+    }
+
+    /// 408: the request's body did not arrive within `[server] body_timeout`.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            kind: "request_timeout",
+            message: message.into(),
+            retryable: true,
             leader: None,
         }
     }

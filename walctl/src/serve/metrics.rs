@@ -81,6 +81,10 @@ pub struct Metrics {
     pub datanode_registrations: Counter,
     /// Datanode heartbeats this server answered.
     pub heartbeats: Counter,
+    /// HTTP connections open now (`[server] max_connections` bounds it).
+    pub http_connections: Gauge,
+    /// HTTP connections closed at once because `max_connections` were open.
+    pub http_connections_refused: Counter,
     datanodes: Gauge,
     datanodes_suspected: Gauge,
     unavailable_regions: Gauge,
@@ -168,6 +172,18 @@ impl Metrics {
             "Datanode heartbeats this server answered while leading",
             heartbeats.clone(),
         );
+        let http_connections = Gauge::default();
+        registry.register(
+            "http_connections",
+            "HTTP connections open now ([server] max_connections bounds them)",
+            http_connections.clone(),
+        );
+        let http_connections_refused = Counter::default();
+        registry.register(
+            "http_connections_refused",
+            "HTTP connections closed at once because [server] max_connections were open",
+            http_connections_refused.clone(),
+        );
         let datanodes = Gauge::default();
         registry.register(
             "datanodes",
@@ -229,6 +245,8 @@ impl Metrics {
             wal_brokers_unchecked,
             datanode_registrations,
             heartbeats,
+            http_connections,
+            http_connections_refused,
             datanodes,
             datanodes_suspected,
             unavailable_regions,

@@ -8,12 +8,17 @@
 //! Every server, leader or follower, also renders the procedures page at `GET /` (`page`): who leads, the procedures
 //! with stuck ones first, the locks, and the WAL pool's regions per topic.
 //!
+//! With `[server] auth` every request but `/health` and `/ready` needs a bearer token (`auth`), re-read on SIGHUP;
+//! with `[server] tls` the API speaks HTTPS only; connections are capped and timed out (`listener`).
+//!
 //! SIGTERM or SIGINT: the leader resigns, the manager stops (every task joined), the HTTP server drains, exit 0.
 
 mod api;
+pub(crate) mod auth;
 mod datanodes;
 mod error;
 mod leadership;
+pub(crate) mod listener;
 mod metrics;
 mod page;
 
@@ -41,6 +46,24 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
         server.validate()?;
     }
     let advertise = server.advertised().to_string();
+
+    // The tokens and the certificate are read before anything is claimed: a bad file stops the start here.
+    let auth = match &server.auth {
+        Some(auth) => Some(Arc::new(
+            auth::Auth::load(Path::new(&auth.tokens_file), server.metrics_public)
+                .map_err(|e| Failure::Refused(format!("[server] auth: {e}")))?,
+        )),
+        None => None,
+    };
+    let tls = match &server.tls {
+        Some(tls) => Some(
+            listener::tls_config(Path::new(&tls.cert), Path::new(&tls.key))
+                .map_err(|e| Failure::Refused(format!("[server] tls: {e}")))?,
+        ),
+        None => None,
+    };
+    let descriptors = listener::raise_descriptor_limit();
+    tracing::debug!(?descriptors, "open descriptor limit");
 
     let fence = (config.metadata_store.backend == MetadataBackend::Etcd)
         .then(|| Arc::new(LeaderFence::new()));
@@ -84,15 +107,28 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
         metrics.clone(),
         shutdown_rx.clone(),
     ));
-    let app = api::router(api::AppState {
-        metasrv: metasrv.clone(),
-        election,
-        status: status_rx,
-        metrics,
-        advertise: advertise.clone(),
-        admission: Arc::new(tokio::sync::Semaphore::new(server.max_pending_writes)),
-    });
-    tracing::info!(listen = %server.listen, %advertise, "serving");
+    let app = api::router(
+        api::AppState {
+            metasrv: metasrv.clone(),
+            election,
+            status: status_rx,
+            metrics: metrics.clone(),
+            advertise: advertise.clone(),
+            admission: Arc::new(tokio::sync::Semaphore::new(server.max_pending_writes)),
+        },
+        api::Guard {
+            auth: auth.clone(),
+            body_timeout: server.body_timeout,
+        },
+    );
+    let reloads = auth.map(|auth| tokio::spawn(reload_on_sighup(auth)));
+    tracing::info!(
+        listen = %server.listen,
+        %advertise,
+        tls = server.tls.is_some(),
+        auth = server.auth.is_some(),
+        "serving"
+    );
     // Printed for scripts and tests that start a server on port 0.
     let bound = listener
         .local_addr()
@@ -100,27 +136,55 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
         .unwrap_or_else(|_| server.listen.clone());
     println!("listening on {bound}");
 
-    let mut http_shutdown = shutdown_rx.clone();
-    let http = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = http_shutdown.wait_for(|s| *s).await;
-            })
-            .await
-    });
+    let options = listener::ListenOptions {
+        tls,
+        header_timeout: server.header_timeout,
+        max_connections: server.max_connections,
+        section: "[server]",
+        open: metrics.http_connections.clone(),
+        refused: metrics.http_connections_refused.clone(),
+    };
+    let http = tokio::spawn(listener::serve(listener, app, options, shutdown_rx.clone()));
 
     wait_for_signal().await?;
+    if let Some(reloads) = reloads {
+        reloads.abort();
+    }
     tracing::info!("shutting down: stepping down and stopping the procedure manager");
     shutdown_tx.send_replace(true);
     if let Err(e) = roles.await {
         tracing::warn!(error = %e, "the leadership task ended abnormally");
     }
-    match http.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::warn!(error = %e, "the HTTP server ended with an error"),
-        Err(e) => tracing::warn!(error = %e, "the HTTP server task ended abnormally"),
+    if let Err(e) = http.await {
+        tracing::warn!(error = %e, "the HTTP server task ended abnormally");
     }
     Ok(())
+}
+
+/// Re-reads the tokens file on every SIGHUP; a file that cannot be read or parsed leaves the old tokens in force
+/// and is logged naming the file and the line (never a token).
+pub(crate) async fn reload_on_sighup(auth: Arc<auth::Auth>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangup = match signal(SignalKind::hangup()) {
+        Ok(hangup) => hangup,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot listen for SIGHUP: the tokens file will not be re-read");
+            return;
+        }
+    };
+    while hangup.recv().await.is_some() {
+        match auth.reload() {
+            Ok(count) => tracing::info!(
+                file = %auth.file().display(),
+                tokens = count,
+                "re-read the tokens file"
+            ),
+            Err(e) => tracing::error!(
+                error = %e,
+                "the tokens file could not be re-read; the tokens read before stay in force"
+            ),
+        }
+    }
 }
 
 /// Waits for SIGTERM or SIGINT.

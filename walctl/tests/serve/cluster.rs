@@ -145,6 +145,8 @@ pub struct Servers {
     pub metasrv_toml: String,
     /// More lines for the `[server]` section of servers spawned from now on.
     pub server_toml: String,
+    /// The `RUST_LOG` of servers spawned from now on (`info` unless changed).
+    pub rust_log: String,
 }
 
 impl Servers {
@@ -187,6 +189,7 @@ impl Servers {
             servers: Vec::new(),
             metasrv_toml,
             server_toml: String::new(),
+            rust_log: "info".to_string(),
         };
         for _ in 0..n {
             servers.spawn();
@@ -218,7 +221,7 @@ impl Servers {
             .arg(&config)
             .arg("serve")
             .current_dir(self.dir.path())
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", &self.rust_log)
             .stdout(Stdio::from(file))
             .stderr(Stdio::from(err))
             .spawn()

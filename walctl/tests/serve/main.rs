@@ -24,4 +24,5 @@ mod partition;
 mod quorum;
 mod redb;
 mod secure_etcd;
+mod security;
 mod stalled;

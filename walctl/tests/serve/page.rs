@@ -25,7 +25,7 @@ const FAILED_ERROR: &str =
     "the datanode answered <img src=x onerror=\"document.title='owned'\"> & gave up";
 
 /// The DOM of `url` after Chromium loaded it (`--dump-dom`), with a throwaway profile.
-fn chromium_dom(url: &str) -> String {
+pub(crate) fn chromium_dom(url: &str) -> String {
     let profile = tempfile::tempdir().expect("a temp profile dir");
     let mut command = Command::new("chromium");
     command
