@@ -72,6 +72,8 @@ install() {
   command -v protoc >/dev/null || need+=(protobuf-compiler)
   command -v java >/dev/null || need+=(openjdk-17-jre-headless)
   command -v mvn >/dev/null || need+=(maven)
+  # scripts/certs.sh makes the TLS tests' certificates with it.
+  command -v openssl >/dev/null || need+=(openssl)
   if ((${#need[@]})); then
     log "installing Debian packages: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
