@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The one command that runs every test of remote-wal (what .ci/run calls).
 #
-# It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc, openssl, chromium; Maven Central:
-# the Apache Kafka jars, cached under target/kafka-libs), runs clippy and rustdoc with warnings denied (the lint gates
-# all run before any service starts, so they fail fast), starts one Kafka broker (KRaft) and one etcd on free
-# loopback ports, waits until both answer, runs the whole workspace's tests, every benchmark and example once at
+# It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc, openssl, chromium; Maven
+# Central: the Apache Kafka jars, cached under target/kafka-libs), runs clippy and rustdoc with warnings denied (the
+# lint gates all run before any service starts, so they fail fast), starts one Kafka broker (KRaft), one etcd and a
+# secure etcd (TLS, client certificates, users) on free loopback ports, waits until both answer, runs the whole workspace's tests, every benchmark and example once at
 # its smallest, and stops the services again — also when tests fail, in which case it prints the services' logs.
 #
 # KAFKA_ENDPOINTS / ETCD_ENDPOINTS set in the environment: use those services instead of starting our own; the same
