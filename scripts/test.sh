@@ -3,11 +3,12 @@
 #
 # It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc, chromium; Maven Central:
 # the Apache Kafka jars, cached under target/kafka-libs), runs clippy and rustdoc with warnings denied (the lint gates
-# all run before any service starts, so they fail fast), starts one Kafka broker (KRaft) and one etcd on free
-# loopback ports, waits until both answer, runs the whole workspace's tests (and builds the benchmarks), and stops
+# all run before any service starts, so they fail fast), starts one Kafka broker (KRaft), one Kafka broker with a
+# SASL_SSL listener only (the security tests') and one etcd on free loopback ports, waits until both answer, runs the whole workspace's tests (and builds the benchmarks), and stops
 # the services again — also when tests fail, in which case it prints the services' logs.
 #
-# KAFKA_ENDPOINTS / ETCD_ENDPOINTS set in the environment: use those services instead of starting our own.
+# KAFKA_ENDPOINTS / ETCD_ENDPOINTS / KAFKA_SECURE_ENDPOINTS (with KAFKA_SECURE_DIR) set in the environment: use
+# those services instead of starting our own.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -93,7 +94,15 @@ if [[ -z ${KAFKA_ENDPOINTS:-} ]]; then
   started+=(kafka)
   export KAFKA_ENDPOINTS=$("$SERVICES" endpoint kafka)
 fi
-echo "[test] KAFKA_ENDPOINTS=$KAFKA_ENDPOINTS ETCD_ENDPOINTS=$ETCD_ENDPOINTS"
+# The security tests' broker: SASL_SSL only (scripts/services.sh start kafka-secure). KAFKA_SECURE_DIR holds
+# certs/ca.pem, certs/other-ca.pem, username and password (the SCRAM user's).
+if [[ -z ${KAFKA_SECURE_ENDPOINTS:-} ]]; then
+  "$SERVICES" start kafka-secure
+  started+=(kafka-secure)
+  export KAFKA_SECURE_ENDPOINTS=$("$SERVICES" endpoint kafka-secure)
+  export KAFKA_SECURE_DIR="$ROOT/target/services/kafka-secure"
+fi
+echo "[test] KAFKA_ENDPOINTS=$KAFKA_ENDPOINTS ETCD_ENDPOINTS=$ETCD_ENDPOINTS KAFKA_SECURE_ENDPOINTS=$KAFKA_SECURE_ENDPOINTS"
 
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast
