@@ -4,6 +4,7 @@ pub mod admin;
 pub mod batch_admin;
 pub mod bootstrap;
 pub mod connection;
+pub mod java_client;
 pub mod partition;
 pub mod record_deleter;
 pub mod region_count;

@@ -245,6 +245,27 @@ impl KafkaSecurityConfig {
     }
 }
 
+impl KafkaSecurityConfig {
+    /// The `[wal.security]` table of the TOML file `path` (a whole walctl config, or a file holding only that
+    /// table); other keys are not read. A file without the table gives no security. For the benches, which take
+    /// their security settings from a file named in the environment.
+    pub fn from_toml_file(path: &Path) -> Result<Self> {
+        let bad = |reason: String| file_error("security", path, reason);
+        let text =
+            std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read the file: {e}")))?;
+        let table: toml::Table = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let Some(security) = table.get("wal").and_then(|wal| wal.get("security")) else {
+            return Ok(Self::default());
+        };
+        let security: Self = security
+            .clone()
+            .try_into()
+            .map_err(|e: toml::de::Error| bad(e.to_string()))?;
+        security.validate()?;
+        Ok(security)
+    }
+}
+
 fn non_empty_path(field: &str, path: &Path) -> Result<()> {
     ensure!(
         !path.as_os_str().is_empty(),
