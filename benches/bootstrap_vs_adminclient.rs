@@ -23,12 +23,15 @@
 //! no name persisted, a fresh etcd prefix): one metadata read plus persisting the names; and the same resume once
 //! every name is persisted (one metadata read and one range read of the names). It prints a table with the
 //! ratios and deletes every topic and etcd key it made (each size's topics once measured, in requests of 500).
+//! Against a secure broker, `WAL_SECURITY_TOML=FILE` names a file with a `[wal.security]` table (a walctl config
+//! will do): ours connects with it, and the anchor with the same settings as Java client properties
+//! (`target/bench-java/client.properties`, mode 0600, passed as `ANCHOR_CLIENT_CONFIG`).
 //! `BENCH_TRACE=1` (or `=debug`) prints the bootstrap's info (or debug) logs with timestamps on stderr (each
 //! phase's duration).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use procedures::{LocalManager, ManagerConfig, ProcedureManager, ProcedureWithId};
@@ -40,7 +43,9 @@ use remote_wal::wal::kafka::admin::TopicAdminRef;
 use remote_wal::wal::kafka::bootstrap::{
     BootstrapStep, TopicBootstrapData, TopicBootstrapProcedure, bootstrap_procedure_id,
 };
+use remote_wal::wal::kafka::java_client::write_java_client_properties;
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
+use remote_wal::wal::kafka::security::KafkaSecurityConfig;
 
 /// The pool sizes measured when `BENCH_SIZES` (comma-separated topic counts) is not set.
 const SIZES: [usize; 3] = [256, 1_024, 4_096];
@@ -152,9 +157,30 @@ fn compile_anchor() -> String {
     format!("{jars}:{}", classes.display())
 }
 
+/// `[wal.security]` from the file `WAL_SECURITY_TOML` names (none when unset), and the Java client properties the
+/// anchor connects with, written from it.
+fn security() -> &'static (KafkaSecurityConfig, Option<PathBuf>) {
+    static SECURITY: OnceLock<(KafkaSecurityConfig, Option<PathBuf>)> = OnceLock::new();
+    SECURITY.get_or_init(|| {
+        let Some(file) = std::env::var_os("WAL_SECURITY_TOML").filter(|f| !f.is_empty()) else {
+            return (KafkaSecurityConfig::default(), None);
+        };
+        let security =
+            KafkaSecurityConfig::from_toml_file(Path::new(&file)).expect("WAL_SECURITY_TOML");
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let properties = root.join("target/bench-java/client.properties");
+        write_java_client_properties(&security, &properties).expect("write client.properties");
+        (security, Some(properties))
+    })
+}
+
 /// Runs the anchor program; its one line of output.
 fn anchor(classpath: &str, args: &[&str]) -> String {
-    let out = Command::new("java")
+    let mut java = Command::new("java");
+    if let Some(properties) = &security().1 {
+        java.env("ANCHOR_CLIENT_CONFIG", properties);
+    }
+    let out = java
         .arg("-cp")
         .arg(classpath)
         .arg("CreateTopicsAnchor")
@@ -245,6 +271,8 @@ fn main() {
     let brokers = endpoints("KAFKA_ENDPOINTS", "a running Kafka broker");
     let etcd_endpoints = endpoints("ETCD_ENDPOINTS", "a running etcd");
     let classpath = compile_anchor();
+    // Fails before anything is measured when WAL_SECURITY_TOML is bad.
+    security();
     let run_id = run_id();
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let etcd: KvBackendRef = Arc::new(
@@ -273,6 +301,7 @@ fn main() {
                 num_topics: n,
                 topic_name_prefix: prefix.clone(),
                 create_batch_size: batch_size,
+                security: Box::new(security().0.clone()),
                 ..KafkaConfig::default()
             };
             let anchor_phase = || {

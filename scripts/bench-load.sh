@@ -9,6 +9,11 @@
 # ports, creates a table of 1 region and one of 8 regions (8 pool topics), loads each for BENCH_SECONDS (default 10),
 # runs ProducerPerformance on a fresh one-partition topic with BENCH_RECORDS (default 1,000,000), and prints the
 # three figures and the ratios. It stops what it started.
+#
+# Against a secure broker: WAL_SECURITY_TOML=FILE names a file with a `[wal.security]` table (docs/security.md);
+# it is added to the bench's walctl config, and the same settings are written as Java client properties (mode 0600,
+# by `cargo run --example java_client_properties`) for TopicCommand (--command-config) and ProducerPerformance
+# (--producer.config), so the anchor connects exactly as walctl does.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 : "${KAFKA_ENDPOINTS:?set KAFKA_ENDPOINTS (scripts/services.sh endpoint kafka)}"
@@ -47,6 +52,12 @@ metasrv = ["$SERVE"]
 region_storage = "$DIR/regions"
 flush_threshold = 1073741824
 TOML
+java_config=()
+if [[ -n ${WAL_SECURITY_TOML:-} ]]; then
+  cat "$WAL_SECURITY_TOML" >>"$DIR/bench.toml"
+  cargo run --release -q --example java_client_properties -- "$DIR/bench.toml" "$DIR/client.properties"
+  java_config=(--command-config "$DIR/client.properties")
+fi
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$DIR"; }
 trap cleanup EXIT
@@ -64,9 +75,11 @@ read -r one_mb one_eps one_p50 one_p99 < <(load one 1)
 read -r eight_mb eight_eps eight_p50 eight_p99 < <(load eight 8)
 TOPIC=${PREFIX}_anchor
 java -cp "$LIBS/*" org.apache.kafka.tools.TopicCommand --bootstrap-server "${KAFKA_ENDPOINTS%%,*}" --create \
-  --topic "$TOPIC" --partitions 1 --replication-factor 1 >/dev/null
+  --topic "$TOPIC" --partitions 1 --replication-factor 1 "${java_config[@]}" >/dev/null
+producer_config=()
+if ((${#java_config[@]})); then producer_config=(--producer.config "$DIR/client.properties"); fi
 anchor=$(java -cp "$LIBS/*" org.apache.kafka.tools.ProducerPerformance --topic "$TOPIC" --num-records "$RECORDS" \
-  --record-size 1024 --throughput -1 --producer-props "bootstrap.servers=${KAFKA_ENDPOINTS%%,*}" acks=all \
+  --record-size 1024 --throughput -1 "${producer_config[@]}" --producer-props "bootstrap.servers=${KAFKA_ENDPOINTS%%,*}" acks=all \
   batch.size=1048576 linger.ms=5 2>/dev/null | tail -1)
 anchor_mb=$(echo "$anchor" | sed -E 's/.*\(([0-9.]+) MB\/sec\).*/\1/')
 echo "walctl load, 1 region  (1 topic, 1 in flight):   $one_mb MB/s, $one_eps entries/s, p50 $one_p50 ms, p99 $one_p99 ms"

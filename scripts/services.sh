@@ -21,6 +21,9 @@
 #                                                    users root, walctl (reads and writes every key) and reader
 #                                                    (reads only). Certificates from scripts/certs.sh under
 #                                                    NAME/certs/, the passwords in NAME/<user>.password.
+#        scripts/services.sh start kafka-secure        one KRaft broker whose client listener is SASL_SSL only
+#                                                    (SCRAM-SHA-256 and SCRAM-SHA-512; PLAIN is not offered);
+#                                                    state, certificates and credentials in target/services/kafka-secure
 #        scripts/services.sh stop-all                stop everything this checkout started
 set -euo pipefail
 
@@ -155,19 +158,7 @@ transaction.state.log.replication.factor=$rf
 transaction.state.log.min.isr=1
 group.initial.rebalance.delay.ms=0
 PROPS
-  cat >"$dir/log4j2.properties" <<'PROPS'
-status = warn
-appender.out.type = Console
-appender.out.name = OUT
-appender.out.layout.type = PatternLayout
-appender.out.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = INFO
-rootLogger.appenderRef.out.ref = OUT
-logger.kafka.name = org.apache.kafka
-logger.kafka.level = WARN
-logger.state.name = state.change.logger
-logger.state.level = WARN
-PROPS
+  kafka_log4j "$dir"
   local cp="$KAFKA_LIBS/*"
   local java_opts=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
     "-Dlog4j2.configurationFile=$dir/log4j2.properties")
@@ -189,6 +180,89 @@ while True:
   nohup java "${java_opts[@]}" -cp "$cp" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 &
   echo $! >"$dir/pid"
   if [[ ${KAFKA_NO_WAIT:-} != 1 ]]; then kafka_wait "$name"; fi
+}
+
+# One KRaft node (broker + controller) for the security tests. Clients reach it only on a SASL_SSL listener whose
+# certificate (for localhost and 127.0.0.1) comes from scripts/certs.sh; the broker talks to itself on a loopback
+# PLAINTEXT listener of its own. The user `walctl` gets SCRAM-SHA-256 and SCRAM-SHA-512 credentials when the storage
+# is formatted, with a random password written to DIR/password (mode 600); DIR/username holds the name.
+kafka_secure_start() {
+  local name=kafka-secure dir="$STATE/kafka-secure"
+  mkdir -p "$dir"
+  pid_alive "$dir/pid" && return 0
+  ls "$KAFKA_LIBS"/kafka_2.13-*.jar >/dev/null 2>&1 || die "Kafka jars missing under $KAFKA_LIBS: run scripts/services.sh install"
+  "$ROOT/scripts/certs.sh" "$dir/certs"
+  local port cport iport
+  port=$(port_for "$dir" port); cport=$(port_for "$dir" controller_port); iport=$(port_for "$dir" internal_port)
+  # The broker reads its key and certificate from one PEM file.
+  cat "$dir/certs/server.key" "$dir/certs/server.pem" >"$dir/keystore.pem"
+  chmod 600 "$dir/keystore.pem"
+  echo walctl >"$dir/username"
+  if [[ ! -s $dir/password ]]; then
+    (umask 077; python3 -c 'import secrets; print(secrets.token_urlsafe(24))' >"$dir/password")
+  fi
+  local scram="org.apache.kafka.common.security.scram.ScramLoginModule required;"
+  cat >"$dir/server.properties" <<PROPS
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$cport
+listeners=SASL_SSL://127.0.0.1:$port,INTERNAL://127.0.0.1:$iport,CONTROLLER://127.0.0.1:$cport
+advertised.listeners=SASL_SSL://127.0.0.1:$port,INTERNAL://127.0.0.1:$iport
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,INTERNAL:PLAINTEXT,SASL_SSL:SASL_SSL
+inter.broker.listener.name=INTERNAL
+sasl.enabled.mechanisms=SCRAM-SHA-256,SCRAM-SHA-512
+listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config=$scram
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=$scram
+ssl.keystore.type=PEM
+ssl.keystore.location=$dir/keystore.pem
+ssl.truststore.type=PEM
+ssl.truststore.location=$dir/certs/ca.pem
+ssl.client.auth=none
+log.dirs=$dir/data
+auto.create.topics.enable=false
+num.partitions=1
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+group.initial.rebalance.delay.ms=0
+PROPS
+  kafka_log4j "$dir"
+  local cp="$KAFKA_LIBS/*"
+  local java_opts=(-Xms256m -Xmx768m -XX:+UseG1GC -Djava.awt.headless=true
+    "-Dlog4j2.configurationFile=$dir/log4j2.properties")
+  if [[ ! -f $dir/data/meta.properties ]]; then
+    local cluster_id password
+    cluster_id=$(python3 -c 'import uuid,base64
+while True:
+    c = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    if not c.startswith("-"): print(c); break')
+    password=$(cat "$dir/password")
+    java "${java_opts[@]}" -cp "$cp" kafka.tools.StorageTool format -t "$cluster_id" -c "$dir/server.properties" \
+      --add-scram "SCRAM-SHA-256=[name=walctl,password=$password]" \
+      --add-scram "SCRAM-SHA-512=[name=walctl,password=$password]" \
+      >>"$dir/kafka.log" 2>&1 || { tail -n 30 "$dir/kafka.log" >&2; die "kafka storage format failed ($dir)"; }
+  fi
+  : >"$dir/started"
+  nohup java "${java_opts[@]}" -cp "$cp" kafka.Kafka "$dir/server.properties" >>"$dir/kafka.log" 2>&1 &
+  echo $! >"$dir/pid"
+  kafka_wait "$name"
+}
+
+kafka_log4j() { # dir
+  cat >"$1/log4j2.properties" <<'PROPS'
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = OUT
+logger.kafka.name = org.apache.kafka
+logger.kafka.level = WARN
+logger.state.name = state.change.logger
+logger.state.level = WARN
+PROPS
 }
 
 kafka_wait() {
@@ -321,6 +395,7 @@ case "$cmd" in
   install) install ;;
   start)
     case "${1:-}" in
+      kafka-secure) kafka_secure_start ;;
       kafka) kafka_start "${2:-kafka}" ;;
       etcd) etcd_start "${2:-etcd}" ;;
       etcd-secure) etcd_secure_start "${2:-etcd-secure}" ;;

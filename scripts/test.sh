@@ -3,12 +3,14 @@
 #
 # It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc, openssl, chromium; Maven
 # Central: the Apache Kafka jars, cached under target/kafka-libs), runs clippy and rustdoc with warnings denied (the
-# lint gates all run before any service starts, so they fail fast), starts one Kafka broker (KRaft), one etcd and a
-# secure etcd (TLS, client certificates, users) on free loopback ports, waits until both answer, runs the whole workspace's tests, every benchmark and example once at
-# its smallest, and stops the services again — also when tests fail, in which case it prints the services' logs.
+# lint gates all run before any service starts, so they fail fast), starts on free loopback ports one Kafka broker
+# (KRaft), one Kafka broker with a SASL_SSL listener only, one etcd and a secure etcd (TLS, client certificates,
+# users), waits until they answer, runs the whole workspace's tests, every benchmark and example once at its
+# smallest, and stops the services again — also when tests fail, in which case it prints the services' logs.
 #
 # KAFKA_ENDPOINTS / ETCD_ENDPOINTS set in the environment: use those services instead of starting our own; the same
-# for the secure etcd with ETCD_SECURE_ENDPOINTS, ETCD_SECURE_CERTS and ETCD_SECURE_PASSWORD_FILE.
+# for the secure etcd with ETCD_SECURE_ENDPOINTS, ETCD_SECURE_CERTS and ETCD_SECURE_PASSWORD_FILE, and for the
+# secure Kafka broker with KAFKA_SECURE_ENDPOINTS and KAFKA_SECURE_DIR.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -103,7 +105,15 @@ if [[ -z ${KAFKA_ENDPOINTS:-} ]]; then
   started+=(kafka)
   export KAFKA_ENDPOINTS=$("$SERVICES" endpoint kafka)
 fi
-echo "[test] KAFKA_ENDPOINTS=$KAFKA_ENDPOINTS ETCD_ENDPOINTS=$ETCD_ENDPOINTS ETCD_SECURE_ENDPOINTS=$ETCD_SECURE_ENDPOINTS"
+# The security tests' broker: SASL_SSL only (scripts/services.sh start kafka-secure). KAFKA_SECURE_DIR holds
+# certs/ca.pem, certs/other-ca.pem, username and password (the SCRAM user's).
+if [[ -z ${KAFKA_SECURE_ENDPOINTS:-} ]]; then
+  "$SERVICES" start kafka-secure
+  started+=(kafka-secure)
+  export KAFKA_SECURE_ENDPOINTS=$("$SERVICES" endpoint kafka-secure)
+  export KAFKA_SECURE_DIR="$ROOT/target/services/kafka-secure"
+fi
+echo "[test] KAFKA_ENDPOINTS=$KAFKA_ENDPOINTS ETCD_ENDPOINTS=$ETCD_ENDPOINTS ETCD_SECURE_ENDPOINTS=$ETCD_SECURE_ENDPOINTS KAFKA_SECURE_ENDPOINTS=$KAFKA_SECURE_ENDPOINTS"
 
 cargo build --workspace --all-targets
 cargo test --workspace --no-fail-fast

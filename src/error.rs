@@ -273,6 +273,19 @@ pub enum Error {
         /// deadline may not.
         retryable: bool,
     },
+    /// A broker refused this client's security settings (`[wal.security]`): the TLS handshake failed (an untrusted
+    /// or mismatched certificate, or a listener that does not speak TLS), or SASL authentication did (a wrong
+    /// password, an unknown user, a mechanism the broker does not offer). Never retryable: the same settings get
+    /// the same answer.
+    #[snafu(display("Kafka broker {endpoint}: {stage} failed: {reason}"))]
+    KafkaSecurity {
+        /// The broker, `host:port`.
+        endpoint: String,
+        /// What was refused, e.g. `TLS handshake` or `SASL authentication (SCRAM-SHA-256 as user 'walctl')`.
+        stage: String,
+        /// Why, as the TLS library or the broker said it (never a secret).
+        reason: String,
+    },
     /// A request the batching admin sent to a broker failed as a whole (the connection broke, the answer could not
     /// be read, or it was refused): nothing is known of any topic it carried.
     #[snafu(display("Kafka broker {broker} (of {endpoints:?}): {operation} failed: {reason}"))]
@@ -1309,6 +1322,7 @@ impl Error {
             | Error::CreateTopic { retryable, .. }
             | Error::KafkaRequest { retryable, .. } => *retryable,
             Error::TopicNotListed { .. } | Error::KafkaBrokersFenced { .. } => true,
+            Error::KafkaSecurity { .. } => false,
             // ---- retryable: datanode log store (decided where built, src/datanode/log_store) ----
             Error::LogKafka { retryable, .. } => *retryable,
             Error::LogFetchStalled { .. } | Error::CheckpointContention { .. } => true,

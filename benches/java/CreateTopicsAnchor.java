@@ -33,6 +33,13 @@ public final class CreateTopicsAnchor {
         props.put(AdminClientConfig.BOOTSTRAP_SERVERS_CONFIG, args[1]);
         props.put(AdminClientConfig.REQUEST_TIMEOUT_MS_CONFIG, "120000");
         props.put(AdminClientConfig.DEFAULT_API_TIMEOUT_MS_CONFIG, "300000");
+        // Against a secure broker: the client properties of [wal.security] (security.protocol, ssl.*, sasl.*).
+        String clientConfig = System.getenv("ANCHOR_CLIENT_CONFIG");
+        if (clientConfig != null && !clientConfig.isEmpty()) {
+            try (java.io.FileInputStream in = new java.io.FileInputStream(clientConfig)) {
+                props.load(in);
+            }
+        }
         try (Admin admin = Admin.create(props)) {
             // Connect (and learn the cluster) before timing.
             admin.describeCluster().nodes().get();

@@ -13,6 +13,10 @@
 //! [wal.backoff]
 //! init = "500ms"
 //! deadline = "5m"
+//!
+//! [wal.security]  # optional; see `wal::kafka::security`
+//! tls = { ca = "certs/ca.pem" }
+//! sasl = { mechanism = "SCRAM-SHA-512", username = "walctl", password_file = "secrets/kafka-password" }
 //! ```
 
 use std::fmt;
@@ -25,6 +29,7 @@ use serde::{Deserialize, Serialize, Serializer};
 use snafu::{ResultExt, ensure};
 
 use crate::error::{InvalidTopicNameSnafu, InvalidWalConfigSnafu, ParseWalConfigSnafu, Result};
+use crate::wal::kafka::security::KafkaSecurityConfig;
 
 /// The longest topic name Kafka accepts.
 pub const MAX_TOPIC_NAME_LEN: usize = 249;
@@ -287,6 +292,10 @@ pub struct KafkaConfig {
     /// [`MIN_PRUNE_INTERVAL`] and [`MAX_PRUNE_INTERVAL`].
     #[serde(with = "humantime_serde")]
     pub prune_interval: Duration,
+    /// TLS and SASL of every Kafka connection (`[wal.security]`); none by default. A sub-table, so after the plain
+    /// keys (TOML writes plain keys before sub-tables). Boxed: a WAL config without security stays small.
+    #[serde(skip_serializing_if = "no_security")]
+    pub security: Box<KafkaSecurityConfig>,
     /// Retries of connection and controller errors. Last: TOML writes plain keys before sub-tables, and the
     /// order of the fields is the order an unknown-key error lists them in.
     pub backoff: BackoffConfig,
@@ -308,8 +317,14 @@ impl Default for KafkaConfig {
             topic_config: TopicConfig::new(),
             prune_mode: crate::wal::prune::PruneMode::default(),
             prune_interval: DEFAULT_PRUNE_INTERVAL,
+            security: Box::default(),
         }
     }
+}
+
+/// Whether `[wal.security]` is empty (then it is not written out).
+fn no_security(security: &KafkaSecurityConfig) -> bool {
+    security.is_empty()
 }
 
 /// The default `[wal] prune_interval`.
@@ -586,6 +601,7 @@ impl KafkaConfig {
             validate_topic_config_entry(name, value)?;
         }
         configured_max_message_bytes(&self.topic_config)?;
+        self.security.validate()?;
         self.backoff.validate()
     }
 
@@ -795,8 +811,21 @@ mod tests {
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+            security: Box::new(KafkaSecurityConfig {
+                tls: Some(crate::wal::kafka::security::TlsFiles {
+                    ca: "ca.pem".into(),
+                    cert: Some("client.pem".into()),
+                    key: Some("client.key".into()),
+                }),
+                sasl: Some(crate::wal::kafka::security::SaslSettings {
+                    mechanism: crate::wal::kafka::security::SaslMechanism::ScramSha256,
+                    username: "walctl".to_string(),
+                    password_file: "kafka-password".into(),
+                }),
+            }),
         });
         let text = toml::to_string(&custom).unwrap();
+        assert!(text.contains("SCRAM-SHA-256"), "{text}");
         assert_eq!(WalConfig::from_toml_str(&text).unwrap(), custom);
         let text = toml::to_string(&WalConfig::RaftEngine).unwrap();
         assert_eq!(
@@ -846,9 +875,17 @@ mod tests {
     #[test]
     fn wal_keys_are_provider_then_every_kafka_field_in_order() {
         // Read from KafkaConfig's derived impl: a field added there is accepted with no other edit.
-        // An empty `topic_config` is not written: set one.
+        // An empty `topic_config` or `security` is not written: set them.
         let config = KafkaConfig {
             topic_config: [("retention.ms".to_string(), "1".to_string())].into(),
+            security: Box::new(KafkaSecurityConfig {
+                tls: Some(crate::wal::kafka::security::TlsFiles {
+                    ca: "ca.pem".into(),
+                    cert: None,
+                    key: None,
+                }),
+                sasl: None,
+            }),
             ..KafkaConfig::default()
         };
         let written: Vec<String> = toml::Table::try_from(config)

@@ -157,7 +157,7 @@ async fn unknown_config_key() {
         "invalid config file 'metasrv.toml', line 4, column 1, key `wal.num_topic`: unknown field `num_topic`, \
          expected one of `provider`, `broker_endpoints`, `num_topics`, `topic_name_prefix`, `num_partitions`, \
          `replication_factor`, `create_topic_timeout`, `selector_type`, `max_concurrent_creates`, \
-         `create_batch_size`, `topic_config`, `prune_mode`, `prune_interval`, `backoff`",
+         `create_batch_size`, `topic_config`, `prune_mode`, `prune_interval`, `security`, `backoff`",
     )
     .await;
 }

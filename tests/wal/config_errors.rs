@@ -100,7 +100,8 @@ fn an_unknown_wal_key_lists_every_key_of_the_kafka_config() {
         "invalid config file 'metasrv.toml', line 3, column 1, key `wal.num_topicz`: unknown field \
          `num_topicz`, expected one of `provider`, `broker_endpoints`, `num_topics`, `topic_name_prefix`, \
          `num_partitions`, `replication_factor`, `create_topic_timeout`, `selector_type`, \
-         `max_concurrent_creates`, `create_batch_size`, `topic_config`, `prune_mode`, `prune_interval`, `backoff`"
+         `max_concurrent_creates`, `create_batch_size`, `topic_config`, `prune_mode`, `prune_interval`, \
+         `security`, `backoff`"
     );
     // The list is KafkaConfig's own fields: every one of them is accepted as a key.
     let defaults = toml::Table::try_from(KafkaConfig::default()).unwrap();
@@ -143,4 +144,47 @@ fn every_kafka_key_round_trips_through_the_wal_table() {
     assert_eq!(kafka.prune_interval, std::time::Duration::from_secs(30));
     assert_eq!(kafka.backoff.base, 3.0);
     assert_eq!(toml::to_string(&parsed).unwrap(), text);
+}
+
+#[test]
+fn wal_security_errors_name_the_key_and_never_read_the_password_into_the_message() {
+    let err = refused(
+        "[wal]\nprovider = \"kafka\"\n[wal.security]\nsasl = { mechanism = \"SCRAM-SHA-1\", username = \"u\", \
+         password_file = \"pw\" }\n",
+    );
+    assert!(err.contains("key `wal.security.sasl.mechanism`"), "{err}");
+    assert!(
+        err.contains("`PLAIN`, `SCRAM-SHA-256`, `SCRAM-SHA-512`"),
+        "{err}"
+    );
+    let err = refused("[wal]\nprovider = \"kafka\"\n[wal.security]\ntls = { cert = \"c.pem\" }\n");
+    assert!(err.contains("wal.security.tls"), "{err}");
+    assert!(err.contains("missing field `ca`"), "{err}");
+    let err = refused(
+        "[wal]\nprovider = \"kafka\"\n[wal.security]\ntls = { ca = \"ca.pem\", cert = \"c.pem\" }\n",
+    );
+    assert!(err.contains("security.tls.key"), "{err}");
+
+    // A password file is read when a client connects; its contents never reach an error.
+    let dir = tempfile::tempdir().unwrap();
+    let password = dir.path().join("password");
+    std::fs::write(&password, "hunter2-secret\n").unwrap();
+    let config = MetasrvConfig::from_toml_str(
+        &format!(
+            "[wal]\nprovider = \"kafka\"\n[wal.security]\nsasl = {{ mechanism = \"SCRAM-SHA-512\", username = \
+             \"walctl\", password_file = {:?} }}\n",
+            password.display().to_string()
+        ),
+        "metasrv.toml",
+    )
+    .unwrap();
+    let WalConfig::Kafka(kafka) = &config.wal else {
+        panic!("a Kafka WAL")
+    };
+    let loaded = kafka.security.load().unwrap();
+    let sasl = loaded.sasl.as_ref().unwrap();
+    assert_eq!(sasl.password.expose(), "hunter2-secret");
+    for shown in [format!("{config:?}"), format!("{loaded:?}")] {
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
 }

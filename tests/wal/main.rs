@@ -16,6 +16,7 @@ mod bootstrap_record;
 mod bootstrap_steps;
 mod config_errors;
 mod kafka_admin;
+mod kafka_security;
 mod pool_check;
 mod selection;
 mod topic_config;

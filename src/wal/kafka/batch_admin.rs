@@ -13,14 +13,18 @@
 //! created answer TOPIC_ALREADY_EXISTS. Per-topic error codes are mapped by the same function as the rskafka
 //! admin's errors ([`create_topic_error`]), so their text and retryability are the same.
 //!
+//! **Security.** Each connection is opened by [`connection::open`]: TLS and SASL as `[wal.security]` says. A broker
+//! refusing the TLS handshake or the authentication is a final [`crate::Error::KafkaSecurity`] naming the endpoint
+//! and the cause, returned at once: it is not retried with the backoff, since the same settings get the same answer.
+//!
 //! **Throttling.** A response's `throttle_time_ms` is honoured: the next request waits until it has passed.
 //!
 //! **Already exists.** TOPIC_ALREADY_EXISTS (36) answers are checked together: one Metadata request for all of them
 //! (polled while some are not listed yet, up to `create_topic_timeout`), then each partition count is compared.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI16, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -29,19 +33,18 @@ use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{
     ApiKey, CreateTopicsRequest, CreateTopicsResponse, DescribeConfigsRequest,
-    DescribeConfigsResponse, MetadataRequest, MetadataResponse, RequestHeader, ResponseHeader,
-    TopicName,
+    DescribeConfigsResponse, MetadataRequest, MetadataResponse, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
 use rskafka::client::error::{Error as RsKafkaError, ProtocolError, RequestContext};
 use snafu::{IntoError, ensure};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};
 use tracing::debug;
 
 use super::admin::{CreateTopicOutcome, TopicCreation};
+use super::connection::{self, BrokerStream, OpenFailure};
 use super::rskafka_admin::create_topic_error;
+use super::security::ClientSecurity;
 use crate::error::{
     InvalidWalConfigSnafu, KafkaConnectSnafu, KafkaRequestSnafu, KafkaTimeoutSnafu, Result,
     TopicNotListedSnafu, TopicPartitionMismatchSnafu,
@@ -64,8 +67,6 @@ pub const METADATA_TOPICS_PER_REQUEST: usize = 10_000;
 const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Added to `create_topic_timeout` (the broker's own bound) for the answer to travel back.
 const REQUEST_MARGIN: Duration = Duration::from_secs(5);
-/// The largest answer accepted (a Metadata answer for 10,000 topics is well under 10 MiB).
-const MAX_RESPONSE_BYTES: usize = 64 << 20;
 /// First wait between metadata polls for topics reported as existing but not listed yet.
 const LISTED_POLL_INIT: Duration = Duration::from_millis(10);
 /// Longest wait between those polls.
@@ -89,12 +90,16 @@ pub struct BatchAdmin {
     throttled_until: Mutex<Option<Instant>>,
     /// The largest replication factor placed through this admin; see [`create_topic_error`].
     proven_replication: AtomicI16,
+    /// TLS and SASL of every connection (`[wal.security]`, loaded).
+    security: Arc<ClientSecurity>,
 }
 
 /// A whole-request failure, before it is turned into the crate's error.
 enum Failure {
     /// No endpoint accepted a connection.
     Connect(String),
+    /// A broker refused the TLS handshake or the SASL authentication: final, never retried.
+    Refused(crate::Error),
     /// The request failed on an open connection to `broker`.
     Request {
         broker: String,
@@ -104,10 +109,13 @@ enum Failure {
 }
 
 impl BatchAdmin {
-    /// An admin for `config`'s brokers (validated); it connects per request, so building it sends nothing.
+    /// An admin for `config`'s brokers (validated, `[wal.security]`'s files read); it connects per request, so
+    /// building it sends nothing.
     pub fn new(config: &KafkaConfig) -> Result<Self> {
         config.validate()?;
+        let security = Arc::new(config.security.load()?);
         Ok(Self {
+            security,
             endpoints: config.broker_endpoints.clone(),
             create_topic_timeout: config.create_topic_timeout,
             connect_timeout: config.create_topic_timeout.min(MAX_CONNECT_TIMEOUT),
@@ -391,6 +399,7 @@ impl BatchAdmin {
                 correlation: AtomicI32::new(0),
                 throttled_until: Mutex::new(None),
                 proven_replication: AtomicI16::new(0),
+                security: Arc::clone(&self.security),
             };
             listed.push((endpoint.clone(), alone.describe_topics(names).await?));
         }
@@ -486,9 +495,16 @@ impl BatchAdmin {
         self.wait_for_throttle().await;
         let attempt = || async {
             let (mut stream, broker) = self.connect_any().await?;
+            let correlation_id = self.correlation.fetch_add(1, Ordering::Relaxed);
             let exchanged = timeout(
                 self.request_timeout,
-                self.exchange::<Req, Resp>(&mut stream, request, api, version),
+                connection::exchange::<Req, Resp, _>(
+                    &mut stream,
+                    correlation_id,
+                    request,
+                    api,
+                    version,
+                ),
             )
             .await;
             match exchanged {
@@ -534,6 +550,7 @@ impl BatchAdmin {
                 self.note_throttle(response.throttle_time_ms());
                 Ok(response)
             }
+            Err(Failure::Refused(e)) => Err(e),
             // The backoff deadline ran out: final, the engine must not run it again.
             Err(Failure::Connect(reason)) => Err(KafkaConnectSnafu {
                 endpoints: self.endpoints.clone(),
@@ -574,96 +591,19 @@ impl BatchAdmin {
         }
     }
 
-    /// Opens a connection to the first endpoint that accepts one within the connect timeout.
-    async fn connect_any(&self) -> std::result::Result<(TcpStream, String), Failure> {
+    /// Opens a connection (TCP, then TLS and SASL as `[wal.security]` says) to the first endpoint that accepts
+    /// one within the connect timeout. A refused handshake or authentication ends the search at once: the
+    /// brokers of one cluster share their security settings.
+    async fn connect_any(&self) -> std::result::Result<(BrokerStream, String), Failure> {
         let mut reasons = Vec::new();
         for endpoint in &self.endpoints {
-            match timeout(self.connect_timeout, TcpStream::connect(endpoint.as_str())).await {
-                Ok(Ok(stream)) => {
-                    // Requests are small and answered one at a time: send each at once.
-                    let _ = stream.set_nodelay(true);
-                    return Ok((stream, endpoint.clone()));
-                }
-                Ok(Err(e)) => reasons.push(format!("{endpoint}: {e}")),
-                Err(_) => reasons.push(format!(
-                    "{endpoint}: no connection within {:?}",
-                    self.connect_timeout
-                )),
+            match connection::open(endpoint, &self.security, self.connect_timeout).await {
+                Ok(stream) => return Ok((stream, endpoint.clone())),
+                Err(OpenFailure::Unreachable(reason)) => reasons.push(reason),
+                Err(OpenFailure::Refused(e)) => return Err(Failure::Refused(e)),
             }
         }
         Err(Failure::Connect(reasons.join("; ")))
-    }
-
-    /// Writes one framed request and reads its framed answer. The error says why and whether it is retryable.
-    async fn exchange<Req, Resp>(
-        &self,
-        stream: &mut TcpStream,
-        request: &Req,
-        api: ApiKey,
-        version: i16,
-    ) -> std::result::Result<Resp, (String, bool)>
-    where
-        Req: Encodable + HeaderVersion,
-        Resp: Decodable + HeaderVersion,
-    {
-        let correlation_id = self.correlation.fetch_add(1, Ordering::Relaxed);
-        let header = RequestHeader::default()
-            .with_request_api_key(api as i16)
-            .with_request_api_version(version)
-            .with_correlation_id(correlation_id)
-            .with_client_id(Some(StrBytes::from_static_str("remote-wal")));
-        let mut body = Vec::new();
-        header
-            .encode(&mut body, Req::header_version(version))
-            .and_then(|()| request.encode(&mut body, version))
-            .map_err(|e| (format!("cannot encode the request: {e}"), false))?;
-        let len = u32::try_from(body.len()).map_err(|_| {
-            (
-                format!("request of {} bytes is too large", body.len()),
-                false,
-            )
-        })?;
-        let mut frame = Vec::with_capacity(body.len() + 4);
-        frame.extend_from_slice(&len.to_be_bytes());
-        frame.extend_from_slice(&body);
-        // A connection that breaks mid-request may heal: retryable, the batch is idempotent.
-        stream
-            .write_all(&frame)
-            .await
-            .map_err(|e| (format!("cannot send: {e}"), true))?;
-        let mut len = [0u8; 4];
-        stream
-            .read_exact(&mut len)
-            .await
-            .map_err(|e| (format!("cannot read the answer: {e}"), true))?;
-        let len = usize::try_from(u32::from_be_bytes(len)).unwrap_or(usize::MAX);
-        if len > MAX_RESPONSE_BYTES {
-            return Err((
-                format!(
-                    "the answer claims {len} bytes (over {MAX_RESPONSE_BYTES}); is this a Kafka broker?"
-                ),
-                false,
-            ));
-        }
-        let mut answer = vec![0u8; len];
-        stream
-            .read_exact(&mut answer)
-            .await
-            .map_err(|e| (format!("cannot read the answer: {e}"), true))?;
-        let mut buf = answer.as_slice();
-        let header = ResponseHeader::decode(&mut buf, Resp::header_version(version))
-            .map_err(|e| (format!("cannot decode the answer's header: {e}"), false))?;
-        if header.correlation_id != correlation_id {
-            return Err((
-                format!(
-                    "the answer is for request {}, not {correlation_id}",
-                    header.correlation_id
-                ),
-                false,
-            ));
-        }
-        Resp::decode(&mut buf, version)
-            .map_err(|e| (format!("cannot decode the answer: {e}"), false))
     }
 
     /// Sleeps until the broker's last throttle has passed.

@@ -3,11 +3,14 @@
 pub mod admin;
 pub mod batch_admin;
 pub mod bootstrap;
+pub mod connection;
+pub mod java_client;
 pub mod lazy_admin;
 pub mod partition;
 pub mod record_deleter;
 pub mod region_count;
 pub mod rskafka_admin;
+pub mod security;
 pub mod selector;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

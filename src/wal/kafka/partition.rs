@@ -16,12 +16,26 @@ use crate::error::{
     KafkaConnectSnafu, KafkaTimeoutSnafu, LogKafkaSnafu, LogKafkaTimeoutSnafu, Result,
 };
 use crate::wal::config::KafkaConfig;
+use crate::wal::kafka::connection;
 use crate::wal::kafka::rskafka_admin::is_retryable_rskafka_error;
 
 /// Connects an rskafka client to `config`'s brokers (with its backoff and deadline), bounded by
 /// `backoff.deadline` + `create_topic_timeout`; errors name the endpoints and are final (rskafka already retried).
 pub async fn connect_client(config: &KafkaConfig) -> Result<Arc<Client>> {
+    build_client(config, "remote-wal-log-store")
+        .await
+        .map(Arc::new)
+}
+
+/// An rskafka client of `config`'s brokers, with `[wal.security]`'s TLS and SASL, its backoff and its deadline.
+///
+/// With TLS or SASL configured, one connection of our own first checks the settings against the brokers
+/// ([`connection::check_security`]): rskafka would retry a refused handshake or a wrong password until the backoff
+/// deadline, while this fails at once with an error naming the endpoint and the cause. The whole connect is
+/// bounded by `backoff.deadline` + `create_topic_timeout`; its errors are final (rskafka already retried).
+pub async fn build_client(config: &KafkaConfig, client_id: &str) -> Result<Client> {
     let endpoints = config.broker_endpoints.clone();
+    let security = config.security.load()?;
     let backoff = rskafka::BackoffConfig {
         init_backoff: config.backoff.init,
         max_backoff: config.backoff.max,
@@ -29,29 +43,40 @@ pub async fn connect_client(config: &KafkaConfig) -> Result<Arc<Client>> {
         deadline: Some(config.backoff.deadline),
     };
     let bound = call_bound(config);
-    let build = ClientBuilder::new(endpoints.clone())
-        .client_id("remote-wal-log-store")
-        .backoff_config(backoff)
-        .build();
-    let client = timeout(bound, build)
-        .await
-        .map_err(|_| {
-            KafkaTimeoutSnafu {
-                endpoints: endpoints.clone(),
-                operation: "connect",
-                timeout: bound,
-                retryable: false,
-            }
+    let step_timeout = config
+        .create_topic_timeout
+        .min(connection::MAX_STEP_TIMEOUT);
+    let build = async {
+        connection::check_security(&endpoints, &security, step_timeout).await?;
+        security
+            .apply(ClientBuilder::new(endpoints.clone()))
+            .client_id(client_id)
+            .backoff_config(backoff)
             .build()
-        })?
-        .map_err(|e| {
-            KafkaConnectSnafu {
-                endpoints: endpoints.clone(),
-                retryable: false,
-            }
-            .into_error(e)
-        })?;
-    Ok(Arc::new(client))
+            .await
+            .map_err(|e| {
+                KafkaConnectSnafu {
+                    endpoints: endpoints.clone(),
+                    retryable: false,
+                }
+                .into_error(e)
+            })
+    };
+    // A TLS listener spoken to in plaintext never answers: say so when nothing is configured.
+    let operation = if security.is_plaintext() {
+        "connect in plaintext (a TLS listener never answers one: see [wal.security])"
+    } else {
+        "connect"
+    };
+    timeout(bound, build).await.map_err(|_| {
+        KafkaTimeoutSnafu {
+            endpoints: endpoints.clone(),
+            operation,
+            timeout: bound,
+            retryable: false,
+        }
+        .build()
+    })?
 }
 
 /// The bound of one log-store call: rskafka's retries until the backoff deadline, then one request.

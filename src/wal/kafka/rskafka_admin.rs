@@ -27,10 +27,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
+use rskafka::ConnectionError;
+use rskafka::client::Client;
 use rskafka::client::controller::ControllerClient;
 use rskafka::client::error::{Error as RsKafkaError, ProtocolError, RequestError};
-use rskafka::client::{Client, ClientBuilder};
-use rskafka::{BackoffConfig as RsBackoffConfig, ConnectionError};
 use snafu::{IntoError, ensure};
 use tokio::time::timeout;
 use tracing::debug;
@@ -72,44 +72,18 @@ impl RsKafkaTopicAdmin {
     /// Validates `config`, then connects to its brokers and reads the cluster metadata.
     ///
     /// Fails within `config.backoff.deadline` + `config.create_topic_timeout` with a final (not retryable) error
-    /// naming the endpoints when no broker answers, or none answers in Kafka's protocol.
+    /// naming the endpoints when no broker answers, or none answers in Kafka's protocol; at once with an error
+    /// naming the endpoint and the cause when a broker refuses `[wal.security]`'s TLS or SASL.
     pub async fn connect(config: &KafkaConfig) -> Result<Self> {
         config.validate()?;
         let endpoints = config.broker_endpoints.clone();
-        let backoff = RsBackoffConfig {
-            init_backoff: config.backoff.init,
-            max_backoff: config.backoff.max,
-            base: config.backoff.base,
-            deadline: Some(config.backoff.deadline),
-        };
-        let build = ClientBuilder::new(endpoints.clone())
-            .client_id("remote-wal")
-            .backoff_config(backoff)
-            .build();
         let call_bound = config
             .backoff
             .deadline
             .saturating_add(config.create_topic_timeout);
         // rskafka retried until its deadline, so whatever ends the connect attempt is final: the engine must not
-        // run the whole deadline again.
-        let client = timeout(call_bound, build)
-            .await
-            .map_err(|_| {
-                KafkaTimeoutSnafu {
-                    endpoints: endpoints.clone(),
-                    operation: "connect",
-                    timeout: call_bound,
-                    retryable: false,
-                }
-                .build()
-            })?
-            .map_err(|e| {
-                KafkaConnectSnafu {
-                    endpoints: endpoints.clone(),
-                    retryable: false,
-                }
-                .into_error(e)
-            })?;
+        // run the whole deadline again. A refused TLS handshake or SASL authentication is final at once.
+        let client = super::partition::build_client(config, "remote-wal").await?;
         let controller = client.controller_client().map_err(|e| {
             KafkaConnectSnafu {
                 endpoints: endpoints.clone(),

@@ -73,20 +73,22 @@ pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, 
     }
     let private = PrivateKeyDer::from_pem_file(key)
         .map_err(|e| format!("cannot read a PEM private key from {}: {e}", key.display()))?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| format!("TLS: {e}"))?
-    .with_no_client_auth()
-    .with_single_cert(chain, private)
-    .map_err(|e| {
-        format!(
-            "the key {} does not go with the certificate {}: {e}",
-            key.display(),
-            cert.display()
-        )
-    })?;
+    // ring, the provider every TLS connection of the project uses (rustls marks it deprecated only for lacking
+    // post-quantum key exchange, which needs aws-lc-rs and a much larger build).
+    #[allow(deprecated)]
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?
+        .with_no_client_auth()
+        .with_single_cert(chain, private)
+        .map_err(|e| {
+            format!(
+                "the key {} does not go with the certificate {}: {e}",
+                key.display(),
+                cert.display()
+            )
+        })?;
     Ok(Arc::new(config))
 }
 
