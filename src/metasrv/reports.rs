@@ -40,7 +40,7 @@ pub struct BootstrapProgress {
     pub persisted: usize,
 }
 
-/// The outcome of [`Metasrv::bootstrap`].
+/// The outcome of [`Metasrv::bootstrap`](crate::metasrv::Metasrv::bootstrap).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BootstrapReport {
     /// `kafka` or `raft_engine`.
