@@ -133,6 +133,10 @@ pub struct DatanodeConfig {
     /// Bearer tokens this datanode's own API asks for, in the format of `[server] auth` (reads need a `read` or
     /// `write` token, writes and flushes a `write` one, `/health` is open); absent, its API is open.
     pub auth: Option<ServerAuth>,
+    /// Serve this datanode's own API over TLS only with this certificate and key (as `[server] tls`); the address
+    /// it registers then carries `https://`, so clients that reach it (`walctl load`, `wal flush`) use TLS and check
+    /// the certificate against their `--ca`.
+    pub tls: Option<ServerTls>,
 }
 
 impl Default for DatanodeConfig {
@@ -149,6 +153,7 @@ impl Default for DatanodeConfig {
             token_file: String::new(),
             ca: String::new(),
             auth: None,
+            tls: None,
         }
     }
 }

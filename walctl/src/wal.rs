@@ -165,11 +165,11 @@ pub fn flush(
             region.map_or(String::new(), |n| n.to_string())
         )));
     }
-    let agent = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(std::time::Duration::from_secs(60)))
-        .build()
-        .new_agent();
+    // `--ca` too: a datanode serving TLS registers an `https://` address.
+    let agent = access.agent(
+        std::time::Duration::from_secs(2),
+        std::time::Duration::from_secs(60),
+    );
     for number in numbers {
         let (r, value) = loop {
             let Some(r) = leaders

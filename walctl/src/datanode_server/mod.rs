@@ -28,9 +28,21 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
         ));
     };
     let (config, section) = MetasrvConfig::from_file_with_datanode(path)?;
+    // With TLS the registered address says so: clients reach it by `https://` and check its certificate.
+    let address = match &section.tls {
+        Some(_) => format!("https://{}", section.advertised()),
+        None => section.advertised().to_string(),
+    };
+    let tls = match &section.tls {
+        Some(tls) => Some(
+            crate::serve::listener::tls_config(Path::new(&tls.cert), Path::new(&tls.key))
+                .map_err(|e| Failure::Refused(format!("[datanode] tls: {e}")))?,
+        ),
+        None => None,
+    };
     let options = DatanodeOptions {
         id: section.id,
-        address: section.advertised().to_string(),
+        address,
         wal_dir: section.wal_dir(&config.datanodes),
         region_storage: section.region_storage.clone().into(),
         kafka: match &config.wal {
@@ -83,7 +95,7 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
     println!("listening on {bound}");
     // The server's connection loop: the same connection cap and header timeout (their defaults).
     let options = crate::serve::listener::ListenOptions {
-        tls: None,
+        tls,
         header_timeout: remote_wal::config::DEFAULT_HEADER_TIMEOUT,
         max_connections: remote_wal::config::DEFAULT_MAX_CONNECTIONS,
         section: "[datanode]",

@@ -1004,3 +1004,99 @@ fn a_body_slower_than_body_timeout_is_answered_408_and_the_connection_closed() {
     assert_eq!(status, 200, "{listed}");
     assert_eq!(listed["matched"], json!(0), "{listed}");
 }
+
+/// A datanode with `[datanode] tls` serves its own API over TLS only and registers an `https://` address; `walctl
+/// wal flush` reaches it there, checking its certificate against `--ca`, and plain HTTP to it is refused saying so.
+#[test]
+fn a_datanode_with_tls_registers_an_https_address_and_is_reached_over_tls_only() {
+    let mut servers = Servers::start(REDB.to_string(), 0);
+    servers.spawn();
+    let dir = servers.dir.path().to_path_buf();
+    let certs = make_certs(&dir);
+    let ca = certs.join("ca.pem");
+    let base = format!("http://{}", servers.servers[0].address);
+    let plain = agent(None);
+    eventually("the server is ready", || {
+        send(&plain, "GET", &format!("{base}/ready"), None, None).status == 200
+    });
+    let port = crate::cluster::free_port();
+    let config = write(
+        &dir,
+        "tls-datanode.toml",
+        &format!(
+            "[metadata_store]\nbackend = \"memory\"\n\n[datanodes]\nids = [1]\nwal_dir = {:?}\n\n\
+             [datanode]\nid = 1\nlisten = \"127.0.0.1:{port}\"\nmetasrv = [{base:?}]\nregion_storage = {:?}\n\
+             heartbeat_interval = \"200ms\"\ntls = {{ cert = {:?}, key = {:?} }}\n",
+            dir.join("tls-wal/{datanode}").display().to_string(),
+            dir.join("regions").display().to_string(),
+            certs.join("server.pem").display().to_string(),
+            certs.join("server.key").display().to_string(),
+        ),
+    );
+    let log = std::fs::File::create(dir.join("tls-datanode.log")).expect("a log");
+    let mut child = Command::new(walctl_path())
+        .arg("--config")
+        .arg(&config)
+        .arg("datanode")
+        .current_dir(&dir)
+        .env("RUST_LOG", "info")
+        .stdout(log.try_clone().expect("the log"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn walctl datanode");
+    let https_address = format!("https://127.0.0.1:{port}");
+    eventually("the datanode registered its https:// address", || {
+        send(&plain, "GET", &format!("{base}/v1/datanodes"), None, None).body["datanodes"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|n| n["address"] == json!(https_address)))
+    });
+    // Over TLS with the authority: answered. In plain HTTP: refused, saying to call https://.
+    let trusted = agent(Some(&ca));
+    assert_eq!(
+        send(
+            &trusted,
+            "GET",
+            &format!("{https_address}/health"),
+            None,
+            None
+        )
+        .status,
+        200
+    );
+    let refused = send(
+        &plain,
+        "GET",
+        &format!("http://127.0.0.1:{port}/health"),
+        None,
+        None,
+    );
+    assert_eq!(refused.status, 400, "{}", refused.text);
+    assert!(
+        refused.text.contains("speaks HTTPS only"),
+        "{}",
+        refused.text
+    );
+    // walctl wal flush reaches each region's leader at its https:// address, trusting --ca.
+    let run = |args: &[&str]| {
+        let mut all = vec![
+            "--server",
+            base.as_str(),
+            "--ca",
+            ca.to_str().expect("a UTF-8 path"),
+        ];
+        all.extend_from_slice(args);
+        walctl(&all, &[])
+    };
+    let out = run(&["create-table", "over_tls", "--regions", "2"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&["--json", "wal", "flush", "--table", "over_tls"]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        stderr(&out),
+        std::fs::read_to_string(dir.join("tls-datanode.log")).unwrap_or_default()
+    );
+    assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
+    let _ = child.kill();
+    let _ = child.wait();
+}
