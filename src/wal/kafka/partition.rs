@@ -13,7 +13,8 @@ use snafu::IntoError;
 use tokio::time::timeout;
 
 use crate::error::{
-    KafkaConnectSnafu, KafkaTimeoutSnafu, LogKafkaSnafu, LogKafkaTimeoutSnafu, Result,
+    KafkaConnectSnafu, KafkaSecuritySnafu, KafkaTimeoutSnafu, LogKafkaSnafu, LogKafkaTimeoutSnafu,
+    Result,
 };
 use crate::wal::config::KafkaConfig;
 use crate::wal::kafka::connection;
@@ -55,6 +56,19 @@ pub async fn build_client(config: &KafkaConfig, client_id: &str) -> Result<Clien
             .build()
             .await
             .map_err(|e| {
+                // Every connection closed unanswered until the deadline, in plaintext: what a TLS listener does.
+                let text = e.to_string();
+                if security.is_plaintext() && text.to_ascii_lowercase().contains("eof") {
+                    return KafkaSecuritySnafu {
+                        endpoint: endpoints.join(","),
+                        stage: "plaintext connection",
+                        reason: format!(
+                            "{text}; the broker closed every connection without an answer, as a TLS (SSL or \
+                             SASL_SSL) listener does with plaintext: see [wal.security]"
+                        ),
+                    }
+                    .build();
+                }
                 KafkaConnectSnafu {
                     endpoints: endpoints.clone(),
                     retryable: false,
