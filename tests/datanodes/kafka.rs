@@ -389,6 +389,26 @@ struct GatedCheckpoints {
     answers: std::sync::Mutex<Vec<bool>>,
 }
 
+impl GatedCheckpoints {
+    /// Whether a write of `key` is held; when it is, says so on `reached` and returns once released.
+    async fn hold(&self, key: &[u8]) -> bool {
+        if !(self.armed.load(Ordering::SeqCst) && key.starts_with(TOPIC_REGION_PREFIX.as_bytes())) {
+            return false;
+        }
+        let released = self.release.notified();
+        self.reached.notify_one();
+        released.await;
+        true
+    }
+
+    fn answered(&self, applied: bool) {
+        self.answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(applied);
+    }
+}
+
 #[async_trait]
 impl KvWrapper for GatedCheckpoints {
     fn inner(&self) -> &dyn KvBackend {
@@ -399,37 +419,21 @@ impl KvWrapper for GatedCheckpoints {
         &self,
         req: CompareAndPutRequest,
     ) -> remote_wal::Result<CompareAndPutResponse> {
-        if !(self.armed.load(Ordering::SeqCst)
-            && req.key.starts_with(TOPIC_REGION_PREFIX.as_bytes()))
-        {
-            return self.inner.compare_and_put(req).await;
-        }
-        let released = self.release.notified();
-        self.reached.notify_one();
-        released.await;
+        let held = self.hold(&req.key).await;
         let answer = self.inner.compare_and_put(req).await?;
-        self.answers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(answer.success);
+        if held {
+            self.answered(answer.success);
+        }
         Ok(answer)
     }
 
     // A blind write of a checkpoint is held the same way (and always applies), so that the test catches one.
     async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
-        if !(self.armed.load(Ordering::SeqCst)
-            && req.key.starts_with(TOPIC_REGION_PREFIX.as_bytes()))
-        {
-            return self.inner.put(req).await;
-        }
-        let released = self.release.notified();
-        self.reached.notify_one();
-        released.await;
+        let held = self.hold(&req.key).await;
         let previous = self.inner.put(req).await?;
-        self.answers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(true);
+        if held {
+            self.answered(true);
+        }
         Ok(previous)
     }
 }

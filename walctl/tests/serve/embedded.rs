@@ -59,8 +59,9 @@ impl SpawnOutput for &mut Command {
     }
 }
 
-/// The create-table procedures the store holds (read embedded: a read claims nothing), each done; their outputs.
-fn tables_created(servers: &Servers) -> Vec<String> {
+/// Every procedure the store holds, as `walctl --json procedures list` on `embedded.toml` prints them (read
+/// embedded: a read claims nothing).
+fn procedures_listed(servers: &Servers) -> Vec<Value> {
     let out = Command::new(walctl_path())
         .arg("--config")
         .arg(servers.dir.path().join("embedded.toml"))
@@ -75,6 +76,11 @@ fn tables_created(servers: &Servers) -> Vec<String> {
         String::from_utf8_lossy(&out.stderr)
     );
     json_lines(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// The create-table procedures the store holds, each done; their outputs.
+fn tables_created(servers: &Servers) -> Vec<String> {
+    procedures_listed(servers)
         .into_iter()
         .filter(|p| p["type"] == "remote_wal::CreateTable")
         .map(|p| {
@@ -341,19 +347,6 @@ fn an_embedded_command_whose_config_differs_from_the_leading_servers_is_refused_
         &servers.metasrv_toml,
     )
     .expect("write config");
-    let out = Command::new(walctl_path())
-        .arg("--config")
-        .arg(servers.dir.path().join("embedded.toml"))
-        .args(["--json", "procedures", "list"])
-        .current_dir(servers.dir.path())
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run walctl procedures list");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let listed = json_lines(&String::from_utf8_lossy(&out.stdout));
+    let listed = procedures_listed(&servers);
     assert!(listed.is_empty(), "{listed:?}");
 }

@@ -137,9 +137,7 @@ impl Inner {
                 self.launch(epoch, new)
             }
             Ok(WriteOutcome::Rejected { current })
-                if current
-                    .iter()
-                    .any(|(k, v)| *k == key && v.as_ref() == Some(&new.value)) =>
+                if holds_own_record(&current, &key, &new.value) =>
             {
                 self.launch(epoch, new)
             }
@@ -199,9 +197,7 @@ impl Inner {
             Ok(WriteOutcome::Applied) => self.launch(epoch, new),
             // A retried write that finds exactly its own record: an earlier attempt landed but its answer was lost.
             Ok(WriteOutcome::Rejected { current })
-                if current
-                    .iter()
-                    .any(|(k, v)| *k == key && v.as_ref() == Some(&new.value)) =>
+                if holds_own_record(&current, &key, &new.value) =>
             {
                 self.launch(epoch, new)
             }
@@ -362,6 +358,14 @@ impl Inner {
         ));
         state.spawn(runner.run(resume));
     }
+}
+
+/// Whether a refused write's `current` values show `key` holding exactly `value`: the write's own record, put by
+/// an earlier attempt whose answer was lost.
+fn holds_own_record(current: &[(String, Option<Vec<u8>>)], key: &str, value: &[u8]) -> bool {
+    current
+        .iter()
+        .any(|(k, v)| k == key && v.as_deref() == Some(value))
 }
 
 /// Whether `record` ended failed after a rollback that completed (its last rollback event says so).
