@@ -1002,6 +1002,19 @@ pub enum Error {
         #[snafu(source(from(procedures::Error, Box::new)))]
         source: Box<procedures::Error>,
     },
+    /// A WAL prune round finished, and some of its topics failed (each topic's error is in the round's output).
+    #[snafu(display(
+        "wal prune: {failed} of {total} topics failed ({topics}); the others were pruned or skipped as reported, \
+         and the next round tries the failed ones again"
+    ))]
+    WalPruneTopicsFailed {
+        /// Topics that failed.
+        failed: usize,
+        /// Topics in the round.
+        total: usize,
+        /// The failed topics, comma-separated.
+        topics: String,
+    },
     /// The compare-and-put advancing a topic's `pruned_entry_id` kept losing to other writers. Retryable.
     #[snafu(display(
         "pruned entry id of key '{key}' changed under {attempts} compare-and-put attempts in a row"
@@ -1401,6 +1414,7 @@ impl Error {
             | Error::InvalidTopicRegionKey { .. }
             | Error::PruneTopicUnknown { .. }
             | Error::WalPrune { .. }
+            | Error::WalPruneTopicsFailed { .. }
             | Error::RegionReplay { .. }
             | Error::LogProduceMismatch { .. }
             | Error::LogRegionNotRegistered { .. }

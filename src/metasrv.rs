@@ -36,6 +36,7 @@ use crate::wal::kafka::lazy_admin::LazyTopicAdmin;
 use crate::wal::kafka::record_deleter::LazyRecordDeleter;
 use crate::wal::kafka::timed_admin::{TimedTopicAdmin, TopicAdminObserver};
 use crate::wal::kafka::{KafkaTopicManager, TopicConfigDrift};
+use crate::wal::prune::round::WalPruneRound;
 use crate::wal::prune::{RecordDeleterRef, WalPruneProcedure};
 use crate::wal::{KafkaConfig, WalConfig, WalOptions, WalOptionsAllocator};
 
@@ -305,6 +306,10 @@ impl Metasrv {
                 procedures.register_loader(
                     WalPruneProcedure::TYPE_NAME,
                     WalPruneProcedure::loader(kv.clone(), deleter.clone()),
+                )?;
+                procedures.register_loader(
+                    WalPruneRound::TYPE_NAME,
+                    WalPruneRound::loader(kv.clone(), deleter.clone()),
                 )?;
                 Some(deleter)
             }

@@ -1,20 +1,24 @@
-//! `Metasrv::prune_wal`: runs a [`WalPruneProcedure`] per topic of the Kafka pool and reports each topic's old and
-//! new pruned entry id.
+//! `Metasrv::prune_wal`: runs one [`WalPruneRound`] over the topics of the Kafka pool (or the one named) and
+//! reports each topic's result.
 
 use procedures::ProcedureWithId;
 use snafu::{IntoError, ResultExt};
 
 use super::Metasrv;
-use crate::error::{NoKafkaPoolSnafu, Result, WalPruneSnafu};
-use crate::key::topic_name::list_persisted_topics;
+use crate::error::{NoKafkaPoolSnafu, PruneTopicUnknownSnafu, Result, WalPruneSnafu};
+use crate::key::topic_name::{list_persisted_topics, topic_name_key};
 use crate::wal::WalConfig;
-use crate::wal::prune::{PruneOutput, WalPruneProcedure, prune_procedure_id};
+use crate::wal::prune::round::{PruneRoundOutput, WalPruneRound, prune_round_id};
+
+/// The name the round's errors give in place of a topic.
+const EVERY_TOPIC: &str = "(every topic of the pool)";
 
 impl Metasrv {
-    /// Prunes `topic`, or every persisted topic of the pool when `None`, one procedure per topic run one after
-    /// the other (each under its topic's lock), with the configured `prune_mode`. An error for a raft-engine
-    /// metasrv, and for a topic that is not persisted in the pool.
-    pub async fn prune_wal(&self, topic: Option<&str>) -> Result<Vec<PruneOutput>> {
+    /// Prunes `topic`, or every persisted topic of the pool when `None`, in one round procedure (rounds run one at
+    /// a time) with the configured `prune_mode`. A topic that fails is reported in the output and never stops the
+    /// others. An error for a raft-engine metasrv, for a named topic that is not persisted in the pool (before any
+    /// record is written), and when the round itself cannot run.
+    pub async fn prune_wal(&self, topic: Option<&str>) -> Result<PruneRoundOutput> {
         let (WalConfig::Kafka(kafka), Some(deleter)) = (&self.config.wal, &self.record_deleter)
         else {
             return NoKafkaPoolSnafu {
@@ -23,45 +27,42 @@ impl Metasrv {
             .fail();
         };
         let topics = match topic {
-            Some(topic) => vec![topic.to_string()],
+            Some(topic) => {
+                if self.kv.get(&topic_name_key(topic)).await?.is_none() {
+                    return PruneTopicUnknownSnafu {
+                        topic: topic.to_string(),
+                        key: String::from_utf8_lossy(&topic_name_key(topic)).into_owned(),
+                    }
+                    .fail();
+                }
+                vec![topic.to_string()]
+            }
             None => {
                 list_persisted_topics(self.kv.as_ref(), &format!("{}_", kafka.topic_name_prefix))
                     .await?
             }
         };
-        let mut reports = Vec::with_capacity(topics.len());
-        for topic in topics {
-            let procedure = WalPruneProcedure::new(
-                topic.clone(),
-                kafka.prune_mode,
-                self.kv.clone(),
-                deleter.clone(),
-            );
-            let with_id = ProcedureWithId::new(prune_procedure_id(&topic), Box::new(procedure));
-            let mut watcher = self
-                .procedures
-                .submit(with_id)
-                .await
-                .context(WalPruneSnafu {
-                    topic: topic.clone(),
-                })?;
-            let output = watcher.wait().await.context(WalPruneSnafu {
-                topic: topic.clone(),
+        let name = topic.unwrap_or(EVERY_TOPIC).to_string();
+        let round = WalPruneRound::new(topics, kafka.prune_mode, self.kv.clone(), deleter.clone());
+        let with_id = ProcedureWithId::new(prune_round_id(), Box::new(round));
+        let mut watcher = self
+            .procedures
+            .submit(with_id)
+            .await
+            .context(WalPruneSnafu {
+                topic: name.clone(),
             })?;
-            let report = output
-                .ok_or_else(|| "the procedure finished without an output".to_string())
-                .and_then(|o| {
-                    serde_json::from_value::<PruneOutput>(o)
-                        .map_err(|e| format!("its output is not a prune report: {e}"))
-                })
-                .map_err(|reason| {
-                    WalPruneSnafu {
-                        topic: topic.clone(),
-                    }
-                    .into_error(procedures::Error::external(reason))
-                })?;
-            reports.push(report);
-        }
-        Ok(reports)
+        let output = watcher.wait().await.context(WalPruneSnafu {
+            topic: name.clone(),
+        })?;
+        output
+            .ok_or_else(|| "the procedure finished without an output".to_string())
+            .and_then(|o| {
+                serde_json::from_value::<PruneRoundOutput>(o)
+                    .map_err(|e| format!("its output is not a prune round's report: {e}"))
+            })
+            .map_err(|reason| {
+                WalPruneSnafu { topic: name }.into_error(procedures::Error::external(reason))
+            })
     }
 }

@@ -1,5 +1,6 @@
 //! `Metasrv::wal_stats`: per topic of the Kafka pool, its low and high watermarks, its pruned entry id, the regions
-//! writing to it, and what a replay of those regions would read (`walctl wal stats`).
+//! writing to it, what a replay of those regions would read, and the region that pins the watermark with how far
+//! behind the topic's end it is (`walctl wal stats`): a stale region pins its topic until it flushes or moves.
 //!
 //! A replay of a topic's regions reads the topic once, from the lowest replay checkpoint among them (each region's
 //! the higher of its flushed entry id and the topic's pruned entry id) to the high watermark (the datanode
@@ -41,6 +42,22 @@ pub struct TopicWalStats {
     pub replay_from: Option<EntryId>,
     /// Records a replay of them would read (from the offsets alone: no record is read).
     pub replay_records: u64,
+    /// The region that holds the topic's watermark back: the one with the lowest checkpoint among the topic's
+    /// `__topic_region` keys (a region without a checkpoint first), when the topic has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_by: Option<WatermarkPin>,
+}
+
+/// The region a prune cannot pass on a topic, and how far behind the topic's end it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct WatermarkPin {
+    /// The region.
+    pub region_id: RegionId,
+    /// Its flushed entry id; `None` when it has no checkpoint yet (nothing can be pruned).
+    pub flushed_entry_id: Option<EntryId>,
+    /// Entries on the topic after its checkpoint (the topic's last entry id minus the flushed one; every entry
+    /// above the topic's pruned entry id when it has no checkpoint): what the prune must keep for it.
+    pub behind: u64,
 }
 
 impl Metasrv {
@@ -99,6 +116,18 @@ impl Metasrv {
                 }
                 None => 0,
             };
+            // Entry id e is offset e - 1: the topic's last entry id is its high watermark.
+            let last_entry_id = u64::try_from(high_watermark).unwrap_or(0);
+            let pinned_by = stored
+                .iter()
+                .map(|(region, value)| (*region, value.flushed_entry_id()))
+                .min_by_key(|(region, flushed)| (flushed.is_some(), *flushed, *region))
+                .map(|(region_id, flushed_entry_id)| WatermarkPin {
+                    region_id,
+                    flushed_entry_id,
+                    behind: last_entry_id
+                        .saturating_sub(flushed_entry_id.unwrap_or(0).max(pruned_entry_id)),
+                });
             out.push(TopicWalStats {
                 topic,
                 low_watermark,
@@ -107,6 +136,7 @@ impl Metasrv {
                 regions: on_topic.len(),
                 replay_from,
                 replay_records,
+                pinned_by,
             });
         }
         Ok(out)

@@ -22,6 +22,13 @@
 //!
 //! `__topic_region` values are read with the one codec of that key (`crate::key::topic_region`); the lower of the
 //! checkpoint's `entry_id` and `metadata_entry_id` is the flushed id.
+//!
+//! The three steps are also free functions ([`decide`], [`delete_below`], [`advance_watermark`]): the periodic and
+//! operator prunes run them for every topic of the pool in one [`round::WalPruneRound`] procedure, which records
+//! each topic's result and never lets one topic's failure stop the others. This single-topic procedure stays for
+//! records an earlier version left and for the tests that race one topic's steps.
+
+pub mod round;
 
 use std::fmt;
 use std::sync::Arc;
@@ -34,7 +41,7 @@ use tracing::info;
 use crate::error::{PruneTopicUnknownSnafu, PruneWatermarkContentionSnafu, Result};
 use crate::key::topic_name::{TopicNameValue, topic_name_key};
 use crate::key::topic_region::read_topic_regions;
-use crate::kv::{CompareAndPutRequest, KvBackendRef};
+use crate::kv::{CompareAndPutRequest, KvBackend, KvBackendRef};
 
 /// Compare-and-put attempts before advancing the watermark gives up (another writer kept changing the key).
 const MAX_CAS_ATTEMPTS: usize = 16;
@@ -194,114 +201,35 @@ impl WalPruneProcedure {
         })
     }
 
-    /// Reads the topic's stored watermark; an error when the topic has no key.
-    async fn read_watermark(&self) -> Result<(Vec<u8>, TopicNameValue)> {
-        let key = topic_name_key(&self.data.topic);
-        match self.kv.get(&key).await? {
-            Some(found) => Ok((
-                found.value.clone(),
-                TopicNameValue::decode(&key, &found.value)?,
-            )),
-            None => PruneTopicUnknownSnafu {
-                topic: self.data.topic.clone(),
-                key: String::from_utf8_lossy(&key).into_owned(),
-            }
-            .fail(),
-        }
-    }
-
     /// Step 1: read the watermark and the regions' checkpoints, and persist the target.
     async fn compute_prunable(&mut self) -> Result<Status> {
-        let (_, watermark) = self.read_watermark().await?;
-        let regions = read_topic_regions(self.kv.as_ref(), &self.data.topic).await?;
-        let mut lowest: Option<u64> = None;
-        let mut pinned_by = None;
-        for (region_id, value) in &regions {
-            match value.flushed_entry_id() {
-                Some(flushed) => lowest = Some(lowest.map_or(flushed, |l| l.min(flushed))),
-                None => {
-                    pinned_by = Some(*region_id);
-                    break;
-                }
-            }
-        }
-        let prunable = if pinned_by.is_some() {
-            0
-        } else {
-            lowest.unwrap_or(0)
-        };
-        self.data.old_pruned_entry_id = watermark.pruned_entry_id;
-        self.data.target = prunable.max(watermark.pruned_entry_id);
-        self.data.regions = regions.len();
-        self.data.pinned_by = pinned_by;
-        info!(
-            topic = %self.data.topic,
-            regions = regions.len(),
-            ?pinned_by,
-            old = watermark.pruned_entry_id,
-            target = self.data.target,
-            "computed the prunable entry id"
-        );
+        let decision = decide(self.kv.as_ref(), &self.data.topic).await?;
+        self.data.old_pruned_entry_id = decision.old_pruned_entry_id;
+        self.data.target = decision.target;
+        self.data.regions = decision.regions;
+        self.data.pinned_by = decision.pinned_by;
         self.data.step = PruneStep::DeleteRecords;
         Ok(Status::executing(true))
     }
 
     /// Step 2: delete the records up to the target (nothing in logical mode, or when the target is 0).
     async fn delete_records(&mut self, ctx: &Context) -> procedures::Result<Status> {
-        if self.data.mode == PruneMode::DeleteRecords && self.data.target > 0 {
-            // Entry id e is offset e - 1: the first offset kept is `target`.
-            let offset = i64::try_from(self.data.target).unwrap_or(i64::MAX);
-            self.deleter
-                .delete_records_before(&self.data.topic, offset)
-                .await?;
-            ctx.side_effect_point(&format!(
-                "deleted records of {} below offset {offset}",
-                self.data.topic
-            ))?;
-        }
+        delete_below(
+            self.deleter.as_ref(),
+            self.data.mode,
+            &self.data.topic,
+            self.data.target,
+            ctx,
+        )
+        .await?;
         self.data.step = PruneStep::AdvanceWatermark;
         Ok(Status::executing(true))
     }
 
     /// Step 3: compare-and-put the watermark up to the target; a stored value at or above it is kept.
     async fn advance_watermark(&mut self, ctx: &Context) -> procedures::Result<Status> {
-        let key = topic_name_key(&self.data.topic);
-        let mut new = None;
-        for _ in 0..MAX_CAS_ATTEMPTS {
-            let (raw, current) = self.read_watermark().await?;
-            if current.pruned_entry_id >= self.data.target {
-                new = Some(current.pruned_entry_id);
-                break;
-            }
-            let next = TopicNameValue {
-                pruned_entry_id: self.data.target,
-            };
-            let response = self
-                .kv
-                .compare_and_put(CompareAndPutRequest {
-                    key: key.clone(),
-                    expect: Some(raw),
-                    value: next.encode(),
-                })
-                .await
-                .map_err(procedures::Error::from)?;
-            if response.success {
-                ctx.side_effect_point(&format!(
-                    "advanced the pruned entry id of {} to {}",
-                    self.data.topic, self.data.target
-                ))?;
-                new = Some(self.data.target);
-                break;
-            }
-        }
-        let Some(new) = new else {
-            return Err(PruneWatermarkContentionSnafu {
-                key: String::from_utf8_lossy(&key).into_owned(),
-                attempts: MAX_CAS_ATTEMPTS,
-            }
-            .build()
-            .into());
-        };
+        let new =
+            advance_watermark(self.kv.as_ref(), &self.data.topic, self.data.target, ctx).await?;
         let output = PruneOutput {
             topic: self.data.topic.clone(),
             mode: self.data.mode,
@@ -314,6 +242,132 @@ impl WalPruneProcedure {
         let output = serde_json::to_value(&output).map_err(procedures::Error::external)?;
         Ok(Status::done_with_output(output))
     }
+}
+
+/// What ComputePrunable decided for one topic.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PruneDecision {
+    /// The watermark read.
+    pub old_pruned_entry_id: u64,
+    /// The watermark to move to: the lowest flushed entry id among the regions, never below the old one.
+    pub target: u64,
+    /// Regions on the topic.
+    pub regions: usize,
+    /// A region without a checkpoint that pinned the topic, if any (the target is then the old watermark).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pinned_by: Option<u64>,
+}
+
+/// Reads `topic`'s stored watermark: the raw value (for a compare-and-put) and its decoding. An error when the
+/// topic has no key (not a topic of the pool) or its value does not decode.
+async fn read_watermark(kv: &dyn KvBackend, topic: &str) -> Result<(Vec<u8>, TopicNameValue)> {
+    let key = topic_name_key(topic);
+    match kv.get(&key).await? {
+        Some(found) => Ok((
+            found.value.clone(),
+            TopicNameValue::decode(&key, &found.value)?,
+        )),
+        None => PruneTopicUnknownSnafu {
+            topic: topic.to_string(),
+            key: String::from_utf8_lossy(&key).into_owned(),
+        }
+        .fail(),
+    }
+}
+
+/// ComputePrunable of `topic`: reads its watermark and every region's checkpoint (see the module documentation).
+pub async fn decide(kv: &dyn KvBackend, topic: &str) -> Result<PruneDecision> {
+    let (_, watermark) = read_watermark(kv, topic).await?;
+    let regions = read_topic_regions(kv, topic).await?;
+    let mut lowest: Option<u64> = None;
+    let mut pinned_by = None;
+    for (region_id, value) in &regions {
+        match value.flushed_entry_id() {
+            Some(flushed) => lowest = Some(lowest.map_or(flushed, |l| l.min(flushed))),
+            None => {
+                pinned_by = Some(*region_id);
+                break;
+            }
+        }
+    }
+    let prunable = if pinned_by.is_some() {
+        0
+    } else {
+        lowest.unwrap_or(0)
+    };
+    let decision = PruneDecision {
+        old_pruned_entry_id: watermark.pruned_entry_id,
+        target: prunable.max(watermark.pruned_entry_id),
+        regions: regions.len(),
+        pinned_by,
+    };
+    info!(
+        topic,
+        regions = decision.regions,
+        pinned_by = ?decision.pinned_by,
+        old = decision.old_pruned_entry_id,
+        target = decision.target,
+        "computed the prunable entry id"
+    );
+    Ok(decision)
+}
+
+/// DeleteRecords of `topic` up to `target` in `mode` (nothing in logical mode, or when the target is 0), then a
+/// side-effect point. Idempotent.
+pub async fn delete_below(
+    deleter: &dyn RecordDeleter,
+    mode: PruneMode,
+    topic: &str,
+    target: u64,
+    ctx: &Context,
+) -> procedures::Result<()> {
+    if mode == PruneMode::DeleteRecords && target > 0 {
+        // Entry id e is offset e - 1: the first offset kept is `target`.
+        let offset = i64::try_from(target).unwrap_or(i64::MAX);
+        deleter.delete_records_before(topic, offset).await?;
+        ctx.side_effect_point(&format!("deleted records of {topic} below offset {offset}"))?;
+    }
+    Ok(())
+}
+
+/// AdvanceWatermark of `topic`: compare-and-puts its `pruned_entry_id` up to `target`, leaving a stored value at
+/// or above it alone; returns the stored value after. A side-effect point follows a write.
+pub async fn advance_watermark(
+    kv: &dyn KvBackend,
+    topic: &str,
+    target: u64,
+    ctx: &Context,
+) -> procedures::Result<u64> {
+    let key = topic_name_key(topic);
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (raw, current) = read_watermark(kv, topic).await?;
+        if current.pruned_entry_id >= target {
+            return Ok(current.pruned_entry_id);
+        }
+        let next = TopicNameValue {
+            pruned_entry_id: target,
+        };
+        let response = kv
+            .compare_and_put(CompareAndPutRequest {
+                key: key.clone(),
+                expect: Some(raw),
+                value: next.encode(),
+            })
+            .await
+            .map_err(procedures::Error::from)?;
+        if response.success {
+            ctx.side_effect_point(&format!(
+                "advanced the pruned entry id of {topic} to {target}"
+            ))?;
+            return Ok(target);
+        }
+    }
+    Err(PruneWatermarkContentionSnafu {
+        key: String::from_utf8_lossy(&key).into_owned(),
+        attempts: MAX_CAS_ATTEMPTS,
+    }
+    .build()
+    .into())
 }
 
 #[async_trait]

@@ -18,6 +18,7 @@ mod config_errors;
 mod kafka_admin;
 mod kafka_security;
 mod pool_check;
+mod prune_round;
 mod selection;
 mod topic_config;
 mod topic_name_values;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use procedures::{ControlOp, HeldKey, LockWait, ProcedureId, ProcedureInfo, ProcedureLocks};
 use remote_wal::metasrv::{BootstrapReport, TableRegions, TopicsReport};
-use remote_wal::wal::prune::PruneOutput;
+use remote_wal::wal::prune::round::PruneRoundOutput;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -299,16 +299,15 @@ pub fn execute(client: &mut Client, command: &Command, out: &mut Output) -> Resu
             output::print_topics(out, &report);
         }
         Command::Wal(WalCommand::Prune { topic }) => {
-            #[derive(serde::Deserialize)]
-            struct Pruned {
-                topics: Vec<PruneOutput>,
-            }
-            let pruned: Pruned = client.call_as(
+            let round: PruneRoundOutput = client.call_as(
                 Method::Post,
                 "/v1/wal/prune",
                 Some(&json!({ "topic": topic })),
             )?;
-            crate::wal::print_prune(out, &pruned.topics);
+            crate::wal::print_prune(out, &round);
+            if let Some(error) = crate::wal::prune_failure(&round) {
+                return Err(error.into());
+            }
         }
         Command::Wal(command @ WalCommand::Stats) => {
             return Err(Failure::Refused(format!(

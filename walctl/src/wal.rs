@@ -1,11 +1,11 @@
 //! `walctl wal …`: the WAL commands (`docs/walctl.md`). `wal prune`
-//! runs the WAL prune procedure on each topic of the Kafka pool (or the one named) and prints each topic's old and
-//! new pruned entry id; `wal stats` prints each topic's watermarks, regions and what a replay would read.
+//! runs one WAL prune round over the topics of the Kafka pool (or the one named) and prints each topic's result
+//! (pruned from and to, skipped and why, failed and why), exiting non-zero when a topic failed; `wal stats` prints each topic's watermarks, regions and what a replay would read.
 
 use clap::Subcommand;
 use remote_wal::metasrv::Metasrv;
 use remote_wal::metasrv::wal_stats::TopicWalStats;
-use remote_wal::wal::prune::PruneOutput;
+use remote_wal::wal::prune::round::{PruneRoundOutput, TopicOutcome};
 
 use crate::output::Output;
 
@@ -23,14 +23,16 @@ pub enum WalCommand {
         region: Option<u32>,
     },
     /// Prune the Kafka WAL: delete (or, with `prune_mode = "logical"`, only mark) the entries every region on a
-    /// topic has flushed, and print each topic's old and new low watermark (pruned entry id).
+    /// topic has flushed, and print each topic's result: its old and new pruned entry id, or why it was skipped or
+    /// failed. A failing topic never stops the others; the command exits non-zero when one failed.
     Prune {
         /// Prune only this topic (default: every topic of the pool).
         #[arg(long, value_name = "TOPIC")]
         topic: Option<String>,
     },
-    /// Per topic of the Kafka pool: low and high watermark, pruned entry id, regions, and the records and bytes a
-    /// replay of those regions would read.
+    /// Per topic of the Kafka pool: low and high watermark, pruned entry id, regions, the records a replay of
+    /// those regions would read, and the region that pins the watermark (the lowest checkpoint) with how many
+    /// entries behind the topic's end it is.
     Stats,
 }
 
@@ -64,37 +66,78 @@ pub async fn execute(
             Ok(())
         }
         WalCommand::Prune { topic } => {
-            let reports = metasrv.prune_wal(topic.as_deref()).await?;
-            print_prune(out, &reports);
-            Ok(())
+            let round = metasrv.prune_wal(topic.as_deref()).await?;
+            print_prune(out, &round);
+            match prune_failure(&round) {
+                Some(error) => Err(error),
+                None => Ok(()),
+            }
         }
     }
 }
 
-/// One line per topic: `topic T: pruned entry id A -> B (mode, R regions[, pinned by region N])`, or with
-/// `--json` one object per topic (the procedure's output).
-pub fn print_prune(out: &mut Output, reports: &[PruneOutput]) {
+/// One line per topic — `topic T: pruned entry id A -> B (mode, R regions)`, `topic T: skipped at pruned entry id
+/// A (R regions): REASON`, `topic T: failed at STEP: ERROR` — then a count; with `--json` one object per topic (the
+/// round's output for the topic).
+pub fn print_prune(out: &mut Output, round: &PruneRoundOutput) {
     let json = out.is_json();
-    for r in reports {
+    for r in &round.topics {
         if json {
-            match serde_json::to_string(r) {
-                Ok(line) => out.line(&line),
-                Err(e) => eprintln!("walctl: cannot serialize a result line: {e}"),
-            }
+            out.json_line(r);
             continue;
         }
-        let pinned = r
-            .pinned_by
-            .map(|region| format!(", pinned by region {region} (no checkpoint)"))
-            .unwrap_or_default();
+        let line = match &r.outcome {
+            TopicOutcome::Pruned {
+                old_pruned_entry_id,
+                new_pruned_entry_id,
+                regions,
+            } => format!(
+                "topic {}: pruned entry id {old_pruned_entry_id} -> {new_pruned_entry_id} ({}, {regions} regions)",
+                r.topic, round.mode
+            ),
+            TopicOutcome::Skipped {
+                pruned_entry_id,
+                regions,
+                reason,
+                ..
+            } => format!(
+                "topic {}: skipped at pruned entry id {pruned_entry_id} ({regions} regions): {reason}",
+                r.topic
+            ),
+            TopicOutcome::Failed {
+                step,
+                error,
+                retryable,
+            } => format!(
+                "topic {}: failed at {step}: {error}{}",
+                r.topic,
+                if *retryable { " (transient)" } else { "" }
+            ),
+        };
+        out.line(&line);
+    }
+    if json {
+        return;
+    }
+    if round.topics.is_empty() {
+        out.line("no topic to prune");
+    } else {
+        let (pruned, skipped, failed) = round.counts();
         out.line(&format!(
-            "topic {}: pruned entry id {} -> {} ({}, {} regions{pinned})",
-            r.topic, r.old_pruned_entry_id, r.new_pruned_entry_id, r.mode, r.regions
+            "{} topics: {pruned} pruned, {skipped} skipped, {failed} failed",
+            round.topics.len()
         ));
     }
-    if reports.is_empty() && !json {
-        out.line("no topic to prune");
-    }
+}
+
+/// The error that makes the command exit non-zero when topics of the round failed, if any did.
+pub fn prune_failure(round: &PruneRoundOutput) -> Option<remote_wal::Error> {
+    let failed = round.failed_topics();
+    (!failed.is_empty()).then(|| remote_wal::Error::WalPruneTopicsFailed {
+        failed: failed.len(),
+        total: round.topics.len(),
+        topics: failed.join(", "),
+    })
 }
 
 /// One row per topic; with `--json` one object per topic.
@@ -116,6 +159,12 @@ fn print_stats(out: &mut Output, stats: &[TopicWalStats]) {
                 t.regions.to_string(),
                 t.replay_from.map_or("-".to_string(), |f| f.to_string()),
                 t.replay_records.to_string(),
+                t.pinned_by.as_ref().map_or("-".to_string(), |p| {
+                    let at = p
+                        .flushed_entry_id
+                        .map_or("no checkpoint".to_string(), |f| format!("at {f}"));
+                    format!("region {} ({at}), {} behind", p.region_id, p.behind)
+                }),
             ]
         })
         .collect();
@@ -128,6 +177,7 @@ fn print_stats(out: &mut Output, stats: &[TopicWalStats]) {
             "REGIONS",
             "REPLAY_FROM",
             "REPLAY_RECORDS",
+            "PINNED_BY",
         ],
         rows,
     );

@@ -604,7 +604,9 @@ struct PruneBody {
     topic: Option<String>,
 }
 
-/// `POST /v1/wal/prune` `{"topic": null | "T"}`: runs the WAL prune (the leader only); one report per topic.
+/// `POST /v1/wal/prune` `{"topic": null | "T"}`: runs one WAL prune round (the leader only) and answers its output,
+/// `{"mode", "topics": [...]}` with each topic's result (a round whose topics failed is still a `200`: the answer
+/// says which and why).
 async fn prune_wal(State(state): State<AppState>, body: axum::body::Bytes) -> ApiResult {
     let _permit = state.admit()?;
     let body: PruneBody = if body.is_empty() {
@@ -617,6 +619,6 @@ async fn prune_wal(State(state): State<AppState>, body: axum::body::Bytes) -> Ap
         return Err(ApiError::bad_request("topic: must not be empty"));
     }
     state.ensure_leader().await?;
-    let reports = state.metasrv.prune_wal(body.topic.as_deref()).await?;
-    Ok(Json(json!({ "topics": reports })).into_response())
+    let round = state.metasrv.prune_wal(body.topic.as_deref()).await?;
+    Ok(Json(round).into_response())
 }

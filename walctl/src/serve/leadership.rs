@@ -8,6 +8,7 @@ use std::time::Duration;
 use remote_wal::metasrv::Metasrv;
 use remote_wal::metasrv::election::Election;
 use remote_wal::wal::WalConfig;
+use remote_wal::wal::prune::round::TopicOutcome;
 use tokio::sync::watch;
 
 use crate::serve::metrics::Metrics;
@@ -233,9 +234,9 @@ async fn ready_then_prune(
     prune_periodically(metasrv, metrics).await
 }
 
-/// Every `[wal] prune_interval` (a Kafka WAL with a non-zero interval; else it only waits), runs the WAL prune
-/// procedure on every topic of the pool, one after the other; a failed round is logged and counted, and the next
-/// round runs at the next tick. Never returns.
+/// Every `[wal] prune_interval` (a Kafka WAL with a non-zero interval; else it only waits), runs one WAL prune
+/// round over every topic of the pool; a topic that failed, or a round that could not run, is logged and counted,
+/// and the next round runs at the next tick. Never returns.
 async fn prune_periodically(metasrv: &Metasrv, metrics: &Metrics) {
     let interval = match &metasrv.config().wal {
         WalConfig::Kafka(kafka) if !kafka.prune_interval.is_zero() => kafka.prune_interval,
@@ -246,16 +247,33 @@ async fn prune_periodically(metasrv: &Metasrv, metrics: &Metrics) {
     loop {
         ticks.tick().await;
         match metasrv.prune_wal(None).await {
-            Ok(reports) => {
-                for report in &reports {
-                    tracing::info!(
-                        topic = %report.topic,
-                        old = report.old_pruned_entry_id,
-                        new = report.new_pruned_entry_id,
-                        "periodic WAL prune"
-                    );
+            Ok(round) => {
+                for topic in &round.topics {
+                    match &topic.outcome {
+                        TopicOutcome::Pruned {
+                            old_pruned_entry_id,
+                            new_pruned_entry_id,
+                            ..
+                        } => tracing::info!(
+                            topic = %topic.topic,
+                            old = old_pruned_entry_id,
+                            new = new_pruned_entry_id,
+                            "periodic WAL prune"
+                        ),
+                        TopicOutcome::Skipped { reason, .. } => {
+                            tracing::info!(topic = %topic.topic, reason = %reason, "periodic WAL prune skipped the topic")
+                        }
+                        TopicOutcome::Failed { step, error, .. } => tracing::warn!(
+                            topic = %topic.topic,
+                            step = %step,
+                            error = %error,
+                            "periodic WAL prune failed on the topic; the next round tries it again"
+                        ),
+                    }
                 }
-                metrics.wal_prunes.inc_by(reports.len() as u64);
+                let (pruned, _, failed) = round.counts();
+                metrics.wal_prunes.inc_by(pruned as u64);
+                metrics.wal_prune_topic_failures.inc_by(failed as u64);
             }
             Err(e) => {
                 metrics.wal_prune_failures.inc();

@@ -72,8 +72,10 @@ pub struct Metrics {
     pub not_leader_answers: Counter,
     /// Topic prunes the periodic WAL prune finished (one per topic per round).
     pub wal_prunes: Counter,
-    /// Rounds of the periodic WAL prune that failed.
+    /// Rounds of the periodic WAL prune that could not run.
     pub wal_prune_failures: Counter,
+    /// Topics whose prune failed in a periodic round (the others of the round went on).
+    pub wal_prune_topic_failures: Counter,
     /// 1 while this server leads with the Kafka WAL and its term's check of the brokers (the pool's bootstrap) has
     /// not completed, else 0.
     pub wal_brokers_unchecked: Gauge,
@@ -144,14 +146,21 @@ impl Metrics {
         let wal_prunes = Counter::default();
         registry.register(
             "wal_prunes",
-            "Topic prunes finished by the leader's periodic WAL prune ([wal] prune_interval)",
+            "Topics pruned by the leader's periodic WAL prune rounds ([wal] prune_interval)",
             wal_prunes.clone(),
         );
         let wal_prune_failures = Counter::default();
         registry.register(
             "wal_prune_failures",
-            "Rounds of the leader's periodic WAL prune that failed",
+            "Rounds of the leader's periodic WAL prune that could not run",
             wal_prune_failures.clone(),
+        );
+        let wal_prune_topic_failures = Counter::default();
+        registry.register(
+            "wal_prune_topic_failures",
+            "Topics whose prune failed in a round of the leader's periodic WAL prune (the round went on with the \
+             others)",
+            wal_prune_topic_failures.clone(),
         );
         let wal_brokers_unchecked = Gauge::default();
         registry.register(
@@ -242,6 +251,7 @@ impl Metrics {
             admin_duration,
             wal_prunes,
             wal_prune_failures,
+            wal_prune_topic_failures,
             wal_brokers_unchecked,
             datanode_registrations,
             heartbeats,

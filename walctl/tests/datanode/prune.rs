@@ -55,6 +55,20 @@ fn flush_and_prune_rounds_with_kill_9_delete_nothing_unflushed() {
         last
     };
     assert_eq!(stats.len(), 1, "{stats:?}");
+    // The region holding the watermark back is named, with the entries the prune keeps for it.
+    let topic = &stats[0];
+    let pin = &topic["pinned_by"];
+    let flushed = pin["flushed_entry_id"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("a flushed region pins: {topic}"));
+    let pruned = topic["pruned_entry_id"].as_u64().expect("pruned_entry_id");
+    assert!(
+        flushed >= pruned,
+        "the watermark never passes the lowest checkpoint: {topic}"
+    );
+    let high = topic["high_watermark"].as_u64().expect("high_watermark");
+    assert_eq!(pin["behind"].as_u64(), Some(high - flushed), "{topic}");
+    assert!(pin["region_id"].as_u64().is_some(), "{topic}");
     let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
     assert_eq!(checked as u64, acknowledged, "{report}");
 }

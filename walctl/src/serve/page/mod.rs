@@ -1,7 +1,8 @@
 //! The procedures page at `GET /`: server-rendered HTML in the manner of HBase's "Procedures & Locks" — who leads
 //! and at which epoch, every unfinished or failed procedure (stuck ones first, up to 300) and a page of the
 //! latest finished ones (`?after=` for older) with its state, step, attempts, age and last error, the
-//! locks held and awaited, the datanodes with their leases, and the WAL: the provider, and for Kafka the regions per pool topic as an SVG bar chart.
+//! locks held and awaited, the datanodes with their leases, and the WAL: the provider, and for Kafka the regions per
+//! pool topic as an SVG bar chart and the last prune round's result (the topics it skipped or failed, and why).
 //!
 //! Gathering ([`PageData::gather`]) and rendering ([`render::render`]) are apart, so the rendering is a pure
 //! function of what was read. Each section that cannot be read says why in its place; the page itself always
@@ -18,10 +19,11 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use procedures::ProcedureInfo;
 use procedures::manager::ProcedureLocks;
+use procedures::{ProcedureInfo, ProcedureState};
 use remote_wal::metasrv::TopicsReport;
 use remote_wal::wal::WalConfig;
+use remote_wal::wal::prune::round::{PruneRoundOutput, WalPruneRound};
 
 use crate::serve::api::AppState;
 use crate::serve::leadership::Status;
@@ -90,6 +92,37 @@ pub struct PageData {
     pub finished_after: Option<String>,
     /// Automatic failover's state (the leader only), or why it could not be read.
     pub failover: Option<Result<remote_wal::metasrv::FailoverStatus, String>>,
+    /// The newest finished WAL prune round among `procedures`, with its output.
+    pub last_prune: Option<LastPrune>,
+}
+
+/// The newest finished WAL prune round: when it finished and each topic's result.
+#[derive(Clone, Debug)]
+pub struct LastPrune {
+    /// The round's procedure id.
+    pub id: String,
+    /// When it finished (ms since the Unix epoch).
+    pub finished_at_ms: u64,
+    /// Its output.
+    pub round: PruneRoundOutput,
+}
+
+impl LastPrune {
+    /// The newest done [`WalPruneRound`] of `procedures` whose output reads as a round's report.
+    pub fn newest(procedures: &[ProcedureInfo]) -> Option<LastPrune> {
+        procedures
+            .iter()
+            .filter(|p| p.type_name == WalPruneRound::TYPE_NAME && p.state == ProcedureState::Done)
+            .filter_map(|p| {
+                let round = serde_json::from_value(p.output.clone()?).ok()?;
+                Some(LastPrune {
+                    id: p.id.to_string(),
+                    finished_at_ms: p.updated_at_ms,
+                    round,
+                })
+            })
+            .max_by_key(|p| p.finished_at_ms)
+    }
 }
 
 /// The page's query: `after`, the cursor of the finished procedures' page. Anything else is ignored (the page
@@ -143,7 +176,12 @@ impl PageData {
             Some(_) => Some(metasrv.failover_status().await.map_err(|e| e.to_string())),
             None => None,
         };
+        let last_prune = procedures
+            .as_ref()
+            .ok()
+            .and_then(|list| LastPrune::newest(list));
         PageData {
+            last_prune,
             datanodes,
             this_server: state.advertise.clone(),
             status,

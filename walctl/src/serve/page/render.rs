@@ -8,10 +8,11 @@ use procedures::listing::Cursor;
 use procedures::manager::ProcedureLocks;
 use procedures::{ProcedureInfo, ProcedureState};
 use remote_wal::metasrv::TopicsReport;
+use remote_wal::wal::prune::round::TopicOutcome;
 
 use super::chart::{Bar, bar_chart};
 use super::escape::escape;
-use super::{Leader, PageData, ProcedureSource, WalSection};
+use super::{LastPrune, Leader, PageData, ProcedureSource, WalSection};
 use crate::serve::leadership::BrokerCheck;
 
 /// At most this many unfinished or failed procedures are shown; the rest are counted and linked.
@@ -46,7 +47,7 @@ pub fn render(data: &PageData) -> String {
     procedures(&mut html, data);
     locks(&mut html, data);
     datanodes(&mut html, data);
-    wal(&mut html, &data.wal);
+    wal(&mut html, &data.wal, data.last_prune.as_ref(), data.now_ms);
     let _ = write!(
         html,
         "<p class=\"footer\">Read at {} ms since the Unix epoch; this page reloads every {REFRESH_SECS} s. \
@@ -480,7 +481,7 @@ fn locks(html: &mut String, data: &PageData) {
 }
 
 /// The WAL provider, and for Kafka the regions per pool topic.
-fn wal(html: &mut String, wal: &WalSection) {
+fn wal(html: &mut String, wal: &WalSection, last_prune: Option<&LastPrune>, now_ms: u64) {
     html.push_str("<section id=\"wal-section\">\n<h2>WAL</h2>\n");
     match wal {
         WalSection::RaftEngine => html.push_str(
@@ -496,7 +497,72 @@ fn wal(html: &mut String, wal: &WalSection) {
         }
         WalSection::Kafka(Ok(report)) => kafka_pool(html, report),
     }
+    if matches!(wal, WalSection::Kafka(_)) {
+        prune_round(html, last_prune, now_ms);
+    }
     html.push_str("</section>\n");
+}
+
+/// The last prune round: its counts, and a row per topic it skipped or failed (pruned topics are only counted: a
+/// pool has up to thousands).
+fn prune_round(html: &mut String, last: Option<&LastPrune>, now_ms: u64) {
+    let Some(last) = last else {
+        html.push_str(
+            "<p id=\"last-prune\">No WAL prune round has finished in the retained records.</p>\n",
+        );
+        return;
+    };
+    let (pruned, skipped, failed) = last.round.counts();
+    let _ = writeln!(
+        html,
+        "<p id=\"last-prune\">Last WAL prune round <code>{}</code>, {} ago ({}): {pruned} topics pruned, \
+         {skipped} skipped, {failed} failed.</p>",
+        escape(&last.id),
+        format_ms(now_ms.saturating_sub(last.finished_at_ms)),
+        last.round.mode,
+    );
+    let notable: Vec<_> = last
+        .round
+        .topics
+        .iter()
+        .filter(|t| !matches!(t.outcome, TopicOutcome::Pruned { .. }))
+        .collect();
+    if notable.is_empty() {
+        return;
+    }
+    html.push_str(
+        "<table id=\"prune-topics\">\n<tr><th>Topic</th><th>Result</th><th>Why</th></tr>\n",
+    );
+    for t in notable {
+        let (result, why) = match &t.outcome {
+            TopicOutcome::Skipped {
+                pruned_entry_id,
+                reason,
+                ..
+            } => (format!("skipped at {pruned_entry_id}"), reason.clone()),
+            TopicOutcome::Failed {
+                step,
+                error,
+                retryable,
+            } => (
+                format!(
+                    "failed at {step}{}",
+                    if *retryable { " (transient)" } else { "" }
+                ),
+                error.clone(),
+            ),
+            TopicOutcome::Pruned { .. } => continue,
+        };
+        let class = if t.failed() { " class=\"error\"" } else { "" };
+        let _ = writeln!(
+            html,
+            "<tr{class}><td><code>{}</code></td><td>{}</td><td>{}</td></tr>",
+            escape(&t.topic),
+            escape(&result),
+            escape(&why)
+        );
+    }
+    html.push_str("</table>\n");
 }
 
 fn kafka_pool(html: &mut String, report: &TopicsReport) {
@@ -587,6 +653,7 @@ mod tests {
             }]),
             now_ms: NOW,
             finished_after: None,
+            last_prune: None,
             failover: Some(Ok(remote_wal::metasrv::FailoverStatus {
                 enabled: true,
                 paused: false,
@@ -839,5 +906,53 @@ mod tests {
         let html = render(&data);
         assert!(html.contains("The topic pool could not be read: brokers &lt;down&gt;"));
         assert!(!html.contains("<svg"));
+    }
+
+    #[test]
+    fn the_last_prune_round_counts_its_topics_and_lists_the_skipped_and_failed_ones_escaped() {
+        use remote_wal::wal::prune::round::WalPruneRound;
+
+        let mut data = leader_data(vec![], vec![]);
+        data.wal = WalSection::Kafka(Err("brokers down".to_string()));
+        let html = render(&data);
+        assert!(html.contains("No WAL prune round has finished"), "{html}");
+
+        let mut round = info("wal_prune_round/<x>", "done", NOW - 5_000, None);
+        round.type_name = WalPruneRound::TYPE_NAME.to_string();
+        round.output = Some(json!({
+            "mode": "delete_records",
+            "topics": [
+                {"topic": "wal_0", "outcome": "pruned", "old_pruned_entry_id": 1, "new_pruned_entry_id": 9, "regions": 2},
+                {"topic": "wal_1", "outcome": "skipped", "pruned_entry_id": 3, "regions": 1, "pinned_by": 4,
+                 "reason": "region 4 has no checkpoint yet: it pins the topic"},
+                {"topic": "wal_<2>", "outcome": "failed", "step": "Decide", "error": "value <script> is not JSON",
+                 "retryable": false},
+            ]
+        }));
+        let older = {
+            let mut older = round.clone();
+            older.id = procedures::ProcedureId::new("wal_prune_round/old");
+            older.updated_at_ms = NOW - 60_000;
+            older.output = Some(json!({"mode": "delete_records", "topics": []}));
+            older
+        };
+        data.last_prune = crate::serve::page::LastPrune::newest(&[older, round]);
+        let html = render(&data);
+        assert!(
+            html.contains("1 topics pruned, 1 skipped, 1 failed"),
+            "the newest round: {html}"
+        );
+        assert!(html.contains("<code>wal_prune_round/&lt;x&gt;</code>, 5s ago"));
+        assert!(html.contains(
+            "<td>skipped at 3</td><td>region 4 has no checkpoint yet: it pins the topic</td>"
+        ));
+        assert!(html.contains(
+            "<tr class=\"error\"><td><code>wal_&lt;2&gt;</code></td><td>failed at Decide</td>\
+             <td>value &lt;script&gt; is not JSON</td></tr>"
+        ));
+        assert!(
+            !html.contains("<td><code>wal_0</code>"),
+            "pruned topics are only counted"
+        );
     }
 }

@@ -1,0 +1,325 @@
+//! The WAL prune round: one procedure over every topic, each topic's result recorded, a failing topic never
+//! stopping the others — under the crash matrix (a crash before and after every durable write and at every
+//! side-effect point, then recovery, and a second crash during recovery), on a memory store and a fake deleter.
+//!
+//! Five topics in chunks of two: `t_0` prunable to 7, `t_1` pinned by a region without a checkpoint, `t_2` with an
+//! undecodable region value, `t_3` whose records the brokers refuse to delete, `t_4` with no region, and `t_5`
+//! prunable to 5 after all of them.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use procedures::testing::{
+    CrashScenario, MatrixConfig, StoreDigest, run_crash_matrix, store_digest,
+};
+use procedures::{LocalManager, ProcedureId, ProcedureManager, ProcedureWithId, StateStore};
+use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
+use remote_wal::key::topic_region::TopicRegionValue;
+use remote_wal::kv::memory::MemoryKvBackend;
+use remote_wal::kv::state_store::KvStateStore;
+use remote_wal::kv::{KvBackend, KvBackendRef, PutRequest};
+use remote_wal::wal::prune::round::{PruneRoundOutput, TopicOutcome, WalPruneRound};
+use remote_wal::wal::prune::{PruneMode, RecordDeleter};
+
+const TOPICS: [&str; 6] = ["t_0", "t_1", "t_2", "t_3", "t_4", "t_5"];
+
+/// A broker per topic: the low offset of each partition; `t_3`'s deletions are refused.
+#[derive(Debug, Default)]
+struct FakeBrokers {
+    low: Mutex<BTreeMap<String, i64>>,
+}
+
+#[async_trait]
+impl RecordDeleter for FakeBrokers {
+    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+        if topic == "t_3" {
+            return Err(remote_wal::Error::KafkaTimeout {
+                endpoints: vec!["127.0.0.1:9".to_string()],
+                operation: format!("delete records of '{topic}'"),
+                timeout: std::time::Duration::from_secs(5),
+                retryable: true,
+            });
+        }
+        let mut low = self.low.lock().unwrap();
+        let entry = low.entry(topic.to_string()).or_insert(0);
+        *entry = (*entry).max(offset);
+        Ok(())
+    }
+}
+
+struct Env {
+    kv: KvBackendRef,
+    store: Arc<dyn StateStore>,
+    brokers: Arc<FakeBrokers>,
+}
+
+async fn put(kv: &dyn KvBackend, key: &[u8], value: Vec<u8>) {
+    kv.put(PutRequest {
+        key: key.to_vec(),
+        value,
+        prev_kv: false,
+    })
+    .await
+    .unwrap();
+}
+
+async fn new_env() -> Env {
+    let memory = Arc::new(MemoryKvBackend::new());
+    let kv: KvBackendRef = memory.clone();
+    for topic in TOPICS {
+        put(
+            kv.as_ref(),
+            &topic_name_key(topic),
+            TopicNameValue { pruned_entry_id: 2 }.encode(),
+        )
+        .await;
+    }
+    let region = |topic: &str, region: u64| format!("__topic_region/{topic}/{region}").into_bytes();
+    put(
+        kv.as_ref(),
+        &region("t_0", 1),
+        TopicRegionValue::at(9).encode(),
+    )
+    .await;
+    put(
+        kv.as_ref(),
+        &region("t_0", 2),
+        TopicRegionValue::at(7).encode(),
+    )
+    .await;
+    put(
+        kv.as_ref(),
+        &region("t_1", 3),
+        TopicRegionValue::at(9).encode(),
+    )
+    .await;
+    put(
+        kv.as_ref(),
+        &region("t_1", 4),
+        TopicRegionValue::default().encode(),
+    )
+    .await;
+    put(kv.as_ref(), &region("t_2", 5), b"{not json".to_vec()).await;
+    put(
+        kv.as_ref(),
+        &region("t_3", 6),
+        TopicRegionValue::at(8).encode(),
+    )
+    .await;
+    put(
+        kv.as_ref(),
+        &region("t_5", 7),
+        TopicRegionValue::at(5).encode(),
+    )
+    .await;
+    Env {
+        store: Arc::new(KvStateStore::new(memory)),
+        kv,
+        brokers: Arc::new(FakeBrokers::default()),
+    }
+}
+
+fn round(env: &Env) -> WalPruneRound {
+    WalPruneRound::with_chunk(
+        TOPICS.iter().map(|t| t.to_string()).collect(),
+        PruneMode::DeleteRecords,
+        2,
+        env.kv.clone(),
+        env.brokers.clone(),
+    )
+}
+
+#[derive(Debug, PartialEq)]
+struct Outcome {
+    store: StoreDigest,
+    watermarks: BTreeMap<String, u64>,
+    low_offsets: BTreeMap<String, i64>,
+}
+
+async fn outcome_of(env: &Env) -> Outcome {
+    let mut watermarks = BTreeMap::new();
+    for topic in TOPICS {
+        let value = env.kv.get(&topic_name_key(topic)).await.unwrap().unwrap();
+        let decoded = TopicNameValue::decode(b"k", &value.value).unwrap();
+        watermarks.insert(topic.to_string(), decoded.pruned_entry_id);
+    }
+    Outcome {
+        store: store_digest(env.store.as_ref()).await.unwrap(),
+        watermarks,
+        low_offsets: env.brokers.low.lock().unwrap().clone(),
+    }
+}
+
+struct RoundScenario;
+
+#[async_trait]
+impl CrashScenario for RoundScenario {
+    type Env = Env;
+    type Outcome = Outcome;
+
+    async fn new_env(&self) -> Env {
+        new_env().await
+    }
+
+    fn state_store(&self, env: &Env) -> Arc<dyn StateStore> {
+        env.store.clone()
+    }
+
+    fn register_loaders(
+        &self,
+        env: &Env,
+        manager: &dyn ProcedureManager,
+    ) -> procedures::Result<()> {
+        manager.register_loader(
+            WalPruneRound::TYPE_NAME,
+            WalPruneRound::loader(env.kv.clone(), env.brokers.clone()),
+        )
+    }
+
+    fn procedures(&self, env: &Env) -> Vec<ProcedureWithId> {
+        vec![ProcedureWithId::new(
+            ProcedureId::new("wal_prune_round/1"),
+            Box::new(round(env)),
+        )]
+    }
+
+    async fn outcome(&self, env: &Env) -> Outcome {
+        outcome_of(env).await
+    }
+}
+
+async fn run_once(env: &Env) -> PruneRoundOutput {
+    let manager = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    RoundScenario.register_loaders(env, &manager).unwrap();
+    manager.start().await.unwrap();
+    let output = manager
+        .submit(ProcedureWithId::new(
+            ProcedureId::new("wal_prune_round/1"),
+            Box::new(round(env)),
+        ))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    manager.stop().await.unwrap();
+    serde_json::from_value(output.unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_round_prunes_every_topic_it_can_and_records_why_it_did_not_prune_the_others() {
+    let env = new_env().await;
+    let output = run_once(&env).await;
+    let topics: Vec<&str> = output.topics.iter().map(|t| t.topic.as_str()).collect();
+    assert_eq!(topics, TOPICS, "every topic, in order: {output:?}");
+    let by_topic: BTreeMap<&str, &TopicOutcome> = output
+        .topics
+        .iter()
+        .map(|t| (t.topic.as_str(), &t.outcome))
+        .collect();
+    assert_eq!(
+        by_topic["t_0"],
+        &TopicOutcome::Pruned {
+            old_pruned_entry_id: 2,
+            new_pruned_entry_id: 7,
+            regions: 2
+        }
+    );
+    match by_topic["t_1"] {
+        TopicOutcome::Skipped {
+            pruned_entry_id: 2,
+            pinned_by: Some(4),
+            reason,
+            ..
+        } => assert!(reason.contains("region 4"), "{reason}"),
+        other => panic!("t_1: {other:?}"),
+    }
+    match by_topic["t_2"] {
+        TopicOutcome::Failed {
+            step,
+            error,
+            retryable: false,
+        } => {
+            assert_eq!(step, "Decide");
+            assert!(
+                error.contains("__topic_region/t_2/5"),
+                "names the key: {error}"
+            );
+        }
+        other => panic!("t_2: {other:?}"),
+    }
+    match by_topic["t_3"] {
+        TopicOutcome::Failed {
+            step,
+            error,
+            retryable: true,
+        } => {
+            assert_eq!(step, "DeleteRecords");
+            assert!(error.contains("t_3"), "{error}");
+        }
+        other => panic!("t_3: {other:?}"),
+    }
+    assert!(
+        matches!(
+            by_topic["t_4"],
+            TopicOutcome::Skipped {
+                regions: 0,
+                pinned_by: None,
+                ..
+            }
+        ),
+        "{:?}",
+        by_topic["t_4"]
+    );
+    // After two failures and two skips, the last topic is still pruned.
+    assert_eq!(
+        by_topic["t_5"],
+        &TopicOutcome::Pruned {
+            old_pruned_entry_id: 2,
+            new_pruned_entry_id: 5,
+            regions: 1
+        }
+    );
+    assert_eq!(output.counts(), (2, 2, 2));
+    assert_eq!(output.failed_topics(), ["t_2", "t_3"]);
+    let outcome = outcome_of(&env).await;
+    assert_eq!(outcome.watermarks["t_0"], 7);
+    assert_eq!(
+        outcome.watermarks["t_3"], 2,
+        "a failed delete leaves the watermark"
+    );
+    assert_eq!(outcome.watermarks["t_5"], 5);
+    assert_eq!(
+        outcome.low_offsets,
+        BTreeMap::from([("t_0".to_string(), 7), ("t_5".to_string(), 5)])
+    );
+    // One record for the whole round.
+    let records = outcome
+        .store
+        .entries
+        .keys()
+        .filter(|k| k.contains("wal_prune_round"))
+        .count();
+    assert!(records >= 1, "{:?}", outcome.store.entries.keys());
+    assert!(
+        outcome
+            .store
+            .entries
+            .keys()
+            .all(|k| !k.contains("wal_prune/")),
+        "no per-topic procedure: {:?}",
+        outcome.store.entries.keys()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_crash_point_of_a_round_ends_as_the_uncrashed_round() {
+    let report = run_crash_matrix(&RoundScenario, MatrixConfig::default()).await;
+    eprintln!("crash matrix 'wal prune round, 6 topics in chunks of 2': {report}");
+    report.assert_no_mismatch();
+    // t_0 and t_5: after the deletion and after the watermark moved.
+    assert_eq!(report.side_effect_points, 4);
+    assert!(report.double_crash_cases > 0);
+    assert_eq!(report.unreached_crash_points, 0);
+}
