@@ -7,19 +7,15 @@
 //! package's replay). The metasrv reads offsets and watermarks only, never a record: the records counted are the
 //! offsets in that range; the replay's look-back of one produce request before the checkpoint is not included.
 
-use std::collections::{BTreeMap, BTreeSet};
-
 use serde::Serialize;
 
-use super::{Metasrv, SCAN_PAGE};
-use crate::ddl::DatanodeTableValue;
+use super::Metasrv;
 use crate::error::{NoKafkaPoolSnafu, Result};
-use crate::key::datanode_table::parse_datanode_table_key;
 use crate::key::topic_name::{get_topic_value, list_persisted_topics};
 use crate::key::topic_region::{EntryId, RegionId, read_topic_regions};
-use crate::kv::RangeRequest;
+use crate::wal::WalConfig;
+use crate::wal::assigned::region_ids_per_topic;
 use crate::wal::kafka::partition::{KafkaPartition, call_bound, connect_client};
-use crate::wal::{WalConfig, WalOptions};
 
 /// The command's name in errors.
 const OPERATION: &str = "wal stats";
@@ -80,7 +76,7 @@ impl Metasrv {
                 .unwrap_or(u64::MAX)
         };
         topics.sort_by(|a, b| (index(a), a).cmp(&(index(b), b)));
-        let regions = self.region_ids_per_topic().await?;
+        let regions = region_ids_per_topic(self.kv.as_ref()).await?;
         let mut client = None;
         let bound = call_bound(kafka);
         let mut out = Vec::with_capacity(topics.len());
@@ -138,31 +134,6 @@ impl Metasrv {
                 replay_records,
                 pinned_by,
             });
-        }
-        Ok(out)
-    }
-
-    /// The region ids whose recorded WAL options name each Kafka topic, over every datanode table value (values
-    /// that do not decode are skipped: `open-regions` reports them).
-    async fn region_ids_per_topic(&self) -> Result<BTreeMap<String, BTreeSet<RegionId>>> {
-        let prefix = format!("{}/", crate::key::datanode_table::DATANODE_TABLE_KEY_PREFIX);
-        let kvs =
-            crate::kv::range_all(self.kv.as_ref(), RangeRequest::prefix(prefix), SCAN_PAGE).await?;
-        let mut out: BTreeMap<String, BTreeSet<RegionId>> = BTreeMap::new();
-        for kv in kvs {
-            let (Ok((_, table_id)), Ok(value)) = (
-                parse_datanode_table_key(&kv.key),
-                serde_json::from_slice::<DatanodeTableValue>(&kv.value),
-            ) else {
-                continue;
-            };
-            for (number, encoded) in &value.region_wal_options {
-                if let Ok(WalOptions::Kafka(k)) = WalOptions::decode(encoded) {
-                    out.entry(k.topic)
-                        .or_default()
-                        .insert(crate::ddl::region::region_id(table_id, *number));
-                }
-            }
         }
         Ok(out)
     }

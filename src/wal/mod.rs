@@ -2,6 +2,7 @@
 //! pool and its bootstrap procedure, and the allocator that hands options to new regions.
 
 pub mod allocator;
+pub mod assigned;
 pub mod config;
 pub mod kafka;
 pub mod options;

@@ -72,6 +72,14 @@ pub trait RecordDeleter: Send + Sync + fmt::Debug {
     /// Deletes the records of partition 0 of `topic` below Kafka offset `offset` (records at or above it stay).
     /// Idempotent: a low watermark already at or above `offset` is left as it is.
     async fn delete_records_before(&self, topic: &str, offset: i64) -> Result<()>;
+
+    /// The topic's last entry id (its partition 0's high watermark: entry id `e` is offset `e - 1`), read so a
+    /// topic no region writes to any more can be pruned to its end (see [`decide_with_end`]). `None`, the default,
+    /// when the deleter cannot read it: such a topic is then skipped (see [`decide_free_topic`]).
+    async fn last_entry_id(&self, topic: &str) -> Result<Option<u64>> {
+        let _ = topic;
+        Ok(None)
+    }
 }
 
 /// A shared [`RecordDeleter`].
@@ -256,6 +264,9 @@ pub struct PruneDecision {
     /// A region without a checkpoint that pinned the topic, if any (the target is then the old watermark).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinned_by: Option<u64>,
+    /// No region key and no datanode table names the topic: the target is its end ([`decide_free_topic`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub free: bool,
 }
 
 /// Reads `topic`'s stored watermark: the raw value (for a compare-and-put) and its decoding. An error when the
@@ -300,6 +311,7 @@ pub async fn decide(kv: &dyn KvBackend, topic: &str) -> Result<PruneDecision> {
         target: prunable.max(watermark.pruned_entry_id),
         regions: regions.len(),
         pinned_by,
+        free: false,
     };
     info!(
         topic,
@@ -310,6 +322,39 @@ pub async fn decide(kv: &dyn KvBackend, topic: &str) -> Result<PruneDecision> {
         "computed the prunable entry id"
     );
     Ok(decision)
+}
+
+/// ComputePrunable again for a topic `first` (a [`decide`] of it) found without region keys, and that no datanode
+/// table names either (the caller checked: its tables were dropped): with the topic's end as the target, since
+/// every entry on a free topic is unneeded.
+///
+/// Why that is safe: the end *E* is read after the first read of the region keys found none, and the keys are read
+/// again after it. A region whose key is written after that second read opens after it, and its first checkpoint
+/// is the topic's end at its opening, at or above *E*, so nothing it needs is at or below *E*; a key written
+/// before the second read is seen by it, and the topic is then decided as usual. The caller's check that no
+/// datanode table names the topic keeps regions of tables created before `__topic_region` keys existed (which
+/// have none) from losing their entries. `None` from the deleter: `first` as it is.
+pub async fn decide_free_topic(
+    kv: &dyn KvBackend,
+    deleter: &dyn RecordDeleter,
+    topic: &str,
+    first: PruneDecision,
+) -> Result<PruneDecision> {
+    if first.regions > 0 {
+        return Ok(first);
+    }
+    let Some(end) = deleter.last_entry_id(topic).await? else {
+        return Ok(first);
+    };
+    let again = decide(kv, topic).await?;
+    if again.regions > 0 {
+        return Ok(again);
+    }
+    Ok(PruneDecision {
+        target: again.old_pruned_entry_id.max(end),
+        free: true,
+        ..again
+    })
 }
 
 /// DeleteRecords of `topic` up to `target` in `mode` (nothing in logical mode, or when the target is 0), then a

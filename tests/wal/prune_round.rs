@@ -2,9 +2,10 @@
 //! stopping the others — under the crash matrix (a crash before and after every durable write and at every
 //! side-effect point, then recovery, and a second crash during recovery), on a memory store and a fake deleter.
 //!
-//! Five topics in chunks of two: `t_0` prunable to 7, `t_1` pinned by a region without a checkpoint, `t_2` with an
-//! undecodable region value, `t_3` whose records the brokers refuse to delete, `t_4` with no region, and `t_5`
-//! prunable to 5 after all of them.
+//! Seven topics in chunks of two: `t_0` prunable to 7, `t_1` pinned by a region without a checkpoint, `t_2` with an
+//! undecodable region value, `t_3` whose records the brokers refuse to delete, `t_4` free (no region key, no
+//! datanode table names it: its tables were dropped) so pruned to its end, `t_5` prunable to 5 after all of them,
+//! and `t_6` without region keys but named by a datanode table (a table from before those keys existed): kept.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -19,10 +20,14 @@ use remote_wal::key::topic_region::TopicRegionValue;
 use remote_wal::kv::memory::MemoryKvBackend;
 use remote_wal::kv::state_store::KvStateStore;
 use remote_wal::kv::{KvBackend, KvBackendRef, PutRequest};
+use remote_wal::wal::WalOptions;
 use remote_wal::wal::prune::round::{PruneRoundOutput, TopicOutcome, WalPruneRound};
 use remote_wal::wal::prune::{PruneMode, RecordDeleter};
 
-const TOPICS: [&str; 6] = ["t_0", "t_1", "t_2", "t_3", "t_4", "t_5"];
+const TOPICS: [&str; 7] = ["t_0", "t_1", "t_2", "t_3", "t_4", "t_5", "t_6"];
+
+/// Each topic's last entry id on the fake brokers.
+const END: u64 = 12;
 
 /// A broker per topic: the low offset of each partition; `t_3`'s deletions are refused.
 #[derive(Debug, Default)]
@@ -45,6 +50,10 @@ impl RecordDeleter for FakeBrokers {
         let entry = low.entry(topic.to_string()).or_insert(0);
         *entry = (*entry).max(offset);
         Ok(())
+    }
+
+    async fn last_entry_id(&self, _topic: &str) -> remote_wal::Result<Option<u64>> {
+        Ok(Some(END))
     }
 }
 
@@ -111,6 +120,16 @@ async fn new_env() -> Env {
         kv.as_ref(),
         &region("t_5", 7),
         TopicRegionValue::at(5).encode(),
+    )
+    .await;
+    // Table 9 on datanode 1 writes region 0 to t_6 and has no `__topic_region` key.
+    let options = WalOptions::kafka("t_6").encode();
+    let table =
+        serde_json::json!({"table_id": 9, "regions": [0], "region_wal_options": {"0": options}});
+    put(
+        kv.as_ref(),
+        b"__dn_table/1/9",
+        table.to_string().into_bytes(),
     )
     .await;
     Env {
@@ -260,19 +279,25 @@ async fn a_round_prunes_every_topic_it_can_and_records_why_it_did_not_prune_the_
         }
         other => panic!("t_3: {other:?}"),
     }
-    assert!(
-        matches!(
-            by_topic["t_4"],
-            TopicOutcome::Skipped {
-                regions: 0,
-                pinned_by: None,
-                ..
-            }
-        ),
-        "{:?}",
-        by_topic["t_4"]
+    // Its tables dropped, the topic is pruned to its end.
+    assert_eq!(
+        by_topic["t_4"],
+        &TopicOutcome::Pruned {
+            old_pruned_entry_id: 2,
+            new_pruned_entry_id: END,
+            regions: 0
+        }
     );
-    // After two failures and two skips, the last topic is still pruned.
+    match by_topic["t_6"] {
+        TopicOutcome::Skipped {
+            pruned_entry_id: 2,
+            regions: 0,
+            pinned_by: None,
+            reason,
+        } => assert!(reason.contains("datanode table"), "{reason}"),
+        other => panic!("t_6: {other:?}"),
+    }
+    // After two failures and a skip, the next topic is still pruned.
     assert_eq!(
         by_topic["t_5"],
         &TopicOutcome::Pruned {
@@ -281,7 +306,7 @@ async fn a_round_prunes_every_topic_it_can_and_records_why_it_did_not_prune_the_
             regions: 1
         }
     );
-    assert_eq!(output.counts(), (2, 2, 2));
+    assert_eq!(output.counts(), (3, 2, 2));
     assert_eq!(output.failed_topics(), ["t_2", "t_3"]);
     let outcome = outcome_of(&env).await;
     assert_eq!(outcome.watermarks["t_0"], 7);
@@ -289,10 +314,16 @@ async fn a_round_prunes_every_topic_it_can_and_records_why_it_did_not_prune_the_
         outcome.watermarks["t_3"], 2,
         "a failed delete leaves the watermark"
     );
+    assert_eq!(outcome.watermarks["t_4"], END);
     assert_eq!(outcome.watermarks["t_5"], 5);
+    assert_eq!(outcome.watermarks["t_6"], 2);
     assert_eq!(
         outcome.low_offsets,
-        BTreeMap::from([("t_0".to_string(), 7), ("t_5".to_string(), 5)])
+        BTreeMap::from([
+            ("t_0".to_string(), 7),
+            ("t_4".to_string(), END as i64),
+            ("t_5".to_string(), 5)
+        ])
     );
     // One record for the whole round.
     let records = outcome
@@ -316,10 +347,82 @@ async fn a_round_prunes_every_topic_it_can_and_records_why_it_did_not_prune_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_crash_point_of_a_round_ends_as_the_uncrashed_round() {
     let report = run_crash_matrix(&RoundScenario, MatrixConfig::default()).await;
-    eprintln!("crash matrix 'wal prune round, 6 topics in chunks of 2': {report}");
+    eprintln!("crash matrix 'wal prune round, 7 topics in chunks of 2': {report}");
     report.assert_no_mismatch();
-    // t_0 and t_5: after the deletion and after the watermark moved.
-    assert_eq!(report.side_effect_points, 4);
+    // t_0, t_4 and t_5: after the deletion and after the watermark moved.
+    assert_eq!(report.side_effect_points, 6);
     assert!(report.double_crash_cases > 0);
     assert_eq!(report.unreached_crash_points, 0);
+}
+
+/// Creates a table on `t_4` (its region key, empty) while the prune reads the topic's end, as a create-table
+/// landing between the prune's first read of the region keys and its read of the end would.
+#[derive(Debug)]
+struct CreatingBrokers {
+    kv: KvBackendRef,
+}
+
+#[async_trait]
+impl RecordDeleter for CreatingBrokers {
+    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+        panic!("nothing may be deleted: {topic} below {offset}");
+    }
+
+    async fn last_entry_id(&self, _topic: &str) -> remote_wal::Result<Option<u64>> {
+        put(
+            self.kv.as_ref(),
+            b"__topic_region/t_4/77",
+            TopicRegionValue::default().encode(),
+        )
+        .await;
+        Ok(Some(END))
+    }
+}
+
+#[tokio::test]
+async fn a_table_created_while_a_free_topic_is_decided_pins_it_instead_of_losing_its_entries() {
+    let env = new_env().await;
+    let manager = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    let brokers = Arc::new(CreatingBrokers { kv: env.kv.clone() });
+    manager
+        .register_loader(
+            WalPruneRound::TYPE_NAME,
+            WalPruneRound::loader(env.kv.clone(), brokers.clone()),
+        )
+        .unwrap();
+    manager.start().await.unwrap();
+    let round = WalPruneRound::new(
+        vec!["t_4".to_string()],
+        PruneMode::DeleteRecords,
+        env.kv.clone(),
+        brokers,
+    );
+    let output = manager
+        .submit(ProcedureWithId::new(
+            ProcedureId::new("wal_prune_round/2"),
+            Box::new(round),
+        ))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    manager.stop().await.unwrap();
+    let output: PruneRoundOutput = serde_json::from_value(output.unwrap()).unwrap();
+    assert_eq!(
+        output.topics[0].outcome,
+        TopicOutcome::Skipped {
+            pruned_entry_id: 2,
+            regions: 1,
+            pinned_by: Some(77),
+            reason: "region 77 has no checkpoint yet: it pins the topic".to_string(),
+        }
+    );
+    let value = env.kv.get(&topic_name_key("t_4")).await.unwrap().unwrap();
+    assert_eq!(
+        TopicNameValue::decode(b"k", &value.value)
+            .unwrap()
+            .pruned_entry_id,
+        2
+    );
 }

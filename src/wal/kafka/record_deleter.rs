@@ -41,6 +41,12 @@ impl RecordDeleter for KafkaRecordDeleter {
         let partition = KafkaPartition::new(&self.client, topic, self.bound).await?;
         partition.delete_records_before(offset).await
     }
+
+    async fn last_entry_id(&self, topic: &str) -> Result<Option<u64>> {
+        let partition = KafkaPartition::new(&self.client, topic, self.bound).await?;
+        let high = partition.high_watermark().await?;
+        Ok(Some(u64::try_from(high).unwrap_or(0)))
+    }
 }
 
 /// A [`KafkaRecordDeleter`] that connects to the brokers on first use, so a metasrv configured for Kafka starts
@@ -66,18 +72,28 @@ impl LazyRecordDeleter {
             deleter: OnceCell::new(),
         }
     }
+
+    /// The connected deleter, connecting first if this is the first call.
+    async fn deleter(&self) -> Result<&KafkaRecordDeleter> {
+        self.deleter
+            .get_or_try_init(|| async {
+                let client = connect_client(&self.config).await?;
+                Ok::<_, crate::Error>(KafkaRecordDeleter::new(client, call_bound(&self.config)))
+            })
+            .await
+    }
 }
 
 #[async_trait]
 impl RecordDeleter for LazyRecordDeleter {
     async fn delete_records_before(&self, topic: &str, offset: i64) -> Result<()> {
-        let deleter = self
-            .deleter
-            .get_or_try_init(|| async {
-                let client = connect_client(&self.config).await?;
-                Ok::<_, crate::Error>(KafkaRecordDeleter::new(client, call_bound(&self.config)))
-            })
-            .await?;
-        deleter.delete_records_before(topic, offset).await
+        self.deleter()
+            .await?
+            .delete_records_before(topic, offset)
+            .await
+    }
+
+    async fn last_entry_id(&self, topic: &str) -> Result<Option<u64>> {
+        self.deleter().await?.last_entry_id(topic).await
     }
 }

@@ -7,10 +7,12 @@
 //!
 //! The topics are taken in chunks of [`WalPruneRoundData::chunk`]; each chunk runs two steps, each persisted
 //! before the next runs:
-//! 1. **Decide** — ComputePrunable ([`super::decide`]) for each topic of the chunk. A topic whose regions include
-//!    one without a checkpoint, or that has no region, is *skipped* (the reason recorded); a topic whose keys
-//!    cannot be read or decoded is *failed* (the error and its retryability recorded); the others are pending
-//!    with their decided target. The decisions are persisted, so a resumed round deletes exactly what was decided.
+//! 1. **Decide** — ComputePrunable ([`super::decide`]) for each topic of the chunk. A topic without region keys
+//!    that no datanode table names either is free (its tables were dropped): its target is its end
+//!    ([`super::decide_free_topic`]). A topic whose regions include one without a checkpoint, or without region
+//!    keys and not free, is *skipped* (the reason recorded); a topic whose keys cannot be read or decoded, or whose
+//!    end cannot be read, is *failed* (the error and its retryability recorded); the others are pending with their
+//!    decided target. The decisions are persisted, so a resumed round deletes exactly what was decided.
 //! 2. **Apply** — for each pending topic, DeleteRecords ([`super::delete_below`], idempotent) and
 //!    AdvanceWatermark ([`super::advance_watermark`], a compare-and-put that never lowers the stored value); a
 //!    broker or store error fails that topic only. Then the next chunk's Decide, or Done with every topic's result
@@ -24,7 +26,7 @@
 //!
 //! Lock: `wal/kafka/prune` exclusive, so rounds run one at a time.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 use async_trait::async_trait;
@@ -32,8 +34,12 @@ use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, ProcedureId,
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use super::{PruneDecision, PruneMode, RecordDeleterRef, advance_watermark, decide, delete_below};
+use super::{
+    PruneDecision, PruneMode, RecordDeleterRef, advance_watermark, decide, decide_free_topic,
+    delete_below,
+};
 use crate::kv::KvBackendRef;
+use crate::wal::assigned::region_ids_per_topic;
 
 /// Topics a round decides, then applies, between two persisted steps.
 pub const DEFAULT_CHUNK: usize = 32;
@@ -259,8 +265,31 @@ impl WalPruneRound {
         }
         let mut pending = Vec::new();
         let mut results = Vec::new();
+        // The topics datanode tables name, read once per chunk and only when a topic without region keys needs it.
+        let mut assigned: Option<BTreeMap<String, BTreeSet<u64>>> = None;
         for topic in self.chunk() {
-            match decide(self.kv.as_ref(), topic).await {
+            let decided = match decide(self.kv.as_ref(), topic).await {
+                Ok(first) if first.regions == 0 => {
+                    let named = match &assigned {
+                        Some(assigned) => assigned.contains_key(topic),
+                        None => match region_ids_per_topic(self.kv.as_ref()).await {
+                            Ok(read) => assigned.insert(read).contains_key(topic),
+                            Err(e) => {
+                                results.push(failed(topic, "Decide", &e));
+                                continue;
+                            }
+                        },
+                    };
+                    if named {
+                        Ok(first)
+                    } else {
+                        decide_free_topic(self.kv.as_ref(), self.deleter.as_ref(), topic, first)
+                            .await
+                    }
+                }
+                other => other,
+            };
+            match decided {
                 Ok(decision) => match skip_reason(&decision) {
                     Some(reason) => results.push(TopicPruneResult {
                         topic: topic.clone(),
@@ -350,15 +379,20 @@ impl WalPruneRound {
     }
 }
 
-/// Why a decided topic is skipped, if it is.
+/// Why a decided topic is skipped, if it is: a region without a checkpoint pins it, or it has no region key and its
+/// end could not be taken as the target (a datanode table still names it, or the deleter cannot read the end).
 fn skip_reason(decision: &PruneDecision) -> Option<String> {
     if let Some(region) = decision.pinned_by {
         return Some(format!(
             "region {region} has no checkpoint yet: it pins the topic"
         ));
     }
-    if decision.regions == 0 {
-        return Some("no region writes to the topic".to_string());
+    if decision.regions == 0 && !decision.free {
+        return Some(
+            "no region key on the topic, and it was not freed to its end (a datanode table still names it, or \
+             its end could not be read)"
+                .to_string(),
+        );
     }
     None
 }
