@@ -176,3 +176,121 @@ fn prune_deletes_below_the_lowest_checkpoint_and_survives_kill_9() {
         assert_eq!(line["entries_replayed"].as_u64(), Some(wanted), "{line}");
     }
 }
+
+/// A pool of three topics, a region on each: every region writes 4 entries and flushes 3; the middle topic's region
+/// key is then damaged. `wal prune` prunes the other two, reports the damaged one as failed naming its key, and
+/// exits non-zero. After the table is dropped, the next prune frees every topic: each is pruned to its end, on the
+/// broker too.
+#[test]
+fn a_damaged_topic_fails_alone_and_a_drop_frees_every_topic_to_its_end() {
+    let env = Env::new();
+    let prefix = unique("walctl_round");
+    let config = kafka_etcd_config(&env, &prefix, 3, &[1]);
+    env.json(Some(&config), &["bootstrap"]);
+    env.json(
+        Some(&config),
+        &["create-table", "public.rounded", "--regions", "3"],
+    );
+    let topics: Vec<String> = (0..3).map(|i| format!("{prefix}_{i}")).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (kafka, damaged_key) = rt.block_on(with_metasrv(&config, async |m: &Metasrv| {
+        let kafka = kafka_of(m);
+        let client = connect_client(&kafka).await.expect("connect");
+        let checkpoints = CheckpointStore::new(m.kv().clone());
+        let mut damaged_key = String::new();
+        for (i, topic) in topics.iter().enumerate() {
+            let on_topic =
+                remote_wal::key::topic_region::read_topic_regions(m.kv().as_ref(), topic)
+                    .await
+                    .expect("read keys");
+            let region = *on_topic.keys().next().expect("one region per topic");
+            let partition = RsKafkaPartition::new(&client, topic, call_bound(&kafka))
+                .await
+                .expect("partition");
+            let store = KafkaLogStore::new(partition, KafkaLogStoreConfig::default());
+            datanode::checkpoint::start_kafka_region(&store, &checkpoints, region)
+                .await
+                .expect("start");
+            let entries = (0..4)
+                .map(|_| EntryToWrite {
+                    region_id: region,
+                    data: vec![1; 10],
+                })
+                .collect();
+            store.append(entries).await.expect("append");
+            checkpoints
+                .record_flushed(topic, region, 3)
+                .await
+                .expect("flush");
+            if i == 1 {
+                let key = remote_wal::key::topic_region::topic_region_key(topic, region);
+                damaged_key = String::from_utf8_lossy(&key).into_owned();
+                m.kv()
+                    .put(remote_wal::kv::PutRequest {
+                        key,
+                        value: b"{damaged".to_vec(),
+                        prev_kv: false,
+                    })
+                    .await
+                    .expect("damage");
+            }
+        }
+        (kafka, damaged_key)
+    }));
+
+    let out = env
+        .walctl_with(&config)
+        .args(["wal", "prune"])
+        .output()
+        .expect("run wal prune");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a failed topic fails the command: {stdout}"
+    );
+    for topic in [&topics[0], &topics[2]] {
+        assert!(
+            stdout.contains(&format!(
+                "topic {topic}: pruned entry id 0 -> 3 (delete_records, 1 regions)"
+            )),
+            "{stdout}"
+        );
+    }
+    let failed = stdout
+        .lines()
+        .find(|l| l.starts_with(&format!("topic {}: failed at Decide: ", topics[1])))
+        .unwrap_or_else(|| panic!("the damaged topic's line: {stdout}"));
+    assert!(failed.contains(&damaged_key), "names the key: {failed}");
+    assert!(
+        stdout.contains("3 topics: 2 pruned, 0 skipped, 1 failed"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("1 of 3 topics failed ({})", topics[1])),
+        "{stderr}"
+    );
+
+    env.json(Some(&config), &["drop-table", "public.rounded"]);
+    let pruned = env.json(Some(&config), &["wal", "prune"]);
+    assert_eq!(pruned.len(), 3, "{pruned:?}");
+    for (line, topic) in pruned.iter().zip(&topics) {
+        assert_eq!(line["topic"], topic.as_str(), "{line}");
+        assert_eq!(line["outcome"], "pruned", "{line}");
+        // Each topic holds its region's 4 entries: the end is entry 4.
+        assert_eq!(line["new_pruned_entry_id"], 4, "{line}");
+        assert_eq!(line["regions"], 0, "{line}");
+    }
+    rt.block_on(async {
+        let client = connect_client(&kafka).await.expect("connect");
+        for topic in &topics {
+            let partition = RsKafkaPartition::new(&client, topic, call_bound(&kafka))
+                .await
+                .expect("partition");
+            assert_eq!(partition.low_watermark().await.expect("low"), 4, "{topic}");
+        }
+    });
+}
