@@ -779,6 +779,20 @@ pub enum Error {
         /// What the registry sees now.
         seen: String,
     },
+    /// A migration's target failed (the failure detector retired it) after the route moved to it and before it led
+    /// the region: the migration ends, and the failover of that datanode moves the region to a live one.
+    #[snafu(display(
+        "region {region_id}: datanode {to} failed before it led the region at epoch {epoch}; the failover of \
+         datanode {to} moves the region to a live datanode"
+    ))]
+    MigrationTargetFailed {
+        /// The region.
+        region_id: u64,
+        /// The failed target.
+        to: u64,
+        /// The region epoch the route gave it.
+        epoch: u64,
+    },
     // ---- end ddl ----
 
     // ---- datanode (src/datanode) ----
@@ -1415,6 +1429,7 @@ impl Error {
             | Error::PruneTopicUnknown { .. }
             | Error::WalPrune { .. }
             | Error::WalPruneTopicsFailed { .. }
+            | Error::MigrationTargetFailed { .. }
             | Error::RegionReplay { .. }
             | Error::LogProduceMismatch { .. }
             | Error::LogRegionNotRegistered { .. }

@@ -17,7 +17,9 @@
 //!   lease's deadline.
 //! - **WaitLeader** waits until `to` reports the region as leader at the new epoch with a live lease: it looks every
 //!   100 ms for up to 10 s per attempt, then hands the engine a retryable error (the engine's retries give it more
-//!   attempts).
+//!   attempts). When `to` is declared failed meanwhile (its failover retired it), the migration fails for good
+//!   (`MigrationTargetFailed`): `to` will never lead, and ending releases the region's lock for the failover's own
+//!   migration of the region, which the route now lists under `to`.
 //!
 //! Nothing durable happens before UpdateRoute's transaction, and after it the only way is forward (the route names the
 //! new datanode), so the procedure has no rollback: a cancel before it leaves everything as it was, one
@@ -37,8 +39,8 @@ use snafu::ResultExt;
 use crate::ddl::metadata_manager::TableMetadataManagerRef;
 use crate::ddl::region::{region_number, region_table_id};
 use crate::error::{
-    DecodeMetadataSnafu, InvalidRegionMigrationSnafu, ProcedureFencedSnafu,
-    RegionMigrationStateSnafu, RegionNotLeadingYetSnafu, Result,
+    DecodeMetadataSnafu, InvalidRegionMigrationSnafu, MigrationTargetFailedSnafu,
+    ProcedureFencedSnafu, RegionMigrationStateSnafu, RegionNotLeadingYetSnafu, Result,
 };
 use crate::key::datanode_table::{DatanodeTableValue, datanode_table_key};
 use crate::key::table_route::{TableRouteValue, table_route_key};
@@ -66,6 +68,13 @@ pub trait RegionLeadership: Send + Sync + fmt::Debug {
 
     /// The datanodes that heartbeat to this leader and are not suspected of having failed, by id.
     async fn live_datanodes(&self) -> Vec<u64>;
+
+    /// Whether `datanode_id`'s incarnation was declared failed (retired by a failover): it will never lead a region
+    /// again. `false` by default (no failure detection).
+    async fn has_failed(&self, datanode_id: u64) -> bool {
+        let _ = datanode_id;
+        false
+    }
 }
 
 /// What a region migration runs against. Cheap to clone.
@@ -436,6 +445,16 @@ impl RegionMigrationProcedure {
             });
             if done || ctx.is_halted() || tokio::time::Instant::now() >= deadline {
                 break leader;
+            }
+            if self.context.leadership.has_failed(task.to).await {
+                // It will never lead: end here, releasing the region's lock for the failover's own migration of
+                // the region (its target's failover lists it, the route naming the failed datanode).
+                return MigrationTargetFailedSnafu {
+                    region_id: task.region_id,
+                    to: task.to,
+                    epoch: self.data.new_epoch,
+                }
+                .fail();
             }
             tokio::time::sleep(LEADER_POLL).await;
         };

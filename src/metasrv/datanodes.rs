@@ -1152,6 +1152,13 @@ impl crate::ddl::RegionLeadership for DatanodeRegistry {
     async fn live_datanodes(&self) -> Vec<u64> {
         self.live()
     }
+
+    async fn has_failed(&self, datanode_id: u64) -> bool {
+        self.inner()
+            .nodes
+            .get(&datanode_id)
+            .is_some_and(|node| node.record.retired)
+    }
 }
 
 /// The Kafka topic of an open request's WAL options, if it has one.

@@ -17,6 +17,7 @@ mod lifecycle;
 mod metadata_compat;
 mod migration_crash;
 mod migration_fencing;
+mod migration_target;
 mod reliability;
 mod rollback;
 mod upgrade_format1;

@@ -121,3 +121,75 @@ fn a_datanode_stopped_until_its_regions_failed_over_then_let_go_loses_no_acknowl
     let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
     assert_eq!(checked as u64, acknowledged, "{report}");
 }
+
+/// The failover above with the leader pruning the WAL every second throughout: prune rounds run before, during and
+/// after the regions move (their targets replay from the checkpoints the prunes read), and still nothing
+/// acknowledged is lost; the rounds moved the watermark.
+#[test]
+fn prune_rounds_running_through_a_failover_delete_nothing_a_moved_region_needs() {
+    let mut cluster = Cluster::start(&[1, 2, 3], 2, "prune_interval = \"1s\"");
+    let regions = cluster.create_table("pruned_over", 6);
+    let (mut load, acks) = cluster.start_load("pruned_over", "14s", &["--concurrency", "6"]);
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.walctl(&["wal", "flush", "--table", "pruned_over"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let rounds_before = finished_prune_rounds(&cluster);
+    let victim = cluster.busiest_datanode("pruned_over");
+    cluster
+        .datanodes
+        .get_mut(&victim)
+        .expect("the victim runs")
+        .kill9();
+    cluster.wait_for("every region to lead on a live datanode", || {
+        leaders(&cluster, &regions)
+            .iter()
+            .all(|l| l.is_some_and(|dn| dn != victim))
+    });
+    // The moved regions flush on their new datanodes, and the next rounds prune up to their checkpoints.
+    cluster.walctl(&["wal", "flush", "--table", "pruned_over"]);
+    std::thread::sleep(Duration::from_secs(2));
+    let report = cluster.finish_load(&mut load);
+    let acknowledged = report["acknowledged"].as_u64().expect("acknowledged");
+    assert!(acknowledged > 0, "{report}");
+    let rounds_after = finished_prune_rounds(&cluster);
+    assert!(
+        rounds_after > rounds_before && rounds_before > 0,
+        "prune rounds ran before and after the kill: {rounds_before}, then {rounds_after}"
+    );
+    // wal stats reads the brokers where walctl runs: embedded, on the server's config.
+    let out = std::process::Command::new(crate::support::walctl_path())
+        .current_dir(cluster.dir.path())
+        .arg("--config")
+        .arg(cluster.serve_config())
+        .args(["--json", "wal", "stats"])
+        .output()
+        .expect("run wal stats");
+    let stats = crate::support::json_lines(&String::from_utf8_lossy(&out.stdout));
+    assert!(
+        stats
+            .iter()
+            .any(|t| t["pruned_entry_id"].as_u64().is_some_and(|p| p > 0)),
+        "a round moved a watermark: {stats:?}"
+    );
+    let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
+    assert_eq!(checked as u64, acknowledged, "{report}");
+}
+
+/// Prune rounds the leader has finished (`procedures list --state done --type remote_wal::WalPruneRound`).
+fn finished_prune_rounds(cluster: &Cluster) -> usize {
+    cluster
+        .walctl(&[
+            "--json",
+            "procedures",
+            "list",
+            "--state",
+            "done",
+            "--type",
+            "remote_wal::WalPruneRound",
+            "--limit",
+            "1000",
+        ])
+        .lines()
+        .filter(|l| l.contains("wal_prune_round/"))
+        .count()
+}

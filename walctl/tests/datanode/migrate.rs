@@ -170,3 +170,58 @@ fn a_migration_interrupted_by_kill_9_of_the_metasrv_is_finished_by_the_next_term
     let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
     assert_eq!(checked as u64, acknowledged, "{report}");
 }
+
+/// kill -9 of a migration's target right after the migration started, under load: the failure detector fails the
+/// target over, and the region ends leading on a live datanode (the migration finished onto the dead target and the
+/// failover moved it on, or the failover's own migration took it); nothing acknowledged is lost.
+#[test]
+fn kill_9_of_the_target_mid_migration_ends_with_the_region_on_a_live_datanode() {
+    let mut cluster = Cluster::start(&[1, 2, 3], 2, "");
+    cluster.create_table("target_dies", 3);
+    let (mut load, acks) = cluster.start_load("target_dies", "14s", &["--concurrency", "3"]);
+    std::thread::sleep(Duration::from_secs(2));
+    cluster.walctl(&["wal", "flush", "--table", "target_dies"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let (region, from) = placement(&cluster, "target_dies")[0];
+    let target = [1, 2, 3]
+        .into_iter()
+        .find(|dn| *dn != from)
+        .expect("a target");
+    let out = cluster.walctl(&[
+        "migrate-region",
+        "--region",
+        &region.to_string(),
+        "--to",
+        &target.to_string(),
+        "--no-wait",
+    ]);
+    assert!(out.contains("migrat"), "{out}");
+    // The route moves to the target (UpdateRoute), and the target dies before or just after it leads.
+    cluster.wait_for("the route to name the target", || {
+        placement(&cluster, "target_dies").contains(&(region, target))
+    });
+    cluster
+        .datanodes
+        .get_mut(&target)
+        .expect("the target runs")
+        .kill9();
+    let killed = std::time::Instant::now();
+    // The failover moves it on: routed to and leading on a live datanode at the epoch after the migration's.
+    cluster.wait_for("the region to lead on a live datanode", || {
+        leading(&cluster, region).is_some_and(|(dn, epoch)| {
+            dn != target && epoch >= 2 && placement(&cluster, "target_dies").contains(&(region, dn))
+        })
+    });
+    println!(
+        "the region leads on a live datanode {:?} after its migration's target was killed",
+        killed.elapsed()
+    );
+    let report = cluster.finish_load(&mut load);
+    let acknowledged = report["acknowledged"].as_u64().expect("acknowledged");
+    assert!(acknowledged > 0, "{report}");
+    for (r, dn) in placement(&cluster, "target_dies") {
+        assert_ne!(dn, target, "region {r} is routed to the dead target");
+    }
+    let checked = cluster.assert_nothing_acknowledged_lost(&[acks]);
+    assert_eq!(checked as u64, acknowledged, "{report}");
+}
