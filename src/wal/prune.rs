@@ -74,7 +74,7 @@ pub trait RecordDeleter: Send + Sync + fmt::Debug {
     async fn delete_records_before(&self, topic: &str, offset: i64) -> Result<()>;
 
     /// The topic's last entry id (its partition 0's high watermark: entry id `e` is offset `e - 1`), read so a
-    /// topic no region writes to any more can be pruned to its end (see [`decide_with_end`]). `None`, the default,
+    /// topic no region writes to any more can be pruned to its end (see [`decide_free_topic`]). `None`, the default,
     /// when the deleter cannot read it: such a topic is then skipped (see [`decide_free_topic`]).
     async fn last_entry_id(&self, topic: &str) -> Result<Option<u64>> {
         let _ = topic;
