@@ -264,6 +264,10 @@ pub struct PruneDecision {
     /// A region without a checkpoint that pinned the topic, if any (the target is then the old watermark).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pinned_by: Option<u64>,
+    /// The region with the lowest checkpoint, which the target stops at (none when a region without a checkpoint
+    /// pins the topic, or without regions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<u64>,
     /// No region key and no datanode table names the topic: the target is its end ([`decide_free_topic`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub free: bool,
@@ -291,10 +295,16 @@ pub async fn decide(kv: &dyn KvBackend, topic: &str) -> Result<PruneDecision> {
     let (_, watermark) = read_watermark(kv, topic).await?;
     let regions = read_topic_regions(kv, topic).await?;
     let mut lowest: Option<u64> = None;
+    let mut held_by = None;
     let mut pinned_by = None;
     for (region_id, value) in &regions {
         match value.flushed_entry_id() {
-            Some(flushed) => lowest = Some(lowest.map_or(flushed, |l| l.min(flushed))),
+            Some(flushed) => {
+                if lowest.is_none_or(|l| flushed < l) {
+                    lowest = Some(flushed);
+                    held_by = Some(*region_id);
+                }
+            }
             None => {
                 pinned_by = Some(*region_id);
                 break;
@@ -311,6 +321,7 @@ pub async fn decide(kv: &dyn KvBackend, topic: &str) -> Result<PruneDecision> {
         target: prunable.max(watermark.pruned_entry_id),
         regions: regions.len(),
         pinned_by,
+        held_by: if pinned_by.is_some() { None } else { held_by },
         free: false,
     };
     info!(

@@ -242,7 +242,9 @@ async fn a_round_prunes_every_topic_it_can_and_records_why_it_did_not_prune_the_
         &TopicOutcome::Pruned {
             old_pruned_entry_id: 2,
             new_pruned_entry_id: 7,
-            regions: 2
+            regions: 2,
+            held_by: Some(2),
+            last_entry_id: Some(END),
         }
     );
     match by_topic["t_1"] {
@@ -285,7 +287,9 @@ async fn a_round_prunes_every_topic_it_can_and_records_why_it_did_not_prune_the_
         &TopicOutcome::Pruned {
             old_pruned_entry_id: 2,
             new_pruned_entry_id: END,
-            regions: 0
+            regions: 0,
+            held_by: None,
+            last_entry_id: Some(END),
         }
     );
     match by_topic["t_6"] {
@@ -303,9 +307,14 @@ async fn a_round_prunes_every_topic_it_can_and_records_why_it_did_not_prune_the_
         &TopicOutcome::Pruned {
             old_pruned_entry_id: 2,
             new_pruned_entry_id: 5,
-            regions: 1
+            regions: 1,
+            held_by: Some(7),
+            last_entry_id: Some(END),
         }
     );
+    // The regions holding watermarks back, most behind first: region 7 keeps 7 entries of t_5, region 2 keeps 5
+    // of t_0; the freed t_4 is held by no region.
+    assert_eq!(output.most_behind(10), [("t_5", 7, 7), ("t_0", 2, 5)]);
     assert_eq!(output.counts(), (3, 2, 2));
     assert_eq!(output.failed_topics(), ["t_2", "t_3"]);
     let outcome = outcome_of(&env).await;

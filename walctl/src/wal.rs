@@ -91,10 +91,23 @@ pub fn print_prune(out: &mut Output, round: &PruneRoundOutput) {
                 old_pruned_entry_id,
                 new_pruned_entry_id,
                 regions,
-            } => format!(
-                "topic {}: pruned entry id {old_pruned_entry_id} -> {new_pruned_entry_id} ({}, {regions} regions)",
-                r.topic, round.mode
-            ),
+                held_by,
+                last_entry_id,
+            } => {
+                let held = match (held_by, last_entry_id) {
+                    (Some(region), Some(last)) => format!(
+                        "; held by region {region}, {} entries behind",
+                        last.saturating_sub(*new_pruned_entry_id)
+                    ),
+                    (Some(region), None) => format!("; held by region {region}"),
+                    _ => String::new(),
+                };
+                format!(
+                    "topic {}: pruned entry id {old_pruned_entry_id} -> {new_pruned_entry_id} ({}, {regions} \
+                     regions){held}",
+                    r.topic, round.mode
+                )
+            }
             TopicOutcome::Skipped {
                 pruned_entry_id,
                 regions,

@@ -84,6 +84,13 @@ pub enum TopicOutcome {
         new_pruned_entry_id: u64,
         /// Regions on the topic.
         regions: usize,
+        /// The region with the lowest checkpoint, which the watermark stops at (absent without regions).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        held_by: Option<u64>,
+        /// The topic's last entry id after the prune, when the brokers answered: `last_entry_id -
+        /// new_pruned_entry_id` entries are kept for `held_by`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        last_entry_id: Option<u64>,
     },
     /// Nothing was pruned, and why.
     Skipped {
@@ -146,6 +153,31 @@ impl PruneRoundOutput {
             }
         }
         counts
+    }
+
+    /// Pruned topics whose watermark a region holds back, with that region and the entries kept for it (the
+    /// topic's last entry id minus its pruned entry id), most behind first, at most `limit`.
+    pub fn most_behind(&self, limit: usize) -> Vec<(&str, u64, u64)> {
+        let mut behind: Vec<(&str, u64, u64)> = self
+            .topics
+            .iter()
+            .filter_map(|t| match t.outcome {
+                TopicOutcome::Pruned {
+                    new_pruned_entry_id,
+                    held_by: Some(region),
+                    last_entry_id: Some(last),
+                    ..
+                } => Some((
+                    t.topic.as_str(),
+                    region,
+                    last.saturating_sub(new_pruned_entry_id),
+                )),
+                _ => None,
+            })
+            .collect();
+        behind.sort_by(|a, b| b.2.cmp(&a.2).then_with(|| a.0.cmp(b.0)));
+        behind.truncate(limit);
+        behind
     }
 
     /// The topics whose prune failed.
@@ -335,12 +367,17 @@ impl WalPruneRound {
             match advance_watermark(self.kv.as_ref(), topic, decision.target, ctx).await {
                 Ok(new) => {
                     info!(topic = %topic, old = decision.old_pruned_entry_id, new, "pruned the topic");
+                    // How far behind the end the holding region is, for the report only: a failure to read
+                    // the end leaves it out.
+                    let last_entry_id = self.deleter.last_entry_id(topic).await.ok().flatten();
                     results.push(TopicPruneResult {
                         topic: topic.clone(),
                         outcome: TopicOutcome::Pruned {
                             old_pruned_entry_id: decision.old_pruned_entry_id,
                             new_pruned_entry_id: new,
                             regions: decision.regions,
+                            held_by: decision.held_by,
+                            last_entry_id,
                         },
                     });
                 }

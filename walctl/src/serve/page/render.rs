@@ -503,8 +503,12 @@ fn wal(html: &mut String, wal: &WalSection, last_prune: Option<&LastPrune>, now_
     html.push_str("</section>\n");
 }
 
-/// The last prune round: its counts, and a row per topic it skipped or failed (pruned topics are only counted: a
-/// pool has up to thousands).
+/// Rows of the last prune round's "held back" table: the topics whose holding region is furthest behind.
+const HELD_ROWS: usize = 10;
+
+/// The last prune round: its counts, the [`HELD_ROWS`] topics kept longest by the region with their lowest
+/// checkpoint (a stale region pins its topic), and a row per topic it skipped or failed (pruned topics are
+/// otherwise only counted: a pool has up to thousands).
 fn prune_round(html: &mut String, last: Option<&LastPrune>, now_ms: u64) {
     let Some(last) = last else {
         html.push_str(
@@ -521,6 +525,21 @@ fn prune_round(html: &mut String, last: Option<&LastPrune>, now_ms: u64) {
         format_ms(now_ms.saturating_sub(last.finished_at_ms)),
         last.round.mode,
     );
+    let behind = last.round.most_behind(HELD_ROWS);
+    if !behind.is_empty() {
+        html.push_str(
+            "<table id=\"prune-held\">\n<tr><th>Topic</th><th>Held back by region</th>\
+             <th>Entries kept for it</th></tr>\n",
+        );
+        for (topic, region, kept) in behind {
+            let _ = writeln!(
+                html,
+                "<tr><td><code>{}</code></td><td>{region}</td><td>{kept}</td></tr>",
+                escape(topic)
+            );
+        }
+        html.push_str("</table>\n");
+    }
     let notable: Vec<_> = last
         .round
         .topics
@@ -922,7 +941,8 @@ mod tests {
         round.output = Some(json!({
             "mode": "delete_records",
             "topics": [
-                {"topic": "wal_0", "outcome": "pruned", "old_pruned_entry_id": 1, "new_pruned_entry_id": 9, "regions": 2},
+                {"topic": "wal_0", "outcome": "pruned", "old_pruned_entry_id": 1, "new_pruned_entry_id": 9, "regions": 2,
+                 "held_by": 77, "last_entry_id": 40},
                 {"topic": "wal_1", "outcome": "skipped", "pruned_entry_id": 3, "regions": 1, "pinned_by": 4,
                  "reason": "region 4 has no checkpoint yet: it pins the topic"},
                 {"topic": "wal_<2>", "outcome": "failed", "step": "Decide", "error": "value <script> is not JSON",
@@ -950,9 +970,18 @@ mod tests {
             "<tr class=\"error\"><td><code>wal_&lt;2&gt;</code></td><td>failed at Decide</td>\
              <td>value &lt;script&gt; is not JSON</td></tr>"
         ));
+        let held = "<tr><td><code>wal_0</code></td><td>77</td><td>31</td></tr>";
+        assert_eq!(
+            html.matches(held).count(),
+            1,
+            "a pruned topic appears once, in the held-back table: {html}"
+        );
+        let held_table = html.find("id=\"prune-held\"").expect("held table");
+        let topics_table = html.find("id=\"prune-topics\"").expect("topics table");
         assert!(
-            !html.contains("<td><code>wal_0</code>"),
-            "pruned topics are only counted"
+            html.find(held).expect("held row") > held_table
+                && html.find(held).expect("held row") < topics_table,
+            "the pruned topic is listed only among the held-back ones: {html}"
         );
     }
 }
