@@ -12,11 +12,13 @@
 //! | `__table_allocation/{procedure_id}` | [`table_allocation`] |
 //! | `__topic_name/kafka/{topic}` | [`topic_name`] |
 //! | `__topic_region/{topic}/{region_id}` | [`topic_region`] |
+//! | `__region_drop/{region_id}` | [`region_drop`] |
 //!
 //! Keys that belong to one mechanism stay with it: the procedure engine's records (`procedures`) and the table-id
 //! sequence (`crate::ddl::sequence`).
 
 pub mod datanode_table;
+pub mod region_drop;
 pub mod table_allocation;
 pub mod table_info;
 pub mod table_name;

@@ -206,13 +206,16 @@ impl Metasrv {
     ) -> Result<Self> {
         config.validate()?;
         let commits = Arc::new(CountingKvBackend::new(kv));
-        // What the datanode registry caches per term is decoded from these keys: it trusts a cached copy only while
+        // What the datanode registry caches per term is decoded from these keys (assignments, routes, dropped regions): it trusts a cached copy only while
         // no write to them ended through this handle (`DatanodeRegistry`).
         let watched = Arc::new(WatchedKvBackend::new(
             commits.clone(),
             vec![
                 format!("{}/", crate::key::datanode_table::DATANODE_TABLE_KEY_PREFIX).into_bytes(),
                 format!("{}/", crate::key::table_route::TABLE_ROUTE_KEY_PREFIX).into_bytes(),
+                crate::key::region_drop::REGION_DROP_PREFIX
+                    .as_bytes()
+                    .to_vec(),
             ],
         ));
         let kv: KvBackendRef = watched.clone();

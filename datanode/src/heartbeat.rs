@@ -108,6 +108,7 @@ pub async fn run(
                     tracing::info!(after = failures, "heartbeats answered again");
                 }
                 failures = 0;
+                datanode.dropped_reported(&request.dropped);
                 datanode.apply(response, sent_at);
             }
             Ok(Err(e @ Error::StaleIncarnation { .. })) => {

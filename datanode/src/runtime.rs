@@ -8,7 +8,7 @@
 //! that checkpoint before it grants the region a lease, so every entry the region writes lies above a checkpoint
 //! a prune sees. The regions a heartbeat asks to open on one topic are replayed in one read of it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -119,6 +119,10 @@ pub struct Datanode {
     kafka_client: OnceCell<Arc<Client>>,
     kafka_stores: tokio::sync::Mutex<HashMap<String, Arc<TopicStore>>>,
     raft_engine: OnceCell<RaftEngineLogStore>,
+    /// Dropped regions being deleted (a drop instruction repeated meanwhile is ignored).
+    dropping: Mutex<HashSet<RegionId>>,
+    /// Dropped regions deleted and not yet reported in an answered heartbeat.
+    dropped: Mutex<BTreeSet<RegionId>>,
     stopped: AtomicBool,
 }
 
@@ -134,6 +138,8 @@ impl Datanode {
             kafka_client: OnceCell::new(),
             kafka_stores: tokio::sync::Mutex::new(HashMap::new()),
             raft_engine: OnceCell::new(),
+            dropping: Mutex::new(HashSet::new()),
+            dropped: Mutex::new(BTreeSet::new()),
             stopped: AtomicBool::new(false),
         }
     }
@@ -208,7 +214,47 @@ impl Datanode {
             heartbeat_interval_ms: u64::try_from(self.options.heartbeat_interval.as_millis())
                 .unwrap_or(u64::MAX),
             regions,
+            dropped: self
+                .dropped
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .copied()
+                .collect(),
         }
+    }
+
+    /// A heartbeat reporting `dropped` was answered: the metasrv has forgotten those regions.
+    pub fn dropped_reported(&self, dropped: &[RegionId]) {
+        let mut done = self
+            .dropped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for id in dropped {
+            done.remove(id);
+        }
+    }
+
+    /// Deletes what this datanode holds of a dropped region: it is closed, its region storage deleted and, when
+    /// it wrote to this datanode's raft-engine WAL, its entries there. Reported in the next heartbeats until one is
+    /// answered.
+    pub async fn drop_region(&self, region_id: RegionId, raft_engine: bool) -> Result<()> {
+        self.close_region(region_id);
+        self.storage.delete_region(region_id).await?;
+        if raft_engine {
+            let store = self
+                .raft_engine
+                .get_or_try_init(|| RaftEngineLogStore::open(&self.options.wal_dir))
+                .await
+                .context(WalSnafu)?;
+            store.delete_region(region_id).await.context(WalSnafu)?;
+        }
+        self.dropped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(region_id);
+        tracing::info!(region_id, "dropped region deleted");
+        Ok(())
     }
 
     /// Applies a heartbeat's answer, `sent_at` being when the heartbeat was sent: leases count from then. Opens
@@ -238,6 +284,28 @@ impl Datanode {
                     }
                 }
                 Instruction::Close { region_id } => self.close_region(region_id),
+                Instruction::Drop {
+                    region_id,
+                    raft_engine,
+                } => {
+                    let fresh = self
+                        .dropping
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(region_id);
+                    if fresh {
+                        let me = self.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = me.drop_region(region_id, raft_engine).await {
+                                tracing::warn!(region_id, error = %e, "cannot delete a dropped region");
+                            }
+                            me.dropping
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .remove(&region_id);
+                        });
+                    }
+                }
                 Instruction::Flush { region_id } => {
                     let me = self.clone();
                     tokio::spawn(async move {

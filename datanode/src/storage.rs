@@ -76,6 +76,21 @@ impl RegionStorage {
         })?
     }
 
+    /// Deletes the region's storage (its table was dropped): its directory and every file in it. A region with
+    /// no storage is no error, so a repeated delete is one.
+    pub async fn delete_region(&self, region_id: RegionId) -> Result<()> {
+        let dir = self.region_dir(region_id);
+        let path = dir.display().to_string();
+        tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        })
+        .await
+        .map_err(|e| std::io::Error::other(e.to_string()))
+        .and_then(|r| r)
+        .context(StorageIoSnafu { region_id, path })
+    }
+
     /// Everything the region's storage holds (nothing for a region never flushed).
     pub async fn read(&self, region_id: RegionId) -> Result<StoredRegion> {
         let dir = self.region_dir(region_id);

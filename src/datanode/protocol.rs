@@ -1,6 +1,6 @@
 //! The messages between a datanode and the metasrv leader (`docs/datanode.md`): registration, which gives the
 //! datanode a new incarnation, and the heartbeat, which carries the datanode's regions and brings back a lease per
-//! region and instructions (open, close, flush). Both sides use these types; they travel as JSON over HTTP
+//! region and instructions (open, close, drop, flush). Both sides use these types; they travel as JSON over HTTP
 //! (`POST /v1/datanodes/register`, `POST /v1/heartbeat` on `walctl serve`).
 //!
 //! **Leases.** A lease lets a region take writes as leader until its deadline, which the datanode counts from the
@@ -94,6 +94,10 @@ pub struct HeartbeatRequest {
     pub heartbeat_interval_ms: u64,
     /// Every region it has open.
     pub regions: Vec<RegionStat>,
+    /// Dropped regions whose storage it has deleted since its last answered heartbeat (after a
+    /// [`Instruction::Drop`]): the metasrv then forgets them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<u64>,
 }
 
 /// A lease on one region.
@@ -138,6 +142,16 @@ pub enum Instruction {
     Close {
         /// The region.
         region_id: u64,
+    },
+    /// Delete what this datanode holds of a dropped table's region: its region storage and (on the raft-engine
+    /// WAL) its WAL entries, then report it in [`HeartbeatRequest::dropped`]. Sent only once no datanode leads the
+    /// region; deleting what is already gone is no error.
+    Drop {
+        /// The region.
+        region_id: u64,
+        /// It wrote to this datanode's raft-engine WAL: its entries there are deleted too.
+        #[serde(default)]
+        raft_engine: bool,
     },
     /// Flush a region's unflushed entries to region storage.
     Flush {

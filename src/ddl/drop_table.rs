@@ -14,7 +14,10 @@
 //!   against an existing key), and the prune no longer waits for its regions.
 //! - **WaitClosed** waits until no datanode leads a region of the table (a retryable error until then; a datanode
 //!   that is down leads nothing once its lease ran out, and opens only what a route gives it when it returns).
-//! - **DeleteTombstones** removes the tombstones in one commit with the `done` record.
+//! - **DeleteTombstones** removes the tombstones in one commit with the `done` record, and writes a
+//!   `__region_drop/{region_id}` key per region (`crate::key::region_drop`): the leader's datanode registry has a
+//!   datanode delete each region's storage (and, on the raft-engine WAL, its entries), then deletes the key. The
+//!   procedure does not wait for that: a datanode that is down may never come back, and the key outlives it.
 //!
 //! Rollback (a cancel, or a failure, before the tombstones are deleted) puts every key back from its tombstone,
 //! on the condition that the key is still absent and (on a metasrv) that the procedure store's epoch is the running
@@ -39,6 +42,7 @@ use crate::error::{
     TableNotFoundSnafu,
 };
 use crate::key::datanode_table::{DatanodeTableValue, datanode_table_key};
+use crate::key::region_drop::{DroppedWal, RegionDropValue, region_drop_key};
 use crate::key::table_info::table_info_key;
 use crate::key::table_name::TableName;
 use crate::key::table_route::{TableRouteValue, table_route_key};
@@ -110,6 +114,10 @@ pub struct DropTableData {
     /// Every key of the table's metadata with its value (set by Prepare).
     #[serde(default)]
     pub keys: Vec<RecordedKey>,
+    /// Per region, what its `__region_drop` key will say: the datanode that held it and its WAL (set by
+    /// Prepare; written by DeleteTombstones).
+    #[serde(default)]
+    pub drops: Vec<(u64, RegionDropValue)>,
 }
 
 /// Drops one table. See the module documentation.
@@ -130,6 +138,7 @@ impl DropTableProcedure {
                 table_id: None,
                 regions: Vec::new(),
                 keys: Vec::new(),
+                drops: Vec::new(),
             },
         }
     }
@@ -194,6 +203,7 @@ impl DropTableProcedure {
         let mut keys = vec![name.key(), table_info_key(table_id)];
         let route_key = table_route_key(table_id);
         let mut regions = Vec::new();
+        let mut drops = Vec::new();
         if let Some(found) = kv.get(route_key.as_bytes()).await? {
             let route: TableRouteValue =
                 serde_json::from_slice(&found.value).context(DecodeMetadataSnafu {
@@ -213,19 +223,37 @@ impl DropTableProcedure {
                 for number in numbers {
                     let id = region_id(table_id, number);
                     regions.push(id);
-                    if let Some(Ok(WalOptions::Kafka(k))) = value
+                    let kafka = match value
                         .region_wal_options
                         .get(&number)
                         .map(|w| WalOptions::decode(w))
                     {
-                        keys.push(
-                            String::from_utf8_lossy(&topic_region_key(&k.topic, id)).into_owned(),
-                        );
-                    }
+                        Some(Ok(WalOptions::Kafka(k))) => {
+                            keys.push(
+                                String::from_utf8_lossy(&topic_region_key(&k.topic, id))
+                                    .into_owned(),
+                            );
+                            true
+                        }
+                        _ => false,
+                    };
+                    drops.push((
+                        id,
+                        RegionDropValue {
+                            table_id,
+                            datanode_id: datanode,
+                            wal: if kafka {
+                                DroppedWal::Kafka
+                            } else {
+                                DroppedWal::RaftEngine
+                            },
+                        },
+                    ));
                 }
             }
         }
         regions.sort_unstable();
+        drops.sort_unstable_by_key(|(id, _)| *id);
         let mut recorded = Vec::new();
         for key in keys {
             if let Some(found) = kv.get(key.as_bytes()).await? {
@@ -238,6 +266,7 @@ impl DropTableProcedure {
         self.data.table_id = Some(table_id);
         self.data.regions = regions;
         self.data.keys = recorded;
+        self.data.drops = drops;
         self.data.state = DropTableState::DeleteMetadata;
         Ok(Status::executing(true))
     }
@@ -292,9 +321,10 @@ impl DropTableProcedure {
         Ok(Status::executing(true))
     }
 
-    /// DeleteTombstones: removed with the `done` record.
+    /// DeleteTombstones: removed with the `done` record, and a `__region_drop` key written per region for the
+    /// datanodes to delete its storage (`crate::key::region_drop`).
     fn on_delete_tombstones(&mut self) -> Status {
-        let ops = self
+        let mut ops: Vec<WriteOp> = self
             .data
             .keys
             .iter()
@@ -302,6 +332,10 @@ impl DropTableProcedure {
                 key: tombstone_key(&k.key),
             })
             .collect();
+        ops.extend(self.data.drops.iter().map(|(id, value)| WriteOp::Put {
+            key: region_drop_key(*id),
+            value: value.encode(),
+        }));
         Status::done_with(
             Some(self.output(true)),
             StepWrites::new(self.step_store(), Vec::new(), ops),

@@ -39,11 +39,14 @@ use crate::error::{
     DatanodeStaleIncarnationSnafu, DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu,
     DecodeMetadataSnafu, Result,
 };
+use crate::key::region_drop::{
+    DroppedWal, REGION_DROP_PREFIX, RegionDropValue, parse_region_drop_key, region_drop_key,
+};
 use crate::key::table_route::TableRouteValue;
 use crate::key::table_route::table_route_key;
 use crate::key::topic_name::get_topic_value;
 use crate::key::topic_region::{TopicRegionValue, topic_region_key};
-use crate::kv::{CompareAndPutRequest, KvBackendRef, WriteGeneration};
+use crate::kv::{CompareAndPutRequest, KvBackendRef, RangeRequest, WriteGeneration};
 use crate::metasrv::failure_detector::PhiAccrualDetector;
 use crate::wal::{WAL_OPTIONS_KEY, WalOptions};
 
@@ -152,7 +155,7 @@ pub struct DatanodeRegistry {
     ids: Vec<u64>,
     expected: WalProviderKind,
     inner: Mutex<Inner>,
-    /// The generation of the `__dn_table` and route keys written through this metasrv (`None`: nothing cached is
+    /// The generation of the `__dn_table`, route and `__region_drop` keys written through this metasrv (`None`: nothing cached is
     /// trusted; every heartbeat reads the store).
     generation: Option<WriteGeneration>,
     /// When a datanode is suspected.
@@ -193,7 +196,18 @@ struct Decoded {
     epochs: HashMap<u32, Cached<Vec<u8>, RouteEpochs>>,
     /// Per datanode: what its heartbeats are answered from.
     plans: HashMap<u64, Cached<(), Arc<Plan>>>,
+    /// The dropped regions whose storage is still to be deleted (`__region_drop` keys).
+    drops: Option<Cached<(), PendingDrops>>,
 }
+
+/// Region id → what its `__region_drop` key says.
+type PendingDrops = Arc<BTreeMap<u64, RegionDropValue>>;
+
+/// At most this many `__region_drop` keys are read at once (the rest are handed out as these are deleted).
+pub const PENDING_DROPS_READ: usize = 1024;
+
+/// At most this many `Drop` instructions go out in one heartbeat answer.
+pub const DROPS_PER_HEARTBEAT: usize = 64;
 
 /// Region number → region epoch of one table's route.
 type RouteEpochs = Arc<BTreeMap<u32, u64>>;
@@ -508,9 +522,24 @@ impl DatanodeRegistry {
                 });
             }
         }
+        let drops = self.pending_drops().await?;
+        let dropped = self.forget_dropped(request, &drops).await?;
         for region_id in unassigned {
-            response.instructions.push(Instruction::Close { region_id });
+            if !drops.contains_key(&region_id) {
+                response.instructions.push(Instruction::Close { region_id });
+            }
         }
+        // A dropped region's storage is deleted once no datanode leads it (DropTable wrote its key after that).
+        response.instructions.extend(
+            drops
+                .iter()
+                .filter(|(id, drop)| drop.for_datanode(datanode_id) && !dropped.contains(id))
+                .take(DROPS_PER_HEARTBEAT)
+                .map(|(id, drop)| Instruction::Drop {
+                    region_id: *id,
+                    raft_engine: drop.wal == DroppedWal::RaftEngine,
+                }),
+        );
         let mut inner = self.inner();
         let Some(node) = inner.nodes.get_mut(&datanode_id) else {
             return DatanodeNotRegisteredSnafu {
@@ -863,6 +892,73 @@ impl DatanodeRegistry {
         self.decoded
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The dropped regions whose storage is still to be deleted: the `__region_drop` keys, cached while trusted
+    /// (the metasrv watches their prefix), up to [`PENDING_DROPS_READ`] of them. A value that does not decode
+    /// is left out (with a warning naming its key): it must not stop the heartbeats.
+    async fn pending_drops(&self) -> Result<PendingDrops> {
+        let generation = self.generation();
+        let now = Instant::now();
+        if let Some(cached) = &self.decoded().drops
+            && cached.trusted(generation, now)
+        {
+            return Ok(cached.value.clone());
+        }
+        let mut req = RangeRequest::prefix(REGION_DROP_PREFIX);
+        req.limit = PENDING_DROPS_READ;
+        let read = self.kv.range(req).await?;
+        let mut drops = BTreeMap::new();
+        for kv in read.kvs {
+            let key = String::from_utf8_lossy(&kv.key);
+            let Some(region_id) = parse_region_drop_key(&kv.key) else {
+                tracing::warn!(%key, "not a region-drop key; left alone");
+                continue;
+            };
+            match RegionDropValue::decode(&key, &kv.value) {
+                Ok(value) => {
+                    drops.insert(region_id, value);
+                }
+                Err(e) => tracing::warn!(error = %e, "a region-drop key left alone"),
+            }
+        }
+        let drops = Arc::new(drops);
+        self.decoded().drops = Some(Cached {
+            generation,
+            read_at: now,
+            bytes: (),
+            value: drops.clone(),
+        });
+        Ok(drops)
+    }
+
+    /// Deletes the `__region_drop` keys of the regions `request` reports dropped (only those the datanode was the
+    /// one to delete): their storage is gone. Returns them. A deposed leader's late delete is harmless: the
+    /// datanode deleted the storage before it said so.
+    async fn forget_dropped(
+        &self,
+        request: &HeartbeatRequest,
+        drops: &BTreeMap<u64, RegionDropValue>,
+    ) -> Result<BTreeSet<u64>> {
+        let done: BTreeSet<u64> = request
+            .dropped
+            .iter()
+            .copied()
+            .filter(|id| {
+                drops
+                    .get(id)
+                    .is_some_and(|d| d.for_datanode(request.datanode_id))
+            })
+            .collect();
+        if !done.is_empty() {
+            let keys: Vec<Vec<u8>> = done
+                .iter()
+                .map(|id| region_drop_key(*id).into_bytes())
+                .collect();
+            self.kv.batch_delete(&keys, false).await?;
+            tracing::info!(datanode_id = request.datanode_id, regions = ?done, "dropped regions deleted");
+        }
+        Ok(done)
     }
 
     /// The write generation now, taken before a read of what it guards.

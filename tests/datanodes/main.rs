@@ -8,6 +8,7 @@
 //! creates the tables, and the registry is the metasrv's own.
 
 mod cache;
+mod drop;
 mod failure;
 mod kafka;
 mod leases;
@@ -141,6 +142,7 @@ fn heartbeat_request(
         address: format!("dn{datanode_id}-{incarnation}:4001"),
         heartbeat_interval_ms: interval_ms,
         regions,
+        dropped: Vec::new(),
     }
 }
 

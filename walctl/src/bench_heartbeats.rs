@@ -217,6 +217,7 @@ pub fn run(
             address: format!("127.0.0.1:{}", 40000 + id % 20000),
             heartbeat_interval_ms: 1000,
             regions: Vec::new(),
+            dropped: Vec::new(),
         };
         let first: HeartbeatResponse = post(&agent, &format!("{base}/v1/heartbeat"), &request)?;
         request.regions = first

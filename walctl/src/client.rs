@@ -124,6 +124,9 @@ impl Client {
                         // The server names what is missing; the client names the server.
                         return Err(Failure::Refused(format!("{server}: {message}")));
                     }
+                    if status == 404 && !retryable {
+                        return Err(Failure::NotFound(message));
+                    }
                     if status != 503 && !retryable {
                         return Err(Failure::Refused(message));
                     }

@@ -6,7 +6,8 @@
 //! per region, the run id random per run, so two runs never share a sequence. A batch refused with `not_leader`
 //! (nothing written) is sent again after the leaders are read anew; a batch whose outcome is unknown (an error
 //! answer saying so, a broken connection) is never sent again — its sequences are given up, so none can be
-//! acknowledged twice. With `--ack-log FILE`, every acknowledged entry is a JSON line
+//! acknowledged twice. A table dropped while the load runs (its name gone, or naming another table) stops every
+//! worker with an error saying so. With `--ack-log FILE`, every acknowledged entry is a JSON line
 //! `{"region_id":…,"sequence":…,"entry_id":…}`.
 
 use std::io::Write;
@@ -118,6 +119,10 @@ pub fn sequence_of(data: &[u8]) -> Option<u64> {
 struct Shared {
     router: Mutex<Router>,
     table: String,
+    /// The table's id when the load began: the name naming no table, or another one, means it was dropped.
+    table_id: AtomicU64,
+    /// Set once a refresh found the table dropped: every worker stops, saying so.
+    dropped: AtomicBool,
     /// Region id → leader address, as last read.
     leaders: Mutex<std::collections::HashMap<u64, Option<String>>>,
     remaining: AtomicU64,
@@ -138,17 +143,48 @@ struct Shared {
 
 impl Shared {
     fn refresh(&self) -> Result<(), Failure> {
-        let leaders = self
+        let read = self
             .router
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .table(&self.table)?;
+            .table(&self.table);
+        let leaders = match read {
+            Ok(leaders) => leaders,
+            Err(e) => {
+                if e.is_table_not_found() {
+                    self.dropped.store(true, Ordering::Relaxed);
+                }
+                return Err(e);
+            }
+        };
+        if u64::from(leaders.table_id) != self.table_id.load(Ordering::Relaxed) {
+            self.dropped.store(true, Ordering::Relaxed);
+            return Err(self.dropped_error());
+        }
         let mut map = self
             .leaders
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for r in leaders.regions {
             map.insert(r.region_id, r.address);
+        }
+        Ok(())
+    }
+
+    /// What a worker stops with once the table is gone.
+    fn dropped_error(&self) -> Failure {
+        Failure::Refused(format!(
+            "table {} was dropped while the load ran (its regions take no more writes)",
+            self.table
+        ))
+    }
+
+    /// Refreshes the leaders; `Err` only when the table was dropped (any other failure is retried later).
+    fn refresh_or_dropped(&self) -> Result<(), Failure> {
+        let _ = self.refresh();
+        if self.dropped.load(Ordering::Relaxed) {
+            self.stopped.store(true, Ordering::Relaxed);
+            return Err(self.dropped_error());
         }
         Ok(())
     }
@@ -279,7 +315,7 @@ fn worker(shared: Arc<Shared>, regions: Vec<u64>) -> Result<(), Failure> {
                     )));
                 }
                 std::thread::sleep(Duration::from_millis(100));
-                let _ = shared.refresh();
+                shared.refresh_or_dropped()?;
                 continue;
             };
             let began = Instant::now();
@@ -319,12 +355,12 @@ fn worker(shared: Arc<Shared>, regions: Vec<u64>) -> Result<(), Failure> {
                         )));
                     }
                     std::thread::sleep(Duration::from_millis(100));
-                    let _ = shared.refresh();
+                    shared.refresh_or_dropped()?;
                 }
                 Sent::Unknown(reason) => {
                     shared.unknown.fetch_add(n, Ordering::Relaxed);
                     tracing::info!(region_id, %reason, "a batch's outcome is unknown; its sequences are given up");
-                    let _ = shared.refresh();
+                    shared.refresh_or_dropped()?;
                     break;
                 }
                 Sent::Refused(reason) => {
@@ -358,6 +394,8 @@ pub fn run(
     let shared = Arc::new(Shared {
         router: Mutex::new(router),
         table: args.table.clone(),
+        table_id: AtomicU64::new(0),
+        dropped: AtomicBool::new(false),
         leaders: Mutex::new(Default::default()),
         remaining: AtomicU64::new(args.entries.unwrap_or(u64::MAX)),
         stop_at: args.duration.map(|d| Instant::now() + d),
@@ -379,6 +417,9 @@ pub fn run(
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .table(&args.table)?;
+    shared
+        .table_id
+        .store(u64::from(table.table_id), Ordering::Relaxed);
     let mut regions: Vec<u64> = table.regions.iter().map(|r| r.region_id).collect();
     regions.sort();
     let workers = usize::try_from(workers_wanted)

@@ -98,13 +98,30 @@ enum Failure {
     Wal(Box<remote_wal::Error>),
     /// walctl refused to go on (e.g. a purge without confirmation).
     Refused(String),
+    /// A server answered that what was asked for does not exist (404), in its words.
+    NotFound(String),
+}
+
+impl Failure {
+    /// Whether it says that a table does not exist (a server's 404, or the store's answer embedded).
+    fn is_table_not_found(&self) -> bool {
+        match self {
+            Failure::NotFound(_) => true,
+            Failure::Wal(e) => matches!(
+                **e,
+                remote_wal::Error::WalTableNotFound { .. }
+                    | remote_wal::Error::TableNotFound { .. }
+            ),
+            Failure::Refused(_) => false,
+        }
+    }
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Failure::Wal(e) => write!(f, "{e}"),
-            Failure::Refused(reason) => f.write_str(reason),
+            Failure::Refused(reason) | Failure::NotFound(reason) => f.write_str(reason),
         }
     }
 }

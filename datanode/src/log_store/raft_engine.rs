@@ -118,6 +118,16 @@ impl RaftEngineLogStore {
         .await
     }
 
+    /// Deletes everything the engine holds of `region_id` (entries and checkpoint), in one synced write: the
+    /// region's table was dropped. A region it holds nothing of is no error.
+    pub async fn delete_region(&self, region_id: RegionId) -> Result<()> {
+        let inner = self.inner.clone();
+        run_blocking(&self.inner.dir, "delete a dropped region", move || {
+            inner.delete_region(region_id)
+        })
+        .await
+    }
+
     /// The region's flushed entry id (0 when it was never flushed).
     pub async fn flushed_entry_id(&self, region_id: RegionId) -> Result<EntryId> {
         let inner = self.inner.clone();
@@ -261,6 +271,18 @@ impl Inner {
             .write(&mut batch, true)
             .map_err(|e| self.op_error("flush", region_id, e))?;
         Ok(entry_id)
+    }
+
+    fn delete_region(&self, region_id: RegionId) -> Result<()> {
+        // Held across the write: no append of the region interleaves with its deletion.
+        let mut cache = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let mut batch = LogBatch::default();
+        batch.add_command(region_id, raft_engine::Command::Clean);
+        self.engine
+            .write(&mut batch, true)
+            .map_err(|e| self.op_error("delete a dropped region", region_id, e))?;
+        cache.remove(&region_id);
+        Ok(())
     }
 
     fn read(&self, region_id: RegionId, from: EntryId) -> Result<Vec<Entry>> {

@@ -17,7 +17,9 @@ use datanode::log_store::record::EncodedRecord;
 use datanode::runtime::PartitionFactory;
 use datanode::{Datanode, DatanodeOptions};
 use remote_wal::datanode::RegionOpenRequest;
-use remote_wal::datanode::protocol::{HeartbeatResponse, RegionLease, RegionRole, RegionToOpen};
+use remote_wal::datanode::protocol::{
+    HeartbeatResponse, Instruction, RegionLease, RegionRole, RegionToOpen,
+};
 use remote_wal::wal::{KafkaConfig, WAL_OPTIONS_KEY};
 
 const TOPIC: &str = "runtime_topic";
@@ -445,4 +447,81 @@ async fn a_new_leader_fences_its_epoch_before_its_first_write_and_replay_drops_t
         ],
         "the replay ignores the old epoch's append after the fence"
     );
+}
+
+/// `to_open` on the datanode's raft-engine WAL.
+fn to_open_local(region: u64) -> RegionToOpen {
+    let mut open = to_open(region, None);
+    open.request.options.insert(
+        WAL_OPTIONS_KEY.to_string(),
+        r#"{"wal.provider":"raft_engine"}"#.to_string(),
+    );
+    open.topic_region_key = false;
+    open
+}
+
+#[tokio::test]
+async fn a_drop_instruction_deletes_the_regions_storage_and_wal_and_is_reported_until_answered() {
+    let world = World::new();
+    let dn = world.datanode(1, u64::MAX);
+    const LOCAL: u64 = (1024 << 32) | 2;
+    open(&dn, REGION, Some(0)).await;
+    for (id, result) in dn.open_regions(vec![to_open_local(LOCAL)]).await {
+        result.unwrap_or_else(|e| panic!("open {id}: {e}"));
+    }
+    for region in [REGION, LOCAL] {
+        lease(&dn, region, 60_000);
+        dn.write(region, vec![b"a".to_vec(), b"b".to_vec()])
+            .await
+            .unwrap();
+        dn.flush(region).await.unwrap();
+        dn.write(region, vec![b"c".to_vec()]).await.unwrap();
+        assert!(dn.storage().region_dir(region).exists());
+    }
+    assert!(dn.heartbeat_request().dropped.is_empty());
+
+    dn.apply(
+        HeartbeatResponse {
+            instructions: vec![
+                Instruction::Drop {
+                    region_id: REGION,
+                    raft_engine: false,
+                },
+                Instruction::Drop {
+                    region_id: LOCAL,
+                    raft_engine: true,
+                },
+            ],
+            ..HeartbeatResponse::default()
+        },
+        Instant::now(),
+    );
+    let mut reported = Vec::new();
+    for _ in 0..600 {
+        reported = dn.heartbeat_request().dropped;
+        if reported.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(reported, vec![REGION, LOCAL]);
+    for region in [REGION, LOCAL] {
+        assert!(
+            !dn.storage().region_dir(region).exists(),
+            "region {region}'s storage is left"
+        );
+        assert!(dn.regions().iter().all(|r| r.region_id != region));
+        let refused = dn.write(region, vec![b"late".to_vec()]).await;
+        assert!(refused.is_err(), "a dropped region took a write");
+    }
+    // The raft-engine WAL holds nothing of the dropped region: opened again, it is empty.
+    for (id, result) in dn.open_regions(vec![to_open_local(LOCAL)]).await {
+        result.unwrap_or_else(|e| panic!("open {id}: {e}"));
+    }
+    assert!(dn.region_entries(LOCAL).await.unwrap().is_empty());
+    // A report that was answered is not sent again; a repeated instruction deletes nothing more and is reported.
+    dn.dropped_reported(&reported);
+    assert!(dn.heartbeat_request().dropped.is_empty());
+    dn.drop_region(REGION, false).await.unwrap();
+    assert_eq!(dn.heartbeat_request().dropped, vec![REGION]);
 }

@@ -199,7 +199,9 @@ impl From<remote_wal::Error> for ApiError {
                     E::NoKafkaPool { .. } | E::DatanodeUnknown { .. } => {
                         (StatusCode::BAD_REQUEST, "bad_request")
                     }
-                    E::WalTableNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                    E::WalTableNotFound { .. }
+                    | E::TableNotFound { .. }
+                    | E::PruneTopicUnknown { .. } => (StatusCode::NOT_FOUND, "not_found"),
                     E::DatanodeNotRegistered { .. } => (StatusCode::NOT_FOUND, "not_registered"),
                     E::DatanodeStaleIncarnation { .. } | E::DatanodeRetired { .. } => {
                         (StatusCode::CONFLICT, "stale_incarnation")
@@ -391,6 +393,15 @@ mod tests {
         assert_eq!(
             classify(fenced),
             (StatusCode::SERVICE_UNAVAILABLE, "not_leader", true)
+        );
+        // A prune of a topic outside the pool names a thing that does not exist: 404, not a server fault.
+        let unknown_topic = remote_wal::Error::PruneTopicUnknown {
+            topic: "elsewhere".to_string(),
+            key: "__topic_name/kafka/elsewhere".to_string(),
+        };
+        assert_eq!(
+            classify(unknown_topic),
+            (StatusCode::NOT_FOUND, "not_found", false)
         );
         let exists = remote_wal::Error::TableAlreadyExists {
             table: "greptime.public.t".to_string(),

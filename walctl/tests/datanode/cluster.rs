@@ -221,7 +221,7 @@ max_retry_delay = "500ms"
              heartbeat_interval = \"{}ms\"\n",
             self.metasrv_toml,
             self.serve_address,
-            self.dir.path().join("regions").display(),
+            self.region_storage().display(),
             self.heartbeat_ms
         );
         std::fs::write(&path, text).expect("write datanode config");
@@ -323,6 +323,52 @@ max_retry_delay = "500ms"
             ids.iter().all(|id| leaders.contains(id))
         });
         ids
+    }
+
+    /// Every key in the cluster's etcd namespace (the namespace cut off), read from etcd directly.
+    pub fn store_keys(&self) -> Vec<String> {
+        let namespace = self
+            .metasrv_toml
+            .split("key_prefix = \"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .expect("the config names a key prefix")
+            .to_string();
+        let etcd = endpoints("ETCD_ENDPOINTS");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let mut client = etcd_client::Client::connect(etcd, None)
+                .await
+                .expect("connect to etcd");
+            let found = client
+                .get(
+                    namespace.as_str(),
+                    Some(
+                        etcd_client::GetOptions::new()
+                            .with_prefix()
+                            .with_keys_only(),
+                    ),
+                )
+                .await
+                .expect("read etcd");
+            found
+                .kvs()
+                .iter()
+                .map(|kv| {
+                    String::from_utf8_lossy(kv.key())
+                        .trim_start_matches(namespace.as_str())
+                        .to_string()
+                })
+                .collect()
+        })
+    }
+
+    /// The region storage directory every datanode shares.
+    pub fn region_storage(&self) -> PathBuf {
+        self.dir.path().join("regions")
     }
 
     /// `GET /v1/tables/{name}`.

@@ -9,6 +9,7 @@ mod support;
 
 mod bench;
 mod cluster;
+mod drop;
 mod failover;
 mod kill;
 mod migrate;
