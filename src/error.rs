@@ -441,6 +441,34 @@ pub enum Error {
         reason: String,
     },
 
+    /// Topics of the pool that regions wrote to are gone from the brokers, or were deleted and created again
+    /// (another topic id): what the regions' WAL held there is lost, and the pool is not recreated silently.
+    #[snafu(display(
+        "Kafka topic pool '{prefix}' is not whole: {topics}. What these topics held of their regions' WAL is lost; \
+         `walctl bootstrap --recreate-missing` creates the missing ones anew and records the new topic ids"
+    ))]
+    PoolTopicsLost {
+        /// The pool's topic name prefix.
+        prefix: String,
+        /// Each lost topic: its name, its recorded and current ids, the regions on it.
+        topics: String,
+    },
+
+    /// A prune found a pool topic listed under another topic id than the one recorded: it was deleted and created
+    /// again, and the checkpoints of its regions count entries of the topic that is gone.
+    #[snafu(display(
+        "topic '{topic}' was deleted and created again (recorded id {recorded}, now {now}): not pruned; \
+         `walctl bootstrap --recreate-missing` records the new incarnation"
+    ))]
+    WalTopicRecreated {
+        /// The topic.
+        topic: String,
+        /// The id its `__topic_name` value records.
+        recorded: String,
+        /// The id the brokers list now.
+        now: String,
+    },
+
     /// The topic bootstrap procedure failed (or could not be run).
     #[snafu(display("bootstrap of Kafka topic pool '{prefix}' failed: {source}"))]
     TopicBootstrap {
@@ -1387,6 +1415,8 @@ impl Error {
             | Error::InvalidTopicPool { .. }
             | Error::PoolTopicPartitions { .. }
             | Error::PersistTopicNamesConflict { .. }
+            | Error::PoolTopicsLost { .. }
+            | Error::WalTopicRecreated { .. }
             | Error::TopicBootstrap { .. }
             | Error::BootstrapPoolChanged { .. }
             | Error::TopicPoolNotReady { .. }

@@ -531,6 +531,17 @@ impl Metasrv {
         &self,
         on_progress: impl Fn(BootstrapProgress) + Send + Sync,
     ) -> Result<BootstrapReport> {
+        self.bootstrap_with(false, on_progress).await
+    }
+
+    /// [`Metasrv::bootstrap`]; with `recreate_missing`, pool topics gone from the brokers (or deleted and created
+    /// again) are created anew and their new ids recorded, instead of failing with
+    /// [`crate::Error::PoolTopicsLost`].
+    pub async fn bootstrap_with(
+        &self,
+        recreate_missing: bool,
+        on_progress: impl Fn(BootstrapProgress) + Send + Sync,
+    ) -> Result<BootstrapReport> {
         self.start_procedures().await?;
         let WalConfig::Kafka(kafka) = &self.config.wal else {
             self.wal.start(&self.procedures).await?;
@@ -544,7 +555,7 @@ impl Metasrv {
             });
         };
         let wanted: BTreeSet<String> = kafka.topic_names().into_iter().collect();
-        let start = self.wal.start(&self.procedures);
+        let start = self.wal.start_with(&self.procedures, recreate_missing);
         tokio::pin!(start);
         let mut tick = tokio::time::interval(PROGRESS_INTERVAL);
         // The bootstrap's end preempts a progress poll in flight (which may be waiting on an unreachable broker).

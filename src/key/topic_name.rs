@@ -39,15 +39,68 @@ pub fn decode_topic_name_key(key: &[u8]) -> Result<String> {
     }
 }
 
+/// A Kafka topic id: the UUID the controller gives a topic when it creates it. A topic deleted and created again
+/// under the same name gets another one, which is how a pool topic recreated out of band is told from the one its
+/// regions wrote to. Written as the UUID's 32 hex digits in 8-4-4-4-12 groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TopicId(pub u128);
+
+impl std::fmt::Display for TopicId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hex = format!("{:032x}", self.0);
+        write!(
+            f,
+            "{}-{}-{}-{}-{}",
+            &hex[..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..]
+        )
+    }
+}
+
+impl std::str::FromStr for TopicId {
+    type Err = String;
+
+    fn from_str(text: &str) -> std::result::Result<Self, Self::Err> {
+        let hex: String = text.chars().filter(|c| *c != '-').collect();
+        if hex.len() != 32 {
+            return Err(format!("'{text}' is not a topic id (32 hex digits)"));
+        }
+        u128::from_str_radix(&hex, 16)
+            .map(TopicId)
+            .map_err(|_| format!("'{text}' is not a topic id (32 hex digits)"))
+    }
+}
+
+impl Serialize for TopicId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for TopicId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// The value stored under a topic name key.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TopicNameValue {
     /// Entries of the topic up to this id were pruned (0 when the name is first persisted).
     pub pruned_entry_id: u64,
+    /// The Kafka topic id of the topic the name was persisted for (`None` when the admin could not tell, or the
+    /// key was written by a release that did not record it: such a topic is checked for existence only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<TopicId>,
 }
 
 impl TopicNameValue {
-    /// The encoded value, as `serde_json` writes the derived [`Serialize`]: `{"pruned_entry_id":N}`.
+    /// The encoded value, as `serde_json` writes the derived [`Serialize`]: `{"pruned_entry_id":N}`, with
+    /// `"topic_id":"…"` after it when known (GreptimeDB ignores fields it does not know).
     pub fn encode(&self) -> Vec<u8> {
         // A struct of one integer: serialising it cannot fail.
         serde_json::to_vec(self).unwrap_or_default()
@@ -75,6 +128,42 @@ impl TopicNameValue {
 /// page. Each value is decoded too: a damaged key or value is an error naming the key, never a name taken on
 /// trust.
 pub async fn list_persisted_topics(kv: &dyn KvBackend, topic_prefix: &str) -> Result<Vec<String>> {
+    Ok(list_persisted_values(kv, topic_prefix)
+        .await?
+        .into_iter()
+        .map(|(topic, _, _)| topic)
+        .collect())
+}
+
+/// A transaction persisting `topics` (each with its Kafka topic id when known) only if none of them is persisted
+/// yet: one `Absent` compare and one put per topic, applied atomically. When it fails (some name appeared meanwhile)
+/// nothing is written, so no `pruned_entry_id` is ever reset.
+pub fn persist_topics_txn(topics: &[(String, Option<TopicId>)]) -> Txn {
+    Txn {
+        compare: topics
+            .iter()
+            .map(|(t, _)| Compare::Absent(topic_name_key(t)))
+            .collect(),
+        success: topics
+            .iter()
+            .map(|(t, id)| {
+                let value = TopicNameValue {
+                    pruned_entry_id: 0,
+                    topic_id: *id,
+                };
+                TxnOp::Put(topic_name_key(t), value.encode())
+            })
+            .collect(),
+        failure: Vec::new(),
+    }
+}
+
+/// Every persisted topic whose name starts with `topic_prefix`, with its value as stored and decoded, in key order
+/// (see [`list_persisted_topics`]).
+pub async fn list_persisted_values(
+    kv: &dyn KvBackend,
+    topic_prefix: &str,
+) -> Result<Vec<(String, Vec<u8>, TopicNameValue)>> {
     let prefix = topic_name_key(topic_prefix);
     let end = crate::kv::prefix_end(&prefix);
     let mut start = prefix;
@@ -85,8 +174,8 @@ pub async fn list_persisted_topics(kv: &dyn KvBackend, topic_prefix: &str) -> Re
             .await?;
         for kv in &resp.kvs {
             let topic = decode_topic_name_key(&kv.key)?;
-            TopicNameValue::decode(&kv.key, &kv.value)?;
-            topics.push(topic);
+            let value = TopicNameValue::decode(&kv.key, &kv.value)?;
+            topics.push((topic, kv.value.clone(), value));
         }
         match (resp.more, resp.kvs.last()) {
             (true, Some(last)) => {
@@ -95,24 +184,6 @@ pub async fn list_persisted_topics(kv: &dyn KvBackend, topic_prefix: &str) -> Re
             }
             _ => return Ok(topics),
         }
-    }
-}
-
-/// A transaction persisting `topics` only if none of them is persisted yet: one `Absent` compare and one put per
-/// topic, applied atomically. When it fails (some name appeared meanwhile) nothing is written, so no
-/// `pruned_entry_id` is ever reset.
-pub fn persist_topics_txn(topics: &[String]) -> Txn {
-    let value = TopicNameValue::default().encode();
-    Txn {
-        compare: topics
-            .iter()
-            .map(|t| Compare::Absent(topic_name_key(t)))
-            .collect(),
-        success: topics
-            .iter()
-            .map(|t| TxnOp::Put(topic_name_key(t), value.clone()))
-            .collect(),
-        failure: Vec::new(),
     }
 }
 
@@ -185,9 +256,28 @@ mod tests {
         .unwrap();
         assert_eq!(v.pruned_entry_id, 5);
         assert_eq!(
-            TopicNameValue { pruned_entry_id: 5 }.encode(),
+            TopicNameValue {
+                pruned_entry_id: 5,
+                topic_id: None
+            }
+            .encode(),
             br#"{"pruned_entry_id":5}"#
         );
+        let id: TopicId = "0a1b2c3d-0000-4000-8000-00000000002a".parse().unwrap();
+        assert_eq!(id.to_string(), "0a1b2c3d-0000-4000-8000-00000000002a");
+        let with_id = TopicNameValue {
+            pruned_entry_id: 5,
+            topic_id: Some(id),
+        };
+        assert_eq!(
+            with_id.encode(),
+            br#"{"pruned_entry_id":5,"topic_id":"0a1b2c3d-0000-4000-8000-00000000002a"}"#
+        );
+        assert_eq!(
+            TopicNameValue::decode(b"k", &with_id.encode()).unwrap(),
+            with_id
+        );
+        assert!(TopicNameValue::decode(b"k", br#"{"pruned_entry_id":5,"topic_id":"x"}"#).is_err());
     }
 
     #[test]
@@ -233,7 +323,7 @@ mod tests {
 
     #[test]
     fn persist_txn_puts_each_name_only_if_absent() {
-        let names = vec!["a_0".to_string(), "a_1".to_string()];
+        let names = vec![("a_0".to_string(), None), ("a_1".to_string(), None)];
         let txn = persist_topics_txn(&names);
         assert_eq!(
             txn.compare,

@@ -51,9 +51,21 @@ impl WalOptionsAllocator {
     /// bootstrap procedure on `manager` (started, with [`Self::register_loaders`] done), waits for it and loads the
     /// pool; an error when the bootstrap fails.
     pub async fn start(&self, manager: &ProcedureManagerRef) -> Result<()> {
+        self.start_with(manager, false).await
+    }
+
+    /// [`Self::start`], recreating lost pool topics when `recreate_missing` (see
+    /// [`crate::wal::kafka::KafkaTopicManager::start_with`]).
+    pub async fn start_with(
+        &self,
+        manager: &ProcedureManagerRef,
+        recreate_missing: bool,
+    ) -> Result<()> {
         match self {
             WalOptionsAllocator::RaftEngine => Ok(()),
-            WalOptionsAllocator::Kafka(topics) => topics.start(manager).await,
+            WalOptionsAllocator::Kafka(topics) => {
+                topics.start_with(manager, recreate_missing).await
+            }
         }
     }
 

@@ -30,6 +30,7 @@
 
 pub mod round;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
@@ -39,7 +40,7 @@ use serde::{Deserialize, Serialize};
 use tracing::info;
 
 use crate::error::{PruneTopicUnknownSnafu, PruneWatermarkContentionSnafu, Result};
-use crate::key::topic_name::{TopicNameValue, topic_name_key};
+use crate::key::topic_name::{TopicId, TopicNameValue, topic_name_key};
 use crate::key::topic_region::read_topic_regions;
 use crate::kv::{CompareAndPutRequest, KvBackend, KvBackendRef};
 
@@ -79,6 +80,14 @@ pub trait RecordDeleter: Send + Sync + fmt::Debug {
     async fn last_entry_id(&self, topic: &str) -> Result<Option<u64>> {
         let _ = topic;
         Ok(None)
+    }
+
+    /// The Kafka topic ids of those of `topics` the brokers list, in one metadata read, so a prune round can refuse
+    /// a topic deleted and created again since its id was recorded (its regions' checkpoints count entries of the
+    /// topic that is gone). Empty, the default, when the deleter cannot tell: nothing is checked.
+    async fn topic_ids(&self, topics: &[String]) -> Result<BTreeMap<String, TopicId>> {
+        let _ = topics;
+        Ok(BTreeMap::new())
     }
 }
 
@@ -271,6 +280,9 @@ pub struct PruneDecision {
     /// No region key and no datanode table names the topic: the target is its end ([`decide_free_topic`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub free: bool,
+    /// The topic id its `__topic_name` value records (`None`: not recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<TopicId>,
 }
 
 /// Reads `topic`'s stored watermark: the raw value (for a compare-and-put) and its decoding. An error when the
@@ -323,6 +335,7 @@ pub async fn decide(kv: &dyn KvBackend, topic: &str) -> Result<PruneDecision> {
         pinned_by,
         held_by: if pinned_by.is_some() { None } else { held_by },
         free: false,
+        topic_id: watermark.topic_id,
     };
     info!(
         topic,
@@ -402,6 +415,7 @@ pub async fn advance_watermark(
         }
         let next = TopicNameValue {
             pruned_entry_id: target,
+            ..current
         };
         let response = kv
             .compare_and_put(CompareAndPutRequest {

@@ -68,7 +68,11 @@ async fn ninety_six_names_persist_on_etcd_and_a_rerun_writes_nothing() {
     // Meanwhile GreptimeDB advanced one topic's pruned entry id: the re-run must keep it.
     kv.put(remote_wal::kv::PutRequest {
         key: topic_name_key(&spec.topic_name(0)),
-        value: TopicNameValue { pruned_entry_id: 7 }.encode(),
+        value: TopicNameValue {
+            pruned_entry_id: 7,
+            topic_id: None,
+        }
+        .encode(),
         prev_kv: false,
     })
     .await
@@ -96,7 +100,10 @@ async fn ninety_six_names_persist_on_etcd_and_a_rerun_writes_nothing() {
         get_topic_value(kv.as_ref(), &spec.topic_name(0))
             .await
             .unwrap(),
-        Some(TopicNameValue { pruned_entry_id: 7 })
+        Some(TopicNameValue {
+            pruned_entry_id: 7,
+            topic_id: None,
+        })
     );
     assert_eq!(
         list_persisted_topics(kv.as_ref(), &pool).await.unwrap(),

@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use mockall::{Sequence, mock};
 use procedures::{Context, Procedure, ProcedureId, Status};
 use remote_wal::Result;
+use remote_wal::key::topic_name::TopicId;
 use remote_wal::key::topic_name::{
     TopicNameValue, get_topic_value, list_persisted_topics, topic_name_key,
 };
@@ -122,6 +123,7 @@ async fn persist(kv: &dyn KvBackend, topic: &str, pruned: u64) {
         key: topic_name_key(topic),
         value: TopicNameValue {
             pruned_entry_id: pruned,
+            topic_id: None,
         }
         .encode(),
         prev_kv: false,
@@ -321,9 +323,9 @@ async fn a_persisted_topic_a_lagging_broker_does_not_list_is_not_recreated_or_re
     let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
     run_to_done(&mut p).await.unwrap();
 
-    // The read of the next run comes from a broker that has applied nothing yet: every persisted topic is
-    // created again, and each answers "already exists".
-    admin.stale_metadata_reads(1);
+    // The first reads of the next run come from a broker that has applied nothing yet: the persisted topics are
+    // read again until it lists them, and none is created again or reported lost.
+    admin.stale_metadata_reads(3);
     let mut p = TopicBootstrapProcedure::new(spec, kv, admin.clone()).unwrap();
     let output = run_to_done(&mut p).await.unwrap().expect("an output");
     assert!(output.get("recreated").is_none(), "{output}");
@@ -334,25 +336,118 @@ async fn a_persisted_topic_a_lagging_broker_does_not_list_is_not_recreated_or_re
     );
     assert_eq!(
         admin.total_create_calls(),
-        6,
-        "three creations, three refused"
+        3,
+        "only the first run's creations"
+    );
+    assert_eq!(
+        admin.metadata_reads(),
+        1 + 4,
+        "the first run's read, then four"
     );
 }
 
+/// The recorded topic id of `topic`.
+async fn recorded_id(kv: &KvBackendRef, topic: &str) -> Option<TopicId> {
+    let found = kv
+        .get(&topic_name_key(topic))
+        .await
+        .unwrap()
+        .expect("persisted");
+    TopicNameValue::decode(&found.key, &found.value)
+        .unwrap()
+        .topic_id
+}
+
 #[tokio::test]
-async fn a_persisted_topic_missing_from_the_cluster_is_recreated_and_reported() {
+async fn a_persisted_topic_missing_from_the_cluster_fails_the_bootstrap_until_recreation_is_asked_for()
+ {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let admin = Arc::new(FakeTopicAdmin::new());
     let mut spec = spec("lost", 3);
     spec.ready_poll.deadline = Duration::from_secs(3600); // not waited for
     let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
     run_to_done(&mut p).await.unwrap();
+    // The first run created the topics, so no read had listed them: a second run records their ids.
+    let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
+    run_to_done(&mut p).await.unwrap();
+    let old = recorded_id(&kv, "lost_1")
+        .await
+        .expect("recorded by the second run");
+    assert_eq!(Some(old), admin.topics().get("lost_1").map(|t| t.id));
     admin.delete_out_of_band("lost_1");
 
-    let mut p = TopicBootstrapProcedure::new(spec, kv, admin.clone()).unwrap();
+    let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
+    let err = run_to_done(&mut p).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            "topic 'lost_1' (id {old}) is gone from the brokers"
+        )),
+        "{err}"
+    );
+    assert!(err.contains("--recreate-missing"), "{err}");
+    assert!(
+        !admin.topics().contains_key("lost_1"),
+        "not recreated unasked"
+    );
+
+    spec.recreate_missing = true;
+    let mut p = TopicBootstrapProcedure::new(spec, kv.clone(), admin.clone()).unwrap();
     let output = run_to_done(&mut p).await.unwrap().expect("an output");
     assert_eq!(output["recreated"], 1, "{output}");
-    assert!(admin.topics().contains_key("lost_1"), "recreated");
+    let new = admin.topics()["lost_1"].id;
+    assert_ne!(new, old);
+    assert_eq!(recorded_id(&kv, "lost_1").await, Some(new));
+}
+
+#[tokio::test]
+async fn a_topic_deleted_and_created_again_out_of_band_is_named_with_both_ids_and_its_regions() {
+    let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    let spec = spec("again", 2);
+    for _ in 0..2 {
+        let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
+        run_to_done(&mut p).await.unwrap();
+    }
+    // A region on the topic: its datanode record names it.
+    kv.put(PutRequest {
+        key: b"__dn_table/1/1024".to_vec(),
+        value: serde_json::to_vec(&serde_json::json!({
+            "table_id": 1024,
+            "regions": [0],
+            "region_wal_options": {"0": r#"{"wal.provider":"kafka","wal.kafka.topic":"again_0"}"#},
+        }))
+        .unwrap(),
+        prev_kv: false,
+    })
+    .await
+    .unwrap();
+    let old = recorded_id(&kv, "again_0").await.expect("recorded");
+    admin.delete_out_of_band("again_0");
+    admin.create_out_of_band("again_0", 1);
+    let new = admin.topics()["again_0"].id;
+
+    let mut p = TopicBootstrapProcedure::new(spec.clone(), kv.clone(), admin.clone()).unwrap();
+    let err = run_to_done(&mut p).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            "topic 'again_0' was deleted and created again (id {old}, now {new}), regions on it: {}",
+            1024u64 << 32
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        recorded_id(&kv, "again_0").await,
+        Some(old),
+        "nothing recorded"
+    );
+
+    // Asked for, the new id is recorded and the topic's watermark starts again from 0.
+    persist(kv.as_ref(), "again_0", 0).await;
+    let mut spec = spec;
+    spec.recreate_missing = true;
+    let mut p = TopicBootstrapProcedure::new(spec, kv.clone(), admin.clone()).unwrap();
+    run_to_done(&mut p).await.unwrap();
+    assert_eq!(recorded_id(&kv, "again_0").await, Some(new));
 }
 
 #[tokio::test]
@@ -464,7 +559,10 @@ async fn persist_names_rerun_after_commit_writes_nothing_and_keeps_pruned_ids() 
     run_to_done(&mut p).await.unwrap();
     assert_eq!(
         get_topic_value(kv.as_ref(), "p_1").await.unwrap(),
-        Some(TopicNameValue { pruned_entry_id: 7 })
+        Some(TopicNameValue {
+            pruned_entry_id: 7,
+            topic_id: None,
+        })
     );
     assert_eq!(
         list_persisted_topics(kv.as_ref(), "").await.unwrap(),
@@ -663,9 +761,23 @@ async fn a_resume_on_a_complete_pool_costs_one_metadata_read_and_one_range_read(
     for i in 0..TOPICS {
         admin.create_out_of_band(&format!("full_{i}"), 1);
     }
-    let all: Vec<String> = (0..TOPICS).map(|i| format!("full_{i}")).collect();
-    let all_refs: Vec<&str> = all.iter().map(String::as_str).collect();
-    let listing = persisted_range(&all_refs);
+    // Each name persisted with its topic's id (as a bootstrap records it): nothing to fill in.
+    let ids = admin.topics();
+    let mut listing = RangeResponse {
+        kvs: (0..TOPICS)
+            .map(|i| format!("full_{i}"))
+            .map(|t| KeyValue {
+                key: topic_name_key(&t),
+                value: TopicNameValue {
+                    pruned_entry_id: 0,
+                    topic_id: Some(ids[&t].id),
+                }
+                .encode(),
+            })
+            .collect(),
+        more: false,
+    };
+    listing.kvs.sort_by(|a, b| a.key.cmp(&b.key));
     let mut kv = MockKv::new();
     kv.expect_max_txn_ops().return_const(128usize);
     kv.expect_max_request_bytes().return_const(usize::MAX);

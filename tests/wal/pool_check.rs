@@ -64,7 +64,8 @@ async fn persisted(kv: &KvBackendRef, prefix: &str) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn a_pool_topic_deleted_out_of_band_is_recreated_by_the_next_bootstrap_and_reported() {
+async fn a_pool_topic_deleted_out_of_band_fails_the_next_bootstrap_and_is_recreated_only_when_asked()
+ {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let admin = Arc::new(FakeTopicAdmin::new());
     let first = metasrv(kafka_config("gone", 3), &kv, &admin);
@@ -72,9 +73,26 @@ async fn a_pool_topic_deleted_out_of_band_is_recreated_by_the_next_bootstrap_and
     assert_eq!(report.recreated_topics, 0);
     first.stop().await.unwrap();
 
+    let admin_id_before_delete = admin.topics()["gone_1"].id;
     admin.delete_out_of_band("gone_1");
     let second = metasrv(kafka_config("gone", 3), &kv, &admin);
-    let report = second.bootstrap(|_| {}).await.unwrap();
+    let err = second.bootstrap(|_| {}).await.unwrap_err().to_string();
+    // The first start's load recorded the topic's id once the brokers listed it.
+    let recorded = admin_id_before_delete;
+    assert!(
+        err.contains(&format!(
+            "topic 'gone_1' (id {recorded}) is gone from the brokers"
+        )),
+        "{err}"
+    );
+    assert!(
+        !admin.topics().contains_key("gone_1"),
+        "not recreated unasked"
+    );
+    second.stop().await.unwrap();
+
+    let second = metasrv(kafka_config("gone", 3), &kv, &admin);
+    let report = second.bootstrap_with(true, |_| {}).await.unwrap();
     assert!(report.ready);
     assert_eq!(report.recreated_topics, 1, "{report:?}");
     assert!(admin.topics().contains_key("gone_1"), "recreated");
@@ -220,7 +238,8 @@ async fn the_allocator_never_hands_out_a_topic_it_has_not_seen_on_the_brokers_si
     assert_eq!(
         err.to_string(),
         "Kafka topic pool 'seen' is not ready: 1 of 3 persisted topics are not on the brokers \
-         [\"fake-broker:9092\"] with 1 partition(s) (first: [\"seen_2\"]); run the bootstrap again to recreate them"
+         [\"fake-broker:9092\"] with 1 partition(s) (first: [\"seen_2\"]); `walctl bootstrap` names what was lost, \
+         and `--recreate-missing` creates it anew"
     );
     for err in [pool.alloc().unwrap_err(), pool.alloc_batch(3).unwrap_err()] {
         let text = err.to_string();
@@ -230,8 +249,30 @@ async fn the_allocator_never_hands_out_a_topic_it_has_not_seen_on_the_brokers_si
         );
     }
 
-    // Once the brokers show it again, the next load makes the pool ready.
+    // Created again on the brokers, it is another topic (another id): the load says so and the pool stays not
+    // ready; once the new incarnation is recorded (what `bootstrap --recreate-missing` does), the pool is ready.
     admin.create_topic("seen_2", 1, 1).await.unwrap();
+    let err = pool
+        .load_ready()
+        .await
+        .expect_err("seen_2 is another topic now");
+    assert!(
+        err.to_string()
+            .contains("1 of 3 persisted topics were deleted and created again"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("'seen_2' (id "), "{err}");
+    kv.put(remote_wal::kv::PutRequest {
+        key: remote_wal::key::topic_name::topic_name_key("seen_2"),
+        value: remote_wal::key::topic_name::TopicNameValue {
+            pruned_entry_id: 0,
+            topic_id: Some(admin.topics()["seen_2"].id),
+        }
+        .encode(),
+        prev_kv: false,
+    })
+    .await
+    .unwrap();
     pool.load_ready().await.unwrap();
     let mut handed: Vec<String> = pool
         .alloc_batch(3)
@@ -411,9 +452,12 @@ async fn a_recovered_bootstrap_of_another_prefix_is_abandoned_naming_both() {
     rerun.stop().await.unwrap();
 }
 
-/// Against the shared broker: a pool topic deleted with Kafka's DeleteTopics is back after the next bootstrap.
+/// Against the shared broker: a pool topic deleted with Kafka's DeleteTopics fails the next bootstrap, is back after
+/// one that is asked to recreate it (its new topic id recorded), and when deleted and created again out of band
+/// fails the next bootstrap naming both ids.
 #[tokio::test]
-async fn a_topic_deleted_on_a_real_broker_is_recreated_by_the_next_bootstrap() {
+async fn a_topic_deleted_on_a_real_broker_fails_the_bootstrap_until_recreated_and_a_new_incarnation_is_named()
+ {
     let endpoints = support::require_endpoints("KAFKA_ENDPOINTS", "a running Kafka broker");
     let prefix = support::unique("recreate");
     let mut config = kafka_config(&prefix, 2);
@@ -423,11 +467,22 @@ async fn a_topic_deleted_on_a_real_broker_is_recreated_by_the_next_bootstrap() {
     let kv: KvBackendRef = Arc::new(MemoryKvBackend::new());
     let datanodes = || Arc::new(MemoryDatanodeManager::new());
 
-    let first = Metasrv::with_parts(config.clone(), kv.clone(), None, datanodes()).unwrap();
-    first.bootstrap(|_| {}).await.unwrap();
-    first.stop().await.unwrap();
-
+    // The first run creates the topics; the second records their ids (the broker lists them by then).
+    for _ in 0..2 {
+        let run = Metasrv::with_parts(config.clone(), kv.clone(), None, datanodes()).unwrap();
+        run.bootstrap(|_| {}).await.unwrap();
+        run.stop().await.unwrap();
+    }
     let victim = format!("{prefix}_1");
+    let recorded = |kv: KvBackendRef, topic: String| async move {
+        remote_wal::key::topic_name::get_topic_value(kv.as_ref(), &topic)
+            .await
+            .unwrap()
+            .and_then(|v| v.topic_id)
+    };
+    let old = recorded(kv.clone(), victim.clone())
+        .await
+        .expect("the broker's Metadata gives topic ids");
     let client = rskafka::client::ClientBuilder::new(endpoints)
         .build()
         .await
@@ -447,8 +502,27 @@ async fn a_topic_deleted_on_a_real_broker_is_recreated_by_the_next_bootstrap() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let second = Metasrv::with_parts(config, kv.clone(), None, datanodes()).unwrap();
-    let report = second.bootstrap(|_| {}).await.unwrap();
+    let refused = Metasrv::with_parts(config.clone(), kv.clone(), None, datanodes()).unwrap();
+    let err = refused.bootstrap(|_| {}).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!(
+            "topic '{victim}' (id {old}) is gone from the brokers"
+        )),
+        "{err}"
+    );
+    refused.stop().await.unwrap();
+    assert!(
+        !client
+            .list_topics()
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t.name == victim),
+        "not recreated unasked"
+    );
+
+    let second = Metasrv::with_parts(config.clone(), kv.clone(), None, datanodes()).unwrap();
+    let report = second.bootstrap_with(true, |_| {}).await.unwrap();
     assert!(report.ready);
     assert_eq!(report.recreated_topics, 1, "{report:?}");
     let listed = client.list_topics().await.unwrap();
@@ -457,4 +531,62 @@ async fn a_topic_deleted_on_a_real_broker_is_recreated_by_the_next_bootstrap() {
         "{victim} exists again"
     );
     second.stop().await.unwrap();
+    // Its new id is recorded (by this run, or the next one once the broker lists it).
+    let mut new = recorded(kv.clone(), victim.clone()).await;
+    for _ in 0..50 {
+        if new.is_some() {
+            break;
+        }
+        let run = Metasrv::with_parts(config.clone(), kv.clone(), None, datanodes()).unwrap();
+        run.bootstrap(|_| {}).await.unwrap();
+        run.stop().await.unwrap();
+        new = recorded(kv.clone(), victim.clone()).await;
+    }
+    let new = new.expect("the new id is recorded");
+    assert_ne!(new, old);
+
+    // Deleted and created again out of band: another id, named with the recorded one.
+    client
+        .controller_client()
+        .unwrap()
+        .delete_topic(victim.clone(), 30_000)
+        .await
+        .unwrap();
+    let mut created = false;
+    for _ in 0..300 {
+        match client
+            .controller_client()
+            .unwrap()
+            .create_topic(victim.clone(), 1, 1, 30_000)
+            .await
+        {
+            Ok(()) => {
+                created = true;
+                break;
+            }
+            // Deletion is asynchronous: the name is taken until it ends.
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(created, "{victim} created again out of band");
+    let mut err = String::new();
+    for _ in 0..50 {
+        let run = Metasrv::with_parts(config.clone(), kv.clone(), None, datanodes()).unwrap();
+        err = match run.bootstrap(|_| {}).await {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        };
+        run.stop().await.unwrap();
+        if !err.is_empty() {
+            break;
+        }
+        // The broker answering listed the old incarnation still: asked again.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        err.contains(&format!(
+            "topic '{victim}' was deleted and created again (id {new}, now "
+        )),
+        "{err}"
+    );
 }

@@ -15,7 +15,7 @@ use procedures::testing::{
     CrashScenario, MatrixConfig, StoreDigest, run_crash_matrix, store_digest,
 };
 use procedures::{LocalManager, ProcedureId, ProcedureManager, ProcedureWithId, StateStore};
-use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
+use remote_wal::key::topic_name::{TopicId, TopicNameValue, topic_name_key};
 use remote_wal::key::topic_region::TopicRegionValue;
 use remote_wal::kv::memory::MemoryKvBackend;
 use remote_wal::kv::state_store::KvStateStore;
@@ -80,7 +80,11 @@ async fn new_env() -> Env {
         put(
             kv.as_ref(),
             &topic_name_key(topic),
-            TopicNameValue { pruned_entry_id: 2 }.encode(),
+            TopicNameValue {
+                pruned_entry_id: 2,
+                topic_id: None,
+            }
+            .encode(),
         )
         .await;
     }
@@ -433,5 +437,112 @@ async fn a_table_created_while_a_free_topic_is_decided_pins_it_instead_of_losing
             .unwrap()
             .pruned_entry_id,
         2
+    );
+}
+
+/// Brokers listing `t_0` and `t_5` under ids of their own: `t_0`'s is the recorded one, `t_5`'s is not (deleted and
+/// created again since it was recorded).
+#[derive(Debug, Default)]
+struct RecreatedBrokers {
+    inner: FakeBrokers,
+}
+
+const RECORDED: TopicId = TopicId(0x0a);
+const RECREATED: TopicId = TopicId(0x0b);
+
+#[async_trait]
+impl RecordDeleter for RecreatedBrokers {
+    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+        assert_ne!(topic, "t_5", "a recreated topic is never deleted from");
+        self.inner.delete_records_before(topic, offset).await
+    }
+
+    async fn topic_ids(&self, topics: &[String]) -> remote_wal::Result<BTreeMap<String, TopicId>> {
+        Ok(topics
+            .iter()
+            .filter_map(|t| match t.as_str() {
+                "t_0" => Some((t.clone(), RECORDED)),
+                "t_5" => Some((t.clone(), RECREATED)),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
+#[tokio::test]
+async fn a_topic_listed_under_another_id_than_the_recorded_one_fails_alone_and_is_not_pruned() {
+    let env = new_env().await;
+    for topic in ["t_0", "t_5"] {
+        put(
+            env.kv.as_ref(),
+            &topic_name_key(topic),
+            TopicNameValue {
+                pruned_entry_id: 2,
+                topic_id: Some(RECORDED),
+            }
+            .encode(),
+        )
+        .await;
+    }
+    let manager = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    let brokers = Arc::new(RecreatedBrokers::default());
+    manager
+        .register_loader(
+            WalPruneRound::TYPE_NAME,
+            WalPruneRound::loader(env.kv.clone(), brokers.clone()),
+        )
+        .unwrap();
+    manager.start().await.unwrap();
+    let round = WalPruneRound::new(
+        vec!["t_0".to_string(), "t_5".to_string()],
+        PruneMode::DeleteRecords,
+        env.kv.clone(),
+        brokers.clone(),
+    );
+    let output = manager
+        .submit(ProcedureWithId::new(
+            ProcedureId::new("wal_prune_round/recreated"),
+            Box::new(round),
+        ))
+        .await
+        .unwrap()
+        .wait()
+        .await
+        .unwrap();
+    manager.stop().await.unwrap();
+    let output: PruneRoundOutput = serde_json::from_value(output.unwrap()).unwrap();
+    assert!(
+        matches!(
+            output.topics[0].outcome,
+            TopicOutcome::Pruned {
+                new_pruned_entry_id: 7,
+                ..
+            }
+        ),
+        "{output:?}"
+    );
+    match &output.topics[1].outcome {
+        TopicOutcome::Failed {
+            error, retryable, ..
+        } => {
+            assert!(
+                error.contains(&format!(
+                    "topic 't_5' was deleted and created again (recorded id {RECORDED}, now {RECREATED})"
+                )),
+                "{error}"
+            );
+            assert!(!retryable);
+        }
+        other => panic!("t_5 must fail: {other:?}"),
+    }
+    let value = env.kv.get(&topic_name_key("t_5")).await.unwrap().unwrap();
+    let value = TopicNameValue::decode(b"k", &value.value).unwrap();
+    assert_eq!(value.pruned_entry_id, 2, "the watermark did not move");
+    assert_eq!(value.topic_id, Some(RECORDED));
+    // The pruned topic kept its recorded id through the watermark's compare-and-put.
+    let value = env.kv.get(&topic_name_key("t_0")).await.unwrap().unwrap();
+    assert_eq!(
+        TopicNameValue::decode(b"k", &value.value).unwrap().topic_id,
+        Some(RECORDED)
     );
 }

@@ -18,12 +18,16 @@ async fn a_garbage_topic_name_value_keeps_the_pool_unready_naming_the_key() {
         ..KafkaConfig::default()
     };
     let kv = Arc::new(MemoryKvBackend::new());
-    let names: Vec<String> = config.topic_names();
+    let names: Vec<(String, Option<remote_wal::key::topic_name::TopicId>)> = config
+        .topic_names()
+        .into_iter()
+        .map(|n| (n, None))
+        .collect();
     assert!(kv.txn(persist_topics_txn(&names)).await.unwrap().succeeded);
 
     // The topics are on the (fake) brokers, so loading checks them and finds them.
     let admin = Arc::new(FakeTopicAdmin::new());
-    for name in &names {
+    for (name, _) in &names {
         admin.create_out_of_band(name, 1);
     }
 

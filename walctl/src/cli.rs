@@ -7,7 +7,8 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::{Parser, Subcommand};
 
 /// Hands out write-ahead-log options per region (raft-engine or a pooled Kafka topic) through persisted,
-/// resumable procedures. Every command first resumes procedures an earlier, killed run left unfinished.
+/// resumable procedures. A command that changes metadata (run here, not through `--server`) first resumes what an
+/// earlier, killed run left unfinished.
 #[derive(Debug, Parser)]
 #[command(name = "walctl", version)]
 pub struct Cli {
@@ -54,7 +55,12 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Create (or finish creating) the Kafka topic pool and persist its names; exits 0 when the pool is ready.
-    Bootstrap,
+    /// A pool topic gone from the brokers, or deleted and created again, fails it naming the topic and its regions.
+    Bootstrap {
+        /// Create the lost topics anew and record their new topic ids (what their regions wrote there is lost).
+        #[arg(long)]
+        recreate_missing: bool,
+    },
     /// Create a table and print its id and, per region, its datanode and WAL options.
     CreateTable {
         /// `table`, `schema.table` or `catalog.schema.table` (defaults: catalog greptime, schema public).
@@ -153,7 +159,7 @@ impl Command {
     pub fn creates_metadata(&self) -> bool {
         matches!(
             self,
-            Command::Bootstrap | Command::CreateTable { .. } | Command::Bench(_)
+            Command::Bootstrap { .. } | Command::CreateTable { .. } | Command::Bench(_)
         )
     }
 
@@ -161,7 +167,7 @@ impl Command {
     pub fn claims_store(&self) -> bool {
         match self {
             // `bench ddl` starts the manager to create its tables: like create-table it must not fence a leader.
-            Command::Bootstrap
+            Command::Bootstrap { .. }
             | Command::CreateTable { .. }
             | Command::DropTable { .. }
             | Command::MigrateRegion { .. }

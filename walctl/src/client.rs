@@ -220,8 +220,13 @@ fn segment(id: &str) -> String {
 /// Runs `command` against the servers and prints what the embedded command would.
 pub fn execute(client: &mut Client, command: &Command, out: &mut Output) -> Result<(), Failure> {
     match command {
-        Command::Bootstrap => {
-            let report: BootstrapReport = client.call_as(Method::Post, "/v1/bootstrap", None)?;
+        Command::Bootstrap { recreate_missing } => {
+            let path = if *recreate_missing {
+                "/v1/bootstrap?recreate_missing=true"
+            } else {
+                "/v1/bootstrap"
+            };
+            let report: BootstrapReport = client.call_as(Method::Post, path, None)?;
             output::print_bootstrap(out, &report);
         }
         Command::CreateTable {

@@ -269,7 +269,7 @@ fn recovered_wait(metasrv: &Metasrv) -> String {
 
 async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Result<(), Failure> {
     match command {
-        Command::Bootstrap => bootstrap(metasrv, out).await,
+        Command::Bootstrap { recreate_missing } => bootstrap(metasrv, *recreate_missing, out).await,
         Command::CreateTable {
             name,
             regions,
@@ -496,15 +496,19 @@ async fn finish_recovered(metasrv: &Metasrv) -> Result<(), Failure> {
     Ok(())
 }
 
-async fn bootstrap(metasrv: &Metasrv, out: &mut Output) -> Result<(), Failure> {
+async fn bootstrap(
+    metasrv: &Metasrv,
+    recreate_missing: bool,
+    out: &mut Output,
+) -> Result<(), Failure> {
     let report = match kafka_wait(metasrv) {
         Some(what) => {
             let waiting = Waiting::new(what);
             waiting
-                .run(metasrv.bootstrap(|p| waiting.bootstrap_progress(p)))
+                .run(metasrv.bootstrap_with(recreate_missing, |p| waiting.bootstrap_progress(p)))
                 .await
         }
-        None => metasrv.bootstrap(|_| {}).await,
+        None => metasrv.bootstrap_with(recreate_missing, |_| {}).await,
     }?;
     output::print_bootstrap(out, &report);
     // The bootstrap started the manager, which resumed what an earlier, killed run left unfinished: let those

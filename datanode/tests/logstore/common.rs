@@ -218,7 +218,11 @@ pub(crate) async fn prune_env() -> Env {
     watched
         .put(PutRequest {
             key: topic_name_key(TOPIC),
-            value: TopicNameValue { pruned_entry_id: 0 }.encode(),
+            value: TopicNameValue {
+                pruned_entry_id: 0,
+                topic_id: None,
+            }
+            .encode(),
             prev_kv: false,
         })
         .await

@@ -61,7 +61,11 @@ pub(crate) async fn new_env(pinned: bool) -> Env {
     watched
         .put(PutRequest {
             key: topic_name_key(TOPIC),
-            value: TopicNameValue { pruned_entry_id: 3 }.encode(),
+            value: TopicNameValue {
+                pruned_entry_id: 3,
+                topic_id: None,
+            }
+            .encode(),
             prev_kv: false,
         })
         .await

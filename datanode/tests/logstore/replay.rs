@@ -110,6 +110,7 @@ async fn the_topics_pruned_entry_id_raises_a_lower_checkpoint() {
         key: topic_name_key("memory_topic"),
         value: TopicNameValue {
             pruned_entry_id: pruned,
+            topic_id: None,
         }
         .encode(),
         prev_kv: false,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::error::{InvalidWalConfigSnafu, Result};
+use crate::key::topic_name::TopicId;
 use crate::wal::config::TopicConfig;
 
 /// What creating one topic did.
@@ -87,6 +88,22 @@ pub trait TopicAdmin: Send + Sync + Debug {
         Ok(names
             .iter()
             .filter_map(|n| listed.get(n).map(|&p| (n.clone(), p)))
+            .collect())
+    }
+
+    /// [`TopicAdmin::describe_topics`] with each listed topic's Kafka topic id (`None` where the admin cannot
+    /// tell). One metadata read, like [`TopicAdmin::describe_topics`].
+    ///
+    /// The default gives no id.
+    async fn describe_topics_with_ids(
+        &self,
+        names: &[String],
+    ) -> Result<BTreeMap<String, (usize, Option<TopicId>)>> {
+        Ok(self
+            .describe_topics(names)
+            .await?
+            .into_iter()
+            .map(|(name, partitions)| (name, (partitions, None)))
             .collect())
     }
 

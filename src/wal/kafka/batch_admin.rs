@@ -49,14 +49,15 @@ use crate::error::{
     InvalidWalConfigSnafu, KafkaConnectSnafu, KafkaRequestSnafu, KafkaTimeoutSnafu, Result,
     TopicNotListedSnafu, TopicPartitionMismatchSnafu,
 };
+use crate::key::topic_name::TopicId;
 use crate::wal::config::{
     KafkaConfig, TopicConfig, validate_topic_config_entry, validate_topic_name,
 };
 
 /// The CreateTopics version sent (flexible; Kafka 4.x accepts 2–7).
 const CREATE_TOPICS_VERSION: i16 = 5;
-/// The Metadata version sent (flexible, names topics by name; Kafka 4.x accepts 4–13).
-const METADATA_VERSION: i16 = 9;
+/// The Metadata version sent (flexible, names topics by name and answers their topic ids; Kafka 4.x accepts 4–13).
+const METADATA_VERSION: i16 = 10;
 /// The DescribeConfigs version sent (flexible; Kafka 4.x accepts 1–4).
 const DESCRIBE_CONFIGS_VERSION: i16 = 4;
 /// DescribeConfigs' resource type of a topic.
@@ -351,6 +352,20 @@ impl BatchAdmin {
     /// topics Kafka does not know are left out; so is a topic whose partitions are not assigned yet (it is not
     /// usable yet).
     pub async fn describe_topics(&self, names: &[String]) -> Result<BTreeMap<String, usize>> {
+        Ok(self
+            .describe_topics_with_ids(names)
+            .await?
+            .into_iter()
+            .map(|(name, (partitions, _))| (name, partitions))
+            .collect())
+    }
+
+    /// [`BatchAdmin::describe_topics`] with each topic's id (Metadata v10 and later carry it; the nil UUID, which
+    /// a broker answers when it has none, is `None`).
+    pub async fn describe_topics_with_ids(
+        &self,
+        names: &[String],
+    ) -> Result<BTreeMap<String, (usize, Option<TopicId>)>> {
         let mut found = BTreeMap::new();
         for chunk in names.chunks(METADATA_TOPICS_PER_REQUEST) {
             let request = MetadataRequest::default().with_topics(Some(
@@ -375,7 +390,8 @@ impl BatchAdmin {
                     debug!(topic = %name.0.as_str(), code = topic.error_code, "topic listed without partitions yet");
                     continue;
                 }
-                found.insert(name.0.as_str().to_string(), topic.partitions.len());
+                let id = Some(TopicId(topic.topic_id.as_u128())).filter(|id| id.0 != 0);
+                found.insert(name.0.as_str().to_string(), (topic.partitions.len(), id));
             }
         }
         Ok(found)

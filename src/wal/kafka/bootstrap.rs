@@ -50,10 +50,11 @@ use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
 use crate::error::{
-    BootstrapPoolChangedSnafu, PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu, Result,
+    BootstrapPoolChangedSnafu, PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu,
+    PoolTopicsLostSnafu, Result,
 };
 use crate::key::topic_name::{
-    TopicNameValue, decode_topic_name_key, list_persisted_topics, persist_topics_txn,
+    TopicId, TopicNameValue, decode_topic_name_key, list_persisted_values, persist_topics_txn,
     topic_name_key,
 };
 use crate::kv::KvBackendRef;
@@ -157,6 +158,9 @@ pub struct TopicBootstrapProcedure {
     /// The pool's persisted names (`{prefix}_{i}`, any `i`) as last read from the store and written since; not part
     /// of the record (read again when needed after a restart).
     persisted: Option<BTreeSet<String>>,
+    /// The values of those names as the last read found them (raw and decoded), for CreateMissing's check of
+    /// topic ids; not part of the record.
+    stored: Option<BTreeMap<String, (Vec<u8>, TopicNameValue)>>,
     /// Persisted topics this instance found missing on the brokers and recreated (reported in the output).
     recreated: BTreeSet<String>,
     /// Recreated topics are also added here.
@@ -168,6 +172,9 @@ pub struct TopicBootstrapProcedure {
     acknowledged_sink: Option<AcknowledgedTopics>,
     /// Set when recovered for a pool other than the configured one (that pool's prefix): execution fails.
     abandoned_for: Option<String>,
+    /// The topic ids CreateMissing's metadata read gave (not part of the record: PersistNames records those it
+    /// knows, and a later bootstrap fills in the others).
+    ids: BTreeMap<String, TopicId>,
 }
 
 impl std::fmt::Debug for TopicBootstrapProcedure {
@@ -195,11 +202,13 @@ impl TopicBootstrapProcedure {
             kv,
             admin,
             persisted: None,
+            stored: None,
             recreated: BTreeSet::new(),
             recreated_sink: None,
             acknowledged: BTreeSet::new(),
             acknowledged_sink: None,
             abandoned_for: None,
+            ids: BTreeMap::new(),
         }
     }
 
@@ -276,8 +285,10 @@ impl TopicBootstrapProcedure {
             && old.num_partitions == current.num_partitions
             && old.replication_factor == current.replication_factor;
         if same_pool {
-            // Tuning (concurrency, polling) follows the config; progress is kept.
+            // Tuning (concurrency, polling) follows the config; progress is kept, and so is what the operator asked.
+            let recreate_missing = self.data.spec.recreate_missing;
             self.data.spec = current.clone();
+            self.data.spec.recreate_missing = recreate_missing;
             return;
         }
         warn!(
@@ -302,15 +313,20 @@ impl TopicBootstrapProcedure {
         Ok(self.persisted.get_or_insert_default())
     }
 
-    /// Reads the pool's persisted names from the store.
-    async fn read_persisted(&self) -> Result<BTreeSet<String>> {
+    /// Reads the pool's persisted names from the store (keeping their values for the check of topic ids).
+    async fn read_persisted(&mut self) -> Result<BTreeSet<String>> {
         let spec = &self.data.spec;
         let prefix = format!("{}_", spec.topic_name_prefix);
-        Ok(list_persisted_topics(self.kv.as_ref(), &prefix)
-            .await?
-            .into_iter()
-            .filter(|t| spec.pool_index(t).is_some())
-            .collect())
+        let stored: BTreeMap<String, (Vec<u8>, TopicNameValue)> =
+            list_persisted_values(self.kv.as_ref(), &prefix)
+                .await?
+                .into_iter()
+                .filter(|(t, _, _)| spec.pool_index(t).is_some())
+                .map(|(t, raw, value)| (t, (raw, value)))
+                .collect();
+        let names = stored.keys().cloned().collect();
+        self.stored = Some(stored);
+        Ok(names)
     }
 
     /// Step 1: read the pool's persisted names (kept in memory for the next steps).
@@ -346,8 +362,16 @@ impl TopicBootstrapProcedure {
         let spec = self.data.spec.clone();
         let wanted = spec.topic_names();
         let started = Instant::now();
-        let existing = self.admin.describe_topics(&wanted).await?;
+        let listed = self.admin.describe_topics_with_ids(&wanted).await?;
         let read_took = started.elapsed();
+        let existing: BTreeMap<String, usize> = listed
+            .iter()
+            .map(|(name, (partitions, _))| (name.clone(), *partitions))
+            .collect();
+        self.ids = listed
+            .iter()
+            .filter_map(|(name, (_, id))| id.map(|id| (name.clone(), id)))
+            .collect();
         // A topic made out of band with another partition count fails the bootstrap before anything is created.
         self.check_partitions(&existing)?;
         let persisted = self.persisted().await?;
@@ -401,16 +425,17 @@ impl TopicBootstrapProcedure {
         drop(creations);
         let create_took = creating.elapsed();
 
-        // Persisted topics the read did not list: deleted out of band (or not applied yet by the broker that
-        // answered); creating them again tells which.
+        // Persisted topics the read did not list: deleted out of band, or not applied yet by the broker that
+        // answered (read again for a few seconds to tell). Persisted topics listed under another topic id were
+        // deleted and created again. Either way the regions on them lost what they wrote: refused, unless the
+        // operator asked to recreate them.
         let unlisted: Vec<String> = wanted
             .iter()
             .filter(|t| !existing.contains_key(*t) && !self.acknowledged.contains(*t))
             .cloned()
             .collect();
-        if !unlisted.is_empty() {
-            self.recreate(unlisted).await?;
-        }
+        let gone = self.still_unlisted(unlisted).await?;
+        self.check_incarnations(ctx, &spec, gone).await?;
         info!(
             pool = %spec.topic_name_prefix,
             created = missing.len(),
@@ -425,6 +450,130 @@ impl TopicBootstrapProcedure {
             .unwrap_or(spec.num_topics);
         self.data.step = BootstrapStep::PersistNames;
         Ok(Status::executing(true))
+    }
+
+    /// Those of `unlisted` that stay unlisted over [`UNLISTED_READS`] more metadata reads [`UNLISTED_PAUSE`] apart
+    /// (a broker lists a topic a little after the controller created it); those listed meanwhile get their ids.
+    async fn still_unlisted(&mut self, mut unlisted: Vec<String>) -> Result<Vec<String>> {
+        for _ in 0..UNLISTED_READS {
+            if unlisted.is_empty() {
+                break;
+            }
+            tokio::time::sleep(UNLISTED_PAUSE).await;
+            let listed = self.admin.describe_topics_with_ids(&unlisted).await?;
+            self.check_partitions(
+                &listed
+                    .iter()
+                    .map(|(name, (partitions, _))| (name.clone(), *partitions))
+                    .collect(),
+            )?;
+            for (name, (_, id)) in &listed {
+                if let Some(id) = id {
+                    self.ids.insert(name.clone(), *id);
+                }
+            }
+            unlisted.retain(|t| !listed.contains_key(t));
+        }
+        Ok(unlisted)
+    }
+
+    /// Compares the persisted topics with what the brokers hold: a persisted topic `missing` on the brokers, or
+    /// listed under another id than the one recorded, is lost. Lost topics fail the bootstrap (an error naming
+    /// each, its ids and the regions on it) unless the spec says to recreate them: then the missing ones are
+    /// created again and each lost topic's value is replaced by `{"pruned_entry_id":0,"topic_id":NEW}` (its old
+    /// watermark counted entries of a topic that is gone). Persisted topics without an id get the listed one.
+    /// Every write is a compare-and-put against the value read, followed by a side-effect point.
+    async fn check_incarnations(
+        &mut self,
+        ctx: &Context,
+        spec: &TopicPoolSpec,
+        missing: Vec<String>,
+    ) -> procedures::Result<()> {
+        if self.stored.is_none() {
+            self.read_persisted().await?;
+        }
+        let stored: BTreeMap<String, (Vec<u8>, TopicNameValue)> = self
+            .stored
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(t, _)| spec.pool_index(t).is_some_and(|i| i < spec.num_topics))
+            .collect();
+        let mut lost: Vec<(String, Option<TopicId>, Option<TopicId>)> = Vec::new();
+        for (topic, (_, value)) in &stored {
+            let listed = self.ids.get(topic).copied();
+            if missing.contains(topic) {
+                lost.push((topic.clone(), value.topic_id, None));
+            } else if let (Some(recorded), Some(now)) = (value.topic_id, listed)
+                && recorded != now
+            {
+                lost.push((topic.clone(), Some(recorded), Some(now)));
+            }
+        }
+        if !lost.is_empty() && !spec.recreate_missing {
+            let regions = crate::wal::assigned::region_ids_per_topic(self.kv.as_ref()).await?;
+            let described: Vec<String> = lost
+                .iter()
+                .map(|(topic, old, now)| describe_lost(topic, *old, *now, regions.get(topic)))
+                .collect();
+            return Err(PoolTopicsLostSnafu {
+                prefix: spec.topic_name_prefix.clone(),
+                topics: described.join("; "),
+            }
+            .build()
+            .into());
+        }
+        if !lost.is_empty() {
+            let gone: Vec<String> = lost
+                .iter()
+                .filter(|(_, _, now)| now.is_none())
+                .map(|(t, _, _)| t.clone())
+                .collect();
+            if !gone.is_empty() {
+                self.recreate(gone.clone()).await?;
+                let listed = self.admin.describe_topics_with_ids(&gone).await?;
+                for (name, (_, id)) in listed {
+                    if let Some(id) = id {
+                        self.ids.insert(name, id);
+                    }
+                }
+            }
+        }
+        for (topic, (raw, value)) in &stored {
+            let now = self.ids.get(topic).copied();
+            let is_lost = lost.iter().any(|(t, _, _)| t == topic);
+            let next = if is_lost {
+                TopicNameValue {
+                    pruned_entry_id: 0,
+                    topic_id: now,
+                }
+            } else if value.topic_id.is_none() && now.is_some() {
+                TopicNameValue {
+                    topic_id: now,
+                    ..*value
+                }
+            } else {
+                continue;
+            };
+            if next == *value {
+                continue;
+            }
+            let written = self
+                .kv
+                .compare_and_put(crate::kv::CompareAndPutRequest {
+                    key: topic_name_key(topic),
+                    expect: Some(raw.clone()),
+                    value: next.encode(),
+                })
+                .await?;
+            if written.success {
+                if is_lost {
+                    warn!(%topic, id = ?now, "recorded a recreated pool topic: its regions' earlier WAL there is lost");
+                }
+                ctx.side_effect_point(&format!("recorded the topic id of {topic}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Records that the controller acknowledged `topic`'s creation (here and in the shared sink, where the pool's
@@ -549,9 +698,13 @@ impl TopicBootstrapProcedure {
         let mut from = self.data.persisted_below;
         while from < spec.num_topics && chunks.len() < CHUNKS_PER_STEP {
             let to = from.saturating_add(chunk_len).min(spec.num_topics);
-            let names: Vec<String> = (from..to)
+            let names: Vec<(String, Option<TopicId>)> = (from..to)
                 .map(|i| spec.topic_name(i))
                 .filter(|name| !persisted.contains(name))
+                .map(|name| {
+                    let id = self.ids.get(&name).copied();
+                    (name, id)
+                })
                 .collect();
             chunks.push((from, to, names));
             from = to;
@@ -605,13 +758,17 @@ pub const CHUNKS_PER_STEP: usize = 16;
 /// When the transaction is refused (a name was persisted meanwhile — the chunk ran before a crash, or another
 /// writer), nothing was written; the names are read again and only the still-missing ones are written. Refused twice
 /// in a row, it is an error naming the pool.
-async fn persist_chunk(kv: &KvBackendRef, prefix: &str, names: Vec<String>) -> Result<Vec<String>> {
+async fn persist_chunk(
+    kv: &KvBackendRef,
+    prefix: &str,
+    names: Vec<(String, Option<TopicId>)>,
+) -> Result<Vec<String>> {
     let mut known = Vec::new();
     let mut names = names;
     let mut refused_in_a_row = 0;
     loop {
         if names.is_empty() || kv.txn(persist_topics_txn(&names)).await?.succeeded {
-            known.extend(names);
+            known.extend(names.into_iter().map(|(name, _)| name));
             return Ok(known);
         }
         refused_in_a_row += 1;
@@ -622,13 +779,59 @@ async fn persist_chunk(kv: &KvBackendRef, prefix: &str, names: Vec<String>) -> R
             }
             .fail();
         }
-        let keys: Vec<Vec<u8>> = names.iter().map(|t| topic_name_key(t)).collect();
+        let keys: Vec<Vec<u8>> = names.iter().map(|(t, _)| topic_name_key(t)).collect();
         let mut found = BTreeSet::new();
         for pair in kv.batch_get(&keys).await? {
             found.insert(decode_topic_name_key(&pair.key)?);
         }
-        names.retain(|name| !found.contains(name));
+        names.retain(|(name, _)| !found.contains(name));
         known.extend(found);
+    }
+}
+
+/// How many more metadata reads tell a persisted topic a broker has not listed yet from one that is gone.
+pub const UNLISTED_READS: usize = 10;
+
+/// The pause before each of those reads (about three seconds in all).
+pub const UNLISTED_PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// How many regions a lost topic's description names before it says how many more.
+const LOST_REGIONS_NAMED: usize = 8;
+
+/// One lost topic in words: `'t' (id A) is gone from the brokers` or `'t' was created again (id A, now B)`, and the
+/// regions on it.
+fn describe_lost(
+    topic: &str,
+    recorded: Option<TopicId>,
+    now: Option<TopicId>,
+    regions: Option<&BTreeSet<u64>>,
+) -> String {
+    let recorded = recorded.map_or_else(|| "not recorded".to_string(), |id| id.to_string());
+    let what = match now {
+        None => format!("topic '{topic}' (id {recorded}) is gone from the brokers"),
+        Some(now) => {
+            format!("topic '{topic}' was deleted and created again (id {recorded}, now {now})")
+        }
+    };
+    let regions: Vec<u64> = regions
+        .map(|r| r.iter().copied().collect())
+        .unwrap_or_default();
+    match regions.len() {
+        0 => format!("{what}, no region on it"),
+        n => {
+            let named: Vec<String> = regions
+                .iter()
+                .take(LOST_REGIONS_NAMED)
+                .map(u64::to_string)
+                .collect();
+            let more = n.saturating_sub(LOST_REGIONS_NAMED);
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            format!("{what}, regions on it: {}{tail}", named.join(", "))
+        }
     }
 }
 

@@ -80,6 +80,13 @@ impl TopicAdmin for LazyTopicAdmin {
         self.get().await?.describe_topics(names).await
     }
 
+    async fn describe_topics_with_ids(
+        &self,
+        names: &[String],
+    ) -> Result<BTreeMap<String, (usize, Option<crate::key::topic_name::TopicId>)>> {
+        self.get().await?.describe_topics_with_ids(names).await
+    }
+
     async fn describe_topics_on_each_broker(
         &self,
         names: &[String],

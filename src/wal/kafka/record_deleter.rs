@@ -2,6 +2,7 @@
 //! partition 0 of the topic through [`KafkaPartition`] (every call bounded), and [`LazyRecordDeleter`], which
 //! connects on first use. The procedure (`crate::wal::prune`) only knows the trait.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,7 +11,9 @@ use rskafka::client::Client;
 use tokio::sync::OnceCell;
 
 use crate::error::Result;
+use crate::key::topic_name::TopicId;
 use crate::wal::KafkaConfig;
+use crate::wal::kafka::batch_admin::BatchAdmin;
 use crate::wal::kafka::partition::{KafkaPartition, call_bound, connect_client};
 use crate::wal::prune::RecordDeleter;
 
@@ -54,6 +57,8 @@ impl RecordDeleter for KafkaRecordDeleter {
 pub struct LazyRecordDeleter {
     config: KafkaConfig,
     deleter: OnceCell<KafkaRecordDeleter>,
+    /// Reads topic ids (Metadata); built on first use.
+    admin: OnceCell<BatchAdmin>,
 }
 
 impl std::fmt::Debug for LazyRecordDeleter {
@@ -70,6 +75,7 @@ impl LazyRecordDeleter {
         LazyRecordDeleter {
             config,
             deleter: OnceCell::new(),
+            admin: OnceCell::new(),
         }
     }
 
@@ -95,5 +101,18 @@ impl RecordDeleter for LazyRecordDeleter {
 
     async fn last_entry_id(&self, topic: &str) -> Result<Option<u64>> {
         self.deleter().await?.last_entry_id(topic).await
+    }
+
+    async fn topic_ids(&self, topics: &[String]) -> Result<BTreeMap<String, TopicId>> {
+        let admin = self
+            .admin
+            .get_or_try_init(|| async { BatchAdmin::new(&self.config) })
+            .await?;
+        Ok(admin
+            .describe_topics_with_ids(topics)
+            .await?
+            .into_iter()
+            .filter_map(|(topic, (_, id))| id.map(|id| (topic, id)))
+            .collect())
     }
 }

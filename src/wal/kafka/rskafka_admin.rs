@@ -208,6 +208,13 @@ impl TopicAdmin for RsKafkaTopicAdmin {
         self.batch.describe_topics(names).await
     }
 
+    async fn describe_topics_with_ids(
+        &self,
+        names: &[String],
+    ) -> Result<BTreeMap<String, (usize, Option<crate::key::topic_name::TopicId>)>> {
+        self.batch.describe_topics_with_ids(names).await
+    }
+
     async fn describe_topics_on_each_broker(
         &self,
         names: &[String],

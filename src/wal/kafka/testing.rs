@@ -18,6 +18,7 @@ use snafu::IntoError;
 use super::admin::{CreateTopicOutcome, TopicAdmin, TopicCreation};
 use super::rskafka_admin::{create_topic_error, is_retryable_rskafka_error};
 use crate::error::{KafkaTimeoutSnafu, ListTopicsSnafu, Result, TopicPartitionMismatchSnafu};
+use crate::key::topic_name::TopicId;
 use crate::wal::config::{TopicConfig, validate_topic_config_entry, validate_topic_name};
 
 /// One topic of the fake cluster.
@@ -31,6 +32,8 @@ pub struct FakeTopic {
     pub refused: usize,
     /// The topic-level configs it was created with (or set out of band).
     pub configs: TopicConfig,
+    /// Its topic id: a new one at every creation, as Kafka gives.
+    pub id: TopicId,
 }
 
 /// A failure to inject, described as the situation the real admin meets; the fake builds the error the real admin
@@ -73,6 +76,8 @@ struct FakeState {
     fail_all: Option<FakeFault>,
     /// The largest replication factor placed so far.
     proven_replication: i16,
+    /// Topic ids given so far (the next topic created gets the next one).
+    ids_given: u128,
     /// Topics per batched create (0 and 1: topic by topic, like an admin without a native batch).
     batch_size: usize,
     /// Batched create calls so far.
@@ -153,13 +158,16 @@ impl FakeTopicAdmin {
 
     /// A topic created out of band (by an operator), with `partitions` partitions.
     pub fn create_out_of_band(&self, name: &str, partitions: usize) {
-        self.lock().topics.insert(
+        let mut s = self.lock();
+        let id = s.next_id();
+        s.topics.insert(
             name.to_string(),
             FakeTopic {
                 partitions,
                 creations: 1,
                 refused: 0,
                 configs: TopicConfig::new(),
+                id,
             },
         );
     }
@@ -298,6 +306,14 @@ fn rskafka_error(fault: FakeFault, topic: &str) -> RsKafkaError {
     }
 }
 
+impl FakeState {
+    /// A topic id not given before.
+    fn next_id(&mut self) -> TopicId {
+        self.ids_given += 1;
+        TopicId(0xfa4e_0000_0000_0000_0000_0000_0000_0000 | self.ids_given)
+    }
+}
+
 #[async_trait]
 impl TopicAdmin for FakeTopicAdmin {
     fn endpoints(&self) -> Vec<String> {
@@ -321,6 +337,21 @@ impl TopicAdmin for FakeTopicAdmin {
             }
         }
         Ok(self.partitions())
+    }
+
+    async fn describe_topics_with_ids(
+        &self,
+        names: &[String],
+    ) -> Result<BTreeMap<String, (usize, Option<TopicId>)>> {
+        let listed = self.describe_topics(names).await?;
+        let s = self.lock();
+        Ok(listed
+            .into_iter()
+            .map(|(name, partitions)| {
+                let id = s.topics.get(&name).map(|t| t.id);
+                (name, (partitions, id))
+            })
+            .collect())
     }
 
     async fn create_topic(
@@ -467,6 +498,7 @@ fn apply_create(
             }
         }
         None => {
+            let id = s.next_id();
             s.topics.insert(
                 name.to_string(),
                 FakeTopic {
@@ -474,6 +506,7 @@ fn apply_create(
                     creations: 1,
                     refused: 0,
                     configs: topic_config.clone(),
+                    id,
                 },
             );
             s.proven_replication = s.proven_replication.max(replication_factor);

@@ -109,6 +109,17 @@ impl TopicAdmin for TimedTopicAdmin {
             .await
     }
 
+    async fn describe_topics_with_ids(
+        &self,
+        names: &[String],
+    ) -> Result<BTreeMap<String, (usize, Option<crate::key::topic_name::TopicId>)>> {
+        self.timed(
+            "describe_topics_with_ids",
+            self.inner.describe_topics_with_ids(names),
+        )
+        .await
+    }
+
     async fn describe_topics_on_each_broker(
         &self,
         names: &[String],

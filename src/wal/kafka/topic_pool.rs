@@ -2,7 +2,7 @@
 //! ([`KafkaTopicManager`]), which runs the bootstrap procedure and hands out topics through a
 //! [`TopicSelector`](crate::wal::kafka::TopicSelector).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -12,7 +12,9 @@ use snafu::ResultExt;
 use tracing::{debug, info, warn};
 
 use crate::error::{InvalidTopicPoolSnafu, Result, TopicBootstrapSnafu, TopicPoolNotReadySnafu};
-use crate::key::topic_name::list_persisted_topics;
+use crate::key::topic_name::{
+    TopicId, TopicNameValue, list_persisted_topics, list_persisted_values, topic_name_key,
+};
 use crate::kv::KvBackendRef;
 use crate::wal::config::{KafkaConfig, SelectorType, TopicConfig};
 use crate::wal::kafka::admin::TopicAdminRef;
@@ -80,6 +82,10 @@ pub struct TopicPoolSpec {
     /// Topic-level configs each topic is created with (`[wal] topic_config`); never applied to existing topics.
     #[serde(default, skip_serializing_if = "TopicConfig::is_empty")]
     pub topic_config: TopicConfig,
+    /// Create again the pool's topics that are gone from the brokers, recording their new topic ids, instead of
+    /// failing (`walctl bootstrap --recreate-missing`). Never from the config: an operator asks for it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recreate_missing: bool,
 }
 
 impl TopicPoolSpec {
@@ -93,6 +99,7 @@ impl TopicPoolSpec {
             max_concurrent_creates: 8,
             ready_poll: ReadyPoll::default(),
             topic_config: TopicConfig::new(),
+            recreate_missing: false,
         }
     }
 
@@ -112,6 +119,7 @@ impl TopicPoolSpec {
                 deadline: config.backoff.deadline,
             },
             topic_config: config.topic_config.clone(),
+            recreate_missing: false,
         }
     }
 
@@ -315,16 +323,26 @@ impl KafkaTopicManager {
     /// `topic_bootstrap/{prefix}/attempt-{k}` is used; the pool's exclusive lock key serialises them and each one is
     /// idempotent.
     pub async fn start(&self, manager: &ProcedureManagerRef) -> Result<()> {
+        self.start_with(manager, false).await
+    }
+
+    /// [`Self::start`]; with `recreate_missing`, a pool topic gone from the brokers (or deleted and created again)
+    /// is created anew and its new id recorded instead of failing the bootstrap (`walctl bootstrap
+    /// --recreate-missing`).
+    pub async fn start_with(
+        &self,
+        manager: &ProcedureManagerRef,
+        recreate_missing: bool,
+    ) -> Result<()> {
         let prefix = &self.spec.topic_name_prefix;
+        let mut spec = TopicPoolSpec::clone(&self.spec);
+        spec.recreate_missing = recreate_missing;
         for attempt in 0..MAX_BOOTSTRAP_ATTEMPTS {
             let id = bootstrap_procedure_id(prefix, attempt);
-            let procedure = TopicBootstrapProcedure::new(
-                TopicPoolSpec::clone(&self.spec),
-                self.kv.clone(),
-                self.admin.clone(),
-            )?
-            .with_recreated_sink(self.recreated.clone())
-            .with_acknowledged_sink(self.acknowledged.clone());
+            let procedure =
+                TopicBootstrapProcedure::new(spec.clone(), self.kv.clone(), self.admin.clone())?
+                    .with_recreated_sink(self.recreated.clone())
+                    .with_acknowledged_sink(self.acknowledged.clone());
             // A submission of a known id watches the procedure under it: a bootstrap this manager already knows
             // (finished, failed, or running) is judged here instead, and the next attempt's id is tried if it did
             // not make this pool.
@@ -543,13 +561,15 @@ impl KafkaTopicManager {
     /// the acknowledgement). The acknowledgements are used up by this load: a later load sees topics on the
     /// brokers again.
     async fn check(&self) -> Result<std::result::Result<Arc<Vec<String>>, String>> {
-        let persisted: BTreeSet<String> = list_persisted_topics(
+        let stored: BTreeMap<String, (Vec<u8>, TopicNameValue)> = list_persisted_values(
             self.kv.as_ref(),
             &format!("{}_", self.spec.topic_name_prefix),
         )
         .await?
         .into_iter()
+        .map(|(topic, raw, value)| (topic, (raw, value)))
         .collect();
+        let persisted: BTreeSet<String> = stored.keys().cloned().collect();
         let wanted = self.spec.topic_names();
         let missing: Vec<String> = wanted
             .iter()
@@ -561,7 +581,11 @@ impl KafkaTopicManager {
         }
         let acknowledged =
             std::mem::take(&mut *self.acknowledged.lock().unwrap_or_else(|p| p.into_inner()));
-        let listed = self.admin.list_topics().await?;
+        let listed_ids = self.admin.describe_topics_with_ids(&wanted).await?;
+        let listed: BTreeMap<String, usize> = listed_ids
+            .iter()
+            .map(|(topic, (partitions, _))| (topic.clone(), *partitions))
+            .collect();
         let expected = usize::try_from(self.spec.num_partitions).unwrap_or(0);
         let mut absent: Vec<&String> = wanted
             .iter()
@@ -586,14 +610,17 @@ impl KafkaTopicManager {
         }
         if !absent.is_empty() {
             return Ok(Err(format!(
-                "{} of {} persisted topics are not on the brokers {:?} with {} partition(s) (first: {:?}); run the \
-                 bootstrap again to recreate them",
+                "{} of {} persisted topics are not on the brokers {:?} with {} partition(s) (first: {:?}); `walctl \
+                 bootstrap` names what was lost, and `--recreate-missing` creates it anew",
                 absent.len(),
                 self.spec.num_topics,
                 self.admin.endpoints(),
                 self.spec.num_partitions,
                 absent.iter().take(5).collect::<Vec<_>>()
             )));
+        }
+        if let Some(recreated) = self.check_ids(&stored, &listed_ids).await? {
+            return Ok(Err(recreated));
         }
         // Also when no bootstrap runs (a retained one made a larger pool), shrinking is said out loud.
         let beyond: Vec<&String> = persisted
@@ -614,6 +641,62 @@ impl KafkaTopicManager {
             );
         }
         Ok(Ok(Arc::new(wanted)))
+    }
+
+    /// Compares each persisted topic's recorded Kafka topic id with the one the brokers listed: a topic listed under
+    /// another id was deleted and created again out of band, and the pool is not ready (why, naming it, is
+    /// returned). A persisted topic without a recorded id gets the listed one, by a compare-and-put against the
+    /// value read (a topic the bootstrap created was not listed yet when its name was persisted): the first load
+    /// after the brokers list it records it. A late repeat by a deposed leader writes the same id or nothing.
+    async fn check_ids(
+        &self,
+        stored: &BTreeMap<String, (Vec<u8>, TopicNameValue)>,
+        listed: &BTreeMap<String, (usize, Option<TopicId>)>,
+    ) -> Result<Option<String>> {
+        let mut recreated = Vec::new();
+        for topic in self.spec.topic_names() {
+            let (Some((raw, value)), Some((_, Some(now)))) =
+                (stored.get(&topic), listed.get(&topic))
+            else {
+                continue;
+            };
+            match value.topic_id {
+                Some(recorded) if recorded != *now => {
+                    recreated.push(format!("'{topic}' (id {recorded}, now {now})"));
+                }
+                Some(_) => {}
+                None => {
+                    let next = TopicNameValue {
+                        topic_id: Some(*now),
+                        ..*value
+                    };
+                    self.kv
+                        .compare_and_put(crate::kv::CompareAndPutRequest {
+                            key: topic_name_key(&topic),
+                            expect: Some(raw.clone()),
+                            value: next.encode(),
+                        })
+                        .await?;
+                }
+            }
+        }
+        if recreated.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(format!(
+            "{} of {} persisted topics were deleted and created again on the brokers {:?} (first: {}): what their \
+             regions wrote there is lost; `walctl bootstrap` names them and their regions, and `--recreate-missing` \
+             records the new incarnations",
+            recreated.len(),
+            self.spec.num_topics,
+            self.admin.endpoints(),
+            recreated
+                .iter()
+                .take(5)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
     }
 
     /// The pool's existing topics whose configs differ from the spec's `topic_config`, in index order then by

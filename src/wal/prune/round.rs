@@ -299,6 +299,20 @@ impl WalPruneRound {
         let mut results = Vec::new();
         // The topics datanode tables name, read once per chunk and only when a topic without region keys needs it.
         let mut assigned: Option<BTreeMap<String, BTreeSet<u64>>> = None;
+        // The chunk's topic ids on the brokers, in one read: a topic listed under another id than the recorded one
+        // was deleted and created again, and is not pruned. A failed read fails the chunk's topics (retryable).
+        let chunk: Vec<String> = self.chunk().to_vec();
+        let ids = match self.deleter.topic_ids(&chunk).await {
+            Ok(ids) => ids,
+            Err(e) => {
+                self.data
+                    .results
+                    .extend(chunk.iter().map(|topic| failed(topic, "Decide", &e)));
+                self.data.pending = Vec::new();
+                self.data.step = RoundStep::Apply;
+                return Ok(Status::executing(true));
+            }
+        };
         for topic in self.chunk() {
             let decided = match decide(self.kv.as_ref(), topic).await {
                 Ok(first) if first.regions == 0 => {
@@ -321,6 +335,17 @@ impl WalPruneRound {
                 }
                 other => other,
             };
+            let decided = decided.and_then(|decision| match (decision.topic_id, ids.get(topic)) {
+                (Some(recorded), Some(now)) if recorded != *now => {
+                    crate::error::WalTopicRecreatedSnafu {
+                        topic: topic.clone(),
+                        recorded: recorded.to_string(),
+                        now: now.to_string(),
+                    }
+                    .fail()
+                }
+                _ => Ok(decision),
+            });
             match decided {
                 Ok(decision) => match skip_reason(&decision) {
                     Some(reason) => results.push(TopicPruneResult {

@@ -538,10 +538,24 @@ async fn locks(State(state): State<AppState>) -> ApiResult {
     Ok(Json(json!({ "locks": locks })).into_response())
 }
 
-async fn bootstrap(State(state): State<AppState>) -> ApiResult {
+/// `POST /v1/bootstrap[?recreate_missing=true]`.
+#[derive(Debug, Default, serde::Deserialize)]
+struct BootstrapQuery {
+    /// Create lost pool topics anew (`walctl bootstrap --recreate-missing`).
+    #[serde(default)]
+    recreate_missing: bool,
+}
+
+async fn bootstrap(
+    State(state): State<AppState>,
+    Query(query): Query<BootstrapQuery>,
+) -> ApiResult {
     let _permit = state.admit()?;
     state.ensure_leader().await?;
-    let report = state.metasrv.bootstrap(|_| {}).await?;
+    let report = state
+        .metasrv
+        .bootstrap_with(query.recreate_missing, |_| {})
+        .await?;
     Ok(Json(report).into_response())
 }
 
