@@ -321,18 +321,41 @@ impl Error {
         }
     }
 
-    /// Whether running the same step (or store call) again may succeed.
+    /// Whether running the same step (or store call) again may succeed. Decided per kind, with no catch-all arm: a
+    /// new kind must say.
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            Error::External {
-                retryable: true,
-                ..
-            } | Error::Store {
-                retryable: true,
-                ..
+        match self {
+            // The step or the store said, where the error was built.
+            Error::External { retryable, .. } | Error::Store { retryable, .. } => *retryable,
+            // Refusals of the request: the same request is refused again.
+            Error::Refused { .. } | Error::ProcedureRefused { .. } => false,
+            // The id or the type is taken, or a loader is missing or registered twice: a fact of this manager, not
+            // of a moment.
+            Error::DuplicateProcedure { .. }
+            | Error::ProcedureIdInUse { .. }
+            | Error::LoaderConflict { .. }
+            | Error::LoaderNotFound { .. } => false,
+            // Bad bytes stay bad; a value over the store's limit stays over it.
+            Error::CorruptRecord { .. } | Error::Serialize { .. } | Error::StoreLimit { .. } => {
+                false
             }
-        )
+            // A step's own condition failed: the key's value does not change by itself.
+            Error::StepConditionFailed { .. } => false,
+            // Another manager owns the store, or this one is not running: retrying here writes nothing.
+            Error::Fenced { .. } | Error::ManagerNotRunning { .. } => false,
+            // Ends of a procedure, as its watchers see them: final.
+            Error::Timeout { .. }
+            | Error::SubprocedureFailed { .. }
+            | Error::ProcedureFailed { .. }
+            | Error::ProcedureStalled { .. }
+            | Error::ProcedureCancelled { .. } => false,
+            // Controls of a finished or unknown procedure, a rollback the procedure lacks, a lock cycle: the same
+            // call meets the same state.
+            Error::ControlRefused { .. }
+            | Error::ControlUnknown { .. }
+            | Error::RollbackNotSupported { .. }
+            | Error::LockDeadlock { .. } => false,
+        }
     }
 
     /// Wraps `source` in a store error that makes the manager halt at once (see [`Halt`]): for a state store or a

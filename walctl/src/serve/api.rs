@@ -501,17 +501,40 @@ fn list_query(params: &HashMap<String, String>) -> Result<ListQuery, ApiError> {
         .map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
+/// The longest procedure id a path may name, in bytes: ids the engine makes (a pool's bootstrap, a child of a
+/// child) run longer than a client's ([`remote_wal::ddl::procedure_id::MAX_PROCEDURE_ID_BYTES`]), never this long.
+const MAX_PATH_ID_BYTES: usize = 1024;
+
+/// How many characters of a refused path value an answer quotes.
+const PATH_EXCERPT_CHARS: usize = 64;
+
+/// A procedure id taken from a path: refused (400, quoting an excerpt, never the whole value) when longer than
+/// [`MAX_PATH_ID_BYTES`] or not printable, so no answer or log line echoes a client's megabyte.
+fn path_id(id: &str) -> Result<&str, ApiError> {
+    let printable = !id
+        .chars()
+        .any(|c| c.is_control() || remote_wal::ddl::procedure_id::is_bidi_control(c));
+    if id.len() > MAX_PATH_ID_BYTES || !printable {
+        return Err(ApiError::bad_request(format!(
+            "procedure id '{}': not a procedure id (at most {MAX_PATH_ID_BYTES} bytes of printable text)",
+            excerpt(id, PATH_EXCERPT_CHARS)
+        )));
+    }
+    Ok(id)
+}
+
 async fn show_procedure(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let id = path_id(&id)?;
     let info = if state.metasrv.is_started() {
-        match state.metasrv.procedure(&id).await {
+        match state.metasrv.procedure(id).await {
             Ok(info) => info,
             Err(remote_wal::Error::ProcedureNotFound { .. }) => {
-                state.metasrv.stored_procedure(&id).await?
+                state.metasrv.stored_procedure(id).await?
             }
             Err(e) => return Err(e.into()),
         }
     } else {
-        state.metasrv.stored_procedure(&id).await?
+        state.metasrv.stored_procedure(id).await?
     };
     Ok(Json(info).into_response())
 }
@@ -565,9 +588,12 @@ async fn topics(State(state): State<AppState>) -> ApiResult {
 }
 
 async fn open_requests(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
-    let datanode: u64 = id
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("datanode id: '{id}' is not a number")))?;
+    let datanode: u64 = id.parse().map_err(|_| {
+        ApiError::bad_request(format!(
+            "datanode id: '{}' is not a number",
+            excerpt(&id, PATH_EXCERPT_CHARS)
+        ))
+    })?;
     let open = state.metasrv.open_regions(datanode).await?;
     let errors: Vec<Value> = open
         .errors
@@ -594,10 +620,12 @@ async fn control(State(state): State<AppState>, Path(path): Path<String>) -> Api
         "resume" => procedures::ControlOp::Resume,
         _ => {
             return Err(ApiError::not_found(format!(
-                "no procedure action '{action}' (cancel, pause or resume)"
+                "no procedure action '{}' (cancel, pause or resume)",
+                excerpt(action, PATH_EXCERPT_CHARS)
             )));
         }
     };
+    let id = id.map(path_id).transpose()?;
     state.ensure_leader().await?;
     state.metasrv.control_procedure(id, op).await?;
     Ok(Json(json!({ "requested": op.as_str(), "id": id })).into_response())
@@ -605,8 +633,9 @@ async fn control(State(state): State<AppState>, Path(path): Path<String>) -> Api
 
 /// `DELETE /v1/procedures/{id}`: purges a finished, failed or damaged procedure's record (the leader only).
 async fn purge(State(state): State<AppState>, Path(id): Path<String>) -> ApiResult {
+    let id = path_id(&id)?;
     state.ensure_leader().await?;
-    state.metasrv.purge_procedure(&id).await?;
+    state.metasrv.purge_procedure(id).await?;
     Ok(Json(json!({ "purged": id })).into_response())
 }
 

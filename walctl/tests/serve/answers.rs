@@ -113,3 +113,50 @@ fn unknown_routes_wrong_methods_and_oversized_bodies_are_answered_in_json() {
         "no procedure with id 'nope' (finished procedures are kept for the retention period only)",
     );
 }
+
+#[test]
+fn a_procedure_id_in_a_path_that_is_too_long_or_not_printable_is_a_400_quoting_an_excerpt() {
+    let servers = Servers::on_redb(1);
+    let leader = servers.wait_for_leader(&[0]);
+    let server = &servers.servers[leader];
+    let long = "a".repeat(5_000);
+    let excerpt = format!("{}… (5000 bytes in all)", "a".repeat(64));
+    for (method, path) in [
+        ("GET", format!("/v1/procedures/{long}")),
+        ("POST", format!("/v1/procedures/{long}/cancel")),
+        ("DELETE", format!("/v1/procedures/{long}")),
+    ] {
+        let answer = call(method, &server.url(&path), Vec::new());
+        let text = answer.2.to_string();
+        assert!(
+            text.len() < 1_000,
+            "{method} {path}: the id is echoed whole"
+        );
+        assert_error(
+            answer,
+            400,
+            "bad_request",
+            &format!(
+                "procedure id '{excerpt}': not a procedure id (at most 1024 bytes of printable text)"
+            ),
+        );
+    }
+    // A newline and a right-to-left override are shown escaped, never as themselves.
+    assert_error(
+        call(
+            "GET",
+            &server.url("/v1/procedures/p%0Aq%E2%80%AEr"),
+            Vec::new(),
+        ),
+        400,
+        "bad_request",
+        "procedure id 'p\\nq\\u{202e}r': not a procedure id (at most 1024 bytes of printable text)",
+    );
+    // An id of the right shape that names nothing is still a 404.
+    let (status, _, body) = call(
+        "GET",
+        &server.url("/v1/procedures/nothing-here"),
+        Vec::new(),
+    );
+    assert_eq!(status, 404, "{body}");
+}

@@ -118,6 +118,11 @@ impl Server {
         self.child.try_wait().ok().flatten().map(|s| s.code())
     }
 
+    /// Its whole log.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
     /// The end of its log, for failure messages.
     pub fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
