@@ -589,4 +589,29 @@ async fn a_topic_deleted_on_a_real_broker_fails_the_bootstrap_until_recreated_an
         )),
         "{err}"
     );
+
+    // A prune round reads the same ids from the brokers: the recreated topic fails alone, nothing deleted from it;
+    // the other topic is pruned.
+    let pruning = Metasrv::with_parts(config.clone(), kv.clone(), None, datanodes()).unwrap();
+    pruning.start_procedures().await.unwrap();
+    let round = pruning.prune_wal(None).await.unwrap();
+    pruning.stop().await.unwrap();
+    assert_eq!(round.topics.len(), 2, "{round:?}");
+    let kept = &round.topics[0];
+    assert_eq!(kept.topic, format!("{prefix}_0"));
+    assert!(!kept.failed(), "{round:?}");
+    let recreated = &round.topics[1];
+    assert_eq!(recreated.topic, victim);
+    match &recreated.outcome {
+        remote_wal::wal::prune::round::TopicOutcome::Failed { step, error, .. } => {
+            assert_eq!(step, "Decide");
+            assert!(
+                error.contains(&format!(
+                    "topic '{victim}' was deleted and created again (recorded id {new}, now "
+                )),
+                "{error}"
+            );
+        }
+        other => panic!("the recreated topic must fail: {other:?}"),
+    }
 }
