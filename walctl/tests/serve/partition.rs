@@ -4,6 +4,8 @@
 //! - a member blackholed (accepts, never answers), then another killed, under a client creating tables: the leader
 //!   keeps its term (same epoch; no other server ever ready), no create-table gets a final error, no procedure ends
 //!   failed;
+//! - the member every server prefers answering 1.5 s late, then another member closing every connection, under the
+//!   same client: the same checks, and tables are created during each phase;
 //! - the leader cut off from every member: it steps down before any other server is ready, one that reaches etcd
 //!   leads with a larger epoch, and once healed the old leader rejoins as a follower. A client creating tables with
 //!   its ids throughout gets each table exactly once.
@@ -402,4 +404,76 @@ fn a_leader_cut_off_from_etcd_steps_down_and_rejoins_as_a_follower_with_every_ta
     );
     let failed = cluster.failed_or_stalled(new);
     assert_eq!(failed["matched"], json!(0), "{failed}");
+}
+
+/// The member every server prefers answers late (each chunk forwarded 1.5 s late, past `member_timeout`), then,
+/// healed, another member closes every connection: under a client creating tables the leader keeps its term, no
+/// create-table gets a final error, no procedure ends failed, and every table is in the store once.
+#[test]
+fn a_slow_member_then_one_dropping_every_connection_under_load_changes_no_leader_and_fails_no_work()
+{
+    let cluster = Partitionable::start("prtd");
+    let leader = cluster.servers.wait_for_leader(&[0, 1, 2]);
+    let (address, epoch) = cluster.leader_seen_by(leader);
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = load(cluster.addresses(), "slow_member", stop.clone());
+    let watching = watch_ready(&cluster.servers, others, stop.clone());
+    under_load_for(Duration::from_secs(2));
+    let before_faults = cluster.tables_in_store(&[0, 1, 2]);
+
+    for s in 0..3 {
+        cluster.proxies[s][0].set(Fault::Delay(Duration::from_millis(1500)));
+    }
+    under_load_for(Duration::from_secs(3 * LEASE_TTL_SECS));
+    let while_slow = cluster.tables_in_store(&[0, 1, 2]);
+    for s in 0..3 {
+        cluster.proxies[s][0].set(Fault::None);
+        cluster.proxies[s][1].set(Fault::Drop);
+    }
+    under_load_for(Duration::from_secs(3 * LEASE_TTL_SECS));
+    let while_dropping = cluster.tables_in_store(&[0, 1, 2]);
+    for s in 0..3 {
+        cluster.proxies[s][1].set(Fault::None);
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    let seen = client.join().expect("the client");
+    let ever_ready = watching.join().expect("the watcher");
+    println!(
+        "member 0 slow, then member 1 dropping connections, under load: {} tables created ({before_faults} before \
+         the faults, {while_slow} after the slow phase, {while_dropping} after the dropping one), {} answers \
+         retried, {} final errors",
+        seen.created.len(),
+        seen.retried,
+        seen.final_errors.len()
+    );
+    assert!(
+        seen.final_errors.is_empty(),
+        "final errors: {:?}",
+        seen.final_errors
+    );
+    assert!(
+        ever_ready.is_empty(),
+        "servers {ever_ready:?} became ready: the leader changed"
+    );
+    assert_eq!(
+        cluster.leader_seen_by(leader),
+        (address, epoch),
+        "the leader changed; its log:\n{}",
+        cluster.servers.servers[leader].log_tail()
+    );
+    // Work went on in each phase, not only around them.
+    assert!(
+        while_slow > before_faults,
+        "no table was created while the member was slow"
+    );
+    assert!(
+        while_dropping > while_slow,
+        "no table was created while the member dropped connections"
+    );
+    let failed = cluster.failed_or_stalled(leader);
+    assert_eq!(failed["matched"], json!(0), "{failed}");
+    assert_eq!(cluster.tables_in_store(&[0, 1, 2]), seen.created.len());
 }
