@@ -653,7 +653,8 @@ async fn a_crash_at_a_side_effect_point_halts_without_writing() {
     let refused = m.submit(env.with_id("q", Plan::steps(1, true))).await;
     let text = refused.unwrap_err().to_string();
     assert!(text.contains("injected crash at step 1"), "{text}");
-    // The blocked procedure, released, writes nothing either: its task has ended.
+    // The blocked procedure, released, writes nothing either: its task has ended. The clock is paused: this sleep
+    // returns only once every task is idle, so a live task would have taken the permit and written by then.
     blocked.gate.add_permits(1);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(store.snapshot(), after_crash);
@@ -992,7 +993,8 @@ async fn an_adopted_finished_child_is_not_deleted_while_its_parent_runs() {
     };
     let _w = m.submit(env.with_id("p", parent)).await.unwrap();
     until_step(&m, "p", 2).await;
-    // Many retention checks while the parent runs: its tree (the child included) must stay.
+    // Many retention checks while the parent runs: its tree (the child included) must stay. On the paused clock
+    // this sleep runs ten check intervals, each one to completion (the clock moves only when every task is idle).
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(stored(&store, "p").state, ProcedureState::Running);
     assert_eq!(stored(&store, "p/c"), record);
@@ -1212,7 +1214,7 @@ async fn a_record_naming_another_id_than_its_key_is_corrupt_and_writes_nothing()
         .await
         .unwrap();
     let m = manager(&store, fast_config(), &env).await;
-    // Let anything that would run, run.
+    // Let anything that would run, run: on the paused clock this sleep returns only once every task is idle.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(stored(&store, "y"), done);
     assert_eq!(store.snapshot()["proc/x"], x);
