@@ -11,7 +11,8 @@
 //! With `[server] auth` every request but `/health` and `/ready` needs a bearer token (`auth`), re-read on SIGHUP;
 //! with `[server] tls` the API speaks HTTPS only; connections are capped and timed out (`listener`).
 //!
-//! SIGTERM or SIGINT: the leader resigns, the manager stops (every task joined), the HTTP server drains, exit 0.
+//! SIGTERM or SIGINT: the leader's manager stops (every task joined), then it resigns and revokes its lease, the
+//! HTTP server drains, exit 0.
 
 mod api;
 pub(crate) mod auth;

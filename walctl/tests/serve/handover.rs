@@ -1,5 +1,6 @@
-//! SIGTERM on a leader under load: it resigns before it stops its manager, so a follower leads at once; it exits
-//! 0, and clients retrying with their ids get every table exactly once.
+//! SIGTERM on a leader under load: it stops its manager (every task aborted, so nothing of it writes after), then
+//! resigns and revokes its lease, so a follower leads at once; it exits 0, and clients retrying with their ids get
+//! every table exactly once.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
