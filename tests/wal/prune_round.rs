@@ -392,11 +392,13 @@ impl RecordDeleter for CreatingBrokers {
     }
 }
 
-#[tokio::test]
-async fn a_table_created_while_a_free_topic_is_decided_pins_it_instead_of_losing_its_entries() {
-    let env = new_env().await;
+/// Runs one round over `topics` on a fresh manager of `env`'s store with `brokers`, and returns its output.
+async fn run_round(
+    env: &Env,
+    brokers: Arc<dyn RecordDeleter>,
+    topics: &[&str],
+) -> PruneRoundOutput {
     let manager = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
-    let brokers = Arc::new(CreatingBrokers { kv: env.kv.clone() });
     manager
         .register_loader(
             WalPruneRound::TYPE_NAME,
@@ -405,14 +407,14 @@ async fn a_table_created_while_a_free_topic_is_decided_pins_it_instead_of_losing
         .unwrap();
     manager.start().await.unwrap();
     let round = WalPruneRound::new(
-        vec!["t_4".to_string()],
+        topics.iter().map(|t| t.to_string()).collect(),
         PruneMode::DeleteRecords,
         env.kv.clone(),
         brokers,
     );
     let output = manager
         .submit(ProcedureWithId::new(
-            ProcedureId::new("wal_prune_round/2"),
+            ProcedureId::new(format!("wal_prune_round/{}", topics.join("_"))),
             Box::new(round),
         ))
         .await
@@ -421,7 +423,14 @@ async fn a_table_created_while_a_free_topic_is_decided_pins_it_instead_of_losing
         .await
         .unwrap();
     manager.stop().await.unwrap();
-    let output: PruneRoundOutput = serde_json::from_value(output.unwrap()).unwrap();
+    serde_json::from_value(output.unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn a_table_created_while_a_free_topic_is_decided_pins_it_instead_of_losing_its_entries() {
+    let env = new_env().await;
+    let brokers = Arc::new(CreatingBrokers { kv: env.kv.clone() });
+    let output = run_round(&env, brokers, &["t_4"]).await;
     assert_eq!(
         output.topics[0].outcome,
         TopicOutcome::Skipped {
@@ -484,33 +493,7 @@ async fn a_topic_listed_under_another_id_than_the_recorded_one_fails_alone_and_i
         )
         .await;
     }
-    let manager = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
-    let brokers = Arc::new(RecreatedBrokers::default());
-    manager
-        .register_loader(
-            WalPruneRound::TYPE_NAME,
-            WalPruneRound::loader(env.kv.clone(), brokers.clone()),
-        )
-        .unwrap();
-    manager.start().await.unwrap();
-    let round = WalPruneRound::new(
-        vec!["t_0".to_string(), "t_5".to_string()],
-        PruneMode::DeleteRecords,
-        env.kv.clone(),
-        brokers.clone(),
-    );
-    let output = manager
-        .submit(ProcedureWithId::new(
-            ProcedureId::new("wal_prune_round/recreated"),
-            Box::new(round),
-        ))
-        .await
-        .unwrap()
-        .wait()
-        .await
-        .unwrap();
-    manager.stop().await.unwrap();
-    let output: PruneRoundOutput = serde_json::from_value(output.unwrap()).unwrap();
+    let output = run_round(&env, Arc::new(RecreatedBrokers::default()), &["t_0", "t_5"]).await;
     assert!(
         matches!(
             output.topics[0].outcome,

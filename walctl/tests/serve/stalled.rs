@@ -13,6 +13,22 @@ use crate::cluster::{
     EtcdCluster, LEASE_TTL_SECS, PATIENCE, Servers, get, get_text, metadata_keys, post,
 };
 
+/// Waits until server `old` says it follows the leader at `new_address`.
+fn wait_until_it_follows(servers: &Servers, old: usize, new_address: &str) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (status, body) = get(&servers.servers[old].url("/v1/leader"));
+        if status == 200 && body["self"] == json!(false) && body["leader"] == json!(new_address) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old leader still says {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn a_leader_stopped_past_its_lease_is_replaced_and_writes_nothing_when_it_resumes() {
     let etcd = EtcdCluster::start("srvst");
@@ -46,18 +62,7 @@ fn a_leader_stopped_past_its_lease_is_replaced_and_writes_nothing_when_it_resume
     servers.servers[old].signal("-CONT");
 
     // The old leader notices and says it follows.
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let (status, body) = get(&servers.servers[old].url("/v1/leader"));
-        if status == 200 && body["self"] == json!(false) && body["leader"] == json!(new_address) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the old leader still says {status} {body}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_it_follows(&servers, old, &new_address);
     assert_eq!(get(&servers.servers[old].url("/ready")).0, 503);
     let (status, body) = post(
         &servers.servers[old].url("/v1/tables"),
@@ -178,18 +183,7 @@ fn a_leader_stopped_with_creates_in_flight_writes_nothing_of_them_when_it_resume
     let before = runtime.block_on(metadata_keys(&etcd.endpoints, &prefix));
     servers.servers[old].signal("-CONT");
     let new_address = servers.servers[new].address.clone();
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        let (status, body) = get(&servers.servers[old].url("/v1/leader"));
-        if status == 200 && body["self"] == json!(false) && body["leader"] == json!(new_address) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the old leader still says {status} {body}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until_it_follows(&servers, old, &new_address);
     // Its procedures were mid-way when it stopped: on resuming it stepped down and its manager stopped them.
     let log = servers.servers[old].log_text();
     let interrupted = log
