@@ -59,6 +59,7 @@ impl CheckpointStore {
             Some(c) if c.entry_id >= entry_id => None,
             Some(c) => Some(TopicRegionValue {
                 checkpoint: Some(ReplayCheckpoint { entry_id, ..c }),
+                ..*current
             }),
             None => Some(TopicRegionValue::at(entry_id)),
         })

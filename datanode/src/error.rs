@@ -104,6 +104,13 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// The region's WAL topic is not the incarnation its checkpoint counts: its entries after the checkpoint went
+    /// with the old topic, and it is not opened.
+    #[snafu(display("{lost}"))]
+    WalTailLost {
+        /// The region, its topic and both ids.
+        lost: remote_wal::datanode::protocol::WalLost,
+    },
     /// The metasrv said this incarnation is stale: a newer one of the same datanode registered.
     #[snafu(display(
         "datanode {datanode_id}: incarnation {incarnation} is stale (a newer one registered); stopped serving"
@@ -146,6 +153,7 @@ impl Error {
             | Error::OutcomeUnknown { .. }
             | Error::NoTopicRegionKey { .. }
             | Error::RegionWal { .. }
+            | Error::WalTailLost { .. }
             | Error::StaleIncarnation { .. } => false,
         }
     }

@@ -15,5 +15,6 @@ pub mod region;
 pub mod replay;
 pub mod runtime;
 pub mod storage;
+pub mod topic_ids;
 
 pub use runtime::{Datanode, DatanodeOptions};

@@ -222,6 +222,10 @@ impl Region {
             last_entry_id: counters.last_entry_id,
             flushed_entry_id: counters.flushed_entry_id,
             memtable_bytes: counters.memtable_bytes,
+            topic_id: match &self.wal {
+                RegionWal::Kafka { .. } => self.opened_from.topic_id,
+                _ => None,
+            },
         }
     }
 }

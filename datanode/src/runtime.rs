@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use remote_wal::datanode::protocol::{
-    HeartbeatRequest, HeartbeatResponse, Instruction, RegionRole, RegionToOpen, writer_id,
+    HeartbeatRequest, HeartbeatResponse, Instruction, RegionRole, RegionToOpen, WalLost, writer_id,
 };
 use remote_wal::wal::{KafkaConfig, WAL_OPTIONS_KEY, WalOptions};
 use rskafka::client::Client;
@@ -25,7 +25,7 @@ use tokio::sync::OnceCell;
 
 use crate::error::{
     NoTopicRegionKeySnafu, NotLeaderSnafu, OutcomeUnknownSnafu, RegionNotOpenSnafu, RegionWalSnafu,
-    Result, WalSnafu,
+    Result, WalSnafu, WalTailLostSnafu,
 };
 use crate::log_store::kafka::{PartitionLog, RsKafkaPartition, call_bound, connect_client};
 use crate::log_store::{
@@ -34,6 +34,7 @@ use crate::log_store::{
 };
 use crate::region::{Memtable, Region, RegionCounters, RegionWal};
 use crate::storage::RegionStorage;
+use crate::topic_ids::{BrokerTopicIds, TopicIds, TopicIncarnation};
 
 /// How a datanode runs.
 #[derive(Clone)]
@@ -54,6 +55,9 @@ pub struct DatanodeOptions {
     pub flush_threshold: u64,
     /// Where Kafka topics' partitions come from: `None` = rskafka on `kafka`'s brokers; tests give in-memory ones.
     pub partitions: Option<PartitionFactory>,
+    /// Where topic incarnations are read before a region replays from a checkpoint: `None` = Metadata requests
+    /// to `kafka`'s brokers, unless `partitions` is given (then incarnations are not checked); tests give fakes.
+    pub topic_ids: Option<Arc<dyn TopicIds>>,
 }
 
 /// A datanode's log store on one topic.
@@ -123,12 +127,23 @@ pub struct Datanode {
     dropping: Mutex<HashSet<RegionId>>,
     /// Dropped regions deleted and not yet reported in an answered heartbeat.
     dropped: Mutex<BTreeSet<RegionId>>,
+    /// Regions refused because their WAL tail was lost with their topic (reported in every heartbeat).
+    wal_lost: Mutex<BTreeMap<RegionId, WalLost>>,
+    /// Reads topic incarnations (`None`: not checked).
+    topic_ids: Option<Arc<dyn TopicIds>>,
     stopped: AtomicBool,
 }
 
 impl Datanode {
     /// A datanode with no region open; it writes as incarnation 0 until [`Datanode::set_incarnation`].
     pub fn new(options: DatanodeOptions) -> Self {
+        let topic_ids = match (&options.topic_ids, &options.partitions, &options.kafka) {
+            (Some(ids), _, _) => Some(ids.clone()),
+            (None, None, Some(kafka)) => {
+                Some(Arc::new(BrokerTopicIds::new(kafka.clone())) as Arc<dyn TopicIds>)
+            }
+            _ => None,
+        };
         Datanode {
             storage: RegionStorage::new(options.region_storage.clone()),
             options,
@@ -140,6 +155,8 @@ impl Datanode {
             raft_engine: OnceCell::new(),
             dropping: Mutex::new(HashSet::new()),
             dropped: Mutex::new(BTreeSet::new()),
+            wal_lost: Mutex::new(BTreeMap::new()),
+            topic_ids,
             stopped: AtomicBool::new(false),
         }
     }
@@ -221,7 +238,30 @@ impl Datanode {
                 .iter()
                 .copied()
                 .collect(),
+            wal_lost: self.wal_lost(),
         }
+    }
+
+    /// The regions refused because their WAL tail was lost with their topic.
+    pub fn wal_lost(&self) -> Vec<WalLost> {
+        self.wal_lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Whether `open` was refused before for the same lost incarnation (the answer cannot change: a topic id is
+    /// never given again).
+    fn known_lost(&self, open: &RegionToOpen) -> bool {
+        let lost = self
+            .wal_lost
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        lost.get(&open.request.region_id).is_some_and(|l| {
+            Some(l.expected) == open.topic_id && Some(l.checkpoint) == open.checkpoint
+        })
     }
 
     /// A heartbeat reporting `dropped` was answered: the metasrv has forgotten those regions.
@@ -274,6 +314,9 @@ impl Datanode {
             match instruction {
                 Instruction::Open(open) => {
                     let id = open.request.region_id;
+                    if self.known_lost(&open) {
+                        continue;
+                    }
                     let fresh = self
                         .opening
                         .lock()
@@ -526,6 +569,57 @@ impl Datanode {
             return out;
         };
         let store = store.clone();
+        let incarnation = match &self.topic_ids {
+            None => TopicIncarnation::Unknown,
+            Some(ids) => match ids.incarnation(store.topic()).await {
+                Ok(found) => found,
+                Err(e) => {
+                    let message = e.to_string();
+                    return group
+                        .into_iter()
+                        .map(|(o, _)| {
+                            let error = RegionWalSnafu {
+                                region_id: o.request.region_id,
+                                reason: format!("cannot read its topic's id: {message}"),
+                            }
+                            .build();
+                            (o.request.region_id, Err(error))
+                        })
+                        .collect();
+                }
+            },
+        };
+        // Regions whose checkpoint counts another incarnation than the brokers serve are refused: their entries
+        // after the checkpoint went with the old topic, and the new one's positions mean nothing to them.
+        let mut group = group;
+        group.retain(|(open, _)| {
+            let region_id = open.request.region_id;
+            let (Some(expected), Some(checkpoint)) = (open.topic_id, open.checkpoint) else {
+                return true;
+            };
+            let found = match incarnation {
+                TopicIncarnation::Unknown => return true,
+                TopicIncarnation::Id(id) if id == expected => return true,
+                TopicIncarnation::Id(id) => Some(id),
+                TopicIncarnation::Gone => None,
+            };
+            let lost = WalLost {
+                region_id,
+                topic: store.topic().to_string(),
+                checkpoint,
+                expected,
+                found,
+            };
+            self.wal_lost
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(region_id, lost.clone());
+            out.push((region_id, Err(WalTailLostSnafu { lost }.build())));
+            false
+        });
+        if group.is_empty() {
+            return out;
+        }
         let end = match store.end_entry_id().await {
             Ok(end) => end,
             Err(e) => {
@@ -577,8 +671,17 @@ impl Datanode {
                 return out;
             }
         };
-        for (open, wal, start) in ready {
+        for (mut open, wal, start) in ready {
             let region_id = open.request.region_id;
+            // The incarnation its entry ids now count, reported with its stats and recorded with its checkpoint.
+            open.topic_id = match incarnation {
+                TopicIncarnation::Id(id) => Some(id),
+                _ => open.topic_id,
+            };
+            self.wal_lost
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&region_id);
             let entries = replayed.remove(&region_id).unwrap_or_default();
             let last = entries.last().map_or(start, |e| e.entry_id).max(start);
             self.install(open, wal, start, last, entries);

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::datanode::RegionOpenRequest;
+use crate::key::topic_name::TopicId;
 
 /// How many heartbeat intervals a lease lasts, plus [`LEASE_SLACK`]: a lease survives two lost heartbeats.
 pub const LEASE_HEARTBEATS: u32 = 3;
@@ -79,6 +80,10 @@ pub struct RegionStat {
     pub flushed_entry_id: u64,
     /// Bytes of entries not yet flushed.
     pub memtable_bytes: u64,
+    /// On a Kafka topic: the id the brokers gave the topic when the region was opened, the incarnation its entry
+    /// ids (and so its checkpoint) count positions of (`None` when the brokers did not tell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<TopicId>,
 }
 
 /// `POST /v1/heartbeat`.
@@ -98,6 +103,42 @@ pub struct HeartbeatRequest {
     /// [`Instruction::Drop`]): the metasrv then forgets them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<u64>,
+    /// Regions it was told to open and refused because their WAL topic is no longer the incarnation their
+    /// checkpoint counts: the entries after the checkpoint went with the old topic.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wal_lost: Vec<WalLost>,
+}
+
+/// A region whose WAL tail was lost with its topic: the topic it wrote to was deleted (and perhaps created again
+/// under the same name), so the entries after its checkpoint are gone. It is not opened: replaying the new topic
+/// from the old checkpoint would skip or misplace entries without an error.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WalLost {
+    /// The region.
+    pub region_id: u64,
+    /// Its WAL topic.
+    pub topic: String,
+    /// Its checkpoint: entries up to it are in region storage; those after it were lost.
+    pub checkpoint: u64,
+    /// The topic incarnation the checkpoint counts.
+    pub expected: TopicId,
+    /// The id the brokers give the topic now (`None`: the topic does not exist).
+    pub found: Option<TopicId>,
+}
+
+impl std::fmt::Display for WalLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let found = match self.found {
+            Some(id) => format!("the brokers now list it under id {id}"),
+            None => "the brokers no longer list it".to_string(),
+        };
+        write!(
+            f,
+            "region {}: its WAL topic '{}' is not the incarnation its checkpoint counts (topic id {}; {found}): \
+             its entries after {} were lost with the old topic, so it is not opened",
+            self.region_id, self.topic, self.expected, self.checkpoint
+        )
+    }
 }
 
 /// A lease on one region.
@@ -130,6 +171,11 @@ pub struct RegionToOpen {
     /// On a Kafka topic: the topic's pruned entry id (replay never starts below it).
     #[serde(default)]
     pub pruned_entry_id: u64,
+    /// On a Kafka topic with a checkpoint: the topic incarnation the checkpoint counts (the id recorded with it,
+    /// else the pool's recorded id of the topic). The datanode opens the region only if the brokers still give
+    /// the topic this id ([`WalLost`] otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<TopicId>,
 }
 
 /// What the metasrv asks of a datanode.

@@ -7,12 +7,19 @@
 //! the region has no checkpoint yet (how create table writes it), else `{"checkpoint":{"entry_id":N}}` (with
 //! `"metadata_entry_id":M` when GreptimeDB's metric engine set one; kept as read, and the lower of the two is where
 //! replay starts). Unknown fields are ignored.
+//!
+//! Our own field, after GreptimeDB's: `"topic_id":"…"`, the Kafka id of the topic incarnation whose positions the
+//! checkpoint counts (entry ids are positions in the topic, so a checkpoint means nothing on a topic deleted and
+//! created again). A datanode opening the region compares it with the id the brokers give the topic now and
+//! refuses to replay another incarnation as if it were the one the region wrote to (`docs/remote-wal.md`, "Topic
+//! incarnations"). GreptimeDB ignores the field.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{InvalidTopicRegionKeySnafu, Result};
+use crate::key::topic_name::TopicId;
 use crate::kv::{KvBackend, RangeRequest, range_all};
 
 /// A region id: `(table_id << 32) | region_number`.
@@ -51,6 +58,10 @@ pub struct TopicRegionValue {
     /// The checkpoint, once the region has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<ReplayCheckpoint>,
+    /// The Kafka id of the topic incarnation the checkpoint counts positions of (`None`: written by GreptimeDB or
+    /// an earlier release, or before the datanode could read the id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_id: Option<TopicId>,
 }
 
 impl TopicRegionValue {
@@ -61,6 +72,7 @@ impl TopicRegionValue {
                 entry_id,
                 metadata_entry_id: None,
             }),
+            topic_id: None,
         }
     }
 
@@ -68,7 +80,7 @@ impl TopicRegionValue {
     pub fn encode(&self) -> Vec<u8> {
         match self.checkpoint {
             None => Vec::new(),
-            // A struct of integers: serialising it cannot fail.
+            // Integers and a string: serialising it cannot fail.
             Some(_) => serde_json::to_vec(self).unwrap_or_default(),
         }
     }
@@ -151,6 +163,19 @@ mod tests {
         assert_eq!(
             TopicRegionValue::decode(b"k", b"{}").unwrap(),
             TopicRegionValue::default()
+        );
+        let id: TopicId = "0b9e4ab6-3f1c-4c52-9d36-7a1f0e2d4c8b".parse().unwrap();
+        let with_id = TopicRegionValue {
+            topic_id: Some(id),
+            ..TopicRegionValue::at(42)
+        };
+        assert_eq!(
+            with_id.encode(),
+            br#"{"checkpoint":{"entry_id":42},"topic_id":"0b9e4ab6-3f1c-4c52-9d36-7a1f0e2d4c8b"}"#
+        );
+        assert_eq!(
+            TopicRegionValue::decode(b"k", &with_id.encode()).unwrap(),
+            with_id
         );
         let err = TopicRegionValue::decode(b"__topic_region/t/1", b"nope").unwrap_err();
         assert_eq!(

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::FailoverConfig;
 use crate::datanode::protocol::{
     HeartbeatRequest, HeartbeatResponse, Instruction, RegionLease, RegionRole, RegionStat,
-    RegionToOpen, RegisterRequest, RegisterResponse, lease_for,
+    RegionToOpen, RegisterRequest, RegisterResponse, WalLost, lease_for,
 };
 use crate::datanode::{RegionOpenRequest, RegionOpener, WalProviderKind};
 use crate::ddl::region::{region_number, region_table_id as table_id_of};
@@ -44,7 +44,7 @@ use crate::key::region_drop::{
 };
 use crate::key::table_route::TableRouteValue;
 use crate::key::table_route::table_route_key;
-use crate::key::topic_name::get_topic_value;
+use crate::key::topic_name::{TopicId, TopicNameValue, get_topic_value};
 use crate::key::topic_region::{TopicRegionValue, topic_region_key};
 use crate::kv::{CompareAndPutRequest, KvBackendRef, RangeRequest, WriteGeneration};
 use crate::metasrv::failure_detector::PhiAccrualDetector;
@@ -101,6 +101,8 @@ struct Node {
     /// No lease before this.
     leases_from: Instant,
     regions: Vec<RegionStat>,
+    /// The regions it refused to open because their WAL tail was lost, as it last reported them.
+    wal_lost: Vec<WalLost>,
     leases: usize,
     /// Fed by its heartbeats' arrival times this term.
     detector: PhiAccrualDetector,
@@ -141,6 +143,9 @@ pub struct DatanodeInfo {
     /// warm-up.
     #[serde(default)]
     pub suspected: bool,
+    /// The regions it refused to open because their WAL tail was lost with their topic ([`WalLost`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub wal_lost: Vec<WalLost>,
 }
 
 /// How long a cached assignment or route is trusted without reading the store again, even when no write to the
@@ -379,6 +384,7 @@ impl DatanodeRegistry {
                 region_leases,
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
+                wal_lost: Vec::new(),
                 leases: 0,
                 detector: PhiAccrualDetector::new(&self.failover, interval),
             },
@@ -427,6 +433,14 @@ impl DatanodeRegistry {
             node.detector.heartbeat(now);
             node.interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
             node.regions = request.regions.clone();
+            if node.wal_lost != request.wal_lost {
+                for lost in &request.wal_lost {
+                    if !node.wal_lost.contains(lost) {
+                        tracing::warn!(datanode = datanode_id, "{lost}");
+                    }
+                }
+                node.wal_lost = request.wal_lost.clone();
+            }
             node.record.address = request.address.clone();
             (node.leases_from, node.record.cleared, node.record.lease_ms)
         };
@@ -464,7 +478,7 @@ impl DatanodeRegistry {
         } else if !cleared {
             self.clear(request).await?;
         }
-        let mut pruned: HashMap<String, u64> = HashMap::new();
+        let mut pruned: HashMap<String, Option<TopicNameValue>> = HashMap::new();
         let earlier_terms = self.earlier_terms_until(&plan, &reported, now).await?;
         for ((req, region), stat) in plan.requests.iter().zip(&plan.regions).zip(&reported) {
             let epoch = region.epoch;
@@ -498,10 +512,12 @@ impl DatanodeRegistry {
                     None => false,
                     Some(found) => {
                         let value = TopicRegionValue::decode(&found.key, &found.value)?;
+                        // An id the datanode read at open is recorded once, even with no entry to move past.
+                        let id_known = value.topic_id.is_some() || stat.topic_id.is_none();
                         match value.checkpoint {
-                            Some(c) if c.entry_id >= stat.flushed_entry_id => true,
+                            Some(c) if c.entry_id >= stat.flushed_entry_id && id_known => true,
                             _ => self
-                                .advance_checkpoint(found, stat.flushed_entry_id)
+                                .advance_checkpoint(found, stat.flushed_entry_id, stat.topic_id)
                                 .await?
                                 .is_some(),
                         }
@@ -660,13 +676,13 @@ impl DatanodeRegistry {
     }
 
     /// What a datanode needs to open the region of `request` at `epoch`: for a Kafka region whether its
-    /// `__topic_region` key exists, its checkpoint there and its topic's pruned entry id (`pruned` caches those
-    /// per topic).
+    /// `__topic_region` key exists, its checkpoint there with the topic incarnation it counts, and its topic's
+    /// pruned entry id (`topics` caches the topics' `__topic_name` values).
     pub async fn region_to_open(
         &self,
         request: &RegionOpenRequest,
         epoch: u64,
-        pruned: &mut HashMap<String, u64>,
+        topics: &mut HashMap<String, Option<TopicNameValue>>,
     ) -> Result<RegionToOpen> {
         let mut to_open = RegionToOpen {
             request: request.clone(),
@@ -674,24 +690,29 @@ impl DatanodeRegistry {
             topic_region_key: false,
             checkpoint: None,
             pruned_entry_id: 0,
+            topic_id: None,
         };
         if let Some(topic) = kafka_topic(request) {
+            let pool_value = match topics.get(&topic) {
+                Some(v) => *v,
+                None => {
+                    let v = get_topic_value(self.kv.as_ref(), &topic).await?;
+                    topics.insert(topic.clone(), v);
+                    v
+                }
+            };
+            to_open.pruned_entry_id = pool_value.map_or(0, |v| v.pruned_entry_id);
             let key = topic_region_key(&topic, request.region_id);
             if let Some(found) = self.kv.get(&key).await? {
                 let value = TopicRegionValue::decode(&found.key, &found.value)?;
                 to_open.topic_region_key = true;
                 to_open.checkpoint = value.flushed_entry_id();
-            }
-            to_open.pruned_entry_id = match pruned.get(&topic) {
-                Some(p) => *p,
-                None => {
-                    let p = get_topic_value(self.kv.as_ref(), &topic)
-                        .await?
-                        .map_or(0, |v| v.pruned_entry_id);
-                    pruned.insert(topic, p);
-                    p
+                // A checkpoint recorded without an id (by GreptimeDB or an earlier release) is taken to count
+                // the incarnation the pool recorded.
+                if to_open.checkpoint.is_some() {
+                    to_open.topic_id = value.topic_id.or(pool_value.and_then(|v| v.topic_id));
                 }
-            };
+            }
         }
         Ok(to_open)
     }
@@ -778,6 +799,7 @@ impl DatanodeRegistry {
                 region_leases: HashMap::new(),
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
+                wal_lost: Vec::new(),
                 leases: 0,
                 detector: PhiAccrualDetector::new(&self.failover, interval),
             },
@@ -861,20 +883,26 @@ impl DatanodeRegistry {
         Ok(())
     }
 
-    /// Moves the checkpoint in the topic-region key `found` (as read) forward to `flushed`, by compare-and-put
-    /// against that value: a key deleted or changed meanwhile is left alone (never created). Returns the
-    /// checkpoint stored, `None` when the write did not happen.
+    /// Moves the checkpoint in the topic-region key `found` (as read) forward to `flushed` (never back), recording
+    /// `topic_id` (the incarnation the datanode opened the region on) when known, by compare-and-put against that
+    /// value: a key deleted or changed meanwhile is left alone (never created). Returns the checkpoint stored,
+    /// `None` when the write did not happen.
     async fn advance_checkpoint(
         &self,
         found: &crate::kv::KeyValue,
         flushed: u64,
+        topic_id: Option<TopicId>,
     ) -> Result<Option<u64>> {
         let current = TopicRegionValue::decode(&found.key, &found.value)?;
+        let entry_id = current
+            .checkpoint
+            .map_or(flushed, |c| c.entry_id.max(flushed));
         let next = TopicRegionValue {
             checkpoint: Some(crate::key::topic_region::ReplayCheckpoint {
-                entry_id: flushed,
+                entry_id,
                 metadata_entry_id: current.checkpoint.and_then(|c| c.metadata_entry_id),
             }),
+            topic_id: topic_id.or(current.topic_id),
         };
         let response = self
             .kv
@@ -885,7 +913,7 @@ impl DatanodeRegistry {
             })
             .await?;
         // Lost to a concurrent change: the next heartbeat reads it again.
-        Ok(response.success.then_some(flushed))
+        Ok(response.success.then_some(entry_id))
     }
 
     fn decoded(&self) -> std::sync::MutexGuard<'_, Decoded> {
@@ -1133,6 +1161,7 @@ impl DatanodeRegistry {
                     .then(|| millis(node.leases_from - now).max(1)),
                 phi: (node.detector.phi(now) * 100.0).round() / 100.0,
                 suspected: self.suspected(&inner, node, now),
+                wal_lost: node.wal_lost.clone(),
             })
             .collect()
     }

@@ -539,3 +539,121 @@ async fn a_checkpoint_write_that_lands_after_a_drop_deleted_its_key_does_not_rec
         0
     );
 }
+
+/// The topic incarnation a checkpoint counts travels with it: a heartbeat records the id the datanode opened the
+/// region on (once, even with no entry to move past, and never moving the checkpoint back), the open instruction
+/// carries it back (or, for a checkpoint recorded without one, the pool's recorded id), and regions a datanode
+/// refused as lost are listed with it.
+#[tokio::test]
+async fn checkpoints_record_the_topic_incarnation_they_count() {
+    use remote_wal::datanode::protocol::WalLost;
+    use remote_wal::key::topic_name::{TopicId, TopicNameValue, topic_name_key};
+
+    let old = TopicId(0x0b9e_4ab6_3f1c_4c52_9d36_7a1f_0e2d_4c8b);
+    let new = TopicId(0x5d21_90aa_11be_4f07_8e44_c3a9_62d0_17f5);
+    let kv = memory_kv();
+    let m = kafka_metasrv(&kv, vec![1], 1).await;
+    let created = create(&m, "incarnations", 1).await;
+    let (region, key) = topic_region_keys(&created)[0].clone();
+    let registry = m.datanode_registry().clone();
+    registry.begin_term();
+    registry
+        .register(&register_request(1, "dn1:4001", 100))
+        .await
+        .unwrap();
+    beat_until_leased(&registry, 1, 1, 100, &[region]).await;
+    let stored = |kv: KvBackendRef, key: Vec<u8>| async move {
+        let found = kv.get(&key).await.unwrap().unwrap();
+        TopicRegionValue::decode(&found.key, &found.value).unwrap()
+    };
+    assert_eq!(stored(kv.clone(), key.clone()).await.topic_id, None);
+
+    let on = |flushed: u64, id: Option<TopicId>| RegionStat {
+        topic_id: id,
+        ..stat(region, flushed)
+    };
+    let beat_with = |stats: Vec<RegionStat>, lost: Vec<WalLost>| {
+        let registry = registry.clone();
+        async move {
+            let mut request = heartbeat_request(1, 1, 100, stats);
+            request.wal_lost = lost;
+            registry
+                .heartbeat(&request, &BTreeSet::new())
+                .await
+                .unwrap()
+        }
+    };
+    // The same flushed entry id as stored, now with the id the datanode read: recorded.
+    beat_with(vec![on(0, Some(old))], Vec::new()).await;
+    let value = stored(kv.clone(), key.clone()).await;
+    assert_eq!(
+        (value.flushed_entry_id(), value.topic_id),
+        (Some(0), Some(old))
+    );
+    beat_with(vec![on(7, Some(old))], Vec::new()).await;
+    let value = stored(kv.clone(), key.clone()).await;
+    assert_eq!(
+        (value.flushed_entry_id(), value.topic_id),
+        (Some(7), Some(old))
+    );
+    // A report without an id keeps the recorded one; a lower flushed entry id never moves it back.
+    beat_with(vec![on(3, None)], Vec::new()).await;
+    let value = stored(kv.clone(), key.clone()).await;
+    assert_eq!(
+        (value.flushed_entry_id(), value.topic_id),
+        (Some(7), Some(old))
+    );
+
+    let (_, to_open) = registry
+        .region_to_open_by_id(region)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((to_open.checkpoint, to_open.topic_id), (Some(7), Some(old)));
+
+    // A checkpoint recorded without an id counts the incarnation the pool recorded.
+    let topic = String::from_utf8(key.clone()).unwrap();
+    let topic = topic
+        .strip_prefix("__topic_region/")
+        .and_then(|rest| rest.rsplit_once('/'))
+        .map(|(t, _)| t.to_string())
+        .unwrap();
+    kv.put(PutRequest {
+        key: key.clone(),
+        value: TopicRegionValue::at(5).encode(),
+        prev_kv: false,
+    })
+    .await
+    .unwrap();
+    kv.put(PutRequest {
+        key: topic_name_key(&topic),
+        value: TopicNameValue {
+            pruned_entry_id: 0,
+            topic_id: Some(new),
+        }
+        .encode(),
+        prev_kv: false,
+    })
+    .await
+    .unwrap();
+    let (_, to_open) = registry
+        .region_to_open_by_id(region)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((to_open.checkpoint, to_open.topic_id), (Some(5), Some(new)));
+
+    // A region refused as lost is listed with the datanode until it is no longer reported.
+    let lost = WalLost {
+        region_id: region,
+        topic: topic.clone(),
+        checkpoint: 5,
+        expected: new,
+        found: None,
+    };
+    beat_with(Vec::new(), vec![lost.clone()]).await;
+    let listed = registry.list();
+    assert_eq!(listed[0].wal_lost, vec![lost]);
+    beat_with(Vec::new(), Vec::new()).await;
+    assert!(registry.list()[0].wal_lost.is_empty());
+}

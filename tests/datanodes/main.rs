@@ -127,6 +127,7 @@ fn stat(region_id: u64, flushed: u64) -> RegionStat {
         last_entry_id: flushed,
         flushed_entry_id: flushed,
         memtable_bytes: 0,
+        topic_id: None,
     }
 }
 
@@ -143,6 +144,7 @@ fn heartbeat_request(
         heartbeat_interval_ms: interval_ms,
         regions,
         dropped: Vec::new(),
+        wal_lost: Vec::new(),
     }
 }
 

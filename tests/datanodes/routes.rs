@@ -41,6 +41,7 @@ async fn region_to_open_by_id_names_the_routes_datanode_and_its_open_request() {
                     topic_region_key: false,
                     checkpoint: None,
                     pruned_entry_id: 0,
+                    topic_id: None,
                 }
             )),
             "region {}",

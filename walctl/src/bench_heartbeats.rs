@@ -218,6 +218,7 @@ pub fn run(
             heartbeat_interval_ms: 1000,
             regions: Vec::new(),
             dropped: Vec::new(),
+            wal_lost: Vec::new(),
         };
         let first: HeartbeatResponse = post(&agent, &format!("{base}/v1/heartbeat"), &request)?;
         request.regions = first
@@ -231,6 +232,7 @@ pub fn run(
                     last_entry_id: 0,
                     flushed_entry_id: 0,
                     memtable_bytes: 0,
+                    topic_id: None,
                 }),
                 _ => None,
             })

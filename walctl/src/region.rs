@@ -97,6 +97,7 @@ pub async fn run(
         heartbeat_interval: DatanodeConfig::default().heartbeat_interval,
         flush_threshold: u64::MAX,
         partitions: None,
+        topic_ids: None,
     });
     for (_, result) in reader.open_regions(vec![to_open]).await {
         result.map_err(|e| Failure::Refused(e.to_string()))?;

@@ -21,6 +21,7 @@ mod prune_open;
 mod prune_race;
 mod pruned;
 mod raft_engine;
+mod recreated_topic;
 mod replay;
 mod replay_model;
 mod topic_config;

@@ -59,6 +59,7 @@ impl Scenario {
             heartbeat_interval: Duration::from_millis(100),
             flush_threshold: u64::MAX,
             partitions: Some(factory),
+            topic_ids: None,
         });
         dn.set_incarnation(incarnation);
         Arc::new(dn)
@@ -103,6 +104,7 @@ impl Scenario {
             topic_region_key: key.is_some(),
             checkpoint,
             pruned_entry_id: pruned,
+            topic_id: None,
         }
     }
 

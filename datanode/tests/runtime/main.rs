@@ -22,6 +22,8 @@ use remote_wal::datanode::protocol::{
 };
 use remote_wal::wal::{KafkaConfig, WAL_OPTIONS_KEY};
 
+mod incarnation;
+
 const TOPIC: &str = "runtime_topic";
 const REGION: u64 = (1024 << 32) | 1;
 
@@ -116,6 +118,7 @@ impl World {
             heartbeat_interval: Duration::from_millis(100),
             flush_threshold,
             partitions: Some(self.brokers.factory()),
+            topic_ids: None,
         });
         dn.set_incarnation(incarnation);
         Arc::new(dn)
@@ -137,6 +140,7 @@ fn to_open(region: u64, checkpoint: Option<u64>) -> RegionToOpen {
         topic_region_key: true,
         checkpoint,
         pruned_entry_id: 0,
+        topic_id: None,
     }
 }
 

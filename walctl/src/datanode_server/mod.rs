@@ -52,6 +52,7 @@ pub async fn run(config_path: Option<&Path>) -> Result<(), Failure> {
         heartbeat_interval: section.heartbeat_interval,
         flush_threshold: section.flush_threshold,
         partitions: None,
+        topic_ids: None,
     };
     let listener = tokio::net::TcpListener::bind(&section.listen)
         .await

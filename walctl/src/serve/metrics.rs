@@ -90,6 +90,7 @@ pub struct Metrics {
     datanodes: Gauge,
     datanodes_suspected: Gauge,
     unavailable_regions: Gauge,
+    wal_lost_regions: Gauge,
     region_leases: Gauge,
     step_duration: Family<TypeLabels, Histogram, fn() -> Histogram>,
     retries: Counter,
@@ -211,6 +212,12 @@ impl Metrics {
             "Regions that cannot lead anywhere until their failed datanode returns (raft-engine WAL; the leader only)",
             unavailable_regions.clone(),
         );
+        let wal_lost_regions = Gauge::default();
+        registry.register(
+            "wal_lost_regions",
+            "Regions datanodes refused to open because their WAL topic is another incarnation than their checkpoint counts (the leader only)",
+            wal_lost_regions.clone(),
+        );
         let region_leases = Gauge::default();
         registry.register(
             "region_leases",
@@ -260,6 +267,7 @@ impl Metrics {
             datanodes,
             datanodes_suspected,
             unavailable_regions,
+            wal_lost_regions,
             region_leases,
             procedures,
             topic_regions,
@@ -308,6 +316,10 @@ impl Metrics {
             .set(i64::try_from(datanodes.len()).unwrap_or(i64::MAX));
         self.datanodes_suspected.set(
             i64::try_from(datanodes.iter().filter(|d| d.suspected).count()).unwrap_or(i64::MAX),
+        );
+        self.wal_lost_regions.set(
+            i64::try_from(datanodes.iter().map(|d| d.wal_lost.len()).sum::<usize>())
+                .unwrap_or(i64::MAX),
         );
         self.region_leases.set(
             i64::try_from(datanodes.iter().map(|d| d.leases).sum::<usize>()).unwrap_or(i64::MAX),

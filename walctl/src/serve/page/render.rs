@@ -364,7 +364,16 @@ fn datanodes(html: &mut String, data: &PageData) {
             escape(&leases)
         );
     }
-    html.push_str("</tbody>\n</table>\n</section>\n");
+    html.push_str("</tbody>\n</table>\n");
+    let lost: Vec<_> = nodes.iter().flat_map(|n| &n.wal_lost).collect();
+    if !lost.is_empty() {
+        html.push_str("<h3>Regions whose WAL tail was lost</h3>\n<ul id=\"wal-lost\">\n");
+        for l in lost {
+            let _ = writeln!(html, "<li>{}</li>", escape(&l.to_string()));
+        }
+        html.push_str("</ul>\n");
+    }
+    html.push_str("</section>\n");
 }
 
 /// Automatic failover: enabled, paused or disabled; the failed datanodes; the regions that cannot lead anywhere
@@ -669,6 +678,13 @@ mod tests {
                 leases_in_ms: Some(1500),
                 phi: 9.25,
                 suspected: true,
+                wal_lost: vec![remote_wal::datanode::protocol::WalLost {
+                    region_id: 4398046511105,
+                    topic: "<i>t</i>".to_string(),
+                    checkpoint: 40,
+                    expected: remote_wal::key::topic_name::TopicId(1),
+                    found: None,
+                }],
             }]),
             now_ms: NOW,
             finished_after: None,
@@ -740,6 +756,12 @@ mod tests {
         assert!(html.contains("held back"), "{html}");
         assert!(
             html.contains("<strong class=\"suspected\">9.25 suspected</strong>"),
+            "{html}"
+        );
+        assert!(
+            html.contains(
+                "<li>region 4398046511105: its WAL topic &#39;&lt;i&gt;t&lt;/i&gt;&#39; is not the incarnation"
+            ) && html.contains("its entries after 40 were lost"),
             "{html}"
         );
         assert!(
