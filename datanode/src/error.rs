@@ -104,6 +104,16 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// The region's table was dropped: it takes no more writes, here or anywhere.
+    #[snafu(display(
+        "region {region_id} was dropped with its table: it takes no more writes (datanode {datanode_id})"
+    ))]
+    RegionDropped {
+        /// The region.
+        region_id: u64,
+        /// This datanode.
+        datanode_id: u64,
+    },
     /// The region's WAL topic is not the incarnation its checkpoint counts: its entries after the checkpoint went
     /// with the old topic, and it is not opened.
     #[snafu(display("{lost}"))]
@@ -154,6 +164,7 @@ impl Error {
             | Error::NoTopicRegionKey { .. }
             | Error::RegionWal { .. }
             | Error::WalTailLost { .. }
+            | Error::RegionDropped { .. }
             | Error::StaleIncarnation { .. } => false,
         }
     }

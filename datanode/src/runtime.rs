@@ -25,7 +25,7 @@ use tokio::sync::OnceCell;
 
 use crate::error::{
     NoTopicRegionKeySnafu, NotLeaderSnafu, OutcomeUnknownSnafu, RegionNotOpenSnafu, RegionWalSnafu,
-    Result, WalSnafu, WalTailLostSnafu,
+    RegionDroppedSnafu, Result, WalSnafu, WalTailLostSnafu,
 };
 use crate::log_store::kafka::{PartitionLog, RsKafkaPartition, call_bound, connect_client};
 use crate::log_store::{
@@ -59,6 +59,10 @@ pub struct DatanodeOptions {
     /// to `kafka`'s brokers, unless `partitions` is given (then incarnations are not checked); tests give fakes.
     pub topic_ids: Option<Arc<dyn TopicIds>>,
 }
+
+/// How many dropped regions a datanode remembers, to answer writes to them that they were dropped (a region
+/// forgotten past this is answered as not open here, which a client resolves through the metasrv).
+pub const REMEMBERED_DROPS: usize = 65_536;
 
 /// A datanode's log store on one topic.
 pub type TopicStore = KafkaLogStore<Arc<dyn PartitionLog>>;
@@ -127,6 +131,9 @@ pub struct Datanode {
     dropping: Mutex<HashSet<RegionId>>,
     /// Dropped regions deleted and not yet reported in an answered heartbeat.
     dropped: Mutex<BTreeSet<RegionId>>,
+    /// Regions of dropped tables this process closed or deleted: a write to one is answered that it was dropped.
+    /// Region ids are never reused; the oldest (lowest) are forgotten past [`REMEMBERED_DROPS`].
+    dropped_regions: Mutex<BTreeSet<RegionId>>,
     /// Regions refused because their WAL tail was lost with their topic (reported in every heartbeat).
     wal_lost: Mutex<BTreeMap<RegionId, WalLost>>,
     /// Reads topic incarnations (`None`: not checked).
@@ -156,6 +163,7 @@ impl Datanode {
             dropping: Mutex::new(HashSet::new()),
             dropped: Mutex::new(BTreeSet::new()),
             wal_lost: Mutex::new(BTreeMap::new()),
+            dropped_regions: Mutex::new(BTreeSet::new()),
             topic_ids,
             stopped: AtomicBool::new(false),
         }
@@ -204,19 +212,45 @@ impl Datanode {
     }
 
     fn region(&self, region_id: RegionId) -> Result<Arc<Region>> {
-        self.regions
+        let open = self
+            .regions
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(&region_id)
-            .cloned()
-            .ok_or_else(|| {
+            .cloned();
+        open.ok_or_else(|| {
+            let dropped = self
+                .dropped_regions
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(&region_id);
+            if dropped {
+                RegionDroppedSnafu {
+                    region_id,
+                    datanode_id: self.options.id,
+                }
+                .build()
+            } else {
                 RegionNotOpenSnafu {
                     region_id,
                     datanode_id: self.options.id,
                     leader: None::<String>,
                 }
                 .build()
-            })
+            }
+        })
+    }
+
+    /// Remembers that `region_id`'s table was dropped (writes to it are answered so).
+    fn remember_dropped(&self, region_id: RegionId) {
+        let mut dropped = self
+            .dropped_regions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        dropped.insert(region_id);
+        while dropped.len() > REMEMBERED_DROPS {
+            dropped.pop_first();
+        }
     }
 
     /// The heartbeat to send now: every open region with its role, epoch and entry ids.
@@ -279,6 +313,7 @@ impl Datanode {
     /// it wrote to this datanode's raft-engine WAL, its entries there. Reported in the next heartbeats until one is
     /// answered.
     pub async fn drop_region(&self, region_id: RegionId, raft_engine: bool) -> Result<()> {
+        self.remember_dropped(region_id);
         self.close_region(region_id);
         self.storage.delete_region(region_id).await?;
         if raft_engine {
@@ -326,7 +361,12 @@ impl Datanode {
                         to_open.push(open);
                     }
                 }
-                Instruction::Close { region_id } => self.close_region(region_id),
+                Instruction::Close { region_id, dropped } => {
+                    if dropped {
+                        self.remember_dropped(region_id);
+                    }
+                    self.close_region(region_id);
+                }
                 Instruction::Drop {
                     region_id,
                     raft_engine,

@@ -188,6 +188,10 @@ pub enum Instruction {
     Close {
         /// The region.
         region_id: u64,
+        /// Its table is being dropped: writes to it are answered that the table was dropped (a datanode that does
+        /// not know the field closes the region all the same).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        dropped: bool,
     },
     /// Delete what this datanode holds of a dropped table's region: its region storage and (on the raft-engine
     /// WAL) its WAL entries, then report it in [`HeartbeatRequest::dropped`]. Sent only once no datanode leads the
@@ -237,7 +241,21 @@ mod tests {
 
     #[test]
     fn instructions_read_as_their_kind() {
-        let text = serde_json::to_string(&Instruction::Close { region_id: 7 }).unwrap();
+        let close = |dropped| Instruction::Close {
+            region_id: 7,
+            dropped,
+        };
+        let text = serde_json::to_string(&close(false)).unwrap();
         assert_eq!(text, r#"{"close":{"region_id":7}}"#);
+        let text = serde_json::to_string(&close(true)).unwrap();
+        assert_eq!(text, r#"{"close":{"region_id":7,"dropped":true}}"#);
+        // An answer of this release read by a datanode of an earlier one: the field is ignored, the region closed.
+        #[derive(Deserialize, Debug, PartialEq)]
+        #[serde(rename_all = "snake_case")]
+        enum Earlier {
+            Close { region_id: u64 },
+        }
+        let earlier: Earlier = serde_json::from_str(&text).unwrap();
+        assert_eq!(earlier, Earlier::Close { region_id: 7 });
     }
 }

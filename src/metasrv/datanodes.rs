@@ -33,6 +33,7 @@ use crate::datanode::protocol::{
     RegionToOpen, RegisterRequest, RegisterResponse, WalLost, lease_for,
 };
 use crate::datanode::{RegionOpenRequest, RegionOpener, WalProviderKind};
+use crate::ddl::drop_table::tombstone_key;
 use crate::ddl::region::{region_number, region_table_id as table_id_of};
 use crate::error::{
     DatanodeNotRegisteredSnafu, DatanodeRegistrationContentionSnafu, DatanodeRetiredSnafu,
@@ -540,10 +541,16 @@ impl DatanodeRegistry {
         }
         let drops = self.pending_drops().await?;
         let dropped = self.forget_dropped(request, &drops).await?;
+        let unassigned: Vec<u64> = unassigned
+            .into_iter()
+            .filter(|id| !drops.contains_key(id))
+            .collect();
+        let dropped_tables = self.tables_being_dropped(&unassigned).await?;
         for region_id in unassigned {
-            if !drops.contains_key(&region_id) {
-                response.instructions.push(Instruction::Close { region_id });
-            }
+            response.instructions.push(Instruction::Close {
+                region_id,
+                dropped: dropped_tables.contains(&table_id_of(region_id)),
+            });
         }
         // A dropped region's storage is deleted once no datanode leads it (DropTable wrote its key after that).
         response.instructions.extend(
@@ -881,6 +888,31 @@ impl DatanodeRegistry {
             DatanodeRegistrationContentionSnafu { datanode_id, key }
         );
         Ok(())
+    }
+
+    /// Which tables of `regions` a drop is deleting: their route was moved to a tombstone (`DropTable`'s
+    /// DeleteMetadata), one batch read. The datanode then answers writes to those regions that the table was
+    /// dropped rather than that the region is not open here.
+    async fn tables_being_dropped(&self, regions: &[u64]) -> Result<BTreeSet<u32>> {
+        let tables: BTreeSet<u32> = regions.iter().map(|r| table_id_of(*r)).collect();
+        if tables.is_empty() {
+            return Ok(tables);
+        }
+        let keys: Vec<Vec<u8>> = tables
+            .iter()
+            .map(|t| tombstone_key(&table_route_key(*t)).into_bytes())
+            .collect();
+        let found: BTreeSet<Vec<u8>> = self
+            .kv
+            .batch_get(&keys)
+            .await?
+            .into_iter()
+            .map(|kv| kv.key)
+            .collect();
+        Ok(tables
+            .into_iter()
+            .filter(|t| found.contains(tombstone_key(&table_route_key(*t)).as_bytes()))
+            .collect())
     }
 
     /// Moves the checkpoint in the topic-region key `found` (as read) forward to `flushed` (never back), recording

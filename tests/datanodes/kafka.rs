@@ -323,7 +323,8 @@ async fn a_dropped_tables_regions_close_and_no_late_checkpoint_brings_their_keys
         let m = m.clone();
         tokio::spawn(async move { m.drop_table(table("dropped"), false).await })
     };
-    // Still reported open and flushed further: no lease, Close, and no key written back.
+    // Still reported open and flushed further: no lease, Close saying the table is being dropped, and no key
+    // written back.
     let mut closed = false;
     for _ in 0..POLLS {
         let late: Vec<RegionStat> = leading
@@ -343,7 +344,10 @@ async fn a_dropped_tables_regions_close_and_no_late_checkpoint_brings_their_keys
             for r in &mine {
                 assert!(
                     answer.instructions.contains(
-                        &remote_wal::datanode::protocol::Instruction::Close { region_id: *r }
+                        &remote_wal::datanode::protocol::Instruction::Close {
+                            region_id: *r,
+                            dropped: true
+                        }
                     ),
                     "{answer:?}"
                 );

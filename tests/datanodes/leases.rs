@@ -141,9 +141,13 @@ async fn a_reported_region_the_route_gives_another_datanode_gets_close_and_no_le
         response.instructions,
         vec![
             Instruction::Close {
-                region_id: theirs[0]
+                region_id: theirs[0],
+                dropped: false
             },
-            Instruction::Close { region_id: stray },
+            Instruction::Close {
+                region_id: stray,
+                dropped: false
+            },
         ]
     );
     m.stop().await.unwrap();

@@ -48,7 +48,7 @@ fn closes(response: &HeartbeatResponse, region_id: u64) -> bool {
     response
         .instructions
         .iter()
-        .any(|i| matches!(i, Instruction::Close { region_id: r } if *r == region_id))
+        .any(|i| matches!(i, Instruction::Close { region_id: r, dropped: false } if *r == region_id))
 }
 
 async fn dn_table(

@@ -231,6 +231,8 @@ impl Shared {
 enum Sent {
     Acked(Vec<u64>),
     NotLeader,
+    /// The datanode says the region's table was dropped.
+    Dropped,
     Unknown(String),
     Refused(String),
 }
@@ -263,6 +265,7 @@ fn send(shared: &Shared, address: &str, region_id: u64, body: &[u8]) -> Sent {
                 .to_string();
             match kind {
                 "not_leader" => Sent::NotLeader,
+                "region_dropped" => Sent::Dropped,
                 "bad_request" | "unauthorized" | "forbidden" => Sent::Refused(message),
                 _ => Sent::Unknown(format!("HTTP {status} {kind}: {message}")),
             }
@@ -342,6 +345,10 @@ fn worker(shared: Arc<Shared>, regions: Vec<u64>) -> Result<(), Failure> {
                         }
                     }
                     break;
+                }
+                Sent::Dropped => {
+                    shared.stopped.store(true, Ordering::Relaxed);
+                    return Err(shared.dropped_error());
                 }
                 Sent::NotLeader => {
                     shared.not_leader.fetch_add(1, Ordering::Relaxed);

@@ -516,7 +516,10 @@ async fn a_drop_instruction_deletes_the_regions_storage_and_wal_and_is_reported_
         );
         assert!(dn.regions().iter().all(|r| r.region_id != region));
         let refused = dn.write(region, vec![b"late".to_vec()]).await;
-        assert!(refused.is_err(), "a dropped region took a write");
+        assert!(
+            matches!(refused, Err(Error::RegionDropped { .. })),
+            "a dropped region's write is answered so: {refused:?}"
+        );
     }
     // The raft-engine WAL holds nothing of the dropped region: opened again, it is empty.
     for (id, result) in dn.open_regions(vec![to_open_local(LOCAL)]).await {
@@ -528,4 +531,42 @@ async fn a_drop_instruction_deletes_the_regions_storage_and_wal_and_is_reported_
     assert!(dn.heartbeat_request().dropped.is_empty());
     dn.drop_region(REGION, false).await.unwrap();
     assert_eq!(dn.heartbeat_request().dropped, vec![REGION]);
+}
+
+#[tokio::test]
+async fn a_region_closed_for_a_drop_answers_writes_that_it_was_dropped_and_one_that_moved_that_it_is_not_here() {
+    let world = World::new();
+    let dn = world.datanode(1, u64::MAX);
+    let moved = REGION + 1;
+    for region in [REGION, moved] {
+        open(&dn, region, Some(0)).await;
+        lease(&dn, region, 60_000);
+        dn.write(region, vec![b"a".to_vec()]).await.unwrap();
+    }
+    dn.apply(
+        HeartbeatResponse {
+            instructions: vec![
+                Instruction::Close {
+                    region_id: REGION,
+                    dropped: true,
+                },
+                Instruction::Close {
+                    region_id: moved,
+                    dropped: false,
+                },
+            ],
+            ..HeartbeatResponse::default()
+        },
+        Instant::now(),
+    );
+    let dropped = dn.write(REGION, vec![b"late".to_vec()]).await.unwrap_err();
+    assert!(matches!(dropped, Error::RegionDropped { .. }), "{dropped}");
+    assert!(!dropped.is_retryable());
+    assert_eq!(
+        dropped.to_string(),
+        format!("region {REGION} was dropped with its table: it takes no more writes (datanode 1)")
+    );
+    let moved = dn.write(moved, vec![b"late".to_vec()]).await.unwrap_err();
+    assert!(matches!(moved, Error::RegionNotOpen { .. }), "{moved}");
+    assert!(moved.is_retryable());
 }

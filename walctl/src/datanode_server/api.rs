@@ -47,6 +47,7 @@ fn from_error(e: &Error) -> Response {
             }
             (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
         }
+        Error::RegionDropped { .. } => error(StatusCode::GONE, "region_dropped", message, false),
         Error::OutcomeUnknown { .. } => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "outcome_unknown",

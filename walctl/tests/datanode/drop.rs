@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::cluster::{Cluster, get};
+use crate::cluster::{Cluster, get, write};
 use crate::support::walctl_path;
 
 /// The keys of table `table_id` (regions `regions`) still in the store, with any tombstone or pending region drop.
@@ -74,6 +74,15 @@ fn a_drop_under_load_stops_the_writers_saying_so_and_leaves_nothing_of_the_table
         .filter(|r| cluster.region_storage().join(r.to_string()).exists())
         .count();
     assert!(flushed > 0, "the flush wrote no region storage");
+    let (_, before) = get(&format!("http://{}/v1/tables/dropped", cluster.serve_address));
+    let leaders: Vec<(u64, String)> = before["regions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|r| Some((r["region_id"].as_u64()?, r["address"].as_str()?.to_string())))
+        .collect();
+    assert_eq!(leaders.len(), regions.len(), "{before}");
 
     let out = cluster.walctl(&["--json", "drop-table", "dropped"]);
     assert!(out.contains("\"dropped\":true"), "{out}");
@@ -89,6 +98,13 @@ fn a_drop_under_load_stops_the_writers_saying_so_and_leaves_nothing_of_the_table
         "the writers are told why they stopped: {errors}"
     );
     assert_gone(&cluster, "dropped", &regions);
+    // A client writing to a region's last leader directly is told the table was dropped, not to look elsewhere.
+    for (region, address) in &leaders {
+        let (status, body) = write(address, *region, &[b"late"]);
+        assert_eq!(status, 410, "region {region} at {address}: {body}");
+        assert_eq!(body["error"]["kind"], "region_dropped", "{body}");
+        assert_eq!(body["error"]["retryable"], false, "{body}");
+    }
     // The other table is untouched: its region still leads and takes writes.
     let (_, body) = get(&format!("http://{}/v1/tables/kept", cluster.serve_address));
     assert_eq!(
