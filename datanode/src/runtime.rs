@@ -24,8 +24,8 @@ use snafu::ResultExt;
 use tokio::sync::OnceCell;
 
 use crate::error::{
-    NoTopicRegionKeySnafu, NotLeaderSnafu, OutcomeUnknownSnafu, RegionNotOpenSnafu, RegionWalSnafu,
-    RegionDroppedSnafu, Result, WalSnafu, WalTailLostSnafu,
+    NoTopicRegionKeySnafu, NotLeaderSnafu, OutcomeUnknownSnafu, RegionDroppedSnafu,
+    RegionNotOpenSnafu, RegionWalSnafu, Result, WalSnafu, WalTailLostSnafu,
 };
 use crate::log_store::kafka::{PartitionLog, RsKafkaPartition, call_bound, connect_client};
 use crate::log_store::{

@@ -45,10 +45,9 @@ fn opens(response: &HeartbeatResponse, region_id: u64) -> bool {
 }
 
 fn closes(response: &HeartbeatResponse, region_id: u64) -> bool {
-    response
-        .instructions
-        .iter()
-        .any(|i| matches!(i, Instruction::Close { region_id: r, dropped: false } if *r == region_id))
+    response.instructions.iter().any(
+        |i| matches!(i, Instruction::Close { region_id: r, dropped: false } if *r == region_id),
+    )
 }
 
 async fn dn_table(

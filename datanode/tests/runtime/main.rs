@@ -534,7 +534,8 @@ async fn a_drop_instruction_deletes_the_regions_storage_and_wal_and_is_reported_
 }
 
 #[tokio::test]
-async fn a_region_closed_for_a_drop_answers_writes_that_it_was_dropped_and_one_that_moved_that_it_is_not_here() {
+async fn a_region_closed_for_a_drop_answers_writes_that_it_was_dropped_and_one_that_moved_that_it_is_not_here()
+ {
     let world = World::new();
     let dn = world.datanode(1, u64::MAX);
     let moved = REGION + 1;

@@ -74,7 +74,10 @@ fn a_drop_under_load_stops_the_writers_saying_so_and_leaves_nothing_of_the_table
         .filter(|r| cluster.region_storage().join(r.to_string()).exists())
         .count();
     assert!(flushed > 0, "the flush wrote no region storage");
-    let (_, before) = get(&format!("http://{}/v1/tables/dropped", cluster.serve_address));
+    let (_, before) = get(&format!(
+        "http://{}/v1/tables/dropped",
+        cluster.serve_address
+    ));
     let leaders: Vec<(u64, String)> = before["regions"]
         .as_array()
         .cloned()
