@@ -17,6 +17,7 @@ mod bootstrap_steps;
 mod config_errors;
 mod kafka_admin;
 mod kafka_security;
+mod late_persist_names;
 mod pool_check;
 mod prune_round;
 mod selection;
