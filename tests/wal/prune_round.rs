@@ -529,3 +529,149 @@ async fn a_topic_listed_under_another_id_than_the_recorded_one_fails_alone_and_i
         Some(RECORDED)
     );
 }
+
+/// Holds the first compare-and-put on a `__topic_name/` key (the watermark's, after its read) until released.
+#[derive(Debug)]
+struct HeldWatermark {
+    inner: KvBackendRef,
+    armed: std::sync::atomic::AtomicBool,
+    entered: tokio::sync::Semaphore,
+    release: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl remote_wal::kv::KvWrapper for HeldWatermark {
+    fn inner(&self) -> &dyn KvBackend {
+        self.inner.as_ref()
+    }
+
+    async fn compare_and_put(
+        &self,
+        req: remote_wal::kv::CompareAndPutRequest,
+    ) -> remote_wal::Result<remote_wal::kv::CompareAndPutResponse> {
+        if req.key.starts_with(b"__topic_name/")
+            && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            self.entered.add_permits(1);
+            if let Ok(permit) = self.release.acquire().await {
+                permit.forget();
+            }
+        }
+        self.inner.compare_and_put(req).await
+    }
+
+    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<remote_wal::kv::KeyValue>> {
+        // A put of the watermark is held the same way (none is expected: the watermark is written only by
+        // compare-and-put; held here, a blind write would show in the test).
+        if req.key.starts_with(b"__topic_name/")
+            && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            self.entered.add_permits(1);
+            if let Ok(permit) = self.release.acquire().await {
+                permit.forget();
+            }
+        }
+        self.inner.put(req).await
+    }
+}
+
+/// The watermark is written outside the procedure store, so the engine's epoch does not fence it: what stops a
+/// deposed leader's late write is the compare-and-put against the value it read, only upwards (`docs/ha.md`). A
+/// first manager's round is held at that write while a second manager claims the epoch, finishes the round, and
+/// (the regions having flushed further) runs another that raises the watermark past the first's target. Let go,
+/// the late write changes nothing (a blind put would lower the watermark) and the first manager halts fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_managers_late_watermark_write_never_lowers_the_watermark_and_it_halts() {
+    let env = new_env().await;
+    let held = Arc::new(HeldWatermark {
+        inner: env.kv.clone(),
+        armed: std::sync::atomic::AtomicBool::new(true),
+        entered: tokio::sync::Semaphore::new(0),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let held_kv: KvBackendRef = held.clone();
+    let id = ProcedureId::new("wal_prune_round/late");
+    let a = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    a.register_loader(
+        WalPruneRound::TYPE_NAME,
+        WalPruneRound::loader(held_kv.clone(), env.brokers.clone()),
+    )
+    .unwrap();
+    a.start().await.unwrap();
+    let round = WalPruneRound::new(
+        vec!["t_0".to_string()],
+        PruneMode::DeleteRecords,
+        held_kv,
+        env.brokers.clone(),
+    );
+    let mut a_watcher = a
+        .submit(ProcedureWithId::new(id.clone(), Box::new(round)))
+        .await
+        .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(30), held.entered.acquire())
+        .await
+        .expect("the first manager reaches the watermark write")
+        .unwrap()
+        .forget();
+
+    // A second manager claims the epoch and finishes that round (t_0 to 7).
+    let b = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    b.register_loader(
+        WalPruneRound::TYPE_NAME,
+        WalPruneRound::loader(env.kv.clone(), env.brokers.clone()),
+    )
+    .unwrap();
+    b.start().await.unwrap();
+    let mut w = b.watch(&id).await.unwrap().expect("recovered");
+    w.wait().await.unwrap();
+    b.stop().await.unwrap();
+    let watermark = |kv: KvBackendRef| async move {
+        let value = kv.get(&topic_name_key("t_0")).await.unwrap().unwrap();
+        TopicNameValue::decode(b"k", &value.value)
+            .unwrap()
+            .pruned_entry_id
+    };
+    assert_eq!(watermark(env.kv.clone()).await, 7);
+    // The regions flush further; a later round raises t_0 to 10.
+    let region = |r: u64| format!("__topic_region/t_0/{r}").into_bytes();
+    put(
+        env.kv.as_ref(),
+        &region(1),
+        TopicRegionValue::at(11).encode(),
+    )
+    .await;
+    put(
+        env.kv.as_ref(),
+        &region(2),
+        TopicRegionValue::at(10).encode(),
+    )
+    .await;
+    let output = run_round(&env, env.brokers.clone(), &["t_0"]).await;
+    assert!(
+        matches!(
+            output.topics[0].outcome,
+            TopicOutcome::Pruned {
+                new_pruned_entry_id: 10,
+                ..
+            }
+        ),
+        "{output:?}"
+    );
+    let low = env.brokers.low.lock().unwrap().get("t_0").copied();
+
+    // Let go, the deposed manager's write (to 7, expecting the value it read at 2) changes nothing.
+    held.release.add_permits(1);
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(30), a_watcher.wait())
+        .await
+        .expect("the deposed manager stops");
+    assert!(
+        outcome.is_err(),
+        "the deposed manager finished: {outcome:?}"
+    );
+    assert_eq!(
+        watermark(env.kv.clone()).await,
+        10,
+        "the late write lowered it"
+    );
+    assert_eq!(env.brokers.low.lock().unwrap().get("t_0").copied(), low);
+}
