@@ -24,6 +24,9 @@
 #        scripts/services.sh start kafka-secure        one KRaft broker whose client listener is SASL_SSL only
 #                                                    (SCRAM-SHA-256 and SCRAM-SHA-512; PLAIN is not offered);
 #                                                    state, certificates and credentials in target/services/kafka-secure
+#        scripts/services.sh start postgres [NAME]     a PostgreSQL cluster of its own (initdb in the state dir, run as an
+#                                                    unprivileged user), user postgres with the password in
+#                                                    NAME/password, database remote_wal
 #        scripts/services.sh stop-all                stop everything this checkout started
 set -euo pipefail
 
@@ -77,6 +80,9 @@ install() {
   command -v mvn >/dev/null || need+=(maven)
   # scripts/certs.sh makes the TLS tests' certificates with it.
   command -v openssl >/dev/null || need+=(openssl)
+  # The PostgreSQL metadata store's tests run a cluster of their own (postgres_start); the package's own cluster is
+  # not used.
+  [[ -n $(pg_bin) ]] || need+=(postgresql)
   if ((${#need[@]})); then
     log "installing Debian packages: ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -275,6 +281,10 @@ kafka_wait() {
 stop_pid() { # dir
   local dir=$1
   [[ -s $dir/pid ]] || return 0
+  if [[ -s $dir/pg_bin ]]; then
+    # PostgreSQL: a fast shutdown (SIGTERM would wait for every client to leave).
+    as_pg "$(cat "$dir/pg_bin")/pg_ctl" -D "$dir/data" stop -m fast -w -t 60 >>"$dir/postgres.log" 2>&1 || true
+  fi
   local pid; pid=$(cat "$dir/pid")
   if kill -0 "$pid" 2>/dev/null; then
     kill "$pid" 2>/dev/null || true
@@ -282,6 +292,50 @@ stop_pid() { # dir
     kill -9 "$pid" 2>/dev/null || true
   fi
   rm -f "$dir/pid"
+}
+
+# ---- PostgreSQL ----------------------------------------------------------------------------------------------
+# A cluster of the test run's own (initdb into the state dir, a free loopback port, its socket in the state dir),
+# run as an unprivileged user: PostgreSQL refuses to run as root, so under root the system user $PG_USER is created
+# and runs it. Password authentication (scram-sha-256) for user postgres, the password generated once into
+# NAME/password; database remote_wal. A restart keeps the data and the password.
+PG_USER=${PG_USER:-rwpg}
+pg_bin() { ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1; }
+as_pg() { if ((EUID == 0)); then runuser -u "$PG_USER" -- "$@"; else "$@"; fi; }
+
+postgres_start() {
+  local name=${1:-postgres} dir="$STATE/${1:-postgres}"
+  mkdir -p "$dir"
+  pid_alive "$dir/pid" && return 0
+  local bin; bin=$(pg_bin)
+  [[ -n $bin ]] || die "PostgreSQL not installed: run scripts/services.sh install"
+  if ((EUID == 0)) && ! id -u "$PG_USER" >/dev/null 2>&1; then
+    useradd --system --no-create-home --shell /usr/sbin/nologin "$PG_USER"
+  fi
+  echo "$bin" >"$dir/pg_bin"
+  local port; port=$(port_for "$dir" port)
+  [[ -s $dir/password ]] || (umask 077; python3 -c 'import secrets; print(secrets.token_hex(16))' >"$dir/password")
+  mkdir -p "$dir/socket"
+  touch "$dir/postgres.log"
+  ((EUID == 0)) && chown "$PG_USER" "$dir/socket" "$dir/postgres.log"
+  if [[ ! -s $dir/data/PG_VERSION ]]; then
+    rm -rf "$dir/data"; mkdir -p "$dir/data"
+    (umask 077; cp "$dir/password" "$dir/pwfile")
+    ((EUID == 0)) && chown "$PG_USER" "$dir/data" "$dir/pwfile"
+    as_pg "$bin/initdb" -D "$dir/data" -U postgres --auth=scram-sha-256 --pwfile="$dir/pwfile" -E UTF8 \
+      >>"$dir/postgres.log" 2>&1 || { rm -f "$dir/pwfile"; tail -n 40 "$dir/postgres.log" >&2; die "initdb failed"; }
+    rm -f "$dir/pwfile"
+  fi
+  as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 120 \
+    -o "-p $port -k $dir/socket -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null 2>&1 \
+    || { tail -n 40 "$dir/postgres.log" >&2; die "postgres $name did not start"; }
+  head -n 1 "$dir/data/postmaster.pid" >"$dir/pid"
+  check() { "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"; }
+  wait_ready "postgres($name)" check "$dir/postgres.log" "$dir/pid" || { stop_pid "$dir"; die "postgres $name did not start"; }
+  local psql=("$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 -qtA)
+  if [[ $(PGPASSWORD=$(cat "$dir/password") "${psql[@]}" -c "SELECT 1 FROM pg_database WHERE datname = 'remote_wal'") != 1 ]]; then
+    PGPASSWORD=$(cat "$dir/password") "${psql[@]}" -c "CREATE DATABASE remote_wal" >/dev/null
+  fi
 }
 
 # ---- etcd ----------------------------------------------------------------------------------------------------
@@ -398,8 +452,9 @@ case "$cmd" in
       kafka-secure) kafka_secure_start ;;
       kafka) kafka_start "${2:-kafka}" ;;
       etcd) etcd_start "${2:-etcd}" ;;
+      postgres) postgres_start "${2:-postgres}" ;;
       etcd-secure) etcd_secure_start "${2:-etcd-secure}" ;;
-      *) die "start kafka|etcd|etcd-secure [NAME]" ;;
+      *) die "start kafka|etcd|etcd-secure|postgres [NAME]" ;;
     esac ;;
   stop) [[ -n ${1:-} ]] || die "stop kafka|etcd [NAME]"; stop_pid "$STATE/${2:-$1}" ;;
   endpoint) echo "127.0.0.1:$(cat "$STATE/${2:-$1}/port")" ;;

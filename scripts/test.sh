@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # The one command that runs every test of remote-wal (what .ci/run calls).
 #
-# It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc, openssl, chromium; Maven
+# It checks formatting, installs what a fresh machine lacks (Debian: etcd, etcdctl, protoc, openssl, postgresql,
+# chromium; Maven
 # Central: the Apache Kafka jars, cached under target/kafka-libs), runs clippy and rustdoc with warnings denied (the
 # lint gates all run before any service starts, so they fail fast), starts on free loopback ports one Kafka broker
-# (KRaft), one Kafka broker with a SASL_SSL listener only, one etcd and a secure etcd (TLS, client certificates,
-# users), waits until they answer, runs the whole workspace's tests, every benchmark and example once at its
+# (KRaft), one Kafka broker with a SASL_SSL listener only, one etcd, a secure etcd (TLS, client certificates,
+# users) and a PostgreSQL cluster of its own, waits until they answer, runs the whole workspace's tests, every benchmark and example once at its
 # smallest, and stops the services again — also when tests fail, in which case it prints the services' logs.
 #
 # KAFKA_ENDPOINTS / ETCD_ENDPOINTS set in the environment: use those services instead of starting our own; the same
 # for the secure etcd with ETCD_SECURE_ENDPOINTS, ETCD_SECURE_CERTS and ETCD_SECURE_PASSWORD_FILE, and for the
-# secure Kafka broker with KAFKA_SECURE_ENDPOINTS and KAFKA_SECURE_DIR.
+# secure Kafka broker with KAFKA_SECURE_ENDPOINTS and KAFKA_SECURE_DIR, and for PostgreSQL with POSTGRES_URL and
+# POSTGRES_PASSWORD_FILE.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -113,6 +115,15 @@ if [[ -z ${KAFKA_SECURE_ENDPOINTS:-} ]]; then
   export KAFKA_SECURE_ENDPOINTS=$("$SERVICES" endpoint kafka-secure)
   export KAFKA_SECURE_DIR="$ROOT/target/services/kafka-secure"
 fi
+# PostgreSQL as the metadata store: a cluster of the run's own, as an unprivileged user (scripts/services.sh start
+# postgres); its tests fail, never skip, without POSTGRES_URL.
+if [[ -z ${POSTGRES_URL:-} ]]; then
+  "$SERVICES" start postgres
+  started+=(postgres)
+  export POSTGRES_URL="postgres://postgres@$("$SERVICES" endpoint postgres)/remote_wal"
+  export POSTGRES_PASSWORD_FILE="$ROOT/target/services/postgres/password"
+fi
+echo "[test] POSTGRES_URL=$POSTGRES_URL"
 echo "[test] KAFKA_ENDPOINTS=$KAFKA_ENDPOINTS ETCD_ENDPOINTS=$ETCD_ENDPOINTS ETCD_SECURE_ENDPOINTS=$ETCD_SECURE_ENDPOINTS KAFKA_SECURE_ENDPOINTS=$KAFKA_SECURE_ENDPOINTS"
 
 cargo build --workspace --all-targets

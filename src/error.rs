@@ -220,6 +220,32 @@ pub enum Error {
         /// Whether the same call may succeed if tried again; decided by the kv layer from the client's error.
         retryable: bool,
     },
+
+    /// The PostgreSQL metadata store's configuration is unusable, or its table's recorded schema version is not
+    /// this release's.
+    #[snafu(display("PostgreSQL metadata store: {key}: {reason}"))]
+    PostgresConfig {
+        /// The setting or object at fault, e.g. `metadata_store.url` or the table's name.
+        key: String,
+        /// What is wrong (never the password).
+        reason: String,
+    },
+
+    /// A PostgreSQL call failed (connecting included). The endpoint is `host:port/database`, never the password.
+    #[snafu(display("PostgreSQL at {endpoint}: {action} on key '{key}' failed: {detail}"))]
+    PostgresOp {
+        /// `host:port/database`.
+        endpoint: String,
+        /// The kv call (or `connect`).
+        action: &'static str,
+        /// The (first) key touched, escaped (empty when none).
+        key: String,
+        /// A one-line account of the client's error (its SQLSTATE when the server sent one).
+        detail: String,
+        /// Whether the same call may succeed if tried again (a lost connection, a server starting or shutting
+        /// down, a serialization failure that outlasted the retries); decided by the kv layer.
+        retryable: bool,
+    },
     // ---- end kv ----
 
     // ---- wal (src/wal) ----
@@ -1365,6 +1391,7 @@ impl Error {
             // ---- retryable: kv (decided where built, src/kv) ----
             Error::EtcdConnect { retryable, .. } | Error::EtcdOp { retryable, .. } => *retryable,
             Error::EtcdConnectTimeout { .. } | Error::EtcdTimeout { .. } => true,
+            Error::PostgresOp { retryable, .. } => *retryable,
             Error::Election { retryable, .. } => *retryable,
             Error::NotLeader { .. } => true,
             // ---- retryable: datanodes (src/metasrv/datanodes.rs) ----
@@ -1402,6 +1429,7 @@ impl Error {
             | Error::RedbFile { .. }
             | Error::RedbDamaged { .. }
             | Error::EtcdConfig { .. }
+            | Error::PostgresConfig { .. }
             | Error::EtcdSecurityConfig { .. }
             | Error::EtcdCredentialFile { .. }
             | Error::ParseWalConfig { .. }

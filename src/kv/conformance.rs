@@ -52,6 +52,35 @@ pub async fn etcd_from_env() -> crate::kv::EtcdKvBackend {
         })
 }
 
+/// The PostgreSQL the test command starts (`scripts/services.sh start postgres`): `POSTGRES_URL`
+/// (`postgres://postgres@127.0.0.1:PORT/remote_wal`) and `POSTGRES_PASSWORD_FILE`, in table `table` of schema
+/// `public`. Panics naming what is missing or unreachable: tests needing PostgreSQL fail, they never skip.
+pub async fn postgres_from_env(table: &str) -> crate::kv::PostgresKvBackend {
+    crate::kv::PostgresKvBackend::connect(postgres_config_from_env(table))
+        .await
+        .unwrap_or_else(|e| panic!("this test needs a running PostgreSQL at POSTGRES_URL: {e}"))
+}
+
+/// The config [`postgres_from_env`] connects with.
+pub fn postgres_config_from_env(table: &str) -> crate::kv::PostgresKvConfig {
+    let url = std::env::var("POSTGRES_URL").unwrap_or_default();
+    assert!(
+        !url.is_empty(),
+        "POSTGRES_URL is not set: this test needs a running PostgreSQL (postgres://user@host:port/db; run through \
+         scripts/test.sh)"
+    );
+    let password = std::env::var("POSTGRES_PASSWORD_FILE").ok().map(|path| {
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("POSTGRES_PASSWORD_FILE={path}: {e}"))
+            .trim()
+            .to_string()
+    });
+    let mut config = crate::kv::PostgresKvConfig::from_url(&url, password.as_deref())
+        .unwrap_or_else(|e| panic!("POSTGRES_URL: {e}"));
+    config.table = table.to_string();
+    config
+}
+
 /// The secure etcd the test command starts (`scripts/services.sh start etcd-secure`): TLS with a client
 /// certificate, auth enabled. Read from the environment: `ETCD_SECURE_ENDPOINTS` (comma-separated `host:port`),
 /// `ETCD_SECURE_CERTS` (the directory `scripts/certs.sh` filled: `ca.pem`, `client.pem`, `client.key`,

@@ -1,4 +1,4 @@
-//! The metadata store: the [`KvBackend`] trait and its implementations (memory, redb, etcd).
+//! The metadata store: the [`KvBackend`] trait and its implementations (memory, redb, etcd, PostgreSQL).
 //!
 //! Keys and values are bytes. Ranges follow etcd's convention: a request names a start `key` and an exclusive
 //! `range_end`; an empty `range_end` means the single key, `[0]` means every key from `key` on.
@@ -18,6 +18,7 @@ pub mod etcd;
 pub mod generation;
 pub mod memory;
 pub mod namespace;
+pub mod postgres;
 pub mod redb;
 pub mod state_store;
 pub mod step_store;
@@ -29,6 +30,7 @@ pub use etcd::{EtcdConfig, EtcdKvBackend};
 pub use generation::{WatchedKvBackend, WriteGeneration};
 pub use memory::MemoryKvBackend;
 pub use namespace::NamespacedKvBackend;
+pub use postgres::{PostgresKvBackend, PostgresKvConfig};
 pub use redb::RedbKvBackend;
 pub use state_store::KvStateStore;
 pub use step_store::KvStepStore;

@@ -1,5 +1,6 @@
-//! The kv conformance suite on every backend: memory, redb (a temp file per case) and a real etcd
-//! (`ETCD_ENDPOINTS`, a random key prefix per case).
+//! The kv conformance suite on every backend: memory, redb (a temp file per case), a real etcd
+//! (`ETCD_ENDPOINTS`, a random key prefix per case) and a real PostgreSQL (`POSTGRES_URL`, one table, a random key
+//! prefix per case).
 
 use std::sync::Arc;
 
@@ -26,6 +27,28 @@ async fn redb_backend_conforms() {
         }
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_backend_conforms() {
+    let kv: KvBackendRef =
+        Arc::new(remote_wal::kv::conformance::postgres_from_env("conformance").await);
+    // One random prefix for the run, one sub-prefix per case; the run's keys are removed at the end.
+    let run = remote_wal::kv::conformance::unique_prefix("conformance");
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    run_all(|| {
+        let kv = kv.clone();
+        let ns = [
+            run.clone(),
+            format!("{}/", n.fetch_add(1, std::sync::atomic::Ordering::SeqCst)).into_bytes(),
+        ]
+        .concat();
+        async move { (kv, ns) }
+    })
+    .await;
+    kv.delete_range(&run, &remote_wal::kv::prefix_end(&run), false)
+        .await
+        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

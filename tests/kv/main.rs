@@ -1,4 +1,5 @@
-//! Kv backend tests: the conformance suite on memory, redb and etcd; redb (file lock, damaged files); etcd;
+//! Kv backend tests: the conformance suite on memory, redb, etcd and PostgreSQL; redb (file lock, damaged files); etcd;
+//! PostgreSQL (racing conditional writes, refused credentials, another layout version);
 //! `KvStateStore` on the engine's suite and crash matrix.
 
 #[path = "../support/mod.rs"]
@@ -10,6 +11,7 @@ mod election;
 mod etcd;
 mod etcd_secure;
 mod group_commit;
+mod postgres;
 mod redb;
 mod redb_damage;
 mod state_store;

@@ -1,0 +1,814 @@
+//! [`PostgresKvBackend`]: the metadata store in one PostgreSQL table, `(k bytea primary key, v bytea not null)`,
+//! for deployments that keep metadata in PostgreSQL rather than etcd (`docs/metadata-store.md`).
+//!
+//! **Layout.** The table (`[metadata_store] schema`, `table`; `public.remote_wal_kv` by default) and a small
+//! `{table}_meta` table recording the layout's `schema_version` (1) are created if absent, under a transaction-scoped
+//! advisory lock so that two processes starting together do not race on `CREATE TABLE`. A table whose recorded
+//! version is not 1 is refused, naming it. `bytea` compares bytewise, so ranges order keys as etcd does.
+//!
+//! **Atomicity and isolation.** Reads are single statements (one snapshot each). Every call that writes more than
+//! one row, or decides a write on what it read (compare-and-put, transactions, puts and deletes returning the
+//! previous pairs), runs in one `SERIALIZABLE` transaction: PostgreSQL then guarantees that the outcome is that of
+//! some serial order of the committed transactions, including for keys a transaction found *absent* (its predicate
+//! locks cover them, which `SELECT … FOR UPDATE` on the rows that exist would not). A transaction PostgreSQL aborts
+//! to keep that promise (SQLSTATE 40001, or a deadlock, 40P01) has applied nothing and is run again from its reads,
+//! up to [`SERIALIZATION_RETRIES`] times; past that the call fails, retryably. So a conditional write whose
+//! condition another writer broke meanwhile is refused (`succeeded = false`), never applied on a stale read.
+//!
+//! **Connections.** A fixed pool of `connections` clients, each used by one call at a time, connected on first
+//! use and again after the connection broke. A call that gets no answer within `request_timeout` fails retryably
+//! and its connection is dropped (its effect is unknown, as with etcd).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, IsolationLevel, NoTls, Row};
+
+use crate::error::{PostgresConfigSnafu, PostgresOpSnafu, Result};
+use crate::kv::{
+    Compare, CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, PutRequest,
+    RangeRequest, RangeResponse, Txn, TxnOp, TxnOpResponse, TxnResponse, check, display_key,
+};
+
+/// The layout version this release writes and reads.
+pub const SCHEMA_VERSION: &str = "1";
+
+/// How many times a transaction PostgreSQL aborted for serializability is run again before the call fails.
+pub const SERIALIZATION_RETRIES: usize = 32;
+
+/// Operations (compares + the larger branch) one transaction may hold. PostgreSQL has no such limit; this keeps a
+/// transaction's locks and its statement count bounded.
+pub const MAX_TXN_OPS: usize = 4096;
+
+/// Bytes of keys and values one request may carry: well under PostgreSQL's 1 GiB per value and per protocol
+/// message.
+pub const MAX_REQUEST_BYTES: usize = 256 * 1024 * 1024;
+
+/// How to reach the PostgreSQL metadata store.
+#[derive(Clone)]
+pub struct PostgresKvConfig {
+    /// The connection: host, port, database and user (from a `postgres://` URL or key=value string).
+    pub connection: tokio_postgres::Config,
+    /// The schema holding the table.
+    pub schema: String,
+    /// The table.
+    pub table: String,
+    /// Clients in the pool (calls in flight at once).
+    pub connections: usize,
+    /// Bound of one connection attempt.
+    pub connect_timeout: Duration,
+    /// Bound of one call.
+    pub request_timeout: Duration,
+}
+
+impl std::fmt::Debug for PostgresKvConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The connection config may hold the password: only the endpoint is shown.
+        f.debug_struct("PostgresKvConfig")
+            .field("endpoint", &endpoint_of(&self.connection))
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("connections", &self.connections)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresKvConfig {
+    /// A config from a `postgres://user@host:port/database` URL (or a `host=… port=…` string), with `password`
+    /// when given (read from a file by the caller), in `public.remote_wal_kv`, 8 connections, 5 s to connect and
+    /// 10 s per call. A URL that does not parse is an error naming `metadata_store.url` (the URL is not repeated:
+    /// it may hold a password).
+    pub fn from_url(url: &str, password: Option<&str>) -> Result<Self> {
+        let mut connection: tokio_postgres::Config = url.parse().map_err(|e| {
+            PostgresConfigSnafu {
+                key: "metadata_store.url",
+                reason: format!("not a PostgreSQL connection URL: {e}"),
+            }
+            .build()
+        })?;
+        if let Some(password) = password {
+            connection.password(password);
+        }
+        if connection.get_hosts().is_empty() {
+            return PostgresConfigSnafu {
+                key: "metadata_store.url",
+                reason: "it names no host",
+            }
+            .fail();
+        }
+        Ok(PostgresKvConfig {
+            connection,
+            schema: "public".to_string(),
+            table: "remote_wal_kv".to_string(),
+            connections: 8,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+        })
+    }
+}
+
+/// `host:port/database` of a connection config (never its password).
+fn endpoint_of(config: &tokio_postgres::Config) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        #[cfg(unix)]
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "?".to_string(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let db = config.get_dbname().unwrap_or("");
+    format!("{host}:{port}/{db}")
+}
+
+/// A quoted SQL identifier, refused unless it is a plain lower-case name (so it never needs escaping).
+fn identifier(key: &str, name: &str) -> Result<String> {
+    let plain = !name.is_empty()
+        && name.len() <= 48
+        && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !plain {
+        return PostgresConfigSnafu {
+            key,
+            reason: format!(
+                "'{name}' is not a plain name (lower-case letters, digits and '_', at most 48, not starting with a digit)"
+            ),
+        }
+        .fail();
+    }
+    Ok(format!("\"{name}\""))
+}
+
+/// The metadata store in a PostgreSQL table.
+pub struct PostgresKvBackend {
+    config: PostgresKvConfig,
+    endpoint: String,
+    /// `"schema"."table"`.
+    table: String,
+    slots: Vec<tokio::sync::Mutex<Option<Client>>>,
+    next: AtomicUsize,
+}
+
+impl std::fmt::Debug for PostgresKvBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresKvBackend")
+            .field("endpoint", &self.endpoint)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What went wrong inside a call, before it is turned into the crate's error.
+enum Failure {
+    Pg(tokio_postgres::Error),
+    Timeout(Duration),
+    /// Still aborted for serializability after the retries.
+    Contention,
+    /// The checked-out slot holds no client (not expected: checking out connects it).
+    NoClient,
+}
+
+impl From<tokio_postgres::Error> for Failure {
+    fn from(e: tokio_postgres::Error) -> Self {
+        Failure::Pg(e)
+    }
+}
+
+/// Whether PostgreSQL aborted a transaction to keep it serializable (nothing of it applied; run it again).
+fn serialization_failure(e: &tokio_postgres::Error) -> bool {
+    matches!(
+        e.code(),
+        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+    )
+}
+
+/// Whether the same call may succeed later: a connection that broke or never opened, a server starting, shutting
+/// down or out of connections, a serialization failure. Anything the server refused for the request itself (a
+/// permission, a constraint, bad SQL) is not.
+fn retryable(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        None => true,
+        Some(c) => {
+            let class = &c.code()[..2];
+            // 08 connection exception, 53 insufficient resources, 57 operator intervention (shutdown, startup),
+            // 40 transaction rollback (serialization, deadlock).
+            matches!(class, "08" | "53" | "57" | "40")
+        }
+    }
+}
+
+/// One line for an error of the client: its SQLSTATE and message when the server sent them.
+fn detail(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(s) = source {
+                text.push_str(": ");
+                text.push_str(&s.to_string());
+                source = s.source();
+            }
+            text.replace('\n', " ")
+        }
+    }
+}
+
+impl PostgresKvBackend {
+    /// Connects (one client at once, the others on first use) and creates the table if absent; an unreachable
+    /// server, refused credentials or a table of another layout version are errors naming the endpoint.
+    pub async fn connect(config: PostgresKvConfig) -> Result<Self> {
+        let table = format!(
+            "{}.{}",
+            identifier("metadata_store.schema", &config.schema)?,
+            identifier("metadata_store.table", &config.table)?
+        );
+        let backend = PostgresKvBackend {
+            endpoint: endpoint_of(&config.connection),
+            slots: (0..config.connections.max(1))
+                .map(|_| tokio::sync::Mutex::new(None))
+                .collect(),
+            next: AtomicUsize::new(0),
+            table,
+            config,
+        };
+        backend.create_table().await?;
+        Ok(backend)
+    }
+
+    /// The table and its meta table, created under an advisory lock; the recorded version checked.
+    async fn create_table(&self) -> Result<()> {
+        let schema = identifier("metadata_store.schema", &self.config.schema)?;
+        let meta = format!(
+            "{schema}.{}",
+            identifier(
+                "metadata_store.table",
+                &format!("{}_meta", self.config.table)
+            )?
+        );
+        let table = self.table.clone();
+        let mut co = self.checkout("create table", &[]).await?;
+        let outcome = self
+            .bounded(async {
+                let client = co.client()?;
+                let tx = client.transaction().await?;
+                tx.execute("SELECT pg_advisory_xact_lock(7275620937261137479)", &[])
+                    .await?;
+                tx.batch_execute(&format!(
+                    "CREATE SCHEMA IF NOT EXISTS {schema};
+                     CREATE TABLE IF NOT EXISTS {table} (k BYTEA PRIMARY KEY, v BYTEA NOT NULL);
+                     CREATE TABLE IF NOT EXISTS {meta} (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+                     INSERT INTO {meta} (name, value) VALUES ('schema_version', '{SCHEMA_VERSION}')
+                         ON CONFLICT (name) DO NOTHING;"
+                ))
+                .await?;
+                let row = tx
+                    .query_one(
+                        &format!("SELECT value FROM {meta} WHERE name = 'schema_version'"),
+                        &[],
+                    )
+                    .await?;
+                tx.commit().await?;
+                Ok(row.get::<_, String>(0))
+            })
+            .await;
+        let version = co.finish(outcome)?;
+        if version != SCHEMA_VERSION {
+            return PostgresConfigSnafu {
+                key: self.table.clone(),
+                reason: format!(
+                    "its layout is version {version}; this release reads version {SCHEMA_VERSION}"
+                ),
+            }
+            .fail();
+        }
+        Ok(())
+    }
+
+    /// Refuses a request of `bytes` bytes of keys and values over [`MAX_REQUEST_BYTES`], naming its first key.
+    fn check_size(&self, key: &[u8], bytes: usize) -> Result<()> {
+        snafu::ensure!(
+            bytes <= MAX_REQUEST_BYTES,
+            crate::error::KvLimitSnafu {
+                backend: self.name(),
+                key: display_key(key),
+                reason: format!(
+                    "a request may carry at most {MAX_REQUEST_BYTES} bytes of keys and values, this one carries {bytes}"
+                ),
+            }
+        );
+        Ok(())
+    }
+
+    /// The statement writing one pair whether or not its key exists.
+    fn upsert(&self) -> String {
+        format!(
+            "INSERT INTO {} (k, v) VALUES ($1, $2) ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
+            self.table
+        )
+    }
+
+    /// The `"schema"."table"` the pairs live in.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// A client of the pool for one call (a free one if there is one, else the next in turn), connected first if
+    /// it is not.
+    async fn checkout(&self, action: &'static str, key: &[u8]) -> Result<Checkout<'_>> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let free = self.slots.iter().find_map(|s| s.try_lock().ok());
+        let guard = match free {
+            Some(g) => g,
+            None => self.slots[i].lock().await,
+        };
+        let mut checkout = Checkout {
+            guard,
+            backend: self,
+            action,
+            key: display_key(key),
+        };
+        if checkout.guard.as_ref().is_none_or(Client::is_closed) {
+            *checkout.guard = None;
+            let connecting = self.config.connection.connect(NoTls);
+            let (client, connection) =
+                match tokio::time::timeout(self.config.connect_timeout, connecting).await {
+                    Ok(Ok(pair)) => pair,
+                    Ok(Err(e)) => {
+                        return Err(checkout
+                            .error(format!("cannot connect: {}", detail(&e)), retryable(&e)));
+                    }
+                    Err(_) => {
+                        let timeout = self.config.connect_timeout;
+                        return Err(checkout.error(
+                            format!("cannot connect: no answer within {timeout:?}"),
+                            true,
+                        ));
+                    }
+                };
+            tokio::spawn(async move {
+                // Ends when the client is dropped or the connection breaks; the next call reconnects.
+                let _ = connection.await;
+            });
+            *checkout.guard = Some(client);
+        }
+        Ok(checkout)
+    }
+
+    /// `work` bounded by the request timeout.
+    async fn bounded<T>(
+        &self,
+        work: impl std::future::Future<Output = std::result::Result<T, Failure>>,
+    ) -> std::result::Result<T, Failure> {
+        match tokio::time::timeout(self.config.request_timeout, work).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Failure::Timeout(self.config.request_timeout)),
+        }
+    }
+}
+
+/// A client checked out of the pool for one call.
+struct Checkout<'a> {
+    guard: tokio::sync::MutexGuard<'a, Option<Client>>,
+    backend: &'a PostgresKvBackend,
+    action: &'static str,
+    key: String,
+}
+
+impl Checkout<'_> {
+    fn client(&mut self) -> std::result::Result<&mut Client, Failure> {
+        self.guard.as_mut().ok_or(Failure::NoClient)
+    }
+
+    fn error(&self, detail: String, retryable: bool) -> crate::Error {
+        PostgresOpSnafu {
+            endpoint: self.backend.endpoint.clone(),
+            action: self.action,
+            key: self.key.clone(),
+            detail,
+            retryable,
+        }
+        .build()
+    }
+
+    /// The call's outcome as the crate's error; a broken or timed-out connection is dropped (its next user
+    /// connects again).
+    fn finish<T>(mut self, outcome: std::result::Result<T, Failure>) -> Result<T> {
+        match outcome {
+            Ok(value) => Ok(value),
+            Err(Failure::Pg(e)) => {
+                if e.code().is_none() {
+                    *self.guard = None;
+                }
+                Err(self.error(detail(&e), retryable(&e)))
+            }
+            Err(Failure::Timeout(after)) => {
+                *self.guard = None;
+                Err(self.error(
+                    format!("no answer within {after:?} (its effect is unknown)"),
+                    true,
+                ))
+            }
+            Err(Failure::Contention) => Err(self.error(
+                format!(
+                    "aborted for serializability {SERIALIZATION_RETRIES} times in a row (other writers keep \
+                     changing the same keys)"
+                ),
+                true,
+            )),
+            Err(Failure::NoClient) => Err(self.error("no connection".to_string(), true)),
+        }
+    }
+}
+
+/// Runs a body (a block using the transaction `$tx`, returning `Result<_, tokio_postgres::Error>`) in a
+/// `SERIALIZABLE` transaction on `$client` and commits it, running both again while PostgreSQL aborts them for
+/// serializability (nothing of an aborted one applied), up to [`SERIALIZATION_RETRIES`] times. Evaluates to
+/// `Result<_, Failure>`.
+macro_rules! serializable {
+    ($client:expr, |$tx:ident| $body:block) => {{
+        let client: &mut Client = $client;
+        let mut attempt = 0usize;
+        loop {
+            let $tx = match client
+                .build_transaction()
+                .isolation_level(IsolationLevel::Serializable)
+                .start()
+                .await
+            {
+                Ok(tx) => tx,
+                Err(e) => break Err(Failure::Pg(e)),
+            };
+            let outcome: std::result::Result<_, tokio_postgres::Error> = async { $body }.await;
+            let outcome = match outcome {
+                Ok(value) => $tx.commit().await.map(|()| value),
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok(value) => break Ok(value),
+                Err(e) if serialization_failure(&e) => {
+                    attempt += 1;
+                    if attempt >= SERIALIZATION_RETRIES {
+                        break Err(Failure::Contention);
+                    }
+                    // A short, growing pause: the writer it collided with finishes meanwhile.
+                    tokio::time::sleep(Duration::from_micros(200 << attempt.min(6))).await;
+                }
+                Err(e) => break Err(Failure::Pg(e)),
+            }
+        }
+    }};
+}
+
+fn pair(row: &Row) -> KeyValue {
+    KeyValue {
+        key: row.get(0),
+        value: row.get(1),
+    }
+}
+
+/// The `WHERE` clause of a range, with its parameters: `None` when the range covers nothing.
+fn range_clause(key: &[u8], range_end: &[u8]) -> Option<(String, Vec<Vec<u8>>)> {
+    if range_end.is_empty() {
+        Some(("k = $1".to_string(), vec![key.to_vec()]))
+    } else if range_end == [0] {
+        Some(("k >= $1".to_string(), vec![key.to_vec()]))
+    } else if range_end <= key {
+        None
+    } else {
+        Some((
+            "k >= $1 AND k < $2".to_string(),
+            vec![key.to_vec(), range_end.to_vec()],
+        ))
+    }
+}
+
+fn params(values: &[Vec<u8>]) -> Vec<&(dyn ToSql + Sync)> {
+    values.iter().map(|v| v as &(dyn ToSql + Sync)).collect()
+}
+
+#[async_trait]
+impl KvBackend for PostgresKvBackend {
+    fn name(&self) -> String {
+        format!("postgres:{}", self.endpoint)
+    }
+
+    fn max_txn_ops(&self) -> usize {
+        MAX_TXN_OPS
+    }
+
+    fn max_request_bytes(&self) -> usize {
+        MAX_REQUEST_BYTES
+    }
+
+    fn max_txns_in_flight(&self) -> usize {
+        self.slots.len()
+    }
+
+    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        let sql = format!("SELECT k, v FROM {} WHERE k = $1", self.table);
+        let mut co = self.checkout("get", key).await?;
+        let outcome = self
+            .bounded(async {
+                let row = co.client()?.query_opt(&sql, &[&key]).await?;
+                Ok(row.as_ref().map(pair))
+            })
+            .await;
+        co.finish(outcome)
+    }
+
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<KeyValue>> {
+        let Some(first) = keys.first() else {
+            return Ok(Vec::new());
+        };
+        let sql = format!("SELECT k, v FROM {} WHERE k = ANY($1)", self.table);
+        let mut co = self.checkout("batch_get", first).await?;
+        let outcome = self
+            .bounded(async { Ok(co.client()?.query(&sql, &[&keys]).await?) })
+            .await;
+        let found = co.finish(outcome)?;
+        Ok(in_order(keys, found.iter().map(pair)))
+    }
+
+    async fn range(&self, req: RangeRequest) -> Result<RangeResponse> {
+        let Some((clause, values)) = range_clause(&req.key, &req.range_end) else {
+            return Ok(RangeResponse::default());
+        };
+        let value = if req.keys_only { "''::bytea" } else { "v" };
+        let limit = match req.limit {
+            0 => String::new(),
+            n => format!(" LIMIT {}", n.saturating_add(1)),
+        };
+        let sql = format!(
+            "SELECT k, {value} FROM {} WHERE {clause} ORDER BY k{limit}",
+            self.table
+        );
+        let mut co = self.checkout("range", &req.key).await?;
+        let outcome = self
+            .bounded(async { Ok(co.client()?.query(&sql, &params(&values)).await?) })
+            .await;
+        let rows = co.finish(outcome)?;
+        let mut kvs: Vec<KeyValue> = rows.iter().map(pair).collect();
+        let more = req.limit > 0 && kvs.len() > req.limit;
+        if req.limit > 0 {
+            kvs.truncate(req.limit);
+        }
+        Ok(RangeResponse { kvs, more })
+    }
+
+    async fn put(&self, req: PutRequest) -> Result<Option<KeyValue>> {
+        check::key(&self.name(), &req.key)?;
+        self.check_size(&req.key, req.key.len() + req.value.len())?;
+        let select = format!("SELECT k, v FROM {} WHERE k = $1", self.table);
+        let upsert = self.upsert();
+        let mut co = self.checkout("put", &req.key).await?;
+        let outcome = self
+            .bounded(async {
+                let client = co.client()?;
+                if !req.prev_kv {
+                    client.execute(&upsert, &[&req.key, &req.value]).await?;
+                    return Ok(None);
+                }
+                serializable!(client, |tx| {
+                    let prev = tx.query_opt(&select, &[&req.key]).await?;
+                    tx.execute(&upsert, &[&req.key, &req.value]).await?;
+                    Ok(prev.as_ref().map(pair))
+                })
+            })
+            .await;
+        co.finish(outcome)
+    }
+
+    async fn batch_put(&self, kvs: Vec<KeyValue>, prev_kv: bool) -> Result<Vec<KeyValue>> {
+        let kvs = check::dedup_puts(&self.name(), kvs)?;
+        let bytes: usize = kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
+        if let Some(first) = kvs.first() {
+            self.check_size(&first.key, bytes)?;
+        }
+        let Some(first) = kvs.first().map(|kv| kv.key.clone()) else {
+            return Ok(Vec::new());
+        };
+        let keys: Vec<Vec<u8>> = kvs.iter().map(|kv| kv.key.clone()).collect();
+        let values: Vec<Vec<u8>> = kvs.into_iter().map(|kv| kv.value).collect();
+        let select = format!("SELECT k, v FROM {} WHERE k = ANY($1)", self.table);
+        let upsert = format!(
+            "INSERT INTO {} (k, v) SELECT * FROM UNNEST($1::bytea[], $2::bytea[]) \
+             ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
+            self.table
+        );
+        let mut co = self.checkout("batch_put", &first).await?;
+        let outcome = self
+            .bounded(async {
+                serializable!(co.client()?, |tx| {
+                    let prevs = if prev_kv {
+                        tx.query(&select, &[&keys]).await?
+                    } else {
+                        Vec::new()
+                    };
+                    tx.execute(&upsert, &[&keys, &values]).await?;
+                    Ok(prevs)
+                })
+            })
+            .await;
+        let prevs = co.finish(outcome)?;
+        // In the order the puts were given, as the other backends answer.
+        Ok(in_order(&keys, prevs.iter().map(pair)))
+    }
+
+    async fn compare_and_put(&self, req: CompareAndPutRequest) -> Result<CompareAndPutResponse> {
+        check::key(&self.name(), &req.key)?;
+        self.check_size(&req.key, req.key.len() * 2 + req.value.len())?;
+        let select = format!("SELECT v FROM {} WHERE k = $1", self.table);
+        let upsert = self.upsert();
+        let mut co = self.checkout("compare_and_put", &req.key).await?;
+        let outcome = self
+            .bounded(async {
+                serializable!(co.client()?, |tx| {
+                    let prev: Option<Vec<u8>> =
+                        tx.query_opt(&select, &[&req.key]).await?.map(|r| r.get(0));
+                    let success = prev == req.expect;
+                    if success {
+                        tx.execute(&upsert, &[&req.key, &req.value]).await?;
+                    }
+                    Ok((success, prev))
+                })
+            })
+            .await;
+        let (success, prev) = co.finish(outcome)?;
+        Ok(CompareAndPutResponse {
+            success,
+            prev_kv: prev.map(|value| KeyValue {
+                key: req.key,
+                value,
+            }),
+        })
+    }
+
+    async fn delete_range(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        prev_kv: bool,
+    ) -> Result<(u64, Vec<KeyValue>)> {
+        let Some((clause, values)) = range_clause(key, range_end) else {
+            return Ok((0, Vec::new()));
+        };
+        let sql = format!("DELETE FROM {} WHERE {clause} RETURNING k, v", self.table);
+        let mut co = self.checkout("delete_range", key).await?;
+        let outcome = self
+            .bounded(async { Ok(co.client()?.query(&sql, &params(&values)).await?) })
+            .await;
+        let rows = co.finish(outcome)?;
+        let mut deleted: Vec<KeyValue> = rows.iter().map(pair).collect();
+        deleted.sort();
+        let n = deleted.len() as u64;
+        Ok((n, if prev_kv { deleted } else { Vec::new() }))
+    }
+
+    async fn batch_delete(&self, keys: &[Vec<u8>], prev_kv: bool) -> Result<Vec<KeyValue>> {
+        let Some(first) = keys.first() else {
+            return Ok(Vec::new());
+        };
+        let sql = format!(
+            "DELETE FROM {} WHERE k = ANY($1) RETURNING k, v",
+            self.table
+        );
+        let mut co = self.checkout("batch_delete", first).await?;
+        let outcome = self
+            .bounded(async { Ok(co.client()?.query(&sql, &[&keys]).await?) })
+            .await;
+        let rows = co.finish(outcome)?;
+        if !prev_kv {
+            return Ok(Vec::new());
+        }
+        Ok(in_order(keys, rows.iter().map(pair)))
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        check::txn(
+            &self.name(),
+            &txn,
+            self.max_txn_ops(),
+            self.max_request_bytes(),
+        )?;
+        let first = txn
+            .compare
+            .first()
+            .map(|c| c.key().to_vec())
+            .or_else(|| txn.success.first().map(|op| op.key().to_vec()))
+            .unwrap_or_default();
+        let select = format!("SELECT k, v FROM {} WHERE k = ANY($1)", self.table);
+        let get = format!("SELECT k, v FROM {} WHERE k = $1", self.table);
+        let upsert = self.upsert();
+        let delete = format!("DELETE FROM {} WHERE k = $1", self.table);
+        let compared: Vec<Vec<u8>> = txn.compare.iter().map(|c| c.key().to_vec()).collect();
+        let mut co = self.checkout("txn", &first).await?;
+        let outcome = self
+            .bounded(async {
+                serializable!(co.client()?, |tx| {
+                    let current: HashMap<Vec<u8>, Vec<u8>> = if compared.is_empty() {
+                        HashMap::new()
+                    } else {
+                        tx.query(&select, &[&compared])
+                            .await?
+                            .iter()
+                            .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
+                            .collect()
+                    };
+                    let succeeded = txn.compare.iter().all(|c| match c {
+                        Compare::ValueEquals(k, v) => current.get(k) == Some(v),
+                        Compare::Absent(k) => !current.contains_key(k),
+                        Compare::Present(k) => current.contains_key(k),
+                    });
+                    let ops = if succeeded {
+                        &txn.success
+                    } else {
+                        &txn.failure
+                    };
+                    let mut responses = Vec::with_capacity(ops.len());
+                    for op in ops {
+                        responses.push(match op {
+                            TxnOp::Put(k, v) => {
+                                tx.execute(&upsert, &[k, v]).await?;
+                                TxnOpResponse::Put
+                            }
+                            TxnOp::Get(k) => {
+                                let row = tx.query_opt(&get, &[k]).await?;
+                                TxnOpResponse::Get(row.as_ref().map(pair))
+                            }
+                            TxnOp::Delete(k) => {
+                                TxnOpResponse::Delete(tx.execute(&delete, &[k]).await?)
+                            }
+                        });
+                    }
+                    Ok(TxnResponse {
+                        succeeded,
+                        responses,
+                    })
+                })
+            })
+            .await;
+        co.finish(outcome)
+    }
+}
+
+/// The pairs found for `keys`, in the order of `keys`.
+fn in_order(keys: &[Vec<u8>], found: impl Iterator<Item = KeyValue>) -> Vec<KeyValue> {
+    let mut by_key: HashMap<Vec<u8>, Vec<u8>> = found.map(|kv| (kv.key, kv.value)).collect();
+    keys.iter()
+        .filter_map(|k| {
+            by_key.remove(k).map(|value| KeyValue {
+                key: k.clone(),
+                value,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_need_quoting_are_refused_by_their_setting() {
+        assert_eq!(
+            identifier("t", "remote_wal_kv").unwrap(),
+            "\"remote_wal_kv\""
+        );
+        for bad in [
+            "",
+            "Kv",
+            "a-b",
+            "1kv",
+            "kv\"; DROP TABLE x; --",
+            &"x".repeat(49),
+        ] {
+            let err = identifier("metadata_store.table", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("PostgreSQL metadata store: metadata_store.table: '"),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_url_is_parsed_and_its_password_never_shown() {
+        let config =
+            PostgresKvConfig::from_url("postgres://walctl@127.0.0.1:5433/meta", Some("s3cret"))
+                .unwrap();
+        assert_eq!(endpoint_of(&config.connection), "127.0.0.1:5433/meta");
+        assert!(!format!("{config:?}").contains("s3cret"));
+        let err = PostgresKvConfig::from_url("postgres://u:s3cret@[::1", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("metadata_store.url"), "{err}");
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+}
