@@ -2,7 +2,7 @@
 //!
 //! ```toml
 //! [metadata_store]
-//! backend = "redb"                      # or "etcd" or "memory"
+//! backend = "redb"                      # or "etcd", "postgres" or "memory"
 //! path = "./walctl-data/metadata.redb"  # redb only
 //! endpoints = ["127.0.0.1:2379"]        # etcd only
 //! connect_timeout = "5s"                # etcd only
@@ -10,6 +10,9 @@
 //! tls = { ca = "ca.pem", cert = "client.pem", key = "client.key" }  # etcd only, optional; cert/key optional
 //! username = "walctl"                   # etcd only, optional: authenticate as this etcd user
 //! password_file = "etcd.password"       # etcd only, with username: the password (trailing newline trimmed)
+//! url = "postgres://walctl@127.0.0.1:5432/remote_wal"  # postgres only (password in password_file)
+//! schema = "public"                     # postgres only
+//! table = "remote_wal_kv"               # postgres only
 //! key_prefix = "cluster-a/"             # optional: a namespace on a shared store
 //!
 //! [wal]
@@ -515,6 +518,8 @@ pub enum MetadataBackend {
     Redb,
     /// An etcd cluster.
     Etcd,
+    /// A PostgreSQL database (one table; `docs/metadata-store.md`).
+    Postgres,
     /// In memory: gone when the process exits (tests and demos).
     Memory,
 }
@@ -525,6 +530,7 @@ impl MetadataBackend {
         match self {
             MetadataBackend::Redb => "redb",
             MetadataBackend::Etcd => "etcd",
+            MetadataBackend::Postgres => "postgres",
             MetadataBackend::Memory => "memory",
         }
     }
@@ -559,9 +565,16 @@ pub struct MetadataStoreConfig {
     /// etcd: the user every connection authenticates as; absent: none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
-    /// etcd: the file holding `username`'s password (one trailing newline trimmed); read when connecting.
+    /// etcd: the file holding `username`'s password; postgres: the file holding the URL's user's password (one
+    /// trailing newline trimmed); read when connecting.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub password_file: Option<PathBuf>,
+    /// postgres: `postgres://user@host:port/database` (the password goes in `password_file`, not here).
+    pub url: String,
+    /// postgres: the schema of the table.
+    pub schema: String,
+    /// postgres: the table holding the pairs (and `{table}_meta`, its layout version).
+    pub table: String,
 }
 
 impl MetadataStoreConfig {
@@ -588,6 +601,9 @@ impl Default for MetadataStoreConfig {
             tls: None,
             username: None,
             password_file: None,
+            url: String::new(),
+            schema: "public".to_string(),
+            table: "remote_wal_kv".to_string(),
         }
     }
 }
@@ -818,6 +834,46 @@ impl MetadataStoreConfig {
                     }
                 );
                 self.etcd_security().validate(&self.endpoints)?;
+                for (key, value) in [
+                    ("metadata_store.connect_timeout", self.connect_timeout),
+                    ("metadata_store.request_timeout", self.request_timeout),
+                ] {
+                    ensure!(
+                        !value.is_zero(),
+                        InvalidConfigSnafu {
+                            key,
+                            value: "0s",
+                            reason: "must be positive",
+                        }
+                    );
+                }
+            }
+            MetadataBackend::Postgres => {
+                ensure!(
+                    !self.url.trim().is_empty(),
+                    InvalidConfigSnafu {
+                        key: "metadata_store.url",
+                        value: "\"\"",
+                        reason: "the postgres backend needs a URL, e.g. postgres://walctl@127.0.0.1:5432/remote_wal",
+                    }
+                );
+                crate::kv::PostgresKvConfig::from_url(&self.url, None)?;
+                ensure!(
+                    self.tls.is_none(),
+                    InvalidConfigSnafu {
+                        key: "metadata_store.tls",
+                        value: "{ … }",
+                        reason: "TLS to PostgreSQL is not built yet (only etcd takes [metadata_store] tls)",
+                    }
+                );
+                ensure!(
+                    self.username.is_none(),
+                    InvalidConfigSnafu {
+                        key: "metadata_store.username",
+                        value: self.username.clone().unwrap_or_default(),
+                        reason: "on postgres the user is the URL's (postgres://USER@host:port/database)",
+                    }
+                );
                 for (key, value) in [
                     ("metadata_store.connect_timeout", self.connect_timeout),
                     ("metadata_store.request_timeout", self.request_timeout),
@@ -1278,5 +1334,24 @@ mod tests {
         let kafka = MetasrvConfig::from_file(&dir.join("kafka-etcd.toml")).unwrap();
         assert_eq!(kafka.metadata_store.backend, MetadataBackend::Etcd);
         assert!(matches!(kafka.wal, WalConfig::Kafka(_)));
+    }
+
+    #[test]
+    fn a_postgres_store_needs_a_url_and_takes_no_etcd_user() {
+        let c = MetasrvConfig::from_toml_str(
+            "[metadata_store]\nbackend = \"postgres\"\nurl = \"postgres://walctl@127.0.0.1:5432/meta\"\n\
+             password_file = \"pg.password\"\ntable = \"meta_kv\"\n",
+            "pg.toml",
+        )
+        .unwrap();
+        assert_eq!(c.metadata_store.backend, MetadataBackend::Postgres);
+        assert_eq!(c.metadata_store.table, "meta_kv");
+        assert_eq!(c.metadata_store.schema, "public");
+        let err = parse_err("[metadata_store]\nbackend = \"postgres\"\n");
+        assert!(err.contains("metadata_store.url"), "{err}");
+        let err = parse_err(
+            "[metadata_store]\nbackend = \"postgres\"\nurl = \"postgres://a@h/db\"\nusername = \"x\"\n",
+        );
+        assert!(err.contains("metadata_store.username"), "{err}");
     }
 }

@@ -47,6 +47,16 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
         server.validate()?;
     }
     let advertise = server.advertised().to_string();
+    // A server leads alone on redb (the file's lock keeps a second one out) and by election on etcd. On
+    // PostgreSQL nothing would keep two servers from both leading until the election on PostgreSQL exists.
+    if config.metadata_store.backend == MetadataBackend::Postgres {
+        return Err(Failure::Refused(
+            "walctl serve on [metadata_store] backend = \"postgres\" needs leader election on PostgreSQL, which \
+             is not built yet: two servers would both lead. Run the embedded commands on it, or serve on etcd or \
+             redb"
+                .to_string(),
+        ));
+    }
 
     // The tokens and the certificate are read before anything is claimed: a bad file stops the start here.
     let auth = match &server.auth {

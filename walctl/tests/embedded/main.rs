@@ -12,6 +12,7 @@ mod damaged_file;
 mod idempotent;
 mod interrupt;
 mod introspection;
+mod postgres;
 mod purge;
 mod readonly;
 mod replay;
