@@ -26,7 +26,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, IsolationLevel, NoTls, Row};
+use tokio_postgres::{Client, IsolationLevel, NoTls, Row, Statement};
 
 use crate::error::{PostgresConfigSnafu, PostgresOpSnafu, Result};
 use crate::kv::{
@@ -150,7 +150,7 @@ pub struct PostgresKvBackend {
     endpoint: String,
     /// `"schema"."table"`.
     table: String,
-    slots: Vec<tokio::sync::Mutex<Option<Client>>>,
+    slots: Vec<tokio::sync::Mutex<Option<Conn>>>,
     next: AtomicUsize,
 }
 
@@ -333,7 +333,7 @@ impl PostgresKvBackend {
             action,
             key: display_key(key),
         };
-        if checkout.guard.as_ref().is_none_or(Client::is_closed) {
+        if checkout.guard.as_ref().is_none_or(|c| c.client.is_closed()) {
             *checkout.guard = None;
             let connecting = self.config.connection.connect(NoTls);
             let (client, connection) =
@@ -355,7 +355,10 @@ impl PostgresKvBackend {
                 // Ends when the client is dropped or the connection breaks; the next call reconnects.
                 let _ = connection.await;
             });
-            *checkout.guard = Some(client);
+            *checkout.guard = Some(Conn {
+                client,
+                statements: HashMap::new(),
+            });
         }
         Ok(checkout)
     }
@@ -372,9 +375,18 @@ impl PostgresKvBackend {
     }
 }
 
+/// How many prepared statements a connection keeps (ranges with different limits are different statements).
+const STATEMENTS_KEPT: usize = 64;
+
+/// One pooled connection and the statements prepared on it.
+struct Conn {
+    client: Client,
+    statements: HashMap<String, Statement>,
+}
+
 /// A client checked out of the pool for one call.
 struct Checkout<'a> {
-    guard: tokio::sync::MutexGuard<'a, Option<Client>>,
+    guard: tokio::sync::MutexGuard<'a, Option<Conn>>,
     backend: &'a PostgresKvBackend,
     action: &'static str,
     key: String,
@@ -382,7 +394,25 @@ struct Checkout<'a> {
 
 impl Checkout<'_> {
     fn client(&mut self) -> std::result::Result<&mut Client, Failure> {
-        self.guard.as_mut().ok_or(Failure::NoClient)
+        self.guard
+            .as_mut()
+            .map(|c| &mut c.client)
+            .ok_or(Failure::NoClient)
+    }
+
+    /// `sql` prepared on this connection (once: kept while the connection lives), so a call sends one round trip
+    /// per statement instead of a prepare and an execute.
+    async fn statement(&mut self, sql: &str) -> std::result::Result<Statement, Failure> {
+        let conn = self.guard.as_mut().ok_or(Failure::NoClient)?;
+        if let Some(statement) = conn.statements.get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = conn.client.prepare(sql).await?;
+        if conn.statements.len() >= STATEMENTS_KEPT {
+            conn.statements.clear();
+        }
+        conn.statements.insert(sql.to_string(), statement.clone());
+        Ok(statement)
     }
 
     fn error(&self, detail: String, retryable: bool) -> crate::Error {
@@ -515,7 +545,8 @@ impl KvBackend for PostgresKvBackend {
         let mut co = self.checkout("get", key).await?;
         let outcome = self
             .bounded(async {
-                let row = co.client()?.query_opt(&sql, &[&key]).await?;
+                let statement = co.statement(&sql).await?;
+                let row = co.client()?.query_opt(&statement, &[&key]).await?;
                 Ok(row.as_ref().map(pair))
             })
             .await;
@@ -529,7 +560,10 @@ impl KvBackend for PostgresKvBackend {
         let sql = format!("SELECT k, v FROM {} WHERE k = ANY($1)", self.table);
         let mut co = self.checkout("batch_get", first).await?;
         let outcome = self
-            .bounded(async { Ok(co.client()?.query(&sql, &[&keys]).await?) })
+            .bounded(async {
+                let statement = co.statement(&sql).await?;
+                Ok(co.client()?.query(&statement, &[&keys]).await?)
+            })
             .await;
         let found = co.finish(outcome)?;
         Ok(in_order(keys, found.iter().map(pair)))
@@ -550,7 +584,10 @@ impl KvBackend for PostgresKvBackend {
         );
         let mut co = self.checkout("range", &req.key).await?;
         let outcome = self
-            .bounded(async { Ok(co.client()?.query(&sql, &params(&values)).await?) })
+            .bounded(async {
+                let statement = co.statement(&sql).await?;
+                Ok(co.client()?.query(&statement, &params(&values)).await?)
+            })
             .await;
         let rows = co.finish(outcome)?;
         let mut kvs: Vec<KeyValue> = rows.iter().map(pair).collect();
@@ -569,12 +606,15 @@ impl KvBackend for PostgresKvBackend {
         let mut co = self.checkout("put", &req.key).await?;
         let outcome = self
             .bounded(async {
-                let client = co.client()?;
+                let upsert = co.statement(&upsert).await?;
                 if !req.prev_kv {
-                    client.execute(&upsert, &[&req.key, &req.value]).await?;
+                    co.client()?
+                        .execute(&upsert, &[&req.key, &req.value])
+                        .await?;
                     return Ok(None);
                 }
-                serializable!(client, |tx| {
+                let select = co.statement(&select).await?;
+                serializable!(co.client()?, |tx| {
                     let prev = tx.query_opt(&select, &[&req.key]).await?;
                     tx.execute(&upsert, &[&req.key, &req.value]).await?;
                     Ok(prev.as_ref().map(pair))
@@ -604,6 +644,7 @@ impl KvBackend for PostgresKvBackend {
         let mut co = self.checkout("batch_put", &first).await?;
         let outcome = self
             .bounded(async {
+                let (select, upsert) = (co.statement(&select).await?, co.statement(&upsert).await?);
                 serializable!(co.client()?, |tx| {
                     let prevs = if prev_kv {
                         tx.query(&select, &[&keys]).await?
@@ -628,6 +669,7 @@ impl KvBackend for PostgresKvBackend {
         let mut co = self.checkout("compare_and_put", &req.key).await?;
         let outcome = self
             .bounded(async {
+                let (select, upsert) = (co.statement(&select).await?, co.statement(&upsert).await?);
                 serializable!(co.client()?, |tx| {
                     let prev: Option<Vec<u8>> =
                         tx.query_opt(&select, &[&req.key]).await?.map(|r| r.get(0));
@@ -661,7 +703,10 @@ impl KvBackend for PostgresKvBackend {
         let sql = format!("DELETE FROM {} WHERE {clause} RETURNING k, v", self.table);
         let mut co = self.checkout("delete_range", key).await?;
         let outcome = self
-            .bounded(async { Ok(co.client()?.query(&sql, &params(&values)).await?) })
+            .bounded(async {
+                let statement = co.statement(&sql).await?;
+                Ok(co.client()?.query(&statement, &params(&values)).await?)
+            })
             .await;
         let rows = co.finish(outcome)?;
         let mut deleted: Vec<KeyValue> = rows.iter().map(pair).collect();
@@ -680,7 +725,10 @@ impl KvBackend for PostgresKvBackend {
         );
         let mut co = self.checkout("batch_delete", first).await?;
         let outcome = self
-            .bounded(async { Ok(co.client()?.query(&sql, &[&keys]).await?) })
+            .bounded(async {
+                let statement = co.statement(&sql).await?;
+                Ok(co.client()?.query(&statement, &[&keys]).await?)
+            })
             .await;
         let rows = co.finish(outcome)?;
         if !prev_kv {
@@ -703,18 +751,34 @@ impl KvBackend for PostgresKvBackend {
             .or_else(|| txn.success.first().map(|op| op.key().to_vec()))
             .unwrap_or_default();
         let select = format!("SELECT k, v FROM {} WHERE k = ANY($1)", self.table);
-        let get = format!("SELECT k, v FROM {} WHERE k = $1", self.table);
-        let upsert = self.upsert();
-        let delete = format!("DELETE FROM {} WHERE k = $1", self.table);
-        let compared: Vec<Vec<u8>> = txn.compare.iter().map(|c| c.key().to_vec()).collect();
+        let upsert = format!(
+            "INSERT INTO {} (k, v) SELECT * FROM UNNEST($1::bytea[], $2::bytea[]) \
+             ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
+            self.table
+        );
+        let delete = format!("DELETE FROM {} WHERE k = ANY($1)", self.table);
+        // Every key the transaction compares or may read or delete, read in one statement; the branch is then
+        // worked out in memory in op order and written in at most two statements (its puts, its deletes), so a
+        // transaction costs the same few round trips whatever its size.
+        let mut read: Vec<Vec<u8>> = txn.compare.iter().map(|c| c.key().to_vec()).collect();
+        for op in txn.success.iter().chain(&txn.failure) {
+            if matches!(op, TxnOp::Get(_) | TxnOp::Delete(_)) {
+                read.push(op.key().to_vec());
+            }
+        }
+        read.sort();
+        read.dedup();
         let mut co = self.checkout("txn", &first).await?;
         let outcome = self
             .bounded(async {
+                let select = co.statement(&select).await?;
+                let upsert = co.statement(&upsert).await?;
+                let delete = co.statement(&delete).await?;
                 serializable!(co.client()?, |tx| {
-                    let current: HashMap<Vec<u8>, Vec<u8>> = if compared.is_empty() {
+                    let current: HashMap<Vec<u8>, Vec<u8>> = if read.is_empty() {
                         HashMap::new()
                     } else {
-                        tx.query(&select, &[&compared])
+                        tx.query(&select, &[&read])
                             .await?
                             .iter()
                             .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
@@ -730,21 +794,45 @@ impl KvBackend for PostgresKvBackend {
                     } else {
                         &txn.failure
                     };
+                    // What each key holds as the branch goes: `Some(None)` once deleted by it.
+                    let mut written: HashMap<&[u8], Option<&Vec<u8>>> = HashMap::new();
+                    let (mut put_keys, mut put_values, mut deleted) =
+                        (Vec::new(), Vec::new(), Vec::new());
                     let mut responses = Vec::with_capacity(ops.len());
                     for op in ops {
+                        let now =
+                            |k: &Vec<u8>, written: &HashMap<&[u8], Option<&Vec<u8>>>| match written
+                                .get(k.as_slice())
+                            {
+                                Some(v) => v.cloned(),
+                                None => current.get(k).cloned(),
+                            };
                         responses.push(match op {
                             TxnOp::Put(k, v) => {
-                                tx.execute(&upsert, &[k, v]).await?;
+                                written.insert(k, Some(v));
+                                put_keys.push(k.clone());
+                                put_values.push(v.clone());
                                 TxnOpResponse::Put
                             }
                             TxnOp::Get(k) => {
-                                let row = tx.query_opt(&get, &[k]).await?;
-                                TxnOpResponse::Get(row.as_ref().map(pair))
+                                TxnOpResponse::Get(now(k, &written).map(|value| KeyValue {
+                                    key: k.clone(),
+                                    value,
+                                }))
                             }
                             TxnOp::Delete(k) => {
-                                TxnOpResponse::Delete(tx.execute(&delete, &[k]).await?)
+                                let existed = now(k, &written).is_some();
+                                written.insert(k, None);
+                                deleted.push(k.clone());
+                                TxnOpResponse::Delete(u64::from(existed))
                             }
                         });
+                    }
+                    if !put_keys.is_empty() {
+                        tx.execute(&upsert, &[&put_keys, &put_values]).await?;
+                    }
+                    if !deleted.is_empty() {
+                        tx.execute(&delete, &[&deleted]).await?;
                     }
                     Ok(TxnResponse {
                         succeeded,
