@@ -232,7 +232,7 @@ pub enum Error {
     },
 
     /// A PostgreSQL call failed (connecting included). The endpoint is `host:port/database`, never the password.
-    #[snafu(display("PostgreSQL at {endpoint}: {action} on key '{key}' failed: {detail}"))]
+    #[snafu(display("PostgreSQL at {endpoint}: {action}{} failed: {detail}", on_key(key)))]
     PostgresOp {
         /// `host:port/database`.
         endpoint: String,
@@ -1379,6 +1379,15 @@ pub enum Error {
         source: Box<procedures::Error>,
     },
     // ---- end procedures ----
+}
+
+/// ` on key 'K'` for a message, or nothing when no key was touched.
+fn on_key(key: &str) -> String {
+    if key.is_empty() {
+        String::new()
+    } else {
+        format!(" on key '{key}'")
+    }
 }
 
 impl Error {

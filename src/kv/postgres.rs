@@ -252,7 +252,7 @@ impl PostgresKvBackend {
             )?
         );
         let table = self.table.clone();
-        let mut co = self.checkout("create table", &[]).await?;
+        let mut co = self.checkout("preparing the metadata table", &[]).await?;
         let outcome = self
             .bounded(async {
                 let client = co.client()?;
