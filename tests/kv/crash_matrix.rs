@@ -1,5 +1,5 @@
 //! The engine's crash matrix on `KvStateStore` over redb, over redb under a leader fence (the epoch from an
-//! election, as `walctl serve` runs it), and over etcd: a procedure whose outside effects are
+//! election, as `walctl serve` runs it), over etcd and over PostgreSQL: a procedure whose outside effects are
 //! metadata writes in the same kv store (as remote-wal's procedures are) must end the same whatever crashed —
 //! at every durable transition (before and after the write), at every side-effect point, and again during recovery.
 
@@ -16,7 +16,7 @@ use procedures::{
     Context, Error, LockKey, Procedure, ProcedureId, ProcedureManager, ProcedureWithId, Result,
     StateStore, Status,
 };
-use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
+use remote_wal::kv::conformance::{etcd_from_env, postgres_from_env, unique_prefix};
 use remote_wal::kv::state_store::{LeaderFence, LeaderLease};
 use remote_wal::kv::{
     Compare, KeyValue, KvBackendRef, KvStateStore, MemoryKvBackend, PutRequest, RangeRequest,
@@ -173,7 +173,7 @@ impl Procedure for MetadataSteps {
     }
 }
 
-/// How each case gets a fresh store: a new redb file, or a new prefix on the shared etcd.
+/// How each case gets a fresh store: a new redb file, or a new prefix on a shared etcd or PostgreSQL.
 enum Backend {
     /// A new in-memory backend: every kv call answers without waiting, so on the single-threaded test runtime the
     /// roots' writes meet in the store's queue the same way in every run.
@@ -189,8 +189,9 @@ enum Backend {
         dir: tempfile::TempDir,
         next: AtomicUsize,
     },
-    /// A random prefix for the run, a numbered sub-prefix per case; the run's keys are removed at the end.
-    Etcd {
+    /// A shared store (etcd or PostgreSQL): a random prefix for the run, a numbered sub-prefix per case; the
+    /// run's keys are removed at the end.
+    Shared {
         kv: KvBackendRef,
         run: String,
         next: AtomicUsize,
@@ -234,7 +235,7 @@ impl CrashScenario for Scenario {
                 let kv: KvBackendRef = Arc::new(RedbKvBackend::open(path).unwrap());
                 (kv, String::new())
             }
-            Backend::Etcd { kv, run, next } => (
+            Backend::Shared { kv, run, next } => (
                 kv.clone(),
                 format!("{run}{}/", next.fetch_add(1, Ordering::SeqCst)),
             ),
@@ -385,7 +386,7 @@ async fn kv_state_store_on_etcd_survives_every_single_and_double_crash() {
     let kv: KvBackendRef = Arc::new(etcd_from_env().await);
     let run = String::from_utf8(unique_prefix("crash")).unwrap();
     let scenario = Scenario {
-        backend: Backend::Etcd {
+        backend: Backend::Shared {
             kv: kv.clone(),
             run: run.clone(),
             next: AtomicUsize::new(0),
@@ -395,6 +396,31 @@ async fn kv_state_store_on_etcd_survives_every_single_and_double_crash() {
     check_golden(&scenario).await;
     let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
     print("kv state store on etcd", &report);
+    kv.delete_range(run.as_bytes(), &prefix_end(run.as_bytes()), false)
+        .await
+        .unwrap();
+    assert_shape(&report);
+    assert!(
+        report.double_crash_cases > report.single_crash_cases,
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kv_state_store_on_postgres_survives_every_single_and_double_crash() {
+    let kv: KvBackendRef = Arc::new(postgres_from_env("crash_matrix").await);
+    let run = String::from_utf8(unique_prefix("crash")).unwrap();
+    let scenario = Scenario {
+        backend: Backend::Shared {
+            kv: kv.clone(),
+            run: run.clone(),
+            next: AtomicUsize::new(0),
+        },
+        group_commit: false,
+    };
+    check_golden(&scenario).await;
+    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
+    print("kv state store on postgres", &report);
     kv.delete_range(run.as_bytes(), &prefix_end(run.as_bytes()), false)
         .await
         .unwrap();

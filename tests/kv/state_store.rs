@@ -1,10 +1,10 @@
-//! `KvStateStore`: the engine's StateStore conformance suite on memory, redb and etcd, and its limits.
+//! `KvStateStore`: the engine's StateStore conformance suite on memory, redb, etcd and PostgreSQL, and its limits.
 
 use std::sync::Arc;
 
 use procedures::testing::state_store_suite;
 use procedures::{Condition, StateStore, WriteOp};
-use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
+use remote_wal::kv::conformance::{etcd_from_env, postgres_from_env, unique_prefix};
 use remote_wal::kv::{
     KvBackend, KvBackendRef, KvStateStore, MemoryKvBackend, RedbKvBackend, prefix_end,
 };
@@ -38,6 +38,25 @@ async fn on_redb_it_conforms() {
 #[tokio::test]
 async fn on_etcd_it_conforms() {
     let kv: KvBackendRef = Arc::new(etcd_from_env().await);
+    let run = String::from_utf8(unique_prefix("state-store")).unwrap();
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    state_store_suite(|| {
+        let kv = kv.clone();
+        let prefix = format!(
+            "{run}{}/",
+            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        );
+        async move { Arc::new(KvStateStore::with_prefix(kv, prefix)) as Arc<dyn StateStore> }
+    })
+    .await;
+    kv.delete_range(run.as_bytes(), &prefix_end(run.as_bytes()), false)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn on_postgres_it_conforms() {
+    let kv: KvBackendRef = Arc::new(postgres_from_env("state_store").await);
     let run = String::from_utf8(unique_prefix("state-store")).unwrap();
     let n = std::sync::atomic::AtomicUsize::new(0);
     state_store_suite(|| {
