@@ -60,7 +60,7 @@ fn columns_count_characters_not_bytes() {
     assert_eq!(
         refused("[metadata_store]\nkey_prefix = \"é\"\nbackend = \"mysql\"\n"),
         "invalid config file 'metasrv.toml', line 3, column 11, key `metadata_store.backend`: unknown variant \
-         `mysql`, expected one of `redb`, `etcd`, `memory`"
+         `mysql`, expected one of `redb`, `etcd`, `postgres`, `memory`"
     );
     assert_eq!(
         refused("[procedure]\nmax_retries = -1 # é\n"),
