@@ -358,7 +358,28 @@ impl PostgresKvBackend {
             *checkout.guard = Some(Conn {
                 client,
                 statements: HashMap::new(),
+                in_transaction: false,
             });
+        }
+        if let Some(conn) = checkout.guard.as_mut()
+            && conn.in_transaction
+        {
+            // A call dropped between its BEGIN and its COMMIT: end that transaction before anything else runs.
+            match tokio::time::timeout(
+                self.config.request_timeout,
+                conn.client.batch_execute("ROLLBACK"),
+            )
+            .await
+            {
+                Ok(Ok(())) => conn.in_transaction = false,
+                _ => *checkout.guard = None,
+            }
+            if checkout.guard.is_none() {
+                return Err(checkout.error(
+                    "the connection was left in a transaction and could not end it".to_string(),
+                    true,
+                ));
+            }
         }
         Ok(checkout)
     }
@@ -382,6 +403,9 @@ const STATEMENTS_KEPT: usize = 64;
 struct Conn {
     client: Client,
     statements: HashMap<String, Statement>,
+    /// A pipelined transaction began on it and its call did not see it end (the call was dropped mid-way): the
+    /// next user rolls it back first.
+    in_transaction: bool,
 }
 
 /// A client checked out of the pool for one call.
@@ -393,6 +417,13 @@ struct Checkout<'a> {
 }
 
 impl Checkout<'_> {
+    /// Marks (or clears) that a pipelined transaction is open on the connection.
+    fn in_transaction(&mut self, open: bool) {
+        if let Some(conn) = self.guard.as_mut() {
+            conn.in_transaction = open;
+        }
+    }
+
     fn client(&mut self) -> std::result::Result<&mut Client, Failure> {
         self.guard
             .as_mut()
@@ -774,75 +805,136 @@ impl KvBackend for PostgresKvBackend {
                 let select = co.statement(&select).await?;
                 let upsert = co.statement(&upsert).await?;
                 let delete = co.statement(&delete).await?;
-                serializable!(co.client()?, |tx| {
-                    let current: HashMap<Vec<u8>, Vec<u8>> = if read.is_empty() {
-                        HashMap::new()
-                    } else {
-                        tx.query(&select, &[&read])
-                            .await?
-                            .iter()
-                            .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
-                            .collect()
+                co.in_transaction(true);
+                let client = co.client()?;
+                // Pipelined: BEGIN goes out with the read, and the writes with COMMIT, so a transaction waits two
+                // round trips. A write that fails aborts the transaction, and the COMMIT behind it then ends it
+                // without applying anything (PostgreSQL answers a COMMIT of a failed transaction with a rollback).
+                let mut attempt = 0usize;
+                loop {
+                    let (begun, rows) = tokio::join!(
+                        client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE"),
+                        async {
+                            if read.is_empty() {
+                                Ok(Vec::new())
+                            } else {
+                                client.query(&select, &[&read]).await
+                            }
+                        }
+                    );
+                    let failed = match (begun, rows) {
+                        (Ok(()), Ok(rows)) => {
+                            let current: HashMap<Vec<u8>, Vec<u8>> = rows
+                                .iter()
+                                .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
+                                .collect();
+                            let plan = plan_branch(&txn, &current);
+                            let (put, deleted, committed) = tokio::join!(
+                                async {
+                                    if plan.put_keys.is_empty() {
+                                        Ok(0)
+                                    } else {
+                                        client
+                                            .execute(&upsert, &[&plan.put_keys, &plan.put_values])
+                                            .await
+                                    }
+                                },
+                                async {
+                                    if plan.deleted.is_empty() {
+                                        Ok(0)
+                                    } else {
+                                        client.execute(&delete, &[&plan.deleted]).await
+                                    }
+                                },
+                                client.batch_execute("COMMIT")
+                            );
+                            match put.and(deleted).and(committed) {
+                                Ok(()) => break Ok(plan.response),
+                                Err(e) => e,
+                            }
+                        }
+                        (Err(e), _) | (Ok(()), Err(e)) => {
+                            // Ends the transaction (a no-op outside one); the error that matters is `e`.
+                            let _ = client.batch_execute("ROLLBACK").await;
+                            e
+                        }
                     };
-                    let succeeded = txn.compare.iter().all(|c| match c {
-                        Compare::ValueEquals(k, v) => current.get(k) == Some(v),
-                        Compare::Absent(k) => !current.contains_key(k),
-                        Compare::Present(k) => current.contains_key(k),
-                    });
-                    let ops = if succeeded {
-                        &txn.success
-                    } else {
-                        &txn.failure
-                    };
-                    // What each key holds as the branch goes: `Some(None)` once deleted by it.
-                    let mut written: HashMap<&[u8], Option<&Vec<u8>>> = HashMap::new();
-                    let (mut put_keys, mut put_values, mut deleted) =
-                        (Vec::new(), Vec::new(), Vec::new());
-                    let mut responses = Vec::with_capacity(ops.len());
-                    for op in ops {
-                        let now =
-                            |k: &Vec<u8>, written: &HashMap<&[u8], Option<&Vec<u8>>>| match written
-                                .get(k.as_slice())
-                            {
-                                Some(v) => v.cloned(),
-                                None => current.get(k).cloned(),
-                            };
-                        responses.push(match op {
-                            TxnOp::Put(k, v) => {
-                                written.insert(k, Some(v));
-                                put_keys.push(k.clone());
-                                put_values.push(v.clone());
-                                TxnOpResponse::Put
-                            }
-                            TxnOp::Get(k) => {
-                                TxnOpResponse::Get(now(k, &written).map(|value| KeyValue {
-                                    key: k.clone(),
-                                    value,
-                                }))
-                            }
-                            TxnOp::Delete(k) => {
-                                let existed = now(k, &written).is_some();
-                                written.insert(k, None);
-                                deleted.push(k.clone());
-                                TxnOpResponse::Delete(u64::from(existed))
-                            }
-                        });
+                    if !serialization_failure(&failed) {
+                        break Err(Failure::Pg(failed));
                     }
-                    if !put_keys.is_empty() {
-                        tx.execute(&upsert, &[&put_keys, &put_values]).await?;
+                    attempt += 1;
+                    if attempt >= SERIALIZATION_RETRIES {
+                        break Err(Failure::Contention);
                     }
-                    if !deleted.is_empty() {
-                        tx.execute(&delete, &[&deleted]).await?;
-                    }
-                    Ok(TxnResponse {
-                        succeeded,
-                        responses,
-                    })
-                })
+                    tokio::time::sleep(Duration::from_micros(200 << attempt.min(6))).await;
+                }
             })
             .await;
+        // Every way out of the loop ended the transaction (COMMIT, or ROLLBACK after a failed read); a timeout did
+        // not, and `finish` drops that connection.
+        co.in_transaction(false);
         co.finish(outcome)
     }
+}
+
+/// What a transaction's branch does, worked out from the values it read: whether its compares held, each op's
+/// response in op order, and the writes to make (each key at most once per branch, as `check::txn` ensures).
+struct BranchPlan {
+    response: TxnResponse,
+    put_keys: Vec<Vec<u8>>,
+    put_values: Vec<Vec<u8>>,
+    deleted: Vec<Vec<u8>>,
+}
+
+fn plan_branch(txn: &Txn, current: &HashMap<Vec<u8>, Vec<u8>>) -> BranchPlan {
+    let succeeded = txn.compare.iter().all(|c| match c {
+        Compare::ValueEquals(k, v) => current.get(k) == Some(v),
+        Compare::Absent(k) => !current.contains_key(k),
+        Compare::Present(k) => current.contains_key(k),
+    });
+    let ops = if succeeded {
+        &txn.success
+    } else {
+        &txn.failure
+    };
+    // What each key holds as the branch goes: `None` once deleted by it.
+    let mut written: HashMap<&[u8], Option<&Vec<u8>>> = HashMap::new();
+    let now =
+        |k: &Vec<u8>, written: &HashMap<&[u8], Option<&Vec<u8>>>| match written.get(k.as_slice()) {
+            Some(v) => v.cloned(),
+            None => current.get(k).cloned(),
+        };
+    let mut plan = BranchPlan {
+        response: TxnResponse {
+            succeeded,
+            responses: Vec::with_capacity(ops.len()),
+        },
+        put_keys: Vec::new(),
+        put_values: Vec::new(),
+        deleted: Vec::new(),
+    };
+    for op in ops {
+        let response = match op {
+            TxnOp::Put(k, v) => {
+                written.insert(k, Some(v));
+                plan.put_keys.push(k.clone());
+                plan.put_values.push(v.clone());
+                TxnOpResponse::Put
+            }
+            TxnOp::Get(k) => TxnOpResponse::Get(now(k, &written).map(|value| KeyValue {
+                key: k.clone(),
+                value,
+            })),
+            TxnOp::Delete(k) => {
+                let existed = now(k, &written).is_some();
+                written.insert(k, None);
+                plan.deleted.push(k.clone());
+                TxnOpResponse::Delete(u64::from(existed))
+            }
+        };
+        plan.response.responses.push(response);
+    }
+    plan
 }
 
 /// The pairs found for `keys`, in the order of `keys`.
