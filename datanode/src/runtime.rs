@@ -613,20 +613,7 @@ impl Datanode {
             None => TopicIncarnation::Unknown,
             Some(ids) => match ids.incarnation(store.topic()).await {
                 Ok(found) => found,
-                Err(e) => {
-                    let message = e.to_string();
-                    return group
-                        .into_iter()
-                        .map(|(o, _)| {
-                            let error = RegionWalSnafu {
-                                region_id: o.request.region_id,
-                                reason: format!("cannot read its topic's id: {message}"),
-                            }
-                            .build();
-                            (o.request.region_id, Err(error))
-                        })
-                        .collect();
-                }
+                Err(e) => return failing(group, &format!("cannot read its topic's id: {e}")),
             },
         };
         // Regions whose checkpoint counts another incarnation than the brokers serve are refused: their entries
@@ -663,18 +650,9 @@ impl Datanode {
         let end = match store.end_entry_id().await {
             Ok(end) => end,
             Err(e) => {
-                let message = e.to_string();
-                return group
-                    .into_iter()
-                    .map(|(o, _)| {
-                        let error = RegionWalSnafu {
-                            region_id: o.request.region_id,
-                            reason: format!("cannot read its topic's end: {message}"),
-                        }
-                        .build();
-                        (o.request.region_id, Err(error))
-                    })
-                    .collect();
+                // With the regions refused above: every region of the group gets its outcome.
+                out.extend(failing(group, &format!("cannot read its topic's end: {e}")));
+                return out;
             }
         };
         let mut starts = BTreeMap::new();
@@ -1050,4 +1028,20 @@ async fn append_until<S: LogStore + ?Sized>(
             left.as_millis()
         )),
     }
+}
+
+/// Each region of `group` failing to open for `reason`.
+fn failing(group: Vec<(RegionToOpen, RegionWal)>, reason: &str) -> Vec<(RegionId, Result<()>)> {
+    group
+        .into_iter()
+        .map(|(open, _)| {
+            let region_id = open.request.region_id;
+            let error = RegionWalSnafu {
+                region_id,
+                reason: reason.to_string(),
+            }
+            .build();
+            (region_id, Err(error))
+        })
+        .collect()
 }

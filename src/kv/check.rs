@@ -56,13 +56,7 @@ pub(crate) fn dedup_puts(backend: &str, kvs: Vec<KeyValue>) -> Result<Vec<KeyVal
 /// Refuses a transaction that writes an empty key, writes a key twice in one branch (etcd refuses that too), or
 /// exceeds `max_ops` (compares + ops of the larger branch) or `max_bytes`.
 pub(crate) fn txn(backend: &str, txn: &Txn, max_ops: usize, max_bytes: usize) -> Result<()> {
-    let first = txn
-        .compare
-        .first()
-        .map(|c| c.key())
-        .or_else(|| txn.success.first().map(TxnOp::key))
-        .or_else(|| txn.failure.first().map(TxnOp::key))
-        .unwrap_or_default();
+    let first = txn.first_key();
     let ops = txn.compare.len() + txn.success.len().max(txn.failure.len());
     ensure!(
         ops <= max_ops,

@@ -727,12 +727,7 @@ impl KvBackend for EtcdKvBackend {
             self.config.max_txn_ops,
             self.config.max_request_bytes,
         )?;
-        let first = txn
-            .compare
-            .first()
-            .map(|c| c.key().to_vec())
-            .or_else(|| txn.success.first().map(|op| op.key().to_vec()))
-            .unwrap_or_default();
+        let first = txn.first_key().to_vec();
         // A transaction of reads only may be sent to another member after one that may have received it.
         let resend = if txn
             .success

@@ -210,6 +210,19 @@ pub struct Txn {
     pub failure: Vec<TxnOp>,
 }
 
+impl Txn {
+    /// The key that names the transaction in messages: its first compare's, else its first success op's, else its
+    /// first failure op's (empty when it has none).
+    pub fn first_key(&self) -> &[u8] {
+        self.compare
+            .first()
+            .map(Compare::key)
+            .or_else(|| self.success.first().map(TxnOp::key))
+            .or_else(|| self.failure.first().map(TxnOp::key))
+            .unwrap_or_default()
+    }
+}
+
 /// What a [`Txn`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TxnResponse {

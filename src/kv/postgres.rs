@@ -775,12 +775,7 @@ impl KvBackend for PostgresKvBackend {
             self.max_txn_ops(),
             self.max_request_bytes(),
         )?;
-        let first = txn
-            .compare
-            .first()
-            .map(|c| c.key().to_vec())
-            .or_else(|| txn.success.first().map(|op| op.key().to_vec()))
-            .unwrap_or_default();
+        let first = txn.first_key().to_vec();
         let select = format!("SELECT k, v FROM {} WHERE k = ANY($1)", self.table);
         let upsert = format!(
             "INSERT INTO {} (k, v) SELECT * FROM UNNEST($1::bytea[], $2::bytea[]) \

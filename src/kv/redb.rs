@@ -602,12 +602,7 @@ impl KvBackend for RedbKvBackend {
             self.max_txn_ops(),
             self.max_request_bytes(),
         )?;
-        let first = txn
-            .compare
-            .first()
-            .map(|c| c.key().to_vec())
-            .or_else(|| txn.success.first().map(|op| op.key().to_vec()))
-            .unwrap_or_default();
+        let first = txn.first_key().to_vec();
         self.blocking("txn", &first, move |db| {
             let tx = db.begin_write()?;
             let (succeeded, responses, wrote) = {
