@@ -615,3 +615,121 @@ async fn a_topic_deleted_on_a_real_broker_fails_the_bootstrap_until_recreated_an
         other => panic!("the recreated topic must fail: {other:?}"),
     }
 }
+
+/// Holds the first compare-and-put on a `__topic_name/` key until released.
+#[derive(Debug)]
+struct HeldIdWrite {
+    inner: KvBackendRef,
+    armed: std::sync::atomic::AtomicBool,
+    entered: tokio::sync::Semaphore,
+    release: tokio::sync::Semaphore,
+}
+
+#[async_trait::async_trait]
+impl remote_wal::kv::KvWrapper for HeldIdWrite {
+    fn inner(&self) -> &dyn remote_wal::kv::KvBackend {
+        self.inner.as_ref()
+    }
+
+    async fn compare_and_put(
+        &self,
+        req: remote_wal::kv::CompareAndPutRequest,
+    ) -> remote_wal::Result<remote_wal::kv::CompareAndPutResponse> {
+        if req.key.starts_with(b"__topic_name/") && self.armed.swap(false, Ordering::SeqCst) {
+            self.entered.add_permits(1);
+            if let Ok(permit) = self.release.acquire().await {
+                permit.forget();
+            }
+        }
+        self.inner.compare_and_put(req).await
+    }
+
+    async fn put(
+        &self,
+        req: remote_wal::kv::PutRequest,
+    ) -> remote_wal::Result<Option<remote_wal::kv::KeyValue>> {
+        // Held the same way: a blind write of the id would show here.
+        if req.key.starts_with(b"__topic_name/") && self.armed.swap(false, Ordering::SeqCst) {
+            self.entered.add_permits(1);
+            if let Ok(permit) = self.release.acquire().await {
+                permit.forget();
+            }
+        }
+        self.inner.put(req).await
+    }
+}
+
+/// A pool topic's id is recorded outside the procedure store (by the bootstrap's CreateMissing, which a start runs,
+/// and by the pool's check), so no epoch fences that write: what stops a stale metasrv's late write is the
+/// compare-and-put against the value it read (`docs/ha.md`). The start's first id write (the bootstrap's) is held
+/// while the value changes under it (a newer leader's prune raises the watermark); let go, it is refused, and the
+/// watermark stays whatever writes the id later. With the bootstrap's write made a blind put, the watermark goes
+/// back to 0 and the test fails (checked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_topic_id_write_changes_nothing_a_newer_writer_wrote() {
+    use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
+    let memory: KvBackendRef = Arc::new(MemoryKvBackend::new());
+    let admin = Arc::new(FakeTopicAdmin::new());
+    // A pool persisted by a release that recorded no ids.
+    for i in 0..2 {
+        let topic = format!("late_id_{i}");
+        admin.create_out_of_band(&topic, 1);
+        memory
+            .put(remote_wal::kv::PutRequest {
+                key: topic_name_key(&topic),
+                value: TopicNameValue {
+                    pruned_entry_id: 0,
+                    topic_id: None,
+                }
+                .encode(),
+                prev_kv: false,
+            })
+            .await
+            .unwrap();
+    }
+    let held = Arc::new(HeldIdWrite {
+        inner: memory.clone(),
+        armed: std::sync::atomic::AtomicBool::new(true),
+        entered: tokio::sync::Semaphore::new(0),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let held_kv: KvBackendRef = held.clone();
+    let stale = Arc::new(metasrv(kafka_config("late_id", 2), &held_kv, &admin));
+    let starting = {
+        let stale = stale.clone();
+        tokio::spawn(async move { stale.start().await })
+    };
+    tokio::time::timeout(Duration::from_secs(30), held.entered.acquire())
+        .await
+        .expect("the check reaches its id write")
+        .unwrap()
+        .forget();
+    // Meanwhile a newer leader's prune raises the watermark of the topic whose id write is held.
+    let key = topic_name_key("late_id_0");
+    let raised = TopicNameValue {
+        pruned_entry_id: 40,
+        topic_id: None,
+    }
+    .encode();
+    memory
+        .put(remote_wal::kv::PutRequest {
+            key: key.clone(),
+            value: raised.clone(),
+            prev_kv: false,
+        })
+        .await
+        .unwrap();
+    held.release.add_permits(1);
+    let _ = tokio::time::timeout(Duration::from_secs(30), starting)
+        .await
+        .expect("the start ends");
+    let after = memory.get(&key).await.unwrap().unwrap().value;
+    assert_eq!(
+        TopicNameValue::decode(&key, &after)
+            .unwrap()
+            .pruned_entry_id,
+        40,
+        "the late id write put the watermark back"
+    );
+    let _ = stale.stop().await;
+}
