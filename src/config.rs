@@ -805,6 +805,24 @@ impl MetasrvConfig {
 }
 
 impl MetadataStoreConfig {
+    /// `connect_timeout` and `request_timeout` positive (the networked backends use them).
+    fn validate_timeouts(&self) -> Result<()> {
+        for (key, value) in [
+            ("metadata_store.connect_timeout", self.connect_timeout),
+            ("metadata_store.request_timeout", self.request_timeout),
+        ] {
+            ensure!(
+                !value.is_zero(),
+                InvalidConfigSnafu {
+                    key,
+                    value: "0s",
+                    reason: "must be positive",
+                }
+            );
+        }
+        Ok(())
+    }
+
     /// Checks the values the chosen backend uses.
     pub fn validate(&self) -> Result<()> {
         match self.backend {
@@ -834,19 +852,7 @@ impl MetadataStoreConfig {
                     }
                 );
                 self.etcd_security().validate(&self.endpoints)?;
-                for (key, value) in [
-                    ("metadata_store.connect_timeout", self.connect_timeout),
-                    ("metadata_store.request_timeout", self.request_timeout),
-                ] {
-                    ensure!(
-                        !value.is_zero(),
-                        InvalidConfigSnafu {
-                            key,
-                            value: "0s",
-                            reason: "must be positive",
-                        }
-                    );
-                }
+                self.validate_timeouts()?;
             }
             MetadataBackend::Postgres => {
                 ensure!(
@@ -874,19 +880,7 @@ impl MetadataStoreConfig {
                         reason: "on postgres the user is the URL's (postgres://USER@host:port/database)",
                     }
                 );
-                for (key, value) in [
-                    ("metadata_store.connect_timeout", self.connect_timeout),
-                    ("metadata_store.request_timeout", self.request_timeout),
-                ] {
-                    ensure!(
-                        !value.is_zero(),
-                        InvalidConfigSnafu {
-                            key,
-                            value: "0s",
-                            reason: "must be positive",
-                        }
-                    );
-                }
+                self.validate_timeouts()?;
             }
             MetadataBackend::Memory => {}
         }

@@ -384,6 +384,24 @@ impl PostgresKvBackend {
         Ok(checkout)
     }
 
+    /// The rows of `sql`, a statement whose one parameter is `keys` (`k = ANY($1)`).
+    async fn by_keys(
+        &self,
+        action: &'static str,
+        sql: &str,
+        first: &[u8],
+        keys: &[Vec<u8>],
+    ) -> Result<Vec<Row>> {
+        let mut co = self.checkout(action, first).await?;
+        let outcome = self
+            .bounded(async {
+                let statement = co.statement(sql).await?;
+                Ok(co.client()?.query(&statement, &[&keys]).await?)
+            })
+            .await;
+        co.finish(outcome)
+    }
+
     /// `work` bounded by the request timeout.
     async fn bounded<T>(
         &self,
@@ -589,14 +607,7 @@ impl KvBackend for PostgresKvBackend {
             return Ok(Vec::new());
         };
         let sql = format!("SELECT k, v FROM {} WHERE k = ANY($1)", self.table);
-        let mut co = self.checkout("batch_get", first).await?;
-        let outcome = self
-            .bounded(async {
-                let statement = co.statement(&sql).await?;
-                Ok(co.client()?.query(&statement, &[&keys]).await?)
-            })
-            .await;
-        let found = co.finish(outcome)?;
+        let found = self.by_keys("batch_get", &sql, first, keys).await?;
         Ok(in_order(keys, found.iter().map(pair)))
     }
 
@@ -754,14 +765,7 @@ impl KvBackend for PostgresKvBackend {
             "DELETE FROM {} WHERE k = ANY($1) RETURNING k, v",
             self.table
         );
-        let mut co = self.checkout("batch_delete", first).await?;
-        let outcome = self
-            .bounded(async {
-                let statement = co.statement(&sql).await?;
-                Ok(co.client()?.query(&statement, &[&keys]).await?)
-            })
-            .await;
-        let rows = co.finish(outcome)?;
+        let rows = self.by_keys("batch_delete", &sql, first, keys).await?;
         if !prev_kv {
             return Ok(Vec::new());
         }

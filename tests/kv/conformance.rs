@@ -31,29 +31,20 @@ async fn redb_backend_conforms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_backend_conforms() {
-    let kv: KvBackendRef =
-        Arc::new(remote_wal::kv::conformance::postgres_from_env("conformance").await);
-    // One random prefix for the run, one sub-prefix per case; the run's keys are removed at the end.
-    let run = remote_wal::kv::conformance::unique_prefix("conformance");
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    run_all(|| {
-        let kv = kv.clone();
-        let ns = [
-            run.clone(),
-            format!("{}/", n.fetch_add(1, std::sync::atomic::Ordering::SeqCst)).into_bytes(),
-        ]
-        .concat();
-        async move { (kv, ns) }
-    })
+    conforms_on_a_shared_store(Arc::new(
+        remote_wal::kv::conformance::postgres_from_env("conformance").await,
+    ))
     .await;
-    kv.delete_range(&run, &remote_wal::kv::prefix_end(&run), false)
-        .await
-        .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn etcd_backend_conforms() {
-    let kv: KvBackendRef = Arc::new(remote_wal::kv::conformance::etcd_from_env().await);
+    conforms_on_a_shared_store(Arc::new(remote_wal::kv::conformance::etcd_from_env().await)).await;
+}
+
+/// The suite on a store other runs share: one random prefix for the run, one sub-prefix per case; the run's keys
+/// are removed at the end.
+async fn conforms_on_a_shared_store(kv: KvBackendRef) {
     // One random prefix for the run, one sub-prefix per case; the run's keys are removed at the end.
     let run = remote_wal::kv::conformance::unique_prefix("conformance");
     let n = std::sync::atomic::AtomicUsize::new(0);

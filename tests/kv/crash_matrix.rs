@@ -383,32 +383,20 @@ async fn kv_state_store_under_a_leader_fence_survives_every_single_and_double_cr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kv_state_store_on_etcd_survives_every_single_and_double_crash() {
-    let kv: KvBackendRef = Arc::new(etcd_from_env().await);
-    let run = String::from_utf8(unique_prefix("crash")).unwrap();
-    let scenario = Scenario {
-        backend: Backend::Shared {
-            kv: kv.clone(),
-            run: run.clone(),
-            next: AtomicUsize::new(0),
-        },
-        group_commit: false,
-    };
-    check_golden(&scenario).await;
-    let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
-    print("kv state store on etcd", &report);
-    kv.delete_range(run.as_bytes(), &prefix_end(run.as_bytes()), false)
-        .await
-        .unwrap();
-    assert_shape(&report);
-    assert!(
-        report.double_crash_cases > report.single_crash_cases,
-        "{report}"
-    );
+    survives_on_a_shared_store(Arc::new(etcd_from_env().await), "etcd").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kv_state_store_on_postgres_survives_every_single_and_double_crash() {
-    let kv: KvBackendRef = Arc::new(postgres_from_env("crash_matrix").await);
+    survives_on_a_shared_store(
+        Arc::new(postgres_from_env("crash_matrix").await),
+        "postgres",
+    )
+    .await;
+}
+
+/// The matrix on a store other runs share (a prefix per case, the run's keys removed at the end).
+async fn survives_on_a_shared_store(kv: KvBackendRef, label: &str) {
     let run = String::from_utf8(unique_prefix("crash")).unwrap();
     let scenario = Scenario {
         backend: Backend::Shared {
@@ -420,7 +408,7 @@ async fn kv_state_store_on_postgres_survives_every_single_and_double_crash() {
     };
     check_golden(&scenario).await;
     let report = run_crash_matrix(&scenario, MatrixConfig::default()).await;
-    print("kv state store on postgres", &report);
+    print(&format!("kv state store on {label}"), &report);
     kv.delete_range(run.as_bytes(), &prefix_end(run.as_bytes()), false)
         .await
         .unwrap();

@@ -37,26 +37,16 @@ async fn on_redb_it_conforms() {
 
 #[tokio::test]
 async fn on_etcd_it_conforms() {
-    let kv: KvBackendRef = Arc::new(etcd_from_env().await);
-    let run = String::from_utf8(unique_prefix("state-store")).unwrap();
-    let n = std::sync::atomic::AtomicUsize::new(0);
-    state_store_suite(|| {
-        let kv = kv.clone();
-        let prefix = format!(
-            "{run}{}/",
-            n.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-        );
-        async move { Arc::new(KvStateStore::with_prefix(kv, prefix)) as Arc<dyn StateStore> }
-    })
-    .await;
-    kv.delete_range(run.as_bytes(), &prefix_end(run.as_bytes()), false)
-        .await
-        .unwrap();
+    conforms_on_a_shared_store(Arc::new(etcd_from_env().await)).await;
 }
 
 #[tokio::test]
 async fn on_postgres_it_conforms() {
-    let kv: KvBackendRef = Arc::new(postgres_from_env("state_store").await);
+    conforms_on_a_shared_store(Arc::new(postgres_from_env("state_store").await)).await;
+}
+
+/// The suite on a store other runs share: a prefix per case, the run's keys removed at the end.
+async fn conforms_on_a_shared_store(kv: KvBackendRef) {
     let run = String::from_utf8(unique_prefix("state-store")).unwrap();
     let n = std::sync::atomic::AtomicUsize::new(0);
     state_store_suite(|| {
