@@ -27,6 +27,7 @@
 #        scripts/services.sh start postgres [NAME]     a PostgreSQL cluster of its own (initdb in the state dir, run as an
 #                                                    unprivileged user), user postgres with the password in
 #                                                    NAME/password, database remote_wal
+#        scripts/services.sh remove NAME               stop NAME (any service) and delete its state
 #        scripts/services.sh stop-all                stop everything this checkout started
 set -euo pipefail
 
@@ -474,6 +475,7 @@ case "$cmd" in
   remove-etcd-cluster)
     [[ -n ${1:-} && -n ${2:-} ]] || die "remove-etcd-cluster NAME N"
     for i in $(seq 1 "$2"); do stop_pid "$STATE/$1-$i"; rm -rf "${STATE:?}/$1-$i"; done ;;
+  remove) [[ -n ${1:-} ]] || die "remove NAME"; stop_pid "$STATE/$1"; rm -rf "${STATE:?}/$1" ;;
   stop-all) for d in "$STATE"/*/; do [[ -d $d ]] && stop_pid "${d%/}"; done ;;
-  *) die "usage: $0 install | start|stop|endpoint|pid|logs kafka|etcd [NAME] | start-cluster NAME N | start-etcd-cluster|remove-etcd-cluster NAME N | stop-all" ;;
+  *) die "usage: $0 install | start|stop|endpoint|pid|logs kafka|etcd [NAME] | start-cluster NAME N | start-etcd-cluster|remove-etcd-cluster NAME N | remove NAME | stop-all" ;;
 esac

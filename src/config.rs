@@ -578,6 +578,21 @@ pub struct MetadataStoreConfig {
 }
 
 impl MetadataStoreConfig {
+    /// The PostgreSQL store's connection settings (`url`, `password_file` read now, `schema`, `table`, the
+    /// timeouts); an unreadable password file or a bad URL is an error naming its key.
+    pub fn postgres(&self) -> crate::error::Result<crate::kv::PostgresKvConfig> {
+        let password = match &self.password_file {
+            Some(path) => Some(read_password_file(path)?),
+            None => None,
+        };
+        let mut pg = crate::kv::PostgresKvConfig::from_url(&self.url, password.as_deref())?;
+        pg.schema = self.schema.clone();
+        pg.table = self.table.clone();
+        pg.connect_timeout = self.connect_timeout;
+        pg.request_timeout = self.request_timeout;
+        Ok(pg)
+    }
+
     /// The etcd security settings (`tls`, `username`, `password_file`) as the etcd clients take them.
     pub fn etcd_security(&self) -> EtcdSecurity {
         EtcdSecurity {
@@ -974,6 +989,22 @@ fn line_and_column(text: &str, offset: usize) -> String {
         .map_or(0, |last| last.chars().count())
         + 1;
     format!("line {line}, column {column}")
+}
+
+/// The password in `path`, one trailing newline trimmed; an error names the file (never its content).
+fn read_password_file(path: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        crate::error::PostgresConfigSnafu {
+            key: "metadata_store.password_file",
+            reason: format!("cannot read {}: {e}", path.display()),
+        }
+        .build()
+    })?;
+    Ok(text
+        .strip_suffix('\n')
+        .map(|t| t.strip_suffix('\r').unwrap_or(t))
+        .unwrap_or(&text)
+        .to_string())
 }
 
 #[cfg(test)]

@@ -1341,15 +1341,17 @@ pub enum Error {
         /// What was asked.
         operation: String,
     },
-    /// A call of the leader election on etcd failed (granting or keeping the lease alive, campaigning, reading
-    /// the leader, resigning).
+    /// A call of the leader election failed (granting or keeping the lease alive, campaigning, reading the
+    /// leader, resigning).
     #[snafu(display(
-        "leader election '{election}' on etcd {endpoints}: {action} failed: {detail}"
+        "leader election '{election}' on {store} {endpoints}: {action} failed: {detail}"
     ))]
     Election {
-        /// The election's key in etcd.
+        /// The election's key (etcd) or lease row (PostgreSQL).
         election: String,
-        /// The etcd endpoints, comma-separated.
+        /// The store holding it: `etcd` or `PostgreSQL`.
+        store: &'static str,
+        /// The etcd endpoints, comma-separated, or the PostgreSQL server's `host:port/database`.
         endpoints: String,
         /// What was attempted (`grant the lease`, `campaign`, `read the leader`, `resign`).
         action: &'static str,

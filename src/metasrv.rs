@@ -1192,22 +1192,6 @@ impl Metasrv {
     }
 }
 
-/// The password in `path`, one trailing newline trimmed; an error names the file (never its content).
-fn read_password_file(path: &std::path::Path) -> Result<String> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        crate::error::PostgresConfigSnafu {
-            key: "metadata_store.password_file",
-            reason: format!("cannot read {}: {e}", path.display()),
-        }
-        .build()
-    })?;
-    Ok(text
-        .strip_suffix('\n')
-        .map(|t| t.strip_suffix('\r').unwrap_or(t))
-        .unwrap_or(&text)
-        .to_string())
-}
-
 /// Opens the configured kv backend; a redb file is opened in `mode` (its directory is created only when the file
 /// may be).
 async fn open_kv_backend(config: &MetasrvConfig, mode: RedbOpenMode) -> Result<KvBackendRef> {
@@ -1247,15 +1231,7 @@ async fn open_kv_backend(config: &MetasrvConfig, mode: RedbOpenMode) -> Result<K
             Arc::new(crate::kv::EtcdKvBackend::connect(etcd).await?)
         }
         MetadataBackend::Postgres => {
-            let password = match &store.password_file {
-                Some(path) => Some(read_password_file(path)?),
-                None => None,
-            };
-            let mut pg = crate::kv::PostgresKvConfig::from_url(&store.url, password.as_deref())?;
-            pg.schema = store.schema.clone();
-            pg.table = store.table.clone();
-            pg.connect_timeout = store.connect_timeout;
-            pg.request_timeout = store.request_timeout;
+            let pg = store.postgres()?;
             Arc::new(crate::kv::PostgresKvBackend::connect(pg).await?)
         }
     };

@@ -1,8 +1,9 @@
 //! [`PostgresKvBackend`]: the metadata store in one PostgreSQL table, `(k bytea primary key, v bytea not null)`,
 //! for deployments that keep metadata in PostgreSQL rather than etcd (`docs/metadata-store.md`).
 //!
-//! **Layout.** The table (`[metadata_store] schema`, `table`; `public.remote_wal_kv` by default) and a small
-//! `{table}_meta` table recording the layout's `schema_version` (1) are created if absent, under a transaction-scoped
+//! **Layout.** The table (`[metadata_store] schema`, `table`; `public.remote_wal_kv` by default), a small
+//! `{table}_meta` table recording the layout's `schema_version` (1) and `{table}_election`, the leader election's
+//! lease rows (`crate::metasrv::election`), are created if absent, under a transaction-scoped
 //! advisory lock so that two processes starting together do not race on `CREATE TABLE`. A table whose recorded
 //! version is not 1 is refused, naming it. `bytea` compares bytewise, so ranges order keys as etcd does.
 //!
@@ -19,7 +20,7 @@
 //! use and again after the connection broke. A call that gets no answer within `request_timeout` fails retryably
 //! and its connection is dropped (its effect is unknown, as with etcd).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -112,7 +113,7 @@ impl PostgresKvConfig {
 }
 
 /// `host:port/database` of a connection config (never its password).
-fn endpoint_of(config: &tokio_postgres::Config) -> String {
+pub(crate) fn endpoint_of(config: &tokio_postgres::Config) -> String {
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
         #[cfg(unix)]
@@ -125,7 +126,7 @@ fn endpoint_of(config: &tokio_postgres::Config) -> String {
 }
 
 /// A quoted SQL identifier, refused unless it is a plain lower-case name (so it never needs escaping).
-fn identifier(key: &str, name: &str) -> Result<String> {
+pub(crate) fn identifier(key: &str, name: &str) -> Result<String> {
     let plain = !name.is_empty()
         && name.len() <= 48
         && name.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
@@ -190,7 +191,7 @@ fn serialization_failure(e: &tokio_postgres::Error) -> bool {
 /// Whether the same call may succeed later: a connection that broke or never opened, a server starting, shutting
 /// down or out of connections, a serialization failure. Anything the server refused for the request itself (a
 /// permission, a constraint, bad SQL) is not.
-fn retryable(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn retryable(e: &tokio_postgres::Error) -> bool {
     match e.code() {
         None => true,
         Some(c) => {
@@ -203,7 +204,7 @@ fn retryable(e: &tokio_postgres::Error) -> bool {
 }
 
 /// One line for an error of the client: its SQLSTATE and message when the server sent them.
-fn detail(e: &tokio_postgres::Error) -> String {
+pub(crate) fn detail(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
         None => {
@@ -216,6 +217,52 @@ fn detail(e: &tokio_postgres::Error) -> String {
             }
             text.replace('\n', " ")
         }
+    }
+}
+
+/// `"schema"."{table}_election"`: the leader election's lease rows (`crate::metasrv::election`), one per election
+/// name: the term holding it and when it expires by the database's clock.
+pub(crate) fn leases_table(config: &PostgresKvConfig) -> Result<String> {
+    Ok(format!(
+        "{}.{}",
+        identifier("metadata_store.schema", &config.schema)?,
+        identifier(
+            "metadata_store.table",
+            &format!("{}_election", config.table)
+        )?
+    ))
+}
+
+/// Opens one session on `config`'s server, bounded by its connect timeout, with the settings every session of
+/// ours runs with: a session left idle inside a transaction for longer than a call may take is ended by the
+/// server (`idle_in_transaction_session_timeout`), so a client that stopped mid-transaction (a frozen or partitioned
+/// process) cannot hold its row locks, and with them a leadership takeover, for longer than that. The error is a
+/// line naming what failed and whether a retry may succeed.
+pub(crate) async fn open_session(
+    config: &PostgresKvConfig,
+) -> std::result::Result<Client, (String, bool)> {
+    let opening = async {
+        let (client, connection) = config.connection.connect(NoTls).await?;
+        tokio::spawn(async move {
+            // Ends when the client is dropped or the connection breaks; the next call reconnects.
+            let _ = connection.await;
+        });
+        let idle = config.request_timeout.as_millis().max(1);
+        client
+            .batch_execute(&format!("SET idle_in_transaction_session_timeout = {idle}"))
+            .await?;
+        Ok::<_, tokio_postgres::Error>(client)
+    };
+    match tokio::time::timeout(config.connect_timeout, opening).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err((format!("cannot connect: {}", detail(&e)), retryable(&e))),
+        Err(_) => Err((
+            format!(
+                "cannot connect: no answer within {:?}",
+                config.connect_timeout
+            ),
+            true,
+        )),
     }
 }
 
@@ -252,6 +299,7 @@ impl PostgresKvBackend {
             )?
         );
         let table = self.table.clone();
+        let leases = leases_table(&self.config)?;
         let mut co = self.checkout("preparing the metadata table", &[]).await?;
         let outcome = self
             .bounded(async {
@@ -263,6 +311,8 @@ impl PostgresKvBackend {
                     "CREATE SCHEMA IF NOT EXISTS {schema};
                      CREATE TABLE IF NOT EXISTS {table} (k BYTEA PRIMARY KEY, v BYTEA NOT NULL);
                      CREATE TABLE IF NOT EXISTS {meta} (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+                     CREATE TABLE IF NOT EXISTS {leases} (name TEXT PRIMARY KEY, term BIGINT NOT NULL,
+                         expires_at TIMESTAMPTZ NOT NULL);
                      INSERT INTO {meta} (name, value) VALUES ('schema_version', '{SCHEMA_VERSION}')
                          ON CONFLICT (name) DO NOTHING;"
                 ))
@@ -335,26 +385,10 @@ impl PostgresKvBackend {
         };
         if checkout.guard.as_ref().is_none_or(|c| c.client.is_closed()) {
             *checkout.guard = None;
-            let connecting = self.config.connection.connect(NoTls);
-            let (client, connection) =
-                match tokio::time::timeout(self.config.connect_timeout, connecting).await {
-                    Ok(Ok(pair)) => pair,
-                    Ok(Err(e)) => {
-                        return Err(checkout
-                            .error(format!("cannot connect: {}", detail(&e)), retryable(&e)));
-                    }
-                    Err(_) => {
-                        let timeout = self.config.connect_timeout;
-                        return Err(checkout.error(
-                            format!("cannot connect: no answer within {timeout:?}"),
-                            true,
-                        ));
-                    }
-                };
-            tokio::spawn(async move {
-                // Ends when the client is dropped or the connection breaks; the next call reconnects.
-                let _ = connection.await;
-            });
+            let client = match open_session(&self.config).await {
+                Ok(client) => client,
+                Err((detail, retryable)) => return Err(checkout.error(detail, retryable)),
+            };
             *checkout.guard = Some(Conn {
                 client,
                 statements: HashMap::new(),
@@ -781,6 +815,10 @@ impl KvBackend for PostgresKvBackend {
         )?;
         let first = txn.first_key().to_vec();
         let select = format!("SELECT k, v FROM {} WHERE k = ANY($1)", self.table);
+        let select_shared = format!(
+            "SELECT k, v FROM {} WHERE k = ANY($1) ORDER BY k FOR SHARE",
+            self.table
+        );
         let upsert = format!(
             "INSERT INTO {} (k, v) SELECT * FROM UNNEST($1::bytea[], $2::bytea[]) \
              ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
@@ -790,7 +828,28 @@ impl KvBackend for PostgresKvBackend {
         // Every key the transaction compares or may read or delete, read in one statement; the branch is then
         // worked out in memory in op order and written in at most two statements (its puts, its deletes), so a
         // transaction costs the same few round trips whatever its size.
-        let mut read: Vec<Vec<u8>> = txn.compare.iter().map(|c| c.key().to_vec()).collect();
+        //
+        // A key the transaction only compares (writes in neither branch) is read with a share lock held to the
+        // commit: no other transaction can change it between the compare and the commit, so a write that passed
+        // its compare commits before any change of that key does, in time as well as in the serial order. This is
+        // what makes the leader key a fence (`crate::metasrv::election`): a takeover rewrites it, and waits for
+        // every write that compared its old value to end first.
+        let written: HashSet<&[u8]> = txn
+            .success
+            .iter()
+            .chain(&txn.failure)
+            .filter(|op| matches!(op, TxnOp::Put(..) | TxnOp::Delete(_)))
+            .map(TxnOp::key)
+            .collect();
+        let mut read: Vec<Vec<u8>> = Vec::new();
+        let mut shared: Vec<Vec<u8>> = Vec::new();
+        for c in &txn.compare {
+            if written.contains(c.key()) {
+                read.push(c.key().to_vec());
+            } else {
+                shared.push(c.key().to_vec());
+            }
+        }
         for op in txn.success.iter().chain(&txn.failure) {
             if matches!(op, TxnOp::Get(_) | TxnOp::Delete(_)) {
                 read.push(op.key().to_vec());
@@ -798,10 +857,14 @@ impl KvBackend for PostgresKvBackend {
         }
         read.sort();
         read.dedup();
+        shared.sort();
+        shared.dedup();
+        shared.retain(|k| read.binary_search(k).is_err());
         let mut co = self.checkout("txn", &first).await?;
         let outcome = self
             .bounded(async {
                 let select = co.statement(&select).await?;
+                let select_shared = co.statement(&select_shared).await?;
                 let upsert = co.statement(&upsert).await?;
                 let delete = co.statement(&delete).await?;
                 co.in_transaction(true);
@@ -811,7 +874,7 @@ impl KvBackend for PostgresKvBackend {
                 // without applying anything (PostgreSQL answers a COMMIT of a failed transaction with a rollback).
                 let mut attempt = 0usize;
                 loop {
-                    let (begun, rows) = tokio::join!(
+                    let (begun, rows, shared_rows) = tokio::join!(
                         client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE"),
                         async {
                             if read.is_empty() {
@@ -819,12 +882,20 @@ impl KvBackend for PostgresKvBackend {
                             } else {
                                 client.query(&select, &[&read]).await
                             }
+                        },
+                        async {
+                            if shared.is_empty() {
+                                Ok(Vec::new())
+                            } else {
+                                client.query(&select_shared, &[&shared]).await
+                            }
                         }
                     );
-                    let failed = match (begun, rows) {
-                        (Ok(()), Ok(rows)) => {
+                    let failed = match (begun, rows.and_then(|r| Ok((r, shared_rows?)))) {
+                        (Ok(()), Ok((rows, shared_rows))) => {
                             let current: HashMap<Vec<u8>, Vec<u8>> = rows
                                 .iter()
+                                .chain(&shared_rows)
                                 .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
                                 .collect();
                             let plan = plan_branch(&txn, &current);

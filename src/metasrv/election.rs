@@ -1,221 +1,193 @@
-//! [`Election`]: which `walctl serve` leads, decided by etcd's election API under a lease kept alive.
+//! [`Election`]: which `walctl serve` (or embedded command) leads a shared metadata store.
 //!
-//! Every server campaigns on one election key (`{key_prefix}__metasrv/election`) with a value naming its advertised
-//! address. etcd makes the candidate whose key has the lowest create revision the leader; that revision is the
-//! leader's **epoch**: strictly increasing across leaders, since each campaign creates a new key. The key is
-//! attached to the server's lease, so etcd deletes it when the lease ends, and the [`LeaderFence`] it fills makes
-//! every procedure-state write compare that key: a leader whose lease ended cannot write, even if it does not know
-//! yet.
+//! Two stores hold an election, each by its own means, behind the same calls:
 //!
-//! The election keeps one etcd client per member, as the kv backend does, and moves between them by the same rules
-//! ([`crate::kv::etcd::members`]): a member that refuses, fails transiently or does not answer within a third of the
-//! TTL is passed over. The lease's upkeep has clients of its own (its own connections, so request load on the
-//! others cannot delay it) and keeps a keep-alive stream open on two members at once: a member that dies, hangs or
-//! loses its quorum leaves the other stream proving the lease while a replacement opens on the next member.
+//! - **etcd** (`election/etcd.rs`): etcd's election API. A candidate key per server, attached to a lease kept alive; the
+//!   leader is the key with the lowest create revision, which is its epoch. etcd deletes the key when the lease
+//!   ends.
+//! - **PostgreSQL** (`election/postgres.rs`): one lease row (holder's term, expiry by the database's own clock), taken over
+//!   only after it expired, renewed within the term; the term is the epoch. The takeover rewrites the leader key in
+//!   the metadata table in the same transaction.
 //!
-//! The server also stops on its own before that point: a [`Term`] is lost as soon as no keep-alive was
-//! acknowledged for two thirds of the TTL (the last third is the safety margin for clocks and a write in flight),
-//! or when a write found the leadership gone. The server then stops its manager and campaigns again.
+//! Either way the winner fills a [`LeaderFence`] with the leader key and its value, and every procedure-state
+//! write compares that key in its own transaction: a leader superseded, or whose lease ended, cannot write, even
+//! if it does not know yet (`docs/ha.md` argues both).
+//!
+//! A [`Term`] is lost as soon as no renewal was acknowledged for two thirds of the TTL (the last third is the
+//! safety margin for clocks and a write in flight), or when a write found the leadership gone. The server then
+//! stops its manager and campaigns again.
+
+mod etcd;
+mod postgres;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, GetOptions, LeaderKey, ResignOptions, SortOrder, SortTarget};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
-use crate::error::{Error, Result};
-use crate::kv::etcd::describe;
-use crate::kv::etcd::members::{self, Failure, Members, Resend};
-use crate::kv::state_store::{LeaderFence, LeaderLease};
+use crate::config::{MetadataBackend, MetadataStoreConfig};
+use crate::error::Result;
+use crate::kv::PostgresKvConfig;
+use crate::kv::etcd::EtcdSecurity;
+use crate::kv::state_store::LeaderFence;
 
 /// The election's key, under the metadata store's key prefix.
 pub const ELECTION_KEY: &str = "__metasrv/election";
 
-/// How long one etcd call of the election (other than the campaign itself) may take.
-const CALL_TIMEOUT: Duration = Duration::from_secs(3);
-
 /// What a leader's election value holds.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ElectionValue {
-    /// The advertised `host:port` of the server's HTTP API.
+    /// The advertised `host:port` of the server's HTTP API (empty for an embedded command).
     pub address: String,
+    /// On PostgreSQL, the term the value belongs to, so each term's leader key differs from every other's (on
+    /// etcd the key itself differs per lease; absent there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<u64>,
 }
 
-/// The current leader as etcd knows it.
+/// The current leader as the store knows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct LeaderInfo {
     /// Its advertised address.
     pub address: String,
-    /// Its epoch (the leader key's create revision).
+    /// Its epoch (etcd: the leader key's create revision; PostgreSQL: the lease row's term).
     pub epoch: u64,
 }
 
-/// How to reach etcd and what to campaign with.
+/// Where the election is held.
+#[derive(Clone, Debug)]
+pub enum ElectionStore {
+    /// etcd's election API on these members.
+    Etcd {
+        /// etcd endpoints, `host:port`.
+        endpoints: Vec<String>,
+        /// TLS and the user every election connection uses (the metadata store's).
+        security: EtcdSecurity,
+    },
+    /// A lease row beside the metadata table the config names.
+    Postgres(Box<PostgresKvConfig>),
+}
+
+impl ElectionStore {
+    /// Where the election of the metadata store `store` names is held: etcd's or PostgreSQL's; `None` on redb and
+    /// memory, which one process holds alone. The PostgreSQL password file is read now.
+    pub fn of(store: &MetadataStoreConfig) -> Result<Option<ElectionStore>> {
+        Ok(match store.backend {
+            MetadataBackend::Etcd => Some(ElectionStore::Etcd {
+                endpoints: store.endpoints.clone(),
+                security: store.etcd_security(),
+            }),
+            MetadataBackend::Postgres => Some(ElectionStore::Postgres(Box::new(store.postgres()?))),
+            MetadataBackend::Redb | MetadataBackend::Memory => None,
+        })
+    }
+}
+
+/// How to reach the store and what to campaign with.
 #[derive(Clone, Debug)]
 pub struct ElectionConfig {
-    /// etcd endpoints, `host:port`.
-    pub endpoints: Vec<String>,
+    /// The store holding the election.
+    pub store: ElectionStore,
     /// How long connecting may take.
     pub connect_timeout: Duration,
     /// The metadata store's key prefix (the election key lives under it).
     pub key_prefix: String,
     /// This server's advertised address.
     pub advertise: String,
-    /// The lease's time to live (whole seconds, rounded up).
+    /// The lease's time to live (whole seconds on etcd, rounded up).
     pub lease_ttl: Duration,
-    /// TLS and the user every election connection uses (the metadata store's).
-    pub security: crate::kv::etcd::EtcdSecurity,
 }
 
 /// A server's participation in the election.
+#[derive(Debug)]
 pub struct Election {
-    /// Clients for reading the leader, granting, campaigning, resigning and revoking.
-    members: Arc<Members<Client>>,
-    /// The lease upkeep's own clients (their own connections).
-    keepers: Arc<Members<Client>>,
-    config: ElectionConfig,
-    name: String,
-    value: Vec<u8>,
+    inner: Inner,
     fence: Arc<LeaderFence>,
-    /// The lease of the campaign or term in progress, so a shutdown can revoke it ([`Election::withdraw`]).
-    lease: std::sync::Mutex<Option<i64>>,
 }
 
-impl std::fmt::Debug for Election {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Election")
-            .field("name", &self.name)
-            .field("endpoints", &self.config.endpoints)
-            .field("advertise", &self.config.advertise)
-            .finish_non_exhaustive()
-    }
+#[derive(Debug)]
+enum Inner {
+    Etcd(etcd::EtcdElection),
+    Postgres(postgres::PostgresElection),
 }
 
 /// One period of leadership, from winning the campaign until it is lost or given up.
 #[derive(Debug)]
 pub struct Term {
-    epoch: u64,
-    leader: LeaderKey,
-    lease: i64,
-    lost: watch::Receiver<bool>,
-    keeper: JoinHandle<()>,
+    inner: TermInner,
+}
+
+#[derive(Debug)]
+enum TermInner {
+    Etcd(etcd::EtcdTerm),
+    Postgres(postgres::PostgresTerm),
 }
 
 impl Term {
     /// The epoch of this term.
     pub fn epoch(&self) -> u64 {
-        self.epoch
+        match &self.inner {
+            TermInner::Etcd(t) => t.epoch(),
+            TermInner::Postgres(t) => t.epoch(),
+        }
     }
 
-    /// Resolves once leadership can no longer be proven (a keep-alive not acknowledged in time, the lease gone, or a
-    /// state write that found the leader key deleted).
+    /// Resolves once leadership can no longer be proven (a renewal not acknowledged in time, the lease gone, or a
+    /// state write that found the leader key changed or deleted).
     pub async fn lost(&mut self) {
-        // An error means the keeper ended, which also ends the term.
-        let _ = self.lost.wait_for(|lost| *lost).await;
+        match &mut self.inner {
+            TermInner::Etcd(t) => t.lost().await,
+            TermInner::Postgres(t) => t.lost().await,
+        }
     }
 
     /// Whether the term is already lost.
     pub fn is_lost(&self) -> bool {
-        *self.lost.borrow()
+        match &self.inner {
+            TermInner::Etcd(t) => t.is_lost(),
+            TermInner::Postgres(t) => t.is_lost(),
+        }
     }
 }
 
 impl Election {
-    /// Connects to etcd (without a per-request timeout: a campaign waits as long as another server leads).
+    /// Connects to the store (without a per-request timeout on the campaign: it waits as long as another server
+    /// leads).
     pub async fn connect(config: ElectionConfig, fence: Arc<LeaderFence>) -> Result<Self> {
-        let name = format!("{}{ELECTION_KEY}", config.key_prefix);
-        let value = serde_json::to_vec(&ElectionValue {
-            address: config.advertise.clone(),
-        })
-        .map_err(|e| Error::Election {
-            election: name.clone(),
-            endpoints: config.endpoints.join(","),
-            action: "encode the election value",
-            detail: e.to_string(),
-            retryable: false,
-        })?;
-        let loaded = config
-            .security
-            .load(
-                &config.endpoints,
-                members::connect_options(config.connect_timeout, None),
-            )
-            .map_err(|e| Error::Election {
-                election: name.clone(),
-                endpoints: config.endpoints.join(","),
-                action: "read the etcd security settings",
-                detail: e.to_string(),
-                retryable: false,
-            })?;
-        let attempt = attempt_timeout(config.lease_ttl);
-        // Connecting is lazy: a status call proves a member answers; the first that does is preferred.
-        let connecting = async {
-            let mut clients = Vec::with_capacity(config.endpoints.len());
-            let mut keepers = Vec::with_capacity(config.endpoints.len());
-            let mut sign_in = Vec::with_capacity(config.endpoints.len());
-            let mut keepers_sign_in = Vec::with_capacity(config.endpoints.len());
-            for endpoint in &config.endpoints {
-                let (client, signing) = members::connect_member(endpoint, &loaded).await?;
-                clients.push(client);
-                sign_in.push(signing);
-                // The upkeep's own connections sign in on their own (a token belongs to its client).
-                let (keeper, signing) = members::connect_member(endpoint, &loaded).await?;
-                keepers.push(keeper);
-                keepers_sign_in.push(signing);
-            }
-            let members = Members::new(clients, config.endpoints.clone()).with_sign_in(sign_in);
-            let keepers =
-                Members::new(keepers, config.endpoints.clone()).with_sign_in(keepers_sign_in);
-            let status = members
-                .call(attempt, Resend::Safe, |mut client| async move {
-                    client.status().await
-                })
-                .await;
-            keepers.prefer(members.preferred());
-            Ok::<_, etcd_client::Error>((status, members, keepers))
+        let inner = match config.store {
+            ElectionStore::Etcd {
+                endpoints,
+                security,
+            } => Inner::Etcd(
+                etcd::EtcdElection::connect(
+                    etcd::EtcdElectionConfig {
+                        endpoints,
+                        connect_timeout: config.connect_timeout,
+                        key_prefix: config.key_prefix,
+                        advertise: config.advertise,
+                        lease_ttl: config.lease_ttl,
+                        security,
+                    },
+                    fence.clone(),
+                )
+                .await?,
+            ),
+            ElectionStore::Postgres(store) => Inner::Postgres(
+                postgres::PostgresElection::connect(
+                    postgres::PostgresElectionConfig {
+                        store: *store,
+                        connect_timeout: config.connect_timeout,
+                        key_prefix: config.key_prefix,
+                        advertise: config.advertise,
+                        lease_ttl: config.lease_ttl,
+                    },
+                    fence.clone(),
+                )
+                .await?,
+            ),
         };
-        let (members, keepers) =
-            match tokio::time::timeout(config.connect_timeout, connecting).await {
-                Ok(Ok((Ok(_), members, keepers))) => (Arc::new(members), Arc::new(keepers)),
-                Ok(Ok((Err(failure), _, _))) => {
-                    let hint = match &failure {
-                        Failure::Etcd { error, .. } => {
-                            members::connect_hint(error, config.security.uses_tls())
-                        }
-                        Failure::Timeout { .. } => None,
-                    };
-                    let mut err = failure_error(&name, "connect", failure);
-                    if let (Error::Election { detail, .. }, Some(hint)) = (&mut err, hint) {
-                        detail.push_str("; ");
-                        detail.push_str(hint);
-                    }
-                    return Err(err);
-                }
-                Ok(Err(e)) => {
-                    return Err(error(&name, &config, "connect", &e));
-                }
-                Err(_) => {
-                    return Err(Error::Election {
-                        election: name,
-                        endpoints: config.endpoints.join(","),
-                        action: "connect",
-                        detail: format!("no answer within {:?}", config.connect_timeout),
-                        retryable: true,
-                    });
-                }
-            };
-        Ok(Election {
-            members,
-            keepers,
-            config,
-            name,
-            value,
-            fence,
-            lease: std::sync::Mutex::new(None),
-        })
+        Ok(Election { inner, fence })
     }
 
     /// The fence this election fills while it leads.
@@ -223,270 +195,59 @@ impl Election {
         &self.fence
     }
 
-    /// The election key in etcd.
+    /// The election's name: its key (etcd) or its lease row (PostgreSQL).
     pub fn name(&self) -> &str {
-        &self.name
+        match &self.inner {
+            Inner::Etcd(e) => e.name(),
+            Inner::Postgres(e) => e.name(),
+        }
     }
 
     /// This server's advertised address.
     pub fn advertise(&self) -> &str {
-        &self.config.advertise
-    }
-
-    fn ttl_secs(&self) -> i64 {
-        let ttl = self.config.lease_ttl;
-        let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-        i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
-    }
-
-    /// Runs one election call that may be sent to several members ([`Resend::Safe`]) under [`CALL_TIMEOUT`].
-    async fn call<T, F, Fut>(&self, action: &'static str, f: F) -> Result<T>
-    where
-        F: Fn(Client) -> Fut,
-        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
-    {
-        let attempt = attempt_timeout(self.config.lease_ttl);
-        match tokio::time::timeout(CALL_TIMEOUT, self.members.call(attempt, Resend::Safe, f)).await
-        {
-            Ok(Ok(out)) => Ok(out),
-            Ok(Err(failure)) => Err(failure_error(&self.name, action, failure)),
-            Err(_) => Err(self.timeout(action)),
+        match &self.inner {
+            Inner::Etcd(e) => e.advertise(),
+            Inner::Postgres(e) => e.advertise(),
         }
     }
 
-    /// The leader etcd knows now (the candidate key with the lowest create revision), if any.
+    /// The leader the store knows now, if any.
     pub async fn leader(&self) -> Result<Option<LeaderInfo>> {
-        let prefix = format!("{}/", self.name);
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let resp = self
-            .call("read the leader", |client| {
-                let (prefix, options) = (prefix.clone(), options.clone());
-                async move { client.kv_client().get(prefix, Some(options)).await }
-            })
-            .await?;
-        let Some(kv) = resp.kvs().first() else {
-            return Ok(None);
-        };
-        let address = serde_json::from_slice::<ElectionValue>(kv.value())
-            .map(|v| v.address)
-            .unwrap_or_else(|_| String::from_utf8_lossy(kv.value()).into_owned());
-        Ok(Some(LeaderInfo {
-            address,
-            epoch: u64::try_from(kv.create_revision()).unwrap_or(0),
-        }))
+        match &self.inner {
+            Inner::Etcd(e) => e.leader().await,
+            Inner::Postgres(e) => e.leader().await,
+        }
     }
 
-    /// Campaigns until this server leads, and returns the term: grants a lease, keeps it alive, and waits in
-    /// etcd's campaign. The fence holds the term's leadership when this returns. Cancel-safe: dropping the future
-    /// stops the keep-alive, and the lease (so the candidate key) ends within the TTL.
-    ///
-    /// The lease is proven from the moment the grant was **sent**: etcd starts the TTL when it grants, which is
-    /// after the send, so counting from the send never credits the lease with time etcd did not give it.
+    /// Campaigns until this server leads, and returns the term. The fence holds the term's leadership when this
+    /// returns. Cancel-safe: dropping the future stops the lease's upkeep.
     pub async fn campaign(&self) -> Result<Term> {
-        let ttl = self.ttl_secs();
-        let grant_sent = Instant::now();
-        let lease = self
-            .call("grant the lease", |client| async move {
-                client.lease_client().grant(ttl, None).await
-            })
-            .await?
-            .id();
-        *self.lease.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
-        let (lost_tx, mut lost) = watch::channel(false);
-        let keeper = KeepAlive {
-            members: self.keepers.clone(),
-            lease,
-            ttl: self.config.lease_ttl,
-            fence: self.fence.clone(),
-            lost: lost_tx,
+        let inner = match &self.inner {
+            Inner::Etcd(e) => TermInner::Etcd(e.campaign().await?),
+            Inner::Postgres(e) => TermInner::Postgres(e.campaign().await?),
         };
-        let keeper = tokio::spawn(keeper.run(grant_sent));
-        // The keeper task ends the lease's upkeep when the campaign is dropped or fails.
-        let guard = AbortOnDrop(Some(keeper));
-
-        let resp = tokio::select! {
-            resp = self.campaign_on_members(lease) => resp?,
-            _ = lost.wait_for(|lost| *lost) => {
-                return Err(Error::Election {
-                    election: self.name.clone(),
-                    endpoints: self.config.endpoints.join(","),
-                    action: "campaign",
-                    detail: "the lease could not be kept alive while waiting for leadership".to_string(),
-                    retryable: true,
-                });
-            }
-        };
-        let leader = resp.leader().cloned().ok_or_else(|| Error::Election {
-            election: self.name.clone(),
-            endpoints: self.config.endpoints.join(","),
-            action: "campaign",
-            detail: "etcd answered the campaign without a leader key".to_string(),
-            retryable: true,
-        })?;
-        let epoch = u64::try_from(leader.rev()).unwrap_or(0);
-        let key = leader
-            .key()
-            .strip_prefix(self.config.key_prefix.as_bytes())
-            .unwrap_or(leader.key())
-            .to_vec();
-        self.fence.set(LeaderLease {
-            epoch,
-            key,
-            value: self.value.clone(),
-        });
-        if *lost.borrow() {
-            // Lost while etcd answered: the keeper cleared the fence before it was set; clear it again.
-            self.fence.clear();
-        }
-        let keeper = guard.defuse();
-        tracing::info!(election = %self.name, epoch, address = %self.config.advertise, "won the election");
-        Ok(Term {
-            epoch,
-            leader,
-            lease,
-            lost,
-            keeper,
-        })
-    }
-
-    /// etcd's campaign for `lease` on the preferred member; when that member fails (refuses, breaks the connection,
-    /// or answers `Unavailable` because it lost its quorum) the campaign starts again on the next one, each member
-    /// tried at most once. The campaign itself has no deadline (it waits while another server leads); a member that
-    /// goes silent is noticed by the connection's pings, which close it and fail the call.
-    ///
-    /// One campaign at a time, never two on different members: etcd ends a campaign whose caller went away by
-    /// resigning its candidate key, so a second campaign dropped after the first won would delete the winner's key.
-    /// A campaign that failed may have left the key or resigned it; the next one creates it or finds it (same
-    /// lease, same key) either way.
-    async fn campaign_on_members(&self, lease: i64) -> Result<etcd_client::CampaignResponse> {
-        let n = self.members.len();
-        let start = self.members.preferred();
-        let mut last = None;
-        for step in 0..n {
-            let i = (start + step) % n;
-            let (client, endpoint) = self.members.member(i);
-            let (name, value) = (self.name.clone(), self.value.clone());
-            let campaign = async {
-                self.members.signed_in(i).await?;
-                client.election_client().campaign(name, value, lease).await
-            };
-            match campaign.await {
-                Ok(resp) => {
-                    self.members.prefer(i);
-                    return Ok(resp);
-                }
-                Err(e) if members::is_transient(&e) || members::is_connection_refused(&e) => {
-                    tracing::debug!(election = %self.name, %endpoint, error = %describe(&e), "campaign moves on");
-                    self.members.pass_over(i);
-                    last = Some(e);
-                }
-                Err(e) => return Err(error(&self.name, &self.config, "campaign", &e)),
-            }
-        }
-        let e = last.unwrap_or_else(|| etcd_client::Error::InvalidArgs("no endpoints".into()));
-        Err(error(&self.name, &self.config, "campaign", &e))
+        Ok(Term { inner })
     }
 
     /// Gives the term up: the fence is cleared first (no write of this server passes after that), then the
-    /// leader key is resigned and the lease revoked so another server wins at once. Best effort on etcd: a
-    /// failure is logged; the lease then ends within its TTL.
+    /// leadership is released so another server wins at once. Best effort: a failure is logged; the lease then
+    /// ends within its TTL.
     pub async fn resign(&self, term: Term) {
-        // The upkeep is stopped (and joined) before the fence is cleared, so it does not take the cleared fence for
-        // a write that found the leadership gone.
-        term.keeper.abort();
-        let _ = term.keeper.await;
-        self.fence.clear();
-        let options = ResignOptions::new().with_leader(term.leader.clone());
-        let resigned = self
-            .call("resign", |client| {
-                let options = options.clone();
-                async move { client.election_client().resign(Some(options)).await }
-            })
-            .await;
-        if let Err(e) = resigned {
-            tracing::warn!(election = %self.name, error = %e, "resigning failed");
+        match (&self.inner, term.inner) {
+            (Inner::Etcd(e), TermInner::Etcd(t)) => e.resign(t).await,
+            (Inner::Postgres(e), TermInner::Postgres(t)) => e.resign(t).await,
+            // A term of another election: this one cannot release it; its lease ends within the TTL.
+            _ => self.fence.clear(),
         }
-        self.revoke(term.lease).await;
-        tracing::info!(election = %self.name, epoch = term.epoch, "resigned");
     }
 
-    /// Withdraws from a campaign given up (the server shuts down while it follows): revokes the campaign's lease,
-    /// so its candidate key leaves the queue now rather than when the lease would expire. Best effort.
+    /// Withdraws from a campaign given up (the server shuts down while it follows), so its candidacy leaves at
+    /// once rather than when its lease would expire. Best effort.
     pub async fn withdraw(&self) {
-        let lease = self.lease.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(lease) = lease {
-            self.revoke(lease).await;
+        match &self.inner {
+            Inner::Etcd(e) => e.withdraw().await,
+            Inner::Postgres(e) => e.withdraw(),
         }
-    }
-
-    async fn revoke(&self, lease: i64) {
-        {
-            let mut current = self.lease.lock().unwrap_or_else(|e| e.into_inner());
-            if *current == Some(lease) {
-                *current = None;
-            }
-        }
-        let revoked = self
-            .call("revoke the lease", |client| async move {
-                client.lease_client().revoke(lease).await
-            })
-            .await;
-        if let Err(e) = revoked {
-            tracing::warn!(election = %self.name, error = %e, "revoking the lease failed");
-        }
-    }
-
-    fn timeout(&self, action: &'static str) -> Error {
-        Error::Election {
-            election: self.name.clone(),
-            endpoints: self.config.endpoints.join(","),
-            action,
-            detail: format!("no answer within {CALL_TIMEOUT:?}"),
-            retryable: true,
-        }
-    }
-}
-
-/// How long one member may take to answer an election call before the next is tried: a third of the TTL, between
-/// 250 ms and 1 s.
-fn attempt_timeout(ttl: Duration) -> Duration {
-    (ttl / 3).clamp(Duration::from_millis(250), Duration::from_secs(1))
-}
-
-fn error(
-    name: &str,
-    config: &ElectionConfig,
-    action: &'static str,
-    e: &etcd_client::Error,
-) -> Error {
-    Error::Election {
-        election: name.to_string(),
-        endpoints: config.endpoints.join(","),
-        action,
-        detail: describe(e),
-        retryable: members::is_transient(e) || members::is_connection_refused(e),
-    }
-}
-
-fn failure_error(name: &str, action: &'static str, failure: Failure) -> Error {
-    match failure {
-        Failure::Etcd { endpoint, error: e } => Error::Election {
-            election: name.to_string(),
-            endpoints: endpoint,
-            action,
-            detail: describe(&e),
-            retryable: members::is_transient(&e) || members::is_connection_refused(&e),
-        },
-        Failure::Timeout { endpoint, after } => Error::Election {
-            election: name.to_string(),
-            endpoints: endpoint,
-            action,
-            detail: format!("no answer within {after:?}"),
-            retryable: true,
-        },
     }
 }
 
@@ -507,175 +268,6 @@ impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         if let Some(handle) = self.0.take() {
             handle.abort();
-        }
-    }
-}
-
-/// What a keep-alive lane reports to the upkeep.
-#[derive(Debug)]
-enum LaneEvent {
-    /// A keep-alive sent at `sent` was acknowledged with the lease alive.
-    Acked { sent: Instant },
-    /// etcd says the lease is gone.
-    Expired,
-    /// The lane on `member` stopped (its member failed, hung or closed the stream).
-    Ended { member: usize, reason: String },
-}
-
-/// The lease's upkeep: keep-alive streams on two members at once ("lanes"), a keep-alive on each every third of
-/// the TTL, and the term declared lost when none was acknowledged for two thirds of it.
-struct KeepAlive {
-    members: Arc<Members<Client>>,
-    lease: i64,
-    ttl: Duration,
-    fence: Arc<LeaderFence>,
-    lost: watch::Sender<bool>,
-}
-
-impl KeepAlive {
-    /// Runs until the term is lost (or the task is aborted). `granted`: when the lease's grant was sent.
-    async fn run(self, granted: Instant) {
-        let interval = self.ttl / 3;
-        // Proven alive until: the send time of the last acknowledged keep-alive (at first: of the grant) plus two
-        // thirds of the TTL.
-        let margin = self.ttl * 2 / 3;
-        let mut valid_until = granted + margin;
-        let mut fence = self.fence.subscribe();
-        let mut had_lease = fence.borrow().is_some();
-        let n = self.members.len();
-        let want = n.min(2);
-        let (events_tx, mut events) = mpsc::unbounded_channel();
-        // The lanes running: (member, task); and when each member's last lane started, so a member that fails at
-        // once is tried again no sooner than an interval later.
-        let mut lanes: Vec<(usize, AbortOnDrop)> = Vec::new();
-        let mut started: Vec<Option<Instant>> = vec![None; n];
-        let mut next_member = self.members.preferred();
-        let mut top_up = tokio::time::interval(interval / 2);
-        top_up.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            // Keep `want` lanes on distinct members, starting from the member after the last one tried.
-            let now = Instant::now();
-            for _ in 0..n {
-                if lanes.len() >= want {
-                    break;
-                }
-                let member = next_member % n;
-                next_member = (member + 1) % n;
-                let busy = lanes.iter().any(|(m, _)| *m == member);
-                let recent = started[member].is_some_and(|at| now < at + interval);
-                if busy || recent {
-                    continue;
-                }
-                started[member] = Some(now);
-                let lane = lane(
-                    Arc::clone(&self.members),
-                    member,
-                    self.lease,
-                    interval,
-                    events_tx.clone(),
-                );
-                lanes.push((member, AbortOnDrop(Some(tokio::spawn(lane)))));
-            }
-            tokio::select! {
-                event = events.recv() => match event {
-                    Some(LaneEvent::Acked { sent }) => {
-                        valid_until = valid_until.max(sent + margin);
-                    }
-                    Some(LaneEvent::Expired) => {
-                        self.lose("etcd says the lease expired");
-                        return;
-                    }
-                    Some(LaneEvent::Ended { member, reason }) => {
-                        tracing::info!(lease = self.lease, member = %self.members.member(member).1, %reason,
-                            "a lease keep-alive stream ended; another member takes over");
-                        lanes.retain(|(m, _)| *m != member);
-                        self.members.pass_over(member);
-                    }
-                    // The sender is held here: never.
-                    None => return,
-                },
-                _ = tokio::time::sleep_until(valid_until) => {
-                    self.lose("no keep-alive acknowledged within two thirds of the lease TTL");
-                    return;
-                }
-                _ = top_up.tick() => {}
-                changed = fence.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    let has = fence.borrow_and_update().is_some();
-                    if had_lease && !has {
-                        self.lose("a state write found the leadership gone");
-                        return;
-                    }
-                    had_lease = has;
-                }
-            }
-        }
-    }
-
-    fn lose(&self, reason: &str) {
-        self.fence.clear();
-        tracing::warn!(reason, "leadership can no longer be proven; stepping down");
-        self.lost.send_replace(true);
-    }
-}
-
-/// One keep-alive stream on `member`: a keep-alive every `interval`, each answer awaited (at most `interval`)
-/// before the next is sent, so an answer always belongs to the last send. Opening the stream is itself a
-/// keep-alive. Ends, saying why, on the first failure or late answer: the upkeep opens another lane elsewhere.
-async fn lane(
-    members: Arc<Members<Client>>,
-    member: usize,
-    lease: i64,
-    interval: Duration,
-    events: mpsc::UnboundedSender<LaneEvent>,
-) {
-    let end = |reason: String| {
-        let _ = events.send(LaneEvent::Ended { member, reason });
-    };
-    let sent = Instant::now();
-    let (client, _) = members.member(member);
-    let opened = tokio::time::timeout(interval, async {
-        members.signed_in(member).await?;
-        client.lease_client().keep_alive(lease).await
-    })
-    .await;
-    let (mut keeper, mut stream) = match opened {
-        Ok(Ok(pair)) => pair,
-        Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
-            // The opening keep-alive was answered with no TTL: the lease is gone.
-            let _ = events.send(LaneEvent::Expired);
-            return;
-        }
-        Ok(Err(e)) => return end(describe(&e)),
-        Err(_) => return end(format!("no keep-alive stream within {interval:?}")),
-    };
-    if events.send(LaneEvent::Acked { sent }).is_err() {
-        return;
-    }
-    let mut sent = sent;
-    loop {
-        tokio::time::sleep_until(sent + interval).await;
-        sent = Instant::now();
-        let answered = tokio::time::timeout(interval, async {
-            keeper.keep_alive().await?;
-            stream.message().await
-        })
-        .await;
-        match answered {
-            Ok(Ok(Some(resp))) if resp.ttl() > 0 => {
-                if events.send(LaneEvent::Acked { sent }).is_err() {
-                    return;
-                }
-            }
-            Ok(Ok(Some(_))) => {
-                let _ = events.send(LaneEvent::Expired);
-                return;
-            }
-            Ok(Ok(None)) => return end("the stream ended".to_string()),
-            Ok(Err(e)) => return end(describe(&e)),
-            Err(_) => return end(format!("a keep-alive was not answered within {interval:?}")),
         }
     }
 }

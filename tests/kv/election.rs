@@ -12,7 +12,7 @@ use remote_wal::kv::KvBackendRef;
 use remote_wal::kv::NamespacedKvBackend;
 use remote_wal::kv::etcd::{EtcdConfig, EtcdKvBackend};
 use remote_wal::kv::state_store::{KvStateStore, LeaderFence};
-use remote_wal::metasrv::election::{Election, ElectionConfig};
+use remote_wal::metasrv::election::{Election, ElectionConfig, ElectionStore};
 
 use crate::support::fault_proxy::{Fault, FaultProxy};
 use crate::support::{require_endpoints, unique};
@@ -28,12 +28,14 @@ async fn election(
     let fence = Arc::new(LeaderFence::new());
     let election = Election::connect(
         ElectionConfig {
-            endpoints: endpoints.to_vec(),
+            store: ElectionStore::Etcd {
+                endpoints: endpoints.to_vec(),
+                security: Default::default(),
+            },
             connect_timeout: Duration::from_secs(5),
             key_prefix: prefix.to_string(),
             advertise: address.to_string(),
             lease_ttl: Duration::from_secs(2),
-            security: Default::default(),
         },
         fence.clone(),
     )

@@ -12,6 +12,7 @@ mod etcd;
 mod etcd_secure;
 mod group_commit;
 mod postgres;
+mod postgres_election;
 mod redb;
 mod redb_damage;
 mod state_store;

@@ -138,3 +138,86 @@ async fn a_table_of_another_layout_version_is_refused_naming_it() {
         .await
         .unwrap();
 }
+
+/// A key a transaction only compares cannot change between its compare and its commit: while another session
+/// holds an uncommitted change of that key, the transaction waits for it (PostgreSQL shows it waiting on the
+/// row's lock), then decides on the value committed, refusing its compare. Read without the share lock it would
+/// compare the old value and commit beside the change (serializable isolation alone allows that order), which is
+/// what would let a deposed leader's write pass a takeover (`docs/metadata-store.md`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_a_transaction_only_compares_cannot_change_before_it_commits() {
+    let table = crate::support::unique("pgshare");
+    let config = postgres_config_from_env(&table);
+    let kv: KvBackendRef = Arc::new(PostgresKvBackend::connect(config.clone()).await.unwrap());
+    let prefix = unique_prefix("pg-share");
+    let fence = [prefix.clone(), b"fence".to_vec()].concat();
+    let written = [prefix.clone(), b"written".to_vec()].concat();
+    kv.put(remote_wal::kv::PutRequest {
+        key: fence.clone(),
+        value: b"old".to_vec(),
+        prev_kv: false,
+    })
+    .await
+    .unwrap();
+
+    let (mut changer, connection) = config
+        .connection
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let change = changer.transaction().await.unwrap();
+    change
+        .execute(
+            &format!("UPDATE public.\"{table}\" SET v = 'new' WHERE k = $1"),
+            &[&fence],
+        )
+        .await
+        .unwrap();
+
+    let txn = {
+        let (kv, fence, written) = (kv.clone(), fence.clone(), written.clone());
+        tokio::spawn(async move {
+            kv.txn(Txn {
+                compare: vec![Compare::ValueEquals(fence, b"old".to_vec())],
+                success: vec![TxnOp::Put(written, b"v".to_vec())],
+                failure: Vec::new(),
+            })
+            .await
+        })
+    };
+    let (watcher, connection) = config
+        .connection
+        .connect(tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR SHARE%' \
+         AND query LIKE '%{table}%'"
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let n: i64 = watcher.query_one(&waiting, &[]).await.unwrap().get(0);
+        if n > 0 {
+            break;
+        }
+        assert!(
+            !txn.is_finished(),
+            "the transaction did not wait for the uncommitted change of the key it compared: {:?}",
+            txn.await
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the transaction never waited"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    change.commit().await.unwrap();
+    let resp = txn.await.unwrap().unwrap();
+    assert!(
+        !resp.succeeded,
+        "the compare passed on a value changed before the commit"
+    );
+    assert!(kv.get(&written).await.unwrap().is_none());
+}

@@ -1,4 +1,4 @@
-//! An embedded command that writes on an etcd store takes part in the servers' election (`docs/ha.md`): if a
+//! An embedded command that writes on an etcd or PostgreSQL store takes part in the servers' election (`docs/ha.md`): if a
 //! `walctl serve` leads, the command is sent to it; otherwise the command campaigns and runs once it leads, with
 //! the term's epoch fencing its writes, then resigns. Its election value carries no address, which tells other
 //! commands that this leader takes no request: they wait for their turn.
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use remote_wal::config::{MetasrvConfig, ServerConfig};
 use remote_wal::kv::state_store::LeaderFence;
-use remote_wal::metasrv::election::{Election, ElectionConfig, LeaderInfo, Term};
+use remote_wal::metasrv::election::{Election, ElectionConfig, ElectionStore, LeaderInfo, Term};
 use tokio::time::Instant;
 
 use crate::Failure;
@@ -24,14 +24,19 @@ pub async fn connect(
     server: &ServerConfig,
     fence: Arc<LeaderFence>,
 ) -> Result<Election, Failure> {
+    let Some(store) = ElectionStore::of(&config.metadata_store)? else {
+        return Err(Failure::Refused(format!(
+            "the {} metadata store holds no election",
+            config.metadata_store.backend.as_str()
+        )));
+    };
     Ok(Election::connect(
         ElectionConfig {
-            endpoints: config.metadata_store.endpoints.clone(),
+            store,
             connect_timeout: config.metadata_store.connect_timeout,
             key_prefix: config.metadata_store.key_prefix.clone(),
             advertise: String::new(),
             lease_ttl: server.lease_ttl,
-            security: config.metadata_store.etcd_security(),
         },
         fence,
     )

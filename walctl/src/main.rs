@@ -158,9 +158,12 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         RedbOpenMode::MustExist
     };
     let mut out = Output::new(cli.json);
-    // On etcd, a command that claims the store joins the servers' election rather than fencing whoever leads.
-    if config.metadata_store.backend == MetadataBackend::Etcd
-        && cli.command.claims_store()
+    // On etcd and PostgreSQL, a command that claims the store joins the servers' election rather than fencing
+    // whoever leads.
+    if matches!(
+        config.metadata_store.backend,
+        MetadataBackend::Etcd | MetadataBackend::Postgres
+    ) && cli.command.claims_store()
         && let Some(path) = &cli.config
     {
         let (_, server) = MetasrvConfig::from_file_with_server(path)?;
@@ -410,7 +413,7 @@ async fn execute(metasrv: &Metasrv, command: &Command, out: &mut Output) -> Resu
         // Regions move as datanodes heartbeat to the leader: an embedded manager hears no heartbeat.
         Command::MigrateRegion { region, .. } => Err(Failure::Refused(format!(
             "migrate-region of region {region} runs on the leading walctl serve, where datanodes heartbeat: pass \
-             --server, or run it on etcd beside a leading server (no server leads this store)"
+             --server, or run it on etcd or PostgreSQL beside a leading server (no server leads this store)"
         ))),
         Command::Failover(failover::FailoverCommand::Status) => {
             failover::print_status(out, &metasrv.failover_status().await?);

@@ -152,7 +152,7 @@ impl AppState {
             Ok(Ok((leader, _))) => return ApiError::not_leader(leader),
             Ok(Err(e)) => e.message,
             Err(_) => format!(
-                "etcd did not answer within {}",
+                "the metadata store did not answer within {}",
                 humantime::format_duration(NOT_LEADER_LOOKUP)
             ),
         };

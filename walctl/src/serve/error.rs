@@ -193,6 +193,9 @@ impl From<remote_wal::Error> for ApiError {
                     }
                     | E::EtcdTimeout { .. }
                     | E::EtcdConnectTimeout { .. }
+                    | E::PostgresOp {
+                        retryable: true, ..
+                    }
                     | E::Election {
                         retryable: true, ..
                     } => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),

@@ -1,6 +1,6 @@
 //! `walctl serve`: a long-running metasrv with an HTTP API (`docs/server.md`).
 //!
-//! On etcd, every server campaigns in one election (`remote_wal::metasrv::election`); only the leader runs a
+//! On etcd and PostgreSQL, every server campaigns in one election (`remote_wal::metasrv::election`); only the leader runs a
 //! procedure manager, whose epoch is its term's and whose every state write is conditional on still leading
 //! (`docs/ha.md`). Followers answer reads from the store and writes with 503 and the leader's address. On redb the
 //! process holds the file alone and leads from the start; a second server refuses to open it.
@@ -26,11 +26,11 @@ mod page;
 use std::path::Path;
 use std::sync::Arc;
 
-use remote_wal::config::{MetadataBackend, MetasrvConfig};
+use remote_wal::config::MetasrvConfig;
 use remote_wal::kv::redb::RedbOpenMode;
 use remote_wal::kv::state_store::LeaderFence;
 use remote_wal::metasrv::Metasrv;
-use remote_wal::metasrv::election::{Election, ElectionConfig};
+use remote_wal::metasrv::election::{Election, ElectionConfig, ElectionStore};
 use tokio::sync::watch;
 
 use crate::Failure;
@@ -47,17 +47,6 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
         server.validate()?;
     }
     let advertise = server.advertised().to_string();
-    // A server leads alone on redb (the file's lock keeps a second one out) and by election on etcd. On
-    // PostgreSQL nothing would keep two servers from both leading until the election on PostgreSQL exists.
-    if config.metadata_store.backend == MetadataBackend::Postgres {
-        return Err(Failure::Refused(
-            "walctl serve on [metadata_store] backend = \"postgres\" needs leader election on PostgreSQL, which \
-             is not built yet: two servers would both lead. Run the embedded commands on it, or serve on etcd or \
-             redb"
-                .to_string(),
-        ));
-    }
-
     // The tokens and the certificate are read before anything is claimed: a bad file stops the start here.
     let auth = match &server.auth {
         Some(auth) => Some(Arc::new(
@@ -76,24 +65,24 @@ pub async fn run(config_path: Option<&Path>, listen: Option<String>) -> Result<(
     let descriptors = listener::raise_descriptor_limit();
     tracing::debug!(?descriptors, "open descriptor limit");
 
-    let fence = (config.metadata_store.backend == MetadataBackend::Etcd)
-        .then(|| Arc::new(LeaderFence::new()));
-    let election = match &fence {
-        Some(fence) => Some(Arc::new(
+    // On etcd and PostgreSQL the servers elect a leader; on redb the file's lock keeps a second server out.
+    let store = ElectionStore::of(&config.metadata_store)?;
+    let fence = store.is_some().then(|| Arc::new(LeaderFence::new()));
+    let election = match (store, &fence) {
+        (Some(store), Some(fence)) => Some(Arc::new(
             Election::connect(
                 ElectionConfig {
-                    endpoints: config.metadata_store.endpoints.clone(),
+                    store,
                     connect_timeout: config.metadata_store.connect_timeout,
                     key_prefix: config.metadata_store.key_prefix.clone(),
                     advertise: advertise.clone(),
                     lease_ttl: server.lease_ttl,
-                    security: config.metadata_store.etcd_security(),
                 },
                 fence.clone(),
             )
             .await?,
         )),
-        None => None,
+        _ => None,
     };
     // redb: opening takes the file's lock; a second server fails here naming the path.
     let metasrv =

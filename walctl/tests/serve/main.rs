@@ -21,6 +21,7 @@ mod listing;
 mod overload;
 mod page;
 mod partition;
+mod postgres;
 mod quorum;
 mod redb;
 mod secure_etcd;
