@@ -108,8 +108,8 @@ pub struct Election {
 
 #[derive(Debug)]
 enum Inner {
-    Etcd(etcd::EtcdElection),
-    Postgres(postgres::PostgresElection),
+    Etcd(Box<etcd::EtcdElection>),
+    Postgres(Box<postgres::PostgresElection>),
 }
 
 /// One period of leadership, from winning the campaign until it is lost or given up.
@@ -159,7 +159,7 @@ impl Election {
             ElectionStore::Etcd {
                 endpoints,
                 security,
-            } => Inner::Etcd(
+            } => Inner::Etcd(Box::new(
                 etcd::EtcdElection::connect(
                     etcd::EtcdElectionConfig {
                         endpoints,
@@ -172,8 +172,8 @@ impl Election {
                     fence.clone(),
                 )
                 .await?,
-            ),
-            ElectionStore::Postgres(store) => Inner::Postgres(
+            )),
+            ElectionStore::Postgres(store) => Inner::Postgres(Box::new(
                 postgres::PostgresElection::connect(
                     postgres::PostgresElectionConfig {
                         store: *store,
@@ -185,7 +185,7 @@ impl Election {
                     fence.clone(),
                 )
                 .await?,
-            ),
+            )),
         };
         Ok(Election { inner, fence })
     }
