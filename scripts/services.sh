@@ -26,7 +26,9 @@
 #                                                    state, certificates and credentials in target/services/kafka-secure
 #        scripts/services.sh start postgres [NAME]     a PostgreSQL cluster of its own (initdb in the state dir, run as an
 #                                                    unprivileged user), user postgres with the password in
-#                                                    NAME/password, database remote_wal
+#                                                    NAME/password, database remote_wal; TLS on (certificates under
+#                                                    NAME/certs/), and user walctl_tls (the same password) admitted
+#                                                    over TLS with a client certificate only
 #        scripts/services.sh remove NAME               stop NAME (any service) and delete its state
 #        scripts/services.sh stop-all                stop everything this checkout started
 set -euo pipefail
@@ -327,8 +329,24 @@ postgres_start() {
       >>"$dir/postgres.log" 2>&1 || { rm -f "$dir/pwfile"; tail -n 40 "$dir/postgres.log" >&2; die "initdb failed"; }
     rm -f "$dir/pwfile"
   fi
+  # TLS: a server certificate for 127.0.0.1 from scripts/certs.sh (NAME/certs/), its key readable by the server's
+  # user only, as PostgreSQL demands. User postgres may connect either way; user walctl_tls only over TLS with a
+  # client certificate signed by NAME/certs/ca.pem (and its password: the same as postgres's).
+  "$ROOT/scripts/certs.sh" "$dir/certs"
+  cp "$dir/certs/server.pem" "$dir/data/server.crt"
+  cp "$dir/certs/server.key" "$dir/data/server.key"
+  cp "$dir/certs/ca.pem" "$dir/data/root.crt"
+  chmod 600 "$dir/data/server.key"
+  ((EUID == 0)) && chown "$PG_USER" "$dir/data/server.crt" "$dir/data/server.key" "$dir/data/root.crt"
+  cat >"$dir/data/pg_hba.conf" <<'HBA'
+local   all  all                      scram-sha-256
+hostssl all  walctl_tls  127.0.0.1/32 scram-sha-256 clientcert=verify-ca
+host    all  walctl_tls  127.0.0.1/32 reject
+host    all  all         127.0.0.1/32 scram-sha-256
+HBA
+  ((EUID == 0)) && chown "$PG_USER" "$dir/data/pg_hba.conf"
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 120 \
-    -o "-p $port -k $dir/socket -c listen_addresses=127.0.0.1 -c max_connections=200" start >/dev/null 2>&1 \
+    -o "-p $port -k $dir/socket -c listen_addresses=127.0.0.1 -c max_connections=200 -c ssl=on -c ssl_ca_file=root.crt" start >/dev/null 2>&1 \
     || { tail -n 40 "$dir/postgres.log" >&2; die "postgres $name did not start"; }
   head -n 1 "$dir/data/postmaster.pid" >"$dir/pid"
   check() { "$bin/pg_isready" -q -h 127.0.0.1 -p "$port"; }
@@ -337,6 +355,12 @@ postgres_start() {
   if [[ $(PGPASSWORD=$(cat "$dir/password") "${psql[@]}" -c "SELECT 1 FROM pg_database WHERE datname = 'remote_wal'") != 1 ]]; then
     PGPASSWORD=$(cat "$dir/password") "${psql[@]}" -c "CREATE DATABASE remote_wal" >/dev/null
   fi
+  if [[ $(PGPASSWORD=$(cat "$dir/password") "${psql[@]}" -c "SELECT 1 FROM pg_roles WHERE rolname = 'walctl_tls'") != 1 ]]; then
+    PGPASSWORD=$(cat "$dir/password") "${psql[@]}" \
+      -c "CREATE ROLE walctl_tls LOGIN PASSWORD '$(cat "$dir/password")'" >/dev/null
+  fi
+  PGPASSWORD=$(cat "$dir/password") "$bin/psql" -h 127.0.0.1 -p "$port" -U postgres -d remote_wal -v ON_ERROR_STOP=1 -qtA \
+    -c "GRANT CREATE, USAGE ON SCHEMA public TO walctl_tls" >/dev/null
 }
 
 # ---- etcd ----------------------------------------------------------------------------------------------------

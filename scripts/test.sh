@@ -11,8 +11,8 @@
 #
 # KAFKA_ENDPOINTS / ETCD_ENDPOINTS set in the environment: use those services instead of starting our own; the same
 # for the secure etcd with ETCD_SECURE_ENDPOINTS, ETCD_SECURE_CERTS and ETCD_SECURE_PASSWORD_FILE, and for the
-# secure Kafka broker with KAFKA_SECURE_ENDPOINTS and KAFKA_SECURE_DIR, and for PostgreSQL with POSTGRES_URL and
-# POSTGRES_PASSWORD_FILE.
+# secure Kafka broker with KAFKA_SECURE_ENDPOINTS and KAFKA_SECURE_DIR, and for PostgreSQL with POSTGRES_URL,
+# POSTGRES_PASSWORD_FILE and POSTGRES_TLS_CERTS (its user walctl_tls admitted over TLS with a client certificate).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -122,6 +122,9 @@ if [[ -z ${POSTGRES_URL:-} ]]; then
   started+=(postgres)
   export POSTGRES_URL="postgres://postgres@$("$SERVICES" endpoint postgres)/remote_wal"
   export POSTGRES_PASSWORD_FILE="$ROOT/target/services/postgres/password"
+  # Its TLS: the authority, a client certificate for user walctl_tls (admitted over TLS with one only), and an
+  # authority that signed nothing (scripts/certs.sh).
+  export POSTGRES_TLS_CERTS="$ROOT/target/services/postgres/certs"
 fi
 echo "[test] POSTGRES_URL=$POSTGRES_URL"
 echo "[test] KAFKA_ENDPOINTS=$KAFKA_ENDPOINTS ETCD_ENDPOINTS=$ETCD_ENDPOINTS ETCD_SECURE_ENDPOINTS=$ETCD_SECURE_ENDPOINTS KAFKA_SECURE_ENDPOINTS=$KAFKA_SECURE_ENDPOINTS"

@@ -7,7 +7,7 @@
 //! endpoints = ["127.0.0.1:2379"]        # etcd only
 //! connect_timeout = "5s"                # etcd only
 //! request_timeout = "10s"               # etcd only
-//! tls = { ca = "ca.pem", cert = "client.pem", key = "client.key" }  # etcd only, optional; cert/key optional
+//! tls = { ca = "ca.pem", cert = "client.pem", key = "client.key" }  # etcd or postgres, optional; cert/key optional
 //! username = "walctl"                   # etcd only, optional: authenticate as this etcd user
 //! password_file = "etcd.password"       # etcd only, with username: the password (trailing newline trimmed)
 //! url = "postgres://walctl@127.0.0.1:5432/remote_wal"  # postgres only (password in password_file)
@@ -559,7 +559,8 @@ pub struct MetadataStoreConfig {
     /// Every key this metasrv reads or writes starts with this prefix (default: none), so several metasrvs can
     /// share one etcd cluster without seeing each other's tables, topic names or procedures.
     pub key_prefix: String,
-    /// etcd: TLS for every connection (`{ ca, cert, key }`, cert and key both or neither); absent: plaintext.
+    /// etcd and postgres: TLS for every connection (`{ ca, cert, key }`, cert and key both or neither); absent:
+    /// plaintext (on postgres, a URL with `sslmode=require` then is refused: there is no authority to check).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tls: Option<EtcdTlsConfig>,
     /// etcd: the user every connection authenticates as; absent: none.
@@ -590,7 +591,13 @@ impl MetadataStoreConfig {
         pg.table = self.table.clone();
         pg.connect_timeout = self.connect_timeout;
         pg.request_timeout = self.request_timeout;
-        Ok(pg)
+        match &self.tls {
+            Some(tls) => {
+                let client = tls.cert.as_deref().zip(tls.key.as_deref());
+                pg.with_tls(&tls.ca, client)
+            }
+            None => Ok(pg),
+        }
     }
 
     /// The etcd security settings (`tls`, `username`, `password_file`) as the etcd clients take them.
@@ -878,15 +885,25 @@ impl MetadataStoreConfig {
                         reason: "the postgres backend needs a URL, e.g. postgres://walctl@127.0.0.1:5432/remote_wal",
                     }
                 );
-                crate::kv::PostgresKvConfig::from_url(&self.url, None)?;
-                ensure!(
-                    self.tls.is_none(),
-                    InvalidConfigSnafu {
-                        key: "metadata_store.tls",
-                        value: "{ … }",
-                        reason: "TLS to PostgreSQL is not built yet (only etcd takes [metadata_store] tls)",
+                let pg = crate::kv::PostgresKvConfig::from_url(&self.url, None)?;
+                if let Some(tls) = &self.tls {
+                    ensure!(
+                        tls.cert.is_some() == tls.key.is_some(),
+                        crate::error::PostgresConfigSnafu {
+                            key: "metadata_store.tls",
+                            reason: "cert and key go together: give both (a client certificate) or neither",
+                        }
+                    );
+                }
+                if self.tls.is_none() {
+                    pg.check_tls()?;
+                } else if pg.connection.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
+                    return crate::error::PostgresConfigSnafu {
+                        key: "metadata_store.url",
+                        reason: "sslmode=disable contradicts metadata_store.tls",
                     }
-                );
+                    .fail();
+                }
                 ensure!(
                     self.username.is_none(),
                     InvalidConfigSnafu {
@@ -1378,5 +1395,33 @@ mod tests {
             "[metadata_store]\nbackend = \"postgres\"\nurl = \"postgres://a@h/db\"\nusername = \"x\"\n",
         );
         assert!(err.contains("metadata_store.username"), "{err}");
+    }
+
+    #[test]
+    fn postgres_tls_settings_that_contradict_are_refused_by_key() {
+        let pg = |url: &str, tls: &str| {
+            format!("[metadata_store]\nbackend = \"postgres\"\nurl = \"{url}\"\n{tls}")
+        };
+        let tls = "tls = { ca = \"ca.pem\", cert = \"c.pem\", key = \"c.key\" }\n";
+        let c = MetasrvConfig::from_toml_str(&pg("postgres://a@h/db", tls), "pg.toml").unwrap();
+        assert_eq!(c.metadata_store.tls.unwrap().ca, PathBuf::from("ca.pem"));
+        let err = parse_err(&pg(
+            "postgres://a@h/db",
+            "tls = { ca = \"ca.pem\", cert = \"c.pem\" }\n",
+        ));
+        assert!(
+            err.contains("metadata_store.tls") && err.contains("cert and key"),
+            "{err}"
+        );
+        let err = parse_err(&pg("postgres://a@h/db?sslmode=require", ""));
+        assert!(
+            err.contains("metadata_store.url") && err.contains("sslmode=require"),
+            "{err}"
+        );
+        let err = parse_err(&pg("postgres://a@h/db?sslmode=disable", tls));
+        assert!(
+            err.contains("metadata_store.url") && err.contains("sslmode=disable"),
+            "{err}"
+        );
     }
 }

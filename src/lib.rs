@@ -29,6 +29,7 @@ pub mod error;
 pub mod key;
 pub mod kv;
 pub mod metasrv;
+mod tls;
 pub mod wal;
 
 pub use error::{Error, Result};

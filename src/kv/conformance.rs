@@ -81,6 +81,30 @@ pub fn postgres_config_from_env(table: &str) -> crate::kv::PostgresKvConfig {
     config
 }
 
+/// [`postgres_config_from_env`] as the user `walctl_tls`, whom the test command's PostgreSQL admits only over TLS
+/// with a client certificate (`scripts/services.sh start postgres`): `POSTGRES_TLS_CERTS` names the directory
+/// `scripts/certs.sh` filled (`ca.pem`, `client.pem`, `client.key`, `other-ca.pem`); `ca` is the file of it to
+/// trust and `client_certificate` whether to present `client.pem`. Panics naming what is missing: tests needing it
+/// fail, they never skip. Returns the config (TLS not yet set up when loading it fails: then the error).
+pub fn postgres_tls_config_from_env(
+    table: &str,
+    ca: &str,
+    client_certificate: bool,
+) -> crate::Result<crate::kv::PostgresKvConfig> {
+    let certs = std::env::var("POSTGRES_TLS_CERTS").unwrap_or_default();
+    assert!(
+        !certs.is_empty(),
+        "POSTGRES_TLS_CERTS is not set: this test needs the test command's PostgreSQL and its certificates \
+         (target/services/postgres/certs; run through scripts/test.sh)"
+    );
+    let certs = std::path::PathBuf::from(certs);
+    let mut config = postgres_config_from_env(table);
+    config.connection.user("walctl_tls");
+    let (cert, key) = (certs.join("client.pem"), certs.join("client.key"));
+    let client = client_certificate.then_some((cert.as_path(), key.as_path()));
+    config.with_tls(&certs.join(ca), client)
+}
+
 /// The secure etcd the test command starts (`scripts/services.sh start etcd-secure`): TLS with a client
 /// certificate, auth enabled. Read from the environment: `ETCD_SECURE_ENDPOINTS` (comma-separated `host:port`),
 /// `ETCD_SECURE_CERTS` (the directory `scripts/certs.sh` filled: `ca.pem`, `client.pem`, `client.key`,

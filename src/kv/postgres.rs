@@ -16,6 +16,11 @@
 //! up to [`SERIALIZATION_RETRIES`] times; past that the call fails, retryably. So a conditional write whose
 //! condition another writer broke meanwhile is refused (`succeeded = false`), never applied on a stale read.
 //!
+//! **TLS.** With [`PostgresKvConfig::with_tls`] (`[metadata_store] tls = { ca, cert, key }`) every session — the
+//! pool's and the leader election's — is TLS (rustls, ring): the server's certificate must chain to `ca` and name
+//! the host connected to, the client certificate is presented when given, and a server that does not offer TLS is
+//! refused (never a fall back to plaintext). A certificate refused on either side is not retryable.
+//!
 //! **Connections.** A fixed pool of `connections` clients, each used by one call at a time, connected on first
 //! use and again after the connection broke. A call that gets no answer within `request_timeout` fails retryably
 //! and its connection is dropped (its effect is unknown, as with etcd).
@@ -25,9 +30,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, IsolationLevel, NoTls, Row, Statement};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::{PostgresConfigSnafu, PostgresOpSnafu, Result};
 use crate::kv::{
@@ -64,6 +71,8 @@ pub struct PostgresKvConfig {
     pub connect_timeout: Duration,
     /// Bound of one call.
     pub request_timeout: Duration,
+    /// TLS for every session ([`PostgresKvConfig::with_tls`]); `None`: plaintext.
+    pub tls: Option<MakeRustlsConnect>,
 }
 
 impl std::fmt::Debug for PostgresKvConfig {
@@ -74,6 +83,7 @@ impl std::fmt::Debug for PostgresKvConfig {
             .field("schema", &self.schema)
             .field("table", &self.table)
             .field("connections", &self.connections)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -108,7 +118,54 @@ impl PostgresKvConfig {
             connections: 8,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
+            tls: None,
         })
+    }
+
+    /// Every session over TLS: the server's certificate must chain to the PEM authority `ca` and name the host;
+    /// `client` (certificate chain, private key; PEM) is presented when given. The URL's `sslmode` becomes
+    /// `require` (the server must offer TLS); `sslmode=disable` is refused as contradicting it. Errors name
+    /// `metadata_store.tls.*` and the file, never a line of the key.
+    pub fn with_tls(
+        mut self,
+        ca: &std::path::Path,
+        client: Option<(&std::path::Path, &std::path::Path)>,
+    ) -> Result<Self> {
+        if self.connection.get_ssl_mode() == SslMode::Disable {
+            return PostgresConfigSnafu {
+                key: "metadata_store.url",
+                reason: "sslmode=disable contradicts metadata_store.tls",
+            }
+            .fail();
+        }
+        let error = |key: String, path: &std::path::Path, reason: String| {
+            PostgresConfigSnafu {
+                key,
+                reason: format!("'{}': {reason}", path.display()),
+            }
+            .build()
+        };
+        let source = crate::tls::TlsSource {
+            prefix: "metadata_store.tls",
+            error: &error,
+        };
+        let config = source.client_config(ca, client)?;
+        self.connection.ssl_mode(SslMode::Require);
+        self.tls = Some(MakeRustlsConnect::new(config));
+        Ok(self)
+    }
+
+    /// Refuses `sslmode=require` without [`PostgresKvConfig::with_tls`]: there would be no authority to check the
+    /// server's certificate against.
+    pub fn check_tls(&self) -> Result<()> {
+        if self.tls.is_none() && self.connection.get_ssl_mode() == SslMode::Require {
+            return PostgresConfigSnafu {
+                key: "metadata_store.url",
+                reason: "sslmode=require needs metadata_store.tls = { ca = … } (the authority that signed the server's certificate)",
+            }
+            .fail();
+        }
+        Ok(())
     }
 }
 
@@ -193,7 +250,7 @@ fn serialization_failure(e: &tokio_postgres::Error) -> bool {
 /// permission, a constraint, bad SQL) is not.
 pub(crate) fn retryable(e: &tokio_postgres::Error) -> bool {
     match e.code() {
-        None => true,
+        None => !tls_refused(e),
         Some(c) => {
             let class = &c.code()[..2];
             // 08 connection exception, 53 insufficient resources, 57 operator intervention (shutdown, startup),
@@ -201,6 +258,28 @@ pub(crate) fn retryable(e: &tokio_postgres::Error) -> bool {
             matches!(class, "08" | "53" | "57" | "40")
         }
     }
+}
+
+/// Whether TLS itself failed: a certificate the client or the server refused, or a protocol the other side does
+/// not speak — a setup mistake that a retry does not mend (a connection lost during the handshake is an I/O error,
+/// not this).
+fn tls_refused(e: &tokio_postgres::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if s.is::<rustls::Error>() {
+            return true;
+        }
+        // An `io::Error` wrapping another hands out that error's source, not the error itself.
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<rustls::Error>())
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
 }
 
 /// One line for an error of the client: its SQLSTATE and message when the server sent them.
@@ -242,11 +321,19 @@ pub(crate) async fn open_session(
     config: &PostgresKvConfig,
 ) -> std::result::Result<Client, (String, bool)> {
     let opening = async {
-        let (client, connection) = config.connection.connect(NoTls).await?;
-        tokio::spawn(async move {
-            // Ends when the client is dropped or the connection breaks; the next call reconnects.
-            let _ = connection.await;
-        });
+        // The connection task ends when the client is dropped or the connection breaks; the next call reconnects.
+        let client = match &config.tls {
+            Some(tls) => {
+                let (client, connection) = config.connection.connect(tls.clone()).await?;
+                tokio::spawn(connection);
+                client
+            }
+            None => {
+                let (client, connection) = config.connection.connect(NoTls).await?;
+                tokio::spawn(connection);
+                client
+            }
+        };
         let idle = config.request_timeout.as_millis().max(1);
         client
             .batch_execute(&format!("SET idle_in_transaction_session_timeout = {idle}"))
@@ -270,6 +357,7 @@ impl PostgresKvBackend {
     /// Connects (one client at once, the others on first use) and creates the table if absent; an unreachable
     /// server, refused credentials or a table of another layout version are errors naming the endpoint.
     pub async fn connect(config: PostgresKvConfig) -> Result<Self> {
+        config.check_tls()?;
         let table = format!(
             "{}.{}",
             identifier("metadata_store.schema", &config.schema)?,
@@ -307,9 +395,20 @@ impl PostgresKvBackend {
                 let tx = client.transaction().await?;
                 tx.execute("SELECT pg_advisory_xact_lock(7275620937261137479)", &[])
                     .await?;
+                // Created only when absent: `CREATE SCHEMA IF NOT EXISTS` needs the right to create schemas in
+                // the database even when the schema exists, which a user given only its schema need not have.
+                let schema_exists = tx
+                    .query_opt(
+                        "SELECT 1 FROM pg_namespace WHERE nspname = $1",
+                        &[&self.config.schema],
+                    )
+                    .await?
+                    .is_some();
+                if !schema_exists {
+                    tx.batch_execute(&format!("CREATE SCHEMA {schema}")).await?;
+                }
                 tx.batch_execute(&format!(
-                    "CREATE SCHEMA IF NOT EXISTS {schema};
-                     CREATE TABLE IF NOT EXISTS {table} (k BYTEA PRIMARY KEY, v BYTEA NOT NULL);
+                    "CREATE TABLE IF NOT EXISTS {table} (k BYTEA PRIMARY KEY, v BYTEA NOT NULL);
                      CREATE TABLE IF NOT EXISTS {meta} (name TEXT PRIMARY KEY, value TEXT NOT NULL);
                      CREATE TABLE IF NOT EXISTS {leases} (name TEXT PRIMARY KEY, term BIGINT NOT NULL,
                          expires_at TIMESTAMPTZ NOT NULL);

@@ -37,6 +37,21 @@ async fn postgres_backend_conforms() {
     .await;
 }
 
+/// The same suite with every call over TLS, as a user the server admits only with a client certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_backend_over_tls_conforms() {
+    let config = remote_wal::kv::conformance::postgres_tls_config_from_env(
+        "conformance_tls",
+        "ca.pem",
+        true,
+    )
+    .unwrap();
+    let kv = remote_wal::kv::PostgresKvBackend::connect(config)
+        .await
+        .unwrap_or_else(|e| panic!("this test needs the test command's PostgreSQL over TLS: {e}"));
+    conforms_on_a_shared_store(Arc::new(kv)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn etcd_backend_conforms() {
     conforms_on_a_shared_store(Arc::new(remote_wal::kv::conformance::etcd_from_env().await)).await;

@@ -18,8 +18,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rskafka::client::{ClientBuilder, Credentials, SaslConfig as RsSaslConfig};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 use snafu::ensure;
 
@@ -311,64 +309,18 @@ fn read_password(path: &Path) -> Result<Password> {
     Ok(Password(text))
 }
 
-fn read_certificates(field: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>> {
-    let pem = read_file(field, path)?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| file_error(field, path, format!("not PEM certificates: {e}")))?;
-    if certs.is_empty() {
-        return Err(file_error(
-            field,
-            path,
-            "no certificate in the file (expected PEM '-----BEGIN CERTIFICATE-----')",
-        ));
-    }
-    Ok(certs)
-}
-
-/// The rustls client config of `files`: trusts only `files.ca`, presents `cert`/`key` when set. Built with the
-/// ring provider explicitly, so no process-wide default provider is needed.
+/// The rustls client config of `files`: trusts only `files.ca`, presents `cert`/`key` when set.
 fn load_tls(files: &TlsFiles) -> Result<rustls::ClientConfig> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in read_certificates("security.tls.ca", &files.ca)? {
-        roots.add(cert).map_err(|e| {
-            file_error(
-                "security.tls.ca",
-                &files.ca,
-                format!("not a usable authority certificate: {e}"),
-            )
-        })?;
-    }
-    // ring, as rskafka's `transport-tls` builds on it (rustls marks it deprecated only for lacking post-quantum
-    // key exchange, which needs aws-lc-rs and a much larger build).
-    #[allow(deprecated)]
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| file_error("security.tls", &files.ca, e.to_string()))?
-        .with_root_certificates(roots);
-    match (&files.cert, &files.key) {
-        (Some(cert), Some(key)) => {
-            let chain = read_certificates("security.tls.cert", cert)?;
-            let pem = read_file("security.tls.key", key)?;
-            // The PEM error is not quoted: it may carry a line of the key file.
-            let private = PrivateKeyDer::from_pem_slice(&pem).map_err(|_| {
-                file_error(
-                    "security.tls.key",
-                    key,
-                    "no PEM private key (PKCS#8, PKCS#1 or SEC1) in the file",
-                )
-            })?;
-            builder.with_client_auth_cert(chain, private).map_err(|e| {
-                file_error(
-                    "security.tls.key",
-                    key,
-                    format!("does not fit security.tls.cert: {e}"),
-                )
-            })
-        }
-        _ => Ok(builder.with_no_client_auth()),
-    }
+    let error = |field: String, path: &Path, reason: String| file_error(&field, path, reason);
+    let source = crate::tls::TlsSource {
+        prefix: "security.tls",
+        error: &error,
+    };
+    let client = match (&files.cert, &files.key) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        _ => None,
+    };
+    source.client_config(&files.ca, client)
 }
 
 #[cfg(test)]

@@ -10,16 +10,34 @@ use crate::support::{Env, unique};
 const LEASE_TTL_SECS: u64 = 2;
 
 fn postgres_config(env: &Env, table: &str, password_file: &str) -> std::path::PathBuf {
-    let url = std::env::var("POSTGRES_URL").unwrap_or_default();
+    postgres_config_with(env, table, password_file, None)
+}
+
+/// The config of [`postgres_config`]; with `tls` (the certificates' directory), as the user `walctl_tls`, whom the
+/// test command's PostgreSQL admits only over TLS with a client certificate.
+fn postgres_config_with(
+    env: &Env,
+    table: &str,
+    password_file: &str,
+    tls: Option<&str>,
+) -> std::path::PathBuf {
+    let mut url = std::env::var("POSTGRES_URL").unwrap_or_default();
     assert!(
         !url.is_empty(),
         "POSTGRES_URL is not set: this test needs a running PostgreSQL (run through scripts/test.sh)"
     );
+    let mut tls_line = String::new();
+    if let Some(certs) = tls {
+        url = url.replacen("postgres://postgres@", "postgres://walctl_tls@", 1);
+        tls_line = format!(
+            "tls = {{ ca = \"{certs}/ca.pem\", cert = \"{certs}/client.pem\", key = \"{certs}/client.key\" }}\n"
+        );
+    }
     env.write(
         &format!("{table}.toml"),
         &format!(
             "[metadata_store]\nbackend = \"postgres\"\nurl = \"{url}\"\npassword_file = \"{password_file}\"\n\
-             table = \"{table}\"\nconnect_timeout = \"5s\"\n\n[server]\nlease_ttl = \"{LEASE_TTL_SECS}s\"\n"
+             table = \"{table}\"\nconnect_timeout = \"5s\"\n{tls_line}\n[server]\nlease_ttl = \"{LEASE_TTL_SECS}s\"\n"
         ),
     )
 }
@@ -51,6 +69,32 @@ fn the_main_job_runs_on_postgres_from_separate_processes() {
         again[0]["table_id"], created[0]["table_id"],
         "a table created again gets a new id"
     );
+}
+
+/// `[metadata_store] tls` on PostgreSQL: as a user the server admits only over TLS with a client certificate, the
+/// commands — the kv calls and the election each writer joins — work; without `tls` the same user is refused.
+#[test]
+fn the_main_job_runs_over_tls_as_a_user_admitted_only_with_a_client_certificate() {
+    let certs = std::env::var("POSTGRES_TLS_CERTS").unwrap_or_else(|_| {
+        panic!("POSTGRES_TLS_CERTS is not set: this test needs the PostgreSQL certificates (run through scripts/test.sh)")
+    });
+    let env = Env::new();
+    let table = unique("walctl_pg_tls");
+    let config = postgres_config_with(&env, &table, &password_file(), Some(&certs));
+    let created = env.json(Some(&config), &["create-table", "orders", "--regions", "2"]);
+    assert_eq!(created.len(), 2, "{created:?}");
+    let listed = env.ok(Some(&config), &["procedures", "list"]);
+    assert!(listed.contains("done"), "{listed}");
+    // The same user and table without TLS.
+    let plain = std::fs::read_to_string(&config).unwrap();
+    let plain: String = plain
+        .lines()
+        .filter(|l| !l.starts_with("tls"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let plain = env.write("plain.toml", &plain);
+    let err = env.err(Some(&plain), &["procedures", "list"]);
+    assert!(err.contains("no encryption"), "{err}");
 }
 
 #[test]
