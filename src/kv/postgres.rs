@@ -7,14 +7,12 @@
 //! advisory lock so that two processes starting together do not race on `CREATE TABLE`. A table whose recorded
 //! version is not 1 is refused, naming it. `bytea` compares bytewise, so ranges order keys as etcd does.
 //!
-//! **Atomicity and isolation.** Reads are single statements (one snapshot each). Every call that writes more than
-//! one row, or decides a write on what it read (compare-and-put, transactions, puts and deletes returning the
-//! previous pairs), runs in one `SERIALIZABLE` transaction: PostgreSQL then guarantees that the outcome is that of
-//! some serial order of the committed transactions, including for keys a transaction found *absent* (its predicate
-//! locks cover them, which `SELECT … FOR UPDATE` on the rows that exist would not). A transaction PostgreSQL aborts
-//! to keep that promise (SQLSTATE 40001, or a deadlock, 40P01) has applied nothing and is run again from its reads,
-//! up to [`SERIALIZATION_RETRIES`] times; past that the call fails, retryably. So a conditional write whose
-//! condition another writer broke meanwhile is refused (`succeeded = false`), never applied on a stale read.
+//! **Atomicity and isolation.** Reads are single statements (one snapshot each). Every call that writes runs in
+//! one `READ COMMITTED` transaction that first takes advisory locks on the keys it touches — exclusive on those it
+//! writes, shared on those it only reads — and reads only then (`locks`: strict two-phase locking per key, which
+//! serializes conflicting writers by making them wait, never by aborting one). So a conditional write whose
+//! condition another writer broke meanwhile is refused (`succeeded = false`), never applied on a stale read, and
+//! nothing is ever run twice.
 //!
 //! **TLS.** With [`PostgresKvConfig::with_tls`] (`[metadata_store] tls = { ca, cert, key }`) every session — the
 //! pool's and the leader election's — is TLS (rustls, ring): the server's certificate must chain to `ca` and name
@@ -25,7 +23,7 @@
 //! use and again after the connection broke. A call that gets no answer within `request_timeout` fails retryably
 //! and its connection is dropped (its effect is unknown, as with etcd).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -33,7 +31,7 @@ use async_trait::async_trait;
 use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, IsolationLevel, NoTls, Row, Statement};
+use tokio_postgres::{Client, NoTls, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::error::{PostgresConfigSnafu, PostgresOpSnafu, Result};
@@ -42,11 +40,13 @@ use crate::kv::{
     RangeRequest, RangeResponse, Txn, TxnOp, TxnOpResponse, TxnResponse, check, display_key,
 };
 
+mod locks;
+
+pub use locks::MAX_KEY_LOCKS;
+pub(crate) use locks::{LOCK_SQL, LockSet, TableLocks};
+
 /// The layout version this release writes and reads.
 pub const SCHEMA_VERSION: &str = "1";
-
-/// How many times a transaction PostgreSQL aborted for serializability is run again before the call fails.
-pub const SERIALIZATION_RETRIES: usize = 32;
 
 /// Operations (compares + the larger branch) one transaction may hold. PostgreSQL has no such limit; this keeps a
 /// transaction's locks and its statement count bounded.
@@ -208,6 +208,8 @@ pub struct PostgresKvBackend {
     endpoint: String,
     /// `"schema"."table"`.
     table: String,
+    /// The key locks of `table`.
+    locks: TableLocks,
     slots: Vec<tokio::sync::Mutex<Option<Conn>>>,
     next: AtomicUsize,
 }
@@ -225,8 +227,6 @@ impl std::fmt::Debug for PostgresKvBackend {
 enum Failure {
     Pg(tokio_postgres::Error),
     Timeout(Duration),
-    /// Still aborted for serializability after the retries.
-    Contention,
     /// The checked-out slot holds no client (not expected: checking out connects it).
     NoClient,
 }
@@ -237,20 +237,13 @@ impl From<tokio_postgres::Error> for Failure {
     }
 }
 
-/// Whether PostgreSQL aborted a transaction to keep it serializable (nothing of it applied; run it again).
-fn serialization_failure(e: &tokio_postgres::Error) -> bool {
-    matches!(
-        e.code(),
-        Some(c) if *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
-    )
-}
-
 /// Whether the same call may succeed later: a connection that broke or never opened, a server starting, shutting
-/// down or out of connections, a serialization failure. Anything the server refused for the request itself (a
-/// permission, a constraint, bad SQL) is not.
+/// down or out of connections, a serialization failure or deadlock, a lock not granted within `lock_timeout`.
+/// Anything the server refused for the request itself (a permission, a constraint, bad SQL) is not.
 pub(crate) fn retryable(e: &tokio_postgres::Error) -> bool {
     match e.code() {
         None => !tls_refused(e),
+        Some(c) if *c == SqlState::LOCK_NOT_AVAILABLE => true,
         Some(c) => {
             let class = &c.code()[..2];
             // 08 connection exception, 53 insufficient resources, 57 operator intervention (shutdown, startup),
@@ -315,7 +308,8 @@ pub(crate) fn leases_table(config: &PostgresKvConfig) -> Result<String> {
 /// Opens one session on `config`'s server, bounded by its connect timeout, with the settings every session of
 /// ours runs with: a session left idle inside a transaction for longer than a call may take is ended by the
 /// server (`idle_in_transaction_session_timeout`), so a client that stopped mid-transaction (a frozen or partitioned
-/// process) cannot hold its row locks, and with them a leadership takeover, for longer than that. The error is a
+/// process) cannot hold its key locks, and with them a leadership takeover, for longer than that; and no lock is
+/// waited for longer than that either (`lock_timeout`). The error is a
 /// line naming what failed and whether a retry may succeed.
 pub(crate) async fn open_session(
     config: &PostgresKvConfig,
@@ -335,8 +329,11 @@ pub(crate) async fn open_session(
             }
         };
         let idle = config.request_timeout.as_millis().max(1);
+        // A lock is waited for no longer than a call may take: the caller has given up by then.
         client
-            .batch_execute(&format!("SET idle_in_transaction_session_timeout = {idle}"))
+            .batch_execute(&format!(
+                "SET idle_in_transaction_session_timeout = {idle}; SET lock_timeout = {idle}"
+            ))
             .await?;
         Ok::<_, tokio_postgres::Error>(client)
     };
@@ -369,6 +366,7 @@ impl PostgresKvBackend {
                 .map(|_| tokio::sync::Mutex::new(None))
                 .collect(),
             next: AtomicUsize::new(0),
+            locks: TableLocks::new(&table),
             table,
             config,
         };
@@ -465,6 +463,13 @@ impl PostgresKvBackend {
     /// The `"schema"."table"` the pairs live in.
     pub fn table(&self) -> &str {
         &self.table
+    }
+
+    /// The advisory locks (`pg_advisory_xact_lock`) a writer of `key` takes, in this order: the table's lock
+    /// (shared) and the key's (exclusive; shared to only read it in a transaction that must hold it). Anything else
+    /// that writes the table must take them too, or the backend's transactions are not isolated from it.
+    pub fn lock_ids(&self, key: &[u8]) -> (i64, i64) {
+        (self.locks.all(), self.locks.key(key))
     }
 
     /// A client of the pool for one call (a free one if there is one, else the next in turn), connected first if
@@ -626,55 +631,68 @@ impl Checkout<'_> {
                     true,
                 ))
             }
-            Err(Failure::Contention) => Err(self.error(
-                format!(
-                    "aborted for serializability {SERIALIZATION_RETRIES} times in a row (other writers keep \
-                     changing the same keys)"
-                ),
-                true,
-            )),
             Err(Failure::NoClient) => Err(self.error("no connection".to_string(), true)),
         }
     }
 }
 
-/// Runs a body (a block using the transaction `$tx`, returning `Result<_, tokio_postgres::Error>`) in a
-/// `SERIALIZABLE` transaction on `$client` and commits it, running both again while PostgreSQL aborts them for
-/// serializability (nothing of an aborted one applied), up to [`SERIALIZATION_RETRIES`] times. Evaluates to
-/// `Result<_, Failure>`.
-macro_rules! serializable {
-    ($client:expr, |$tx:ident| $body:block) => {{
-        let client: &mut Client = $client;
-        let mut attempt = 0usize;
-        loop {
-            let $tx = match client
-                .build_transaction()
-                .isolation_level(IsolationLevel::Serializable)
-                .start()
-                .await
-            {
-                Ok(tx) => tx,
-                Err(e) => break Err(Failure::Pg(e)),
-            };
-            let outcome: std::result::Result<_, tokio_postgres::Error> = async { $body }.await;
-            let outcome = match outcome {
-                Ok(value) => $tx.commit().await.map(|()| value),
-                Err(e) => Err(e),
-            };
-            match outcome {
-                Ok(value) => break Ok(value),
-                Err(e) if serialization_failure(&e) => {
-                    attempt += 1;
-                    if attempt >= SERIALIZATION_RETRIES {
-                        break Err(Failure::Contention);
-                    }
-                    // A short, growing pause: the writer it collided with finishes meanwhile.
-                    tokio::time::sleep(Duration::from_micros(200 << attempt.min(6))).await;
-                }
-                Err(e) => break Err(Failure::Pg(e)),
-            }
+/// Runs `work` in one transaction holding `locks`, pipelined with its `BEGIN`, the lock statement and its `COMMIT`:
+/// the four go out at once, so the call waits one round trip. `work` must send every statement when it is first
+/// polled (a join of them), or a statement would go out after the `COMMIT`. When any part fails, the `COMMIT`
+/// ends the transaction with nothing applied (PostgreSQL answers a `COMMIT` of a failed transaction with a
+/// rollback) and the first error is returned.
+async fn pipelined<T>(
+    client: &Client,
+    lock: &Statement,
+    locks: &LockSet,
+    work: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> std::result::Result<T, Failure> {
+    let (begun, locked, done, committed) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        async { client.execute(lock, &[&locks.ids, &locks.exclusive]).await },
+        work,
+        client.batch_execute("COMMIT"),
+    );
+    begun?;
+    locked?;
+    let value = done?;
+    committed?;
+    Ok(value)
+}
+
+/// Opens a transaction holding `locks` and runs `read` in it, the three pipelined; the reads see every write of
+/// the locked keys committed before. On failure the transaction is rolled back. Ended by [`commit_with`].
+async fn begin_locked<T>(
+    client: &Client,
+    lock: &Statement,
+    locks: &LockSet,
+    read: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> std::result::Result<T, tokio_postgres::Error> {
+    let (begun, locked, read) = tokio::join!(
+        client.batch_execute("BEGIN"),
+        async { client.execute(lock, &[&locks.ids, &locks.exclusive]).await },
+        read,
+    );
+    match begun.and(locked.map(|_| ())).and(read) {
+        Ok(value) => Ok(value),
+        Err(e) => {
+            // Ends the transaction (a no-op outside one); the error that matters is `e`.
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(e)
         }
-    }};
+    }
+}
+
+/// Sends `writes` (every statement on the first poll) and `COMMIT` at once: a write that fails aborts the
+/// transaction and the `COMMIT` then ends it with nothing applied.
+async fn commit_with<T>(
+    client: &Client,
+    writes: impl std::future::Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> std::result::Result<T, tokio_postgres::Error> {
+    let (written, committed) = tokio::join!(writes, client.batch_execute("COMMIT"));
+    let value = written?;
+    committed?;
+    Ok(value)
 }
 
 fn pair(row: &Row) -> KeyValue {
@@ -778,22 +796,31 @@ impl KvBackend for PostgresKvBackend {
         self.check_size(&req.key, req.key.len() + req.value.len())?;
         let select = format!("SELECT k, v FROM {} WHERE k = $1", self.table);
         let upsert = self.upsert();
+        let locks = self.locks.of([req.key.as_slice()], []);
         let mut co = self.checkout("put", &req.key).await?;
         let outcome = self
             .bounded(async {
-                let upsert = co.statement(&upsert).await?;
-                if !req.prev_kv {
-                    co.client()?
-                        .execute(&upsert, &[&req.key, &req.value])
-                        .await?;
-                    return Ok(None);
-                }
-                let select = co.statement(&select).await?;
-                serializable!(co.client()?, |tx| {
-                    let prev = tx.query_opt(&select, &[&req.key]).await?;
-                    tx.execute(&upsert, &[&req.key, &req.value]).await?;
-                    Ok(prev.as_ref().map(pair))
+                let lock = co.statement(LOCK_SQL).await?;
+                let (select, upsert) = (co.statement(&select).await?, co.statement(&upsert).await?);
+                co.in_transaction(true);
+                let client = co.client()?;
+                let outcome = pipelined(client, &lock, &locks, async {
+                    let (prev, put) = tokio::join!(
+                        async {
+                            if req.prev_kv {
+                                client.query_opt(&select, &[&req.key]).await
+                            } else {
+                                Ok(None)
+                            }
+                        },
+                        async { client.execute(&upsert, &[&req.key, &req.value]).await }
+                    );
+                    put?;
+                    Ok(prev?.as_ref().map(pair))
                 })
+                .await;
+                co.in_transaction(false);
+                outcome
             })
             .await;
         co.finish(outcome)
@@ -816,19 +843,31 @@ impl KvBackend for PostgresKvBackend {
              ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
             self.table
         );
+        let locks = self.locks.of(keys.iter().map(Vec::as_slice), []);
         let mut co = self.checkout("batch_put", &first).await?;
         let outcome = self
             .bounded(async {
+                let lock = co.statement(LOCK_SQL).await?;
                 let (select, upsert) = (co.statement(&select).await?, co.statement(&upsert).await?);
-                serializable!(co.client()?, |tx| {
-                    let prevs = if prev_kv {
-                        tx.query(&select, &[&keys]).await?
-                    } else {
-                        Vec::new()
-                    };
-                    tx.execute(&upsert, &[&keys, &values]).await?;
-                    Ok(prevs)
+                co.in_transaction(true);
+                let client = co.client()?;
+                let outcome = pipelined(client, &lock, &locks, async {
+                    let (prevs, put) = tokio::join!(
+                        async {
+                            if prev_kv {
+                                client.query(&select, &[&keys]).await
+                            } else {
+                                Ok(Vec::new())
+                            }
+                        },
+                        async { client.execute(&upsert, &[&keys, &values]).await }
+                    );
+                    put?;
+                    prevs
                 })
+                .await;
+                co.in_transaction(false);
+                outcome
             })
             .await;
         let prevs = co.finish(outcome)?;
@@ -841,19 +880,33 @@ impl KvBackend for PostgresKvBackend {
         self.check_size(&req.key, req.key.len() * 2 + req.value.len())?;
         let select = format!("SELECT v FROM {} WHERE k = $1", self.table);
         let upsert = self.upsert();
+        let locks = self.locks.of([req.key.as_slice()], []);
         let mut co = self.checkout("compare_and_put", &req.key).await?;
         let outcome = self
             .bounded(async {
+                let lock = co.statement(LOCK_SQL).await?;
                 let (select, upsert) = (co.statement(&select).await?, co.statement(&upsert).await?);
-                serializable!(co.client()?, |tx| {
-                    let prev: Option<Vec<u8>> =
-                        tx.query_opt(&select, &[&req.key]).await?.map(|r| r.get(0));
+                co.in_transaction(true);
+                let client = co.client()?;
+                let decided = async {
+                    let prev: Option<Vec<u8>> = begin_locked(client, &lock, &locks, async {
+                        client.query_opt(&select, &[&req.key]).await
+                    })
+                    .await?
+                    .map(|r| r.get(0));
                     let success = prev == req.expect;
-                    if success {
-                        tx.execute(&upsert, &[&req.key, &req.value]).await?;
-                    }
-                    Ok((success, prev))
-                })
+                    commit_with(client, async {
+                        if success {
+                            client.execute(&upsert, &[&req.key, &req.value]).await?;
+                        }
+                        Ok(())
+                    })
+                    .await?;
+                    Ok::<_, tokio_postgres::Error>((success, prev))
+                }
+                .await;
+                co.in_transaction(false);
+                Ok(decided?)
             })
             .await;
         let (success, prev) = co.finish(outcome)?;
@@ -876,11 +929,22 @@ impl KvBackend for PostgresKvBackend {
             return Ok((0, Vec::new()));
         };
         let sql = format!("DELETE FROM {} WHERE {clause} RETURNING k, v", self.table);
+        // Its keys are not known before it runs: it waits for every writer in flight and holds the others off
+        // while it deletes.
+        let locks = self.locks.whole_table();
         let mut co = self.checkout("delete_range", key).await?;
         let outcome = self
             .bounded(async {
+                let lock = co.statement(LOCK_SQL).await?;
                 let statement = co.statement(&sql).await?;
-                Ok(co.client()?.query(&statement, &params(&values)).await?)
+                co.in_transaction(true);
+                let client = co.client()?;
+                let outcome = pipelined(client, &lock, &locks, async {
+                    client.query(&statement, &params(&values)).await
+                })
+                .await;
+                co.in_transaction(false);
+                outcome
             })
             .await;
         let rows = co.finish(outcome)?;
@@ -898,7 +962,23 @@ impl KvBackend for PostgresKvBackend {
             "DELETE FROM {} WHERE k = ANY($1) RETURNING k, v",
             self.table
         );
-        let rows = self.by_keys("batch_delete", &sql, first, keys).await?;
+        let locks = self.locks.of(keys.iter().map(Vec::as_slice), []);
+        let mut co = self.checkout("batch_delete", first).await?;
+        let outcome = self
+            .bounded(async {
+                let lock = co.statement(LOCK_SQL).await?;
+                let statement = co.statement(&sql).await?;
+                co.in_transaction(true);
+                let client = co.client()?;
+                let outcome = pipelined(client, &lock, &locks, async {
+                    client.query(&statement, &[&keys]).await
+                })
+                .await;
+                co.in_transaction(false);
+                outcome
+            })
+            .await;
+        let rows = co.finish(outcome)?;
         if !prev_kv {
             return Ok(Vec::new());
         }
@@ -914,41 +994,26 @@ impl KvBackend for PostgresKvBackend {
         )?;
         let first = txn.first_key().to_vec();
         let select = format!("SELECT k, v FROM {} WHERE k = ANY($1)", self.table);
-        let select_shared = format!(
-            "SELECT k, v FROM {} WHERE k = ANY($1) ORDER BY k FOR SHARE",
-            self.table
-        );
         let upsert = format!(
             "INSERT INTO {} (k, v) SELECT * FROM UNNEST($1::bytea[], $2::bytea[]) \
              ON CONFLICT (k) DO UPDATE SET v = EXCLUDED.v",
             self.table
         );
         let delete = format!("DELETE FROM {} WHERE k = ANY($1)", self.table);
-        // Every key the transaction compares or may read or delete, read in one statement; the branch is then
-        // worked out in memory in op order and written in at most two statements (its puts, its deletes), so a
+        // Every key the transaction compares or may read or delete is read in one statement, once its locks are
+        // granted: exclusive on every key either branch writes, shared on the keys it only compares or gets (so
+        // no transaction can change them before this one commits: a write that passed its compare commits before
+        // any change of a key it compared, which is what makes the leader key a fence). The branch is then worked
+        // out in memory in op order and written in at most two statements (its puts, its deletes), so a
         // transaction costs the same few round trips whatever its size.
-        //
-        // A key the transaction only compares (writes in neither branch) is read with a share lock held to the
-        // commit: no other transaction can change it between the compare and the commit, so a write that passed
-        // its compare commits before any change of that key does, in time as well as in the serial order. This is
-        // what makes the leader key a fence (`crate::metasrv::election`): a takeover rewrites it, and waits for
-        // every write that compared its old value to end first.
-        let written: HashSet<&[u8]> = txn
+        let written: Vec<&[u8]> = txn
             .success
             .iter()
             .chain(&txn.failure)
             .filter(|op| matches!(op, TxnOp::Put(..) | TxnOp::Delete(_)))
             .map(TxnOp::key)
             .collect();
-        let mut read: Vec<Vec<u8>> = Vec::new();
-        let mut shared: Vec<Vec<u8>> = Vec::new();
-        for c in &txn.compare {
-            if written.contains(c.key()) {
-                read.push(c.key().to_vec());
-            } else {
-                shared.push(c.key().to_vec());
-            }
-        }
+        let mut read: Vec<Vec<u8>> = txn.compare.iter().map(|c| c.key().to_vec()).collect();
         for op in txn.success.iter().chain(&txn.failure) {
             if matches!(op, TxnOp::Get(_) | TxnOp::Delete(_)) {
                 read.push(op.key().to_vec());
@@ -956,92 +1021,64 @@ impl KvBackend for PostgresKvBackend {
         }
         read.sort();
         read.dedup();
-        shared.sort();
-        shared.dedup();
-        shared.retain(|k| read.binary_search(k).is_err());
+        let locks = self
+            .locks
+            .of(written.iter().copied(), read.iter().map(Vec::as_slice));
         let mut co = self.checkout("txn", &first).await?;
         let outcome = self
             .bounded(async {
+                let lock = co.statement(LOCK_SQL).await?;
                 let select = co.statement(&select).await?;
-                let select_shared = co.statement(&select_shared).await?;
                 let upsert = co.statement(&upsert).await?;
                 let delete = co.statement(&delete).await?;
                 co.in_transaction(true);
                 let client = co.client()?;
-                // Pipelined: BEGIN goes out with the read, and the writes with COMMIT, so a transaction waits two
-                // round trips. A write that fails aborts the transaction, and the COMMIT behind it then ends it
-                // without applying anything (PostgreSQL answers a COMMIT of a failed transaction with a rollback).
-                let mut attempt = 0usize;
-                loop {
-                    let (begun, rows, shared_rows) = tokio::join!(
-                        client.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE"),
-                        async {
-                            if read.is_empty() {
-                                Ok(Vec::new())
-                            } else {
-                                client.query(&select, &[&read]).await
-                            }
-                        },
-                        async {
-                            if shared.is_empty() {
-                                Ok(Vec::new())
-                            } else {
-                                client.query(&select_shared, &[&shared]).await
-                            }
+                // Two round trips: BEGIN, the locks and the read go out together, then the writes with COMMIT.
+                let outcome = async {
+                    let rows = begin_locked(client, &lock, &locks, async {
+                        if read.is_empty() {
+                            Ok(Vec::new())
+                        } else {
+                            client.query(&select, &[&read]).await
                         }
-                    );
-                    let failed = match (begun, rows.and_then(|r| Ok((r, shared_rows?)))) {
-                        (Ok(()), Ok((rows, shared_rows))) => {
-                            let current: HashMap<Vec<u8>, Vec<u8>> = rows
-                                .iter()
-                                .chain(&shared_rows)
-                                .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
-                                .collect();
-                            let plan = plan_branch(&txn, &current);
-                            let (put, deleted, committed) = tokio::join!(
-                                async {
-                                    if plan.put_keys.is_empty() {
-                                        Ok(0)
-                                    } else {
-                                        client
-                                            .execute(&upsert, &[&plan.put_keys, &plan.put_values])
-                                            .await
-                                    }
-                                },
-                                async {
-                                    if plan.deleted.is_empty() {
-                                        Ok(0)
-                                    } else {
-                                        client.execute(&delete, &[&plan.deleted]).await
-                                    }
-                                },
-                                client.batch_execute("COMMIT")
-                            );
-                            match put.and(deleted).and(committed) {
-                                Ok(()) => break Ok(plan.response),
-                                Err(e) => e,
+                    })
+                    .await?;
+                    let current: HashMap<Vec<u8>, Vec<u8>> = rows
+                        .iter()
+                        .map(|r| (r.get::<_, Vec<u8>>(0), r.get::<_, Vec<u8>>(1)))
+                        .collect();
+                    let plan = plan_branch(&txn, &current);
+                    commit_with(client, async {
+                        let (put, deleted) = tokio::join!(
+                            async {
+                                if plan.put_keys.is_empty() {
+                                    Ok(0)
+                                } else {
+                                    client
+                                        .execute(&upsert, &[&plan.put_keys, &plan.put_values])
+                                        .await
+                                }
+                            },
+                            async {
+                                if plan.deleted.is_empty() {
+                                    Ok(0)
+                                } else {
+                                    client.execute(&delete, &[&plan.deleted]).await
+                                }
                             }
-                        }
-                        (Err(e), _) | (Ok(()), Err(e)) => {
-                            // Ends the transaction (a no-op outside one); the error that matters is `e`.
-                            let _ = client.batch_execute("ROLLBACK").await;
-                            e
-                        }
-                    };
-                    if !serialization_failure(&failed) {
-                        break Err(Failure::Pg(failed));
-                    }
-                    attempt += 1;
-                    if attempt >= SERIALIZATION_RETRIES {
-                        break Err(Failure::Contention);
-                    }
-                    tokio::time::sleep(Duration::from_micros(200 << attempt.min(6))).await;
+                        );
+                        put.and(deleted)
+                    })
+                    .await?;
+                    Ok::<_, tokio_postgres::Error>(plan.response)
                 }
+                .await;
+                co.in_transaction(false);
+                Ok(outcome?)
             })
             .await;
-        // Every way out of the loop ended the transaction (COMMIT, or ROLLBACK after a failed read); a timeout did
-        // not, and `finish` drops that connection.
-        co.in_transaction(false);
+        // Every way out ended the transaction (COMMIT, or ROLLBACK after a failed read); a timeout did not, and
+        // `finish` drops that connection.
         co.finish(outcome)
     }
 }

@@ -140,16 +140,19 @@ async fn a_table_of_another_layout_version_is_refused_naming_it() {
 }
 
 /// A key a transaction only compares cannot change between its compare and its commit: while another session
-/// holds an uncommitted change of that key, the transaction waits for it (PostgreSQL shows it waiting on the
-/// row's lock), then decides on the value committed, refusing its compare. Read without the share lock it would
-/// compare the old value and commit beside the change (serializable isolation alone allows that order), which is
-/// what would let a deposed leader's write pass a takeover (`docs/metadata-store.md`).
+/// holds an uncommitted change of that key (made as every writer makes one: holding the key's lock), the
+/// transaction waits for it (PostgreSQL shows it waiting on that key's lock), then decides on the value committed,
+/// refusing its compare. Without the shared lock on the compared key it would compare the old value and commit
+/// beside the change, which is what would let a deposed leader's write pass a takeover
+/// (`docs/metadata-store.md`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_a_transaction_only_compares_cannot_change_before_it_commits() {
     let table = crate::support::unique("pgshare");
     let config = postgres_config_from_env(&table);
-    let kv: KvBackendRef = Arc::new(PostgresKvBackend::connect(config.clone()).await.unwrap());
+    let backend = PostgresKvBackend::connect(config.clone()).await.unwrap();
     let prefix = unique_prefix("pg-share");
+    let (table_lock, fence_lock) = backend.lock_ids(&[prefix.clone(), b"fence".to_vec()].concat());
+    let kv: KvBackendRef = Arc::new(backend);
     let fence = [prefix.clone(), b"fence".to_vec()].concat();
     let written = [prefix.clone(), b"written".to_vec()].concat();
     kv.put(remote_wal::kv::PutRequest {
@@ -167,6 +170,13 @@ async fn a_key_a_transaction_only_compares_cannot_change_before_it_commits() {
         .unwrap();
     tokio::spawn(connection);
     let change = changer.transaction().await.unwrap();
+    change
+        .execute(
+            "SELECT pg_advisory_xact_lock_shared($1), pg_advisory_xact_lock($2)",
+            &[&table_lock, &fence_lock],
+        )
+        .await
+        .unwrap();
     change
         .execute(
             &format!("UPDATE public.\"{table}\" SET v = 'new' WHERE k = $1"),
@@ -192,13 +202,20 @@ async fn a_key_a_transaction_only_compares_cannot_change_before_it_commits() {
         .await
         .unwrap();
     tokio::spawn(connection);
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%FOR SHARE%' \
-         AND query LIKE '%{table}%'"
+    // A bigint advisory lock shows in pg_locks as (classid, objid) = its high and low 32 bits, objsubid 1.
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+         AND classid::int8 = $1 AND objid::int8 = $2 AND objsubid = 1";
+    let (high, low) = (
+        ((fence_lock as u64) >> 32) as i64,
+        ((fence_lock as u64) & 0xffff_ffff) as i64,
     );
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
-        let n: i64 = watcher.query_one(&waiting, &[]).await.unwrap().get(0);
+        let n: i64 = watcher
+            .query_one(waiting, &[&high, &low])
+            .await
+            .unwrap()
+            .get(0);
         if n > 0 {
             break;
         }

@@ -196,8 +196,8 @@ async fn a_deposed_leaders_late_write_is_refused_after_a_takeover() {
     b.resign(term_b).await;
 }
 
-/// A write of the old leader is in flight: its transaction read the leader key with the share lock the backend
-/// takes on a key it only compares, and has not committed. The old lease expires; B's takeover must not overtake
+/// A write of the old leader is in flight: its transaction holds the locks the backend takes (the leader key's
+/// shared, as a key it only compares; the key it writes exclusive), read the leader key, and has not committed. The old lease expires; B's takeover must not overtake
 /// that write: B keeps looking (each look gives up on the lock after a third of the TTL) until the write commits,
 /// and only then leads. The write, serialized before the takeover, stays.
 #[tokio::test]
@@ -215,12 +215,29 @@ async fn a_takeover_waits_for_a_write_in_flight_that_compared_the_old_leader_key
     let leader_key = format!("{prefix}__metasrv/election").into_bytes();
     let late_key = format!("{prefix}__procedure__/proc/in-flight").into_bytes();
 
+    let backend = PostgresKvBackend::connect(store.clone()).await.unwrap();
+    let (table_lock, leader_lock) = backend.lock_ids(&leader_key);
+    let (_, late_lock) = backend.lock_ids(&late_key);
+
     // The old leader's write, held open between its compare and its commit.
     let mut writer = raw(&store).await;
     let tx = writer.transaction().await.unwrap();
+    let mut locks = [leader_lock, late_lock];
+    locks.sort();
+    let shared = |id: i64| if id == leader_lock { "_shared" } else { "" };
+    tx.execute(
+        &format!(
+            "SELECT pg_advisory_xact_lock_shared($1), pg_advisory_xact_lock{}($2), pg_advisory_xact_lock{}($3)",
+            shared(locks[0]),
+            shared(locks[1])
+        ),
+        &[&table_lock, &locks[0], &locks[1]],
+    )
+    .await
+    .unwrap();
     let read = tx
         .query_one(
-            &format!("SELECT v FROM public.\"{table}\" WHERE k = $1 FOR SHARE"),
+            &format!("SELECT v FROM public.\"{table}\" WHERE k = $1"),
             &[&leader_key],
         )
         .await
@@ -235,14 +252,22 @@ async fn a_takeover_waits_for_a_write_in_flight_that_compared_the_old_leader_key
         let b = b.clone();
         tokio::spawn(async move { b.campaign().await })
     };
-    // B is blocked on the leader key's row lock: PostgreSQL shows its session waiting for it.
+    // B is blocked on the leader key's lock: PostgreSQL shows a session waiting for it (a bigint advisory lock is
+    // (classid, objid) = its high and low 32 bits, objsubid 1).
     let watcher = raw(&store).await;
-    let waiting = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%{table}%'"
+    let waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+         AND classid::int8 = $1 AND objid::int8 = $2 AND objsubid = 1";
+    let (high, low) = (
+        ((leader_lock as u64) >> 32) as i64,
+        ((leader_lock as u64) & 0xffff_ffff) as i64,
     );
     let deadline = tokio::time::Instant::now() + BOUND;
     loop {
-        let n: i64 = watcher.query_one(&waiting, &[]).await.unwrap().get(0);
+        let n: i64 = watcher
+            .query_one(waiting, &[&high, &low])
+            .await
+            .unwrap()
+            .get(0);
         if n > 0 {
             break;
         }

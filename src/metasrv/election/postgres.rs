@@ -15,9 +15,9 @@
 //!   two thirds of the TTL after the statement was sent (the database's expiry is later still: it counts from when
 //!   it ran). No row: the term is over (expired, or taken over).
 //! - **Fencing.** The winner fills the [`LeaderFence`] with the leader key and its value; every procedure-state
-//!   write compares that pair in its own transaction. The PostgreSQL backend reads a key a transaction only
-//!   compares with a share lock held to its commit (`crate::kv::postgres`), and a takeover's rewrite of the leader
-//!   key needs that row's exclusive lock: so a write that passed its compare commits before the takeover does, and
+//!   write compares that pair in its own transaction. Every write of the PostgreSQL backend holds, to its commit,
+//!   a shared lock on each key it compares (`crate::kv::postgres`, its `locks`), and a takeover rewrites the leader
+//!   key holding that key's lock exclusively: so a write that passed its compare commits before the takeover does, and
 //!   a write that runs after the takeover finds another value and is refused, however late the deposed leader
 //!   sends it. A deposed leader frozen inside a transaction holds its lock at most until the server ends the
 //!   idle session (`idle_in_transaction_session_timeout`, the request timeout); the takeover waits for it (bounded
@@ -37,7 +37,8 @@ use tokio_postgres::error::SqlState;
 use crate::error::{Error, Result};
 use crate::kv::PostgresKvConfig;
 use crate::kv::postgres::{
-    PostgresKvBackend, detail, endpoint_of, identifier, leases_table, open_session, retryable,
+    LOCK_SQL, PostgresKvBackend, TableLocks, detail, endpoint_of, identifier, leases_table,
+    open_session, retryable,
 };
 use crate::kv::state_store::{LeaderFence, LeaderLease, PROCEDURE_PREFIX};
 
@@ -279,6 +280,9 @@ impl PostgresElection {
             self.name.as_bytes(),
             self.epoch_key.as_slice(),
         );
+        // The leader key is written as every writer of the pairs table writes: holding its key lock, exclusive,
+        // which waits for every transaction that compared the old value (each holds it shared) to end.
+        let key_locks = TableLocks::new(&self.pairs).of([key], []);
         let advertise = self.config.advertise.clone();
         let limit = CALL_TIMEOUT + self.config.lease_ttl / 3;
         let outcome = self
@@ -316,6 +320,8 @@ impl PostgresElection {
                         term: Some(u64::try_from(term).unwrap_or(0)),
                     })
                     .unwrap_or_default();
+                    tx.execute(LOCK_SQL, &[&key_locks.ids, &key_locks.exclusive])
+                        .await?;
                     tx.execute(&key_write, &[&key, &value]).await?;
                     Ok(Some((term, value, sent)))
                 };
@@ -387,10 +393,13 @@ impl PostgresElection {
         let delete = format!("DELETE FROM {} WHERE k = $1 AND v = $2", self.pairs);
         let (name, key, value) = (self.name.as_str(), self.name.as_bytes(), &term.value);
         let number = i64::try_from(term.term).unwrap_or(i64::MAX);
+        let key_locks = TableLocks::new(&self.pairs).of([key], []);
         let resigned = self
             .on_session("resign", CALL_TIMEOUT, async |client| {
                 let tx = client.transaction().await?;
                 tx.execute(&expire, &[&name, &number]).await?;
+                tx.execute(LOCK_SQL, &[&key_locks.ids, &key_locks.exclusive])
+                    .await?;
                 tx.execute(&delete, &[&key, value]).await?;
                 tx.commit().await
             })
