@@ -540,6 +540,33 @@ impl PostgresKvBackend {
         co.finish(outcome)
     }
 
+    /// The rows of one statement run in a transaction holding `locks` ([`pipelined`]: one round trip).
+    async fn locked_query(
+        &self,
+        action: &'static str,
+        first: &[u8],
+        locks: &LockSet,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        let mut co = self.checkout(action, first).await?;
+        let outcome = self
+            .bounded(async {
+                let lock = co.statement(LOCK_SQL).await?;
+                let statement = co.statement(sql).await?;
+                co.in_transaction(true);
+                let client = co.client()?;
+                let outcome = pipelined(client, &lock, locks, async {
+                    client.query(&statement, params).await
+                })
+                .await;
+                co.in_transaction(false);
+                outcome
+            })
+            .await;
+        co.finish(outcome)
+    }
+
     /// `work` bounded by the request timeout.
     async fn bounded<T>(
         &self,
@@ -932,22 +959,9 @@ impl KvBackend for PostgresKvBackend {
         // Its keys are not known before it runs: it waits for every writer in flight and holds the others off
         // while it deletes.
         let locks = self.locks.whole_table();
-        let mut co = self.checkout("delete_range", key).await?;
-        let outcome = self
-            .bounded(async {
-                let lock = co.statement(LOCK_SQL).await?;
-                let statement = co.statement(&sql).await?;
-                co.in_transaction(true);
-                let client = co.client()?;
-                let outcome = pipelined(client, &lock, &locks, async {
-                    client.query(&statement, &params(&values)).await
-                })
-                .await;
-                co.in_transaction(false);
-                outcome
-            })
-            .await;
-        let rows = co.finish(outcome)?;
+        let rows = self
+            .locked_query("delete_range", key, &locks, &sql, &params(&values))
+            .await?;
         let mut deleted: Vec<KeyValue> = rows.iter().map(pair).collect();
         deleted.sort();
         let n = deleted.len() as u64;
@@ -963,22 +977,9 @@ impl KvBackend for PostgresKvBackend {
             self.table
         );
         let locks = self.locks.of(keys.iter().map(Vec::as_slice), []);
-        let mut co = self.checkout("batch_delete", first).await?;
-        let outcome = self
-            .bounded(async {
-                let lock = co.statement(LOCK_SQL).await?;
-                let statement = co.statement(&sql).await?;
-                co.in_transaction(true);
-                let client = co.client()?;
-                let outcome = pipelined(client, &lock, &locks, async {
-                    client.query(&statement, &[&keys]).await
-                })
-                .await;
-                co.in_transaction(false);
-                outcome
-            })
-            .await;
-        let rows = co.finish(outcome)?;
+        let rows = self
+            .locked_query("batch_delete", first, &locks, &sql, &[&keys])
+            .await?;
         if !prev_kv {
             return Ok(Vec::new());
         }
