@@ -861,15 +861,17 @@ impl Metasrv {
     pub async fn fail_over_failed_datanodes(&self) -> Result<Vec<ProcedureId>> {
         // On the raft-engine WAL no region can move (each WAL is on its datanode's disk): nothing to fail over,
         // and retiring a datanode that only paused would stop it for nothing.
-        if !self.config.failover.enabled
-            || matches!(self.config.wal, WalConfig::RaftEngine)
-            || self.failover_paused().await?
-        {
+        if !self.config.failover.enabled || matches!(self.config.wal, WalConfig::RaftEngine) {
+            return Ok(Vec::new());
+        }
+        // The registry's suspicion is in memory: the pause is read from the store only when someone failed.
+        let failed = self.registry.failed().await?;
+        if failed.is_empty() || self.failover_paused().await? {
             return Ok(Vec::new());
         }
         self.ensure_started("fail over datanodes")?;
         let mut submitted = Vec::new();
-        for (datanode_id, incarnation) in self.registry.failed().await? {
+        for (datanode_id, incarnation) in failed {
             // Retired first: the failed process, back, is stale; a later failure is another incarnation's.
             self.registry.retire(datanode_id, incarnation).await?;
             let id = crate::ddl::failover_procedure_id(datanode_id, incarnation);

@@ -2,6 +2,9 @@
 //! HTTP in `walctl datanode`, anything in an embedding database) and [`run`], which registers the datanode and then
 //! heartbeats every interval, applying each answer's leases from the moment its heartbeat was sent.
 //!
+//! A region opened or closed is reported at once rather than at the next interval, and an answer may ask for the
+//! next heartbeat sooner (a region handed over to this datanode waits for its old holder).
+//!
 //! A heartbeat that gets no answer within one interval is given up (the next one follows); the regions keep the
 //! leases they have until those run out. An answer that the incarnation is stale stops the datanode: it serves no
 //! region from then on, and [`run`] returns that error.
@@ -76,27 +79,37 @@ pub async fn register(
 }
 
 /// Heartbeats every interval until `shutdown` (returns `Ok`) or the incarnation is found stale (stops the
-/// datanode and returns the error).
+/// datanode and returns the error). A heartbeat goes out sooner when the datanode has news (a region opened or
+/// closed: [`Datanode::report_wanted`]) or the last answer asked for one sooner
+/// ([`HeartbeatResponse::heartbeat_in_ms`]), never closer than [`MIN_HEARTBEAT_GAP`] to the one before.
 pub async fn run(
     datanode: Arc<Datanode>,
     link: Arc<dyn MetasrvLink>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<()> {
     let interval = datanode.options().heartbeat_interval;
+    let gap = MIN_HEARTBEAT_GAP.min(interval);
     let mut failures = 0u32;
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut next = tokio::time::Instant::now();
+    let mut last_sent: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            _ = ticker.tick() => {}
+            _ = tokio::time::sleep_until(next) => {}
+            _ = datanode.report_wanted() => {}
             _ = shutdown.changed() => return Ok(()),
         }
         if *shutdown.borrow() {
             return Ok(());
         }
+        if let Some(last) = last_sent {
+            tokio::time::sleep_until(last + gap).await;
+        }
         datanode.reopen_poisoned().await;
         let request = datanode.heartbeat_request();
         let sent_at = Instant::now();
+        let sent = tokio::time::Instant::from_std(sent_at);
+        last_sent = Some(sent);
+        next = sent + interval;
         match tokio::time::timeout(
             interval.max(Duration::from_millis(100)),
             link.heartbeat(&request),
@@ -108,6 +121,9 @@ pub async fn run(
                     tracing::info!(after = failures, "heartbeats answered again");
                 }
                 failures = 0;
+                if let Some(ms) = response.heartbeat_in_ms {
+                    next = next.min(sent + Duration::from_millis(ms));
+                }
                 datanode.dropped_reported(&request.dropped);
                 datanode.apply(response, sent_at);
             }
@@ -127,6 +143,9 @@ pub async fn run(
         }
     }
 }
+
+/// The least time between two heartbeats of one datanode, however much news it has.
+pub const MIN_HEARTBEAT_GAP: Duration = Duration::from_millis(20);
 
 /// A failed heartbeat: its regions' leases run on; after three in a row it is worth a warning.
 fn note_failure(failures: u32, what: &str) {

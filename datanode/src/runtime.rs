@@ -139,6 +139,11 @@ pub struct Datanode {
     /// Reads topic incarnations (`None`: not checked).
     topic_ids: Option<Arc<dyn TopicIds>>,
     stopped: AtomicBool,
+    /// The count of the last heartbeat built ([`HeartbeatRequest::seq`]).
+    heartbeat_seq: AtomicU64,
+    /// Woken when something happened that the metasrv should hear of before the next interval: a region opened
+    /// (it gets its lease only once reported) or closed (its old lease stops holding another datanode back).
+    report_soon: tokio::sync::Notify,
 }
 
 impl Datanode {
@@ -166,6 +171,8 @@ impl Datanode {
             dropped_regions: Mutex::new(BTreeSet::new()),
             topic_ids,
             stopped: AtomicBool::new(false),
+            heartbeat_seq: AtomicU64::new(0),
+            report_soon: tokio::sync::Notify::new(),
         }
     }
 
@@ -273,7 +280,14 @@ impl Datanode {
                 .copied()
                 .collect(),
             wal_lost: self.wal_lost(),
+            seq: self.heartbeat_seq.fetch_add(1, Ordering::SeqCst) + 1,
         }
+    }
+
+    /// Resolves once a region opened or closed since the last heartbeat was built (at once if one did while
+    /// nobody waited): the heartbeat loop then reports it without waiting for the interval.
+    pub async fn report_wanted(&self) {
+        self.report_soon.notified().await;
     }
 
     /// The regions refused because their WAL tail was lost with their topic.
@@ -365,7 +379,9 @@ impl Datanode {
                     if dropped {
                         self.remember_dropped(region_id);
                     }
-                    self.close_region(region_id);
+                    if self.close_region(region_id) {
+                        self.report_soon.notify_one();
+                    }
                 }
                 Instruction::Drop {
                     region_id,
@@ -409,13 +425,16 @@ impl Datanode {
                         Err(e) => tracing::warn!(region_id, error = %e, "cannot open the region"),
                     }
                 }
-                let mut opening = me
-                    .opening
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                for id in ids {
-                    opening.remove(&id);
+                {
+                    let mut opening = me
+                        .opening
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    for id in ids {
+                        opening.remove(&id);
+                    }
                 }
+                me.report_soon.notify_one();
             });
         }
     }
@@ -450,8 +469,11 @@ impl Datanode {
         reopened
     }
 
-    /// Closes a region (its lease ends at once; its WAL store stops taking its appends).
-    pub fn close_region(&self, region_id: RegionId) {
+    /// Closes a region (its lease ends at once; its WAL store stops taking its appends); whether it was open. A
+    /// write of it in flight is not acknowledged once this returned, so a heartbeat built afterwards, which no
+    /// longer reports the region, tells the metasrv that nothing of this datanode's lease on it can be
+    /// acknowledged any more.
+    pub fn close_region(&self, region_id: RegionId) -> bool {
         let removed = self
             .regions
             .write()
@@ -463,7 +485,9 @@ impl Datanode {
                 store.unregister_region(region_id);
             }
             tracing::info!(region_id, "region closed");
+            return true;
         }
+        false
     }
 
     /// The WAL of an open request (opening the Kafka or raft-engine store on first need).
@@ -764,6 +788,16 @@ impl Datanode {
             }
         };
         let ids = match appended {
+            // Closed meanwhile (revoked): the metasrv may already have heard that this datanode no longer holds
+            // the region and let another open it, whose replay may not see this append.
+            Ok(_) if region.lease().writable_until(Instant::now()).is_none() => {
+                region.poison();
+                return OutcomeUnknownSnafu {
+                    region_id,
+                    reason: "the region was closed or its lease ran out while the WAL took the append",
+                }
+                .fail();
+            }
             Ok(ids) if Instant::now() < deadline => ids,
             Ok(_) => {
                 region.poison();

@@ -107,6 +107,15 @@ pub struct HeartbeatRequest {
     /// checkpoint counts: the entries after the checkpoint went with the old topic.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub wal_lost: Vec<WalLost>,
+    /// Counts this incarnation's heartbeats, from 1 (0: a datanode that does not count them). A region missing
+    /// from a heartbeat of a higher count than the one whose answer leased it was closed before this heartbeat
+    /// was built, so that lease can no longer acknowledge anything (`docs/failover.md`, "Handing over").
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub seq: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A region whose WAL tail was lost with its topic: the topic it wrote to was deleted (and perhaps created again
@@ -221,6 +230,11 @@ pub struct HeartbeatResponse {
     /// leader waits one lease), how long still, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leases_in_ms: Option<u64>,
+    /// Send the next heartbeat within this many milliseconds rather than a whole interval: a region the route
+    /// gives this datanode waits for another datanode to close it or for a lease to run out, and this is when to
+    /// ask again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_in_ms: Option<u64>,
 }
 
 /// The writer id of a datanode incarnation in its WAL records: datanode id in the high 32 bits, incarnation in the

@@ -21,7 +21,7 @@
 //! keys has moved, or after [`ASSIGNMENT_TRUSTED_FOR`]: an unchanged datanode is answered from memory, reading
 //! only its Kafka regions' `__topic_region` keys.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,23 @@ pub struct DatanodeRecord {
     pub retired: bool,
 }
 
+/// A leader lease the registry granted on one region.
+#[derive(Clone, Copy, Debug)]
+struct RegionGrant {
+    /// When it ends: the answer's time + the lease.
+    until: Instant,
+    /// The incarnation it went to.
+    incarnation: u64,
+    /// The count of the heartbeat whose answer carried it ([`HeartbeatRequest::seq`]; 0: not counted). A later
+    /// heartbeat of the same incarnation that no longer reports the region was built after the region closed
+    /// there, and a closed region acknowledges nothing more (`Datanode::close_region`): the lease is void.
+    seq: u64,
+}
+
+/// How often a datanode is asked to heartbeat while a region handed to it waits for a live datanode to close it:
+/// the old holder is told to close it at its next heartbeat and reports the close at once.
+pub const HANDOVER_POLL: Duration = Duration::from_millis(100);
+
 /// What the registry knows of one datanode.
 #[derive(Clone, Debug)]
 struct Node {
@@ -95,10 +112,10 @@ struct Node {
     last_heartbeat: Option<Instant>,
     /// When the latest lease this term granted it ends, reckoned from the answer's time.
     leases_until: Option<Instant>,
-    /// Per region: when the latest leader lease this term granted it on that region ends (answer time + lease),
-    /// and at which region epoch. Kept across its re-registrations: a region that moves away from it is given to
-    /// another datanode only once these have run out.
-    region_leases: HashMap<u64, (Instant, u64)>,
+    /// Per region: the latest leader lease this term granted it on that region. Kept across its
+    /// re-registrations: a region that moves away from it is given to another datanode only once these have run
+    /// out, or once the incarnation they went to reported the region closed ([`RegionGrant::seq`]).
+    region_leases: HashMap<u64, RegionGrant>,
     /// No lease before this.
     leases_from: Instant,
     regions: Vec<RegionStat>,
@@ -434,6 +451,14 @@ impl DatanodeRegistry {
             node.detector.heartbeat(now);
             node.interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
             node.regions = request.regions.clone();
+            if request.seq > 0 {
+                let open: HashSet<u64> = request.regions.iter().map(|r| r.region_id).collect();
+                node.region_leases.retain(|region_id, grant| {
+                    open.contains(region_id)
+                        || grant.incarnation != request.incarnation
+                        || grant.seq >= request.seq
+                });
+            }
             if node.wal_lost != request.wal_lost {
                 for lost in &request.wal_lost {
                     if !node.wal_lost.contains(lost) {
@@ -493,9 +518,17 @@ impl DatanodeRegistry {
                 earlier_terms,
                 now,
             );
-            if let Some(until) = handed_over {
+            if let Some((until, holder_alive)) = handed_over {
                 let wait = millis(until - now).max(1);
                 response.leases_in_ms = Some(response.leases_in_ms.map_or(wait, |w| w.max(wait)));
+                // A live holder closes it at its next heartbeat: ask again soon. Otherwise when its lease ends.
+                let again = if holder_alive {
+                    wait.min(millis(HANDOVER_POLL))
+                } else {
+                    wait
+                };
+                response.heartbeat_in_ms =
+                    Some(response.heartbeat_in_ms.map_or(again, |h| h.min(again)));
                 continue;
             }
             let Some(stat) = stat else {
@@ -583,11 +616,15 @@ impl DatanodeRegistry {
         node.leases = response.leases.len();
         let answered = Instant::now();
         node.region_leases
-            .retain(|_, (until, _)| *until + LEASE_MARGIN > answered);
+            .retain(|_, grant| grant.until + LEASE_MARGIN > answered);
         for lease in &response.leases {
             node.region_leases.insert(
                 lease.region_id,
-                (answered + Duration::from_millis(lease_ms), lease.epoch),
+                RegionGrant {
+                    until: answered + Duration::from_millis(lease_ms),
+                    incarnation: request.incarnation,
+                    seq: request.seq,
+                },
             );
         }
         if !response.leases.is_empty() {
@@ -599,10 +636,12 @@ impl DatanodeRegistry {
     }
 
     /// Until when a region the route gives `datanode_id` at `epoch` may still be led elsewhere (`None`: it may be
-    /// opened and leased here now). A region at epoch 0 never moved: only this datanode ever held it. One the
-    /// datanode reports at `epoch` already got a lease at that epoch, which went out only after the wait. Otherwise
-    /// every leader lease another datanode got on it must have run out: those this term granted by their recorded
-    /// end, those an earlier term may have granted by `earlier_terms`.
+    /// opened and leased here now), and whether a datanode holding one of those leases still heartbeats (it will
+    /// be told to close the region and say so). A region at epoch 0 never moved: only this datanode ever held it.
+    /// One the datanode reports at `epoch` already got a lease at that epoch, which went out only after the wait.
+    /// Otherwise every leader lease another datanode got on it must have run out or been given up: those this
+    /// term granted by their recorded end unless the incarnation they went to reported the region closed since,
+    /// those an earlier term may have granted by `earlier_terms`.
     fn held_elsewhere_until(
         &self,
         datanode_id: u64,
@@ -611,20 +650,33 @@ impl DatanodeRegistry {
         reported_epoch: Option<u64>,
         earlier_terms: Option<Instant>,
         now: Instant,
-    ) -> Option<Instant> {
+    ) -> Option<(Instant, bool)> {
         if epoch == 0 || reported_epoch == Some(epoch) {
             return None;
         }
         let inner = self.inner();
-        let this_term = inner
-            .nodes
-            .iter()
-            .filter(|(id, _)| **id != datanode_id)
-            .filter_map(|(_, node)| node.region_leases.get(&region_id))
-            .map(|(until, _)| *until + LEASE_MARGIN)
-            .max();
+        let mut holder_alive = false;
+        let mut this_term: Option<Instant> = None;
+        for (_, node) in inner.nodes.iter().filter(|(id, _)| **id != datanode_id) {
+            let Some(grant) = node.region_leases.get(&region_id) else {
+                continue;
+            };
+            let until = grant.until + LEASE_MARGIN;
+            if until <= now {
+                continue;
+            }
+            this_term = Some(this_term.map_or(until, |t| t.max(until)));
+            holder_alive |= grant.incarnation == node.record.incarnation
+                && node.last_heartbeat.is_some_and(|last| {
+                    now.saturating_duration_since(last)
+                        < node.interval.saturating_mul(LIVE_HEARTBEATS)
+                });
+        }
         let until = this_term.into_iter().chain(earlier_terms).max()?;
-        (until > now).then_some(until)
+        (until > now).then_some((
+            until,
+            holder_alive && earlier_terms.is_none_or(|e| e <= now),
+        ))
     }
 
     /// When every lease an earlier term may have granted has run out (see [`Inner::earlier_terms_until`]), read
@@ -671,8 +723,8 @@ impl DatanodeRegistry {
         let inner = self.inner();
         let now = Instant::now();
         inner.nodes.iter().find_map(|(id, node)| {
-            let (until, _) = node.region_leases.get(&region_id)?;
-            if *until <= now {
+            let grant = node.region_leases.get(&region_id)?;
+            if grant.until <= now {
                 return None;
             }
             node.regions

@@ -145,6 +145,7 @@ fn heartbeat_request(
         regions,
         dropped: Vec::new(),
         wal_lost: Vec::new(),
+        seq: 0,
     }
 }
 

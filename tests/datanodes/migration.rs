@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 
 use remote_wal::datanode::protocol::Instruction;
 use remote_wal::key::datanode_table::{DatanodeTableValue, datanode_table_key};
+use remote_wal::metasrv::datanodes::{HANDOVER_POLL, LEASE_MARGIN};
 
 use super::*;
 
@@ -356,4 +357,159 @@ async fn refused_migrations_leave_no_record_and_name_the_reason() {
             });
     assert_eq!(kinds.get("remote_wal::RegionMigration"), None, "{kinds:?}");
     raft.stop().await.unwrap();
+}
+
+/// A heartbeat of datanode `datanode_id` counted `seq` ([`HeartbeatRequest::seq`]), reporting `regions`.
+async fn beat_counted(
+    registry: &DatanodeRegistry,
+    datanode_id: u64,
+    incarnation: u64,
+    interval_ms: u64,
+    seq: u64,
+    regions: Vec<RegionStat>,
+) -> HeartbeatResponse {
+    let request = HeartbeatRequest {
+        seq,
+        ..heartbeat_request(datanode_id, incarnation, interval_ms, regions)
+    };
+    registry
+        .heartbeat(&request, &BTreeSet::new())
+        .await
+        .expect("heartbeat accepted")
+}
+
+#[tokio::test]
+async fn a_moved_region_opens_on_its_target_as_soon_as_the_old_leader_reports_it_closed_and_not_on_an_older_report()
+ {
+    // A long interval: the old leader's lease (4 s + margin) lasts the rest of the test once granted, so only its
+    // close report can let the target open the region early.
+    const INTERVAL: u64 = 1_000;
+    let kv = memory_kv();
+    let m = kafka_metasrv(&kv, vec![1, 2], 2).await;
+    let created = create(&m, "handover", 2).await;
+    let registry = m.datanode_registry().clone();
+    registry.begin_term();
+    let moving = regions_of(&created, 1)[0];
+    let staying = regions_of(&created, 2)[0];
+    let table_id = created.table_id;
+    let number = (moving & 0xffff_ffff) as u32;
+    let one = registry
+        .register(&register_request(1, "dn1:4001", INTERVAL))
+        .await
+        .unwrap()
+        .incarnation;
+    let two = registry
+        .register(&register_request(2, "dn2:4001", INTERVAL))
+        .await
+        .unwrap()
+        .incarnation;
+    beat_until_leased(&registry, 1, one, INTERVAL, &[moving]).await;
+    beat_until_leased(&registry, 2, two, INTERVAL, &[staying]).await;
+    // A new term holds back a moved region until every lease an earlier term may have granted ran out, whoever
+    // reports what: wait that out first (one lease and the margin after the term began).
+    tokio::time::sleep(Duration::from_millis(lease_ms(INTERVAL)) + LEASE_MARGIN).await;
+    // Heartbeat 5 of datanode 1 brings its lease on the region.
+    let answer = beat_counted(
+        &registry,
+        1,
+        one,
+        INTERVAL,
+        5,
+        vec![region(moving, RegionRole::Leader, 0)],
+    )
+    .await;
+    assert_eq!(leased(&answer), [moving]);
+    let leased_at = Instant::now();
+
+    let (_, mut watcher) = m
+        .submit_region_migration(moving, 2)
+        .await
+        .expect("submitted");
+    let mut moved = false;
+    for _ in 0..POLLS {
+        if route(m.kv(), table_id).await.region_routes.get(&number) == Some(&2) {
+            moved = true;
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert!(moved, "the route never moved");
+    let target_beat = |seq: u64, with_moving: bool| {
+        let mut regions = vec![region(staying, RegionRole::Leader, 0)];
+        if with_moving {
+            regions.push(region(moving, RegionRole::Follower, 0));
+        }
+        beat_counted(&registry, 2, two, INTERVAL, seq, regions)
+    };
+
+    // The old leader still heartbeats: the target is held back, and asked to come back soon rather than after
+    // the lease, because the old leader will be told to close the region.
+    let answer = target_beat(10, false).await;
+    assert!(!opens(&answer, moving), "{answer:?}");
+    let again = answer
+        .heartbeat_in_ms
+        .expect("asked to heartbeat again soon");
+    assert!(
+        again <= HANDOVER_POLL.as_millis() as u64,
+        "{again} ms, not the handover poll: {answer:?}"
+    );
+    // Heartbeat 6 of the old leader, still reporting it: told to close it.
+    let answer = beat_counted(
+        &registry,
+        1,
+        one,
+        INTERVAL,
+        6,
+        vec![region(moving, RegionRole::Leader, 0)],
+    )
+    .await;
+    assert!(closes(&answer, moving), "{answer:?}");
+    // A heartbeat built before the lease was granted (count 4) arrives late, without the region: it says nothing
+    // of the lease granted after it. Still held back.
+    beat_counted(&registry, 1, one, INTERVAL, 4, Vec::new()).await;
+    let answer = target_beat(11, false).await;
+    assert!(
+        !opens(&answer, moving),
+        "an older report voided the lease: {answer:?}"
+    );
+    // Heartbeat 7, built after the close: the lease is void, the target opens the region at once and is leased
+    // at the new epoch once it reports it, all long before the old lease would have run out.
+    beat_counted(&registry, 1, one, INTERVAL, 7, Vec::new()).await;
+    assert_eq!(registry.region_leader(moving), None);
+    let answer = target_beat(12, false).await;
+    assert!(opens(&answer, moving), "{answer:?}");
+    let answer = target_beat(13, true).await;
+    let lease = answer
+        .leases
+        .iter()
+        .find(|l| l.region_id == moving)
+        .expect("the moved region is leased");
+    assert_eq!(lease.epoch, 1);
+    assert!(
+        leased_at.elapsed() < Duration::from_millis(lease_ms(INTERVAL)),
+        "the test ran past the old lease: it proves nothing"
+    );
+    for _ in 0..POLLS {
+        beat_counted(
+            &registry,
+            2,
+            two,
+            INTERVAL,
+            14,
+            vec![
+                region(staying, RegionRole::Leader, 0),
+                region(moving, RegionRole::Leader, 1),
+            ],
+        )
+        .await;
+        if watcher.info().state.is_finished() {
+            break;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    assert_eq!(
+        watcher.wait().await.expect("the migration finishes"),
+        Some(serde_json::json!({"region_id": moving, "from": 1, "to": 2, "epoch": 1}))
+    );
+    m.stop().await.unwrap();
 }

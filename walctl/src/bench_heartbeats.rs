@@ -219,6 +219,7 @@ pub fn run(
             regions: Vec::new(),
             dropped: Vec::new(),
             wal_lost: Vec::new(),
+            seq: 0,
         };
         let first: HeartbeatResponse = post(&agent, &format!("{base}/v1/heartbeat"), &request)?;
         request.regions = first

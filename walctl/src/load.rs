@@ -89,6 +89,16 @@ struct Ack {
     region_id: u64,
     sequence: u64,
     entry_id: u64,
+    /// When the acknowledgement arrived: milliseconds since the Unix epoch (what a bench lines up with a kill or
+    /// a migration).
+    at_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch now.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// A random 32-bit run id (std's random hasher keys).
@@ -331,6 +341,7 @@ fn worker(shared: Arc<Shared>, regions: Vec<u64>) -> Result<(), Failure> {
                         .push(began.elapsed());
                     shared.acked.fetch_add(ids.len() as u64, Ordering::Relaxed);
                     if let Some(log) = &shared.acks {
+                        let at_ms = unix_ms();
                         let mut log = log
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -339,6 +350,7 @@ fn worker(shared: Arc<Shared>, regions: Vec<u64>) -> Result<(), Failure> {
                                 region_id,
                                 sequence: *sequence,
                                 entry_id,
+                                at_ms,
                             })
                             .unwrap_or_default();
                             let _ = writeln!(log, "{line}");

@@ -27,11 +27,13 @@ mod incarnation;
 const TOPIC: &str = "runtime_topic";
 const REGION: u64 = (1024 << 32) | 1;
 
-/// A partition whose produce calls take `delay_ms` longer (the broker's answer arriving late).
+/// A partition whose produce calls take `delay_ms` longer (the broker's answer arriving late), and whose answers
+/// wait while `hold` says so.
 #[derive(Debug)]
 struct SlowPartition {
     inner: Arc<MemoryPartition>,
     delay_ms: AtomicU64,
+    hold: tokio::sync::watch::Sender<bool>,
 }
 
 #[async_trait]
@@ -47,6 +49,8 @@ impl PartitionLog for SlowPartition {
         if delay > 0 {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
+        let mut hold = self.hold.subscribe();
+        let _ = hold.wait_for(|held| !*held).await;
         offsets
     }
 
@@ -83,6 +87,7 @@ impl Brokers {
                 Arc::new(SlowPartition {
                     inner: Arc::new(MemoryPartition::new(topic)),
                     delay_ms: AtomicU64::new(0),
+                    hold: tokio::sync::watch::channel(false).0,
                 })
             })
             .clone()
@@ -570,4 +575,60 @@ async fn a_region_closed_for_a_drop_answers_writes_that_it_was_dropped_and_one_t
     let moved = dn.write(moved, vec![b"late".to_vec()]).await.unwrap_err();
     assert!(matches!(moved, Error::RegionNotOpen { .. }), "{moved}");
     assert!(moved.is_retryable());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_in_flight_when_its_region_closes_is_not_acknowledged_and_the_close_is_reported_at_once()
+ {
+    let world = World::new();
+    let dn = world.datanode(1, u64::MAX);
+    open(&dn, REGION, Some(0)).await;
+    lease(&dn, REGION, 60_000);
+    dn.write(REGION, vec![b"first".to_vec()]).await.unwrap();
+    let before = dn.heartbeat_request();
+    assert!(before.regions.iter().any(|r| r.region_id == REGION));
+    // The broker takes the append at once and answers late; the region is closed while it waits.
+    let partition = world.brokers.partition(TOPIC);
+    let landed = partition.inner.high_watermark().await.unwrap();
+    partition.hold.send_replace(true);
+    let writer = {
+        let dn = dn.clone();
+        tokio::spawn(async move { dn.write(REGION, vec![b"in flight".to_vec()]).await })
+    };
+    for _ in 0..1_000 {
+        if partition.inner.high_watermark().await.unwrap() > landed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        partition.inner.high_watermark().await.unwrap() > landed,
+        "the append never reached the partition"
+    );
+    dn.apply(
+        HeartbeatResponse {
+            instructions: vec![Instruction::Close {
+                region_id: REGION,
+                dropped: false,
+            }],
+            ..HeartbeatResponse::default()
+        },
+        Instant::now(),
+    );
+    // The close is news for the metasrv: the heartbeat loop is woken at once; the next heartbeat, counted after
+    // the last, no longer reports the region.
+    tokio::time::timeout(Duration::from_secs(10), dn.report_wanted())
+        .await
+        .expect("the close wakes the heartbeat loop");
+    let after = dn.heartbeat_request();
+    assert!(after.seq > before.seq, "{} then {}", before.seq, after.seq);
+    assert!(!after.regions.iter().any(|r| r.region_id == REGION));
+    // Its lease had a minute left, but the region closed before the broker answered: not acknowledged.
+    partition.hold.send_replace(false);
+    let answered = tokio::time::timeout(Duration::from_secs(120), writer)
+        .await
+        .expect("the write ends")
+        .expect("the write task ran");
+    let err = answered.expect_err("a write finished after its region closed was acknowledged");
+    assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err}");
 }
