@@ -90,11 +90,15 @@ pub async fn run(
     let interval = datanode.options().heartbeat_interval;
     let gap = MIN_HEARTBEAT_GAP.min(interval);
     let mut failures = 0u32;
-    let mut next = tokio::time::Instant::now();
+    // The regular schedule, which early heartbeats do not move (the metasrv's failure detector measures it).
+    let mut regular = tokio::time::Instant::now();
+    // An earlier heartbeat the last answer asked for.
+    let mut asked: Option<tokio::time::Instant> = None;
     let mut last_sent: Option<tokio::time::Instant> = None;
     loop {
+        let wake = asked.map_or(regular, |a| a.min(regular));
         tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
+            _ = tokio::time::sleep_until(wake) => {}
             _ = datanode.report_wanted() => {}
             _ = shutdown.changed() => return Ok(()),
         }
@@ -105,11 +109,16 @@ pub async fn run(
             tokio::time::sleep_until(last + gap).await;
         }
         datanode.reopen_poisoned().await;
-        let request = datanode.heartbeat_request();
+        let now = tokio::time::Instant::now();
+        let early = now < regular;
+        if !early {
+            regular = now + interval;
+        }
+        asked = None;
+        let request = datanode.heartbeat_request_early(early);
         let sent_at = Instant::now();
         let sent = tokio::time::Instant::from_std(sent_at);
         last_sent = Some(sent);
-        next = sent + interval;
         match tokio::time::timeout(
             interval.max(Duration::from_millis(100)),
             link.heartbeat(&request),
@@ -122,7 +131,7 @@ pub async fn run(
                 }
                 failures = 0;
                 if let Some(ms) = response.heartbeat_in_ms {
-                    next = next.min(sent + Duration::from_millis(ms));
+                    asked = Some(sent + Duration::from_millis(ms));
                 }
                 datanode.dropped_reported(&request.dropped);
                 datanode.apply(response, sent_at);

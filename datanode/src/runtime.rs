@@ -262,6 +262,12 @@ impl Datanode {
 
     /// The heartbeat to send now: every open region with its role, epoch and entry ids.
     pub fn heartbeat_request(&self) -> HeartbeatRequest {
+        self.heartbeat_request_early(false)
+    }
+
+    /// [`Datanode::heartbeat_request`], saying whether it goes out before its interval is up
+    /// ([`HeartbeatRequest::early`]).
+    pub fn heartbeat_request_early(&self, early: bool) -> HeartbeatRequest {
         let now = Instant::now();
         let mut regions: Vec<_> = self.all_regions().iter().map(|r| r.stat(now)).collect();
         regions.sort_by_key(|r| r.region_id);
@@ -281,6 +287,7 @@ impl Datanode {
                 .collect(),
             wal_lost: self.wal_lost(),
             seq: self.heartbeat_seq.fetch_add(1, Ordering::SeqCst) + 1,
+            early,
         }
     }
 

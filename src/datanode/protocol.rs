@@ -112,6 +112,11 @@ pub struct HeartbeatRequest {
     /// was built, so that lease can no longer acknowledge anything (`docs/failover.md`, "Handing over").
     #[serde(default, skip_serializing_if = "is_zero")]
     pub seq: u64,
+    /// Sent before its interval was up (a region opened or closed, or the last answer asked for it). The failure
+    /// detector takes it as a sign of life, not as an interval: the datanode's regular heartbeats keep their
+    /// schedule, and their spread is what suspicion is measured against.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub early: bool,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -230,9 +235,9 @@ pub struct HeartbeatResponse {
     /// leader waits one lease), how long still, in milliseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leases_in_ms: Option<u64>,
-    /// Send the next heartbeat within this many milliseconds rather than a whole interval: a region the route
-    /// gives this datanode waits for another datanode to close it or for a lease to run out, and this is when to
-    /// ask again.
+    /// Send the next heartbeat within this many milliseconds rather than a whole interval: leases are held back
+    /// (this incarnation waits for its predecessor's, or a region the route gives it waits for another datanode
+    /// to close it or for a lease to run out), and this is when to ask again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub heartbeat_in_ms: Option<u64>,
 }

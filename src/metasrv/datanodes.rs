@@ -448,7 +448,11 @@ impl DatanodeRegistry {
                 }
             );
             node.last_heartbeat = Some(now);
-            node.detector.heartbeat(now);
+            if request.early {
+                node.detector.early_heartbeat(now);
+            } else {
+                node.detector.heartbeat(now);
+            }
             node.interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
             node.regions = request.regions.clone();
             if request.seq > 0 {
@@ -500,7 +504,9 @@ impl DatanodeRegistry {
         let mut response = HeartbeatResponse::default();
         let may_lease = now >= leases_from;
         if !may_lease {
-            response.leases_in_ms = Some(millis(leases_from - now).max(1));
+            let wait = millis(leases_from - now).max(1);
+            response.leases_in_ms = Some(wait);
+            response.heartbeat_in_ms = Some(wait);
         } else if !cleared {
             self.clear(request).await?;
         }

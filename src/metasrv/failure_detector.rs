@@ -25,7 +25,10 @@ pub struct PhiAccrualDetector {
     intervals: VecDeque<f64>,
     sum: f64,
     sum_sq: f64,
+    /// The last heartbeat of any kind: the silence counts from it.
     last: Option<Instant>,
+    /// The last regular one: intervals are measured between these.
+    last_regular: Option<Instant>,
 }
 
 impl PhiAccrualDetector {
@@ -39,6 +42,7 @@ impl PhiAccrualDetector {
             sum: 0.0,
             sum_sq: 0.0,
             last: None,
+            last_regular: None,
         };
         let mean = millis(interval);
         let std = mean / 4.0;
@@ -61,11 +65,18 @@ impl PhiAccrualDetector {
 
     /// A heartbeat arrived at `at`.
     pub fn heartbeat(&mut self, at: Instant) {
-        if let Some(last) = self.last
+        if let Some(last) = self.last_regular
             && at > last
         {
             self.push(millis(at - last));
         }
+        self.last_regular = Some(self.last_regular.map_or(at, |l| l.max(at)));
+        self.last = Some(self.last.map_or(at, |l| l.max(at)));
+    }
+
+    /// A heartbeat sent before its interval was up arrived at `at`: the silence is counted from it, but it is not
+    /// an interval (the next regular heartbeat's interval is measured from the last regular one).
+    pub fn early_heartbeat(&mut self, at: Instant) {
         self.last = Some(self.last.map_or(at, |l| l.max(at)));
     }
 
@@ -186,6 +197,35 @@ mod tests {
         assert!(
             silence_to(&jittery, last, 8.0) > silence_to(&regular_d, regular_last, 8.0),
             "the same mean with a wider spread waits longer"
+        );
+    }
+
+    #[test]
+    fn early_heartbeats_count_as_life_but_leave_the_spread_of_the_regular_ones_alone() {
+        let start = Instant::now();
+        let (plain, plain_last) = regular(Duration::from_secs(1), 30, start);
+        let mut mixed = PhiAccrualDetector::new(&config(), Duration::from_secs(1));
+        let mut at = start;
+        for i in 0..30u32 {
+            mixed.heartbeat(at);
+            if i % 3 == 0 {
+                mixed.early_heartbeat(at + Duration::from_millis(20));
+            }
+            at += Duration::from_secs(1);
+        }
+        let last = mixed.last_heartbeat().expect("it heartbeated");
+        assert_eq!(
+            silence_to(&mixed, last, 8.0),
+            silence_to(&plain, plain_last, 8.0),
+            "early heartbeats changed the suspicion of a regular sender"
+        );
+        // One early heartbeat after the last regular one: the silence counts from it.
+        mixed.early_heartbeat(last + Duration::from_millis(500));
+        let early = mixed.last_heartbeat().expect("it heartbeated");
+        assert_eq!(early, last + Duration::from_millis(500));
+        assert!(
+            mixed.phi(last + Duration::from_millis(4_600))
+                < plain.phi(plain_last + Duration::from_millis(4_600))
         );
     }
 

@@ -146,6 +146,7 @@ fn heartbeat_request(
         dropped: Vec::new(),
         wal_lost: Vec::new(),
         seq: 0,
+        early: false,
     }
 }
 

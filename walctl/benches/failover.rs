@@ -1,9 +1,10 @@
-//! Automatic failover, measured over many kills (issue #18's figure): each round starts a cluster of its own
-//! (`walctl serve` and three `walctl datanode` on the Kafka WAL, `KAFKA_ENDPOINTS` / `ETCD_ENDPOINTS`), creates a
-//! table of 6 regions, runs `walctl load` with an ack log, kills (SIGKILL) the datanode leading most regions, and
-//! times the kill until every one of its regions leads on a live datanode. Then it checks the ack log against the
-//! regions' dumps: every acknowledged entry exactly once, in order. Prints each round, then p50, p99 and max, and
-//! the acknowledged entries lost (must be 0). Run with
+//! Automatic failover, measured over many kills: each round starts a cluster of its own (`walctl serve` and three
+//! `walctl datanode` on the Kafka WAL, `KAFKA_ENDPOINTS` / `ETCD_ENDPOINTS`), creates a table of 6 regions, runs
+//! `walctl load` with an ack log, kills (SIGKILL) the datanode leading most regions, and times the kill until every
+//! one of its regions leads on a live datanode, and, per moved region, until the load's first acknowledged write of
+//! it (the ack log's `at_ms`; an acknowledgement received within 50 ms of the kill is the dead leader's, sent before
+//! it died). Then it checks the ack log against the regions' dumps: every acknowledged entry exactly once, in
+//! order. Prints each round, then p50, p99 and max of both, and the acknowledged entries lost (must be 0). Run with
 //!
 //! ```text
 //! KAFKA_ENDPOINTS=… ETCD_ENDPOINTS=… cargo bench -p walctl --bench failover [--profile dev]
@@ -19,7 +20,7 @@ mod cluster;
 
 use std::time::{Duration, Instant};
 
-use cluster::{Cluster, get};
+use cluster::{Cluster, ack_times, get, unix_ms};
 
 fn env_count(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -58,6 +59,7 @@ fn main() {
     let kills = env_count("BENCH_KILLS", if smoke() { 1 } else { 20 });
     let heartbeat_ms = env_count("BENCH_HEARTBEAT_MS", 1000);
     let mut times = Vec::new();
+    let mut writable = Vec::new();
     let (mut acknowledged, mut checked) = (0u64, 0u64);
     for round in 0..kills {
         let mut cluster = Cluster::start_with_heartbeat(&[1, 2, 3], 2, "", heartbeat_ms);
@@ -66,35 +68,60 @@ fn main() {
         let (mut load, acks) = cluster.start_load(&table, "30s", &["--concurrency", "6"]);
         std::thread::sleep(Duration::from_secs(3));
         let victim = cluster.busiest_datanode(&table);
+        let on_victim: Vec<u64> = cluster
+            .placement(&table)
+            .into_iter()
+            .filter(|(_, dn)| *dn == victim)
+            .map(|(region, _)| region)
+            .collect();
         cluster
             .datanodes
             .get_mut(&victim)
             .expect("the victim runs")
             .kill9();
         let killed = Instant::now();
+        let killed_ms = unix_ms();
         cluster.wait_for("every region to lead on a live datanode", || {
             moved(&cluster, &regions, victim)
         });
         let took = killed.elapsed();
         let report = cluster.finish_load(&mut load);
         let acked = report["acknowledged"].as_u64().unwrap_or(0);
+        let acked_at = ack_times(&acks);
+        let mut firsts = Vec::new();
+        for region in &on_victim {
+            let first = acked_at
+                .get(region)
+                .and_then(|at| at.iter().find(|t| **t >= killed_ms + 50))
+                .unwrap_or_else(|| panic!("region {region}: no write acknowledged after the kill"));
+            firsts.push(Duration::from_millis(first - killed_ms));
+        }
         let seen = cluster.assert_nothing_acknowledged_lost(&[acks]) as u64;
         println!(
-            "round {round}: datanode {victim} killed; every region leads elsewhere after {} ms; {acked} \
-             entries acknowledged, {seen} found once each",
-            took.as_millis()
+            "round {round}: datanode {victim} killed; every region leads elsewhere after {} ms; first \
+             acknowledged write per moved region after {:?} ms; {acked} entries acknowledged, {seen} found once \
+             each",
+            took.as_millis(),
+            firsts.iter().map(Duration::as_millis).collect::<Vec<_>>()
         );
+        writable.extend(firsts);
         acknowledged += acked;
         checked += seen;
         times.push(took);
     }
     times.sort();
+    writable.sort();
     println!(
-        "failover over {kills} kills (heartbeat {heartbeat_ms} ms): p50 {} ms, p99 {} ms, max {} ms; \
-         acknowledged {acknowledged}, lost {}",
+        "failover over {kills} kills (heartbeat {heartbeat_ms} ms): every region leading elsewhere p50 {} ms, \
+         p99 {} ms, max {} ms; first acknowledged write of each of {} moved regions p50 {} ms, p99 {} ms, max {} \
+         ms; acknowledged {acknowledged}, lost {}",
         percentile(&times, 0.5).as_millis(),
         percentile(&times, 0.99).as_millis(),
         times.last().map(Duration::as_millis).unwrap_or(0),
+        writable.len(),
+        percentile(&writable, 0.5).as_millis(),
+        percentile(&writable, 0.99).as_millis(),
+        writable.last().map(Duration::as_millis).unwrap_or(0),
         acknowledged.saturating_sub(checked)
     );
 }

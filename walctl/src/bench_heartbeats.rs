@@ -220,6 +220,7 @@ pub fn run(
             dropped: Vec::new(),
             wal_lost: Vec::new(),
             seq: 0,
+            early: false,
         };
         let first: HeartbeatResponse = post(&agent, &format!("{base}/v1/heartbeat"), &request)?;
         request.regions = first

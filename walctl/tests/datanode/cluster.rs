@@ -21,6 +21,26 @@ pub const HEARTBEAT_MS: u64 = 300;
 /// Their lease: 3 intervals + 1 s.
 pub const LEASE: Duration = Duration::from_millis(3 * HEARTBEAT_MS + 1000);
 
+/// Milliseconds since the Unix epoch now (the clock of the ack log's `at_ms`).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// When each acknowledgement of an ack log arrived (`at_ms`), per region, in the log's order.
+pub fn ack_times(ack_log: &Path) -> BTreeMap<u64, Vec<u64>> {
+    let text = std::fs::read_to_string(ack_log).expect("read the ack log");
+    let mut times: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for line in json_lines(&text) {
+        times
+            .entry(line["region_id"].as_u64().expect("region_id"))
+            .or_default()
+            .push(line["at_ms"].as_u64().expect("at_ms"));
+    }
+    times
+}
+
 /// A free loopback port.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -98,6 +118,8 @@ pub struct Cluster {
     pub addresses: HashMap<u64, String>,
     /// The heartbeat interval datanodes started from now on are given.
     pub heartbeat_ms: u64,
+    /// Lines appended to every datanode's `[datanode]` section (set before starting them).
+    pub datanode_extra: String,
     spawned: usize,
 }
 
@@ -168,6 +190,7 @@ max_retry_delay = "500ms"
             datanodes: BTreeMap::new(),
             addresses: HashMap::new(),
             heartbeat_ms: HEARTBEAT_MS,
+            datanode_extra: String::new(),
             spawned: 0,
         };
         cluster.start_serve();
@@ -218,11 +241,12 @@ max_retry_delay = "500ms"
             .join(format!("datanode-{id}-{}.toml", address.replace(':', "_")));
         let text = format!(
             "{}\n[datanode]\nid = {id}\nlisten = \"{address}\"\nmetasrv = [\"{}\"]\nregion_storage = \"{}\"\n\
-             heartbeat_interval = \"{}ms\"\n",
+             heartbeat_interval = \"{}ms\"\n{}\n",
             self.metasrv_toml,
             self.serve_address,
             self.region_storage().display(),
-            self.heartbeat_ms
+            self.heartbeat_ms,
+            self.datanode_extra
         );
         std::fs::write(&path, text).expect("write datanode config");
         path
@@ -512,6 +536,21 @@ max_retry_delay = "500ms"
             }
         }
         checked
+    }
+
+    /// The datanode each region of `table` is routed to, by region id.
+    pub fn placement(&self, table: &str) -> BTreeMap<u64, u64> {
+        self.table(table)["regions"]
+            .as_array()
+            .expect("regions")
+            .iter()
+            .map(|r| {
+                (
+                    r["region_id"].as_u64().expect("region_id"),
+                    r["datanode_id"].as_u64().expect("datanode_id"),
+                )
+            })
+            .collect()
     }
 
     /// The datanode that leads the most regions of `table`.
