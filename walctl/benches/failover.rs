@@ -1,6 +1,7 @@
 //! Automatic failover, measured over many kills: each round starts a cluster of its own (`walctl serve` and three
 //! `walctl datanode` on the Kafka WAL, `KAFKA_ENDPOINTS` / `ETCD_ENDPOINTS`), creates a table of 6 regions, runs
-//! `walctl load` with an ack log, kills (SIGKILL) the datanode leading most regions, and times the kill until every
+//! `walctl load` with an ack log, kills (SIGKILL) the datanode leading most regions at a random point of its
+//! heartbeat interval, and times the kill until every
 //! one of its regions leads on a live datanode, and, per moved region, until the load's first acknowledged write of
 //! it (the ack log's `at_ms`; an acknowledgement received within 50 ms of the kill is the dead leader's, sent before
 //! it died). Then it checks the ack log against the regions' dumps: every acknowledged entry exactly once, in
@@ -44,6 +45,18 @@ fn moved(cluster: &Cluster, regions: &[u64], victim: u64) -> bool {
     })
 }
 
+/// A random number below `n` (std's randomly keyed hasher; no generator needed for a kill's timing).
+fn random_below(n: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() % n.max(1)
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
     sorted[i]
@@ -65,8 +78,11 @@ fn main() {
         let mut cluster = Cluster::start_with_heartbeat(&[1, 2, 3], 2, "", heartbeat_ms);
         let table = format!("failover_{round}");
         let regions = cluster.create_table(&table, 6);
-        let (mut load, acks) = cluster.start_load(&table, "30s", &["--concurrency", "6"]);
-        std::thread::sleep(Duration::from_secs(3));
+        let (mut load, acks) = cluster.start_load(&table, "14s", &["--concurrency", "6"]);
+        // At a random point of the heartbeat interval: a datanode dies whenever it dies.
+        std::thread::sleep(
+            Duration::from_secs(3) + Duration::from_millis(random_below(heartbeat_ms)),
+        );
         let victim = cluster.busiest_datanode(&table);
         let on_victim: Vec<u64> = cluster
             .placement(&table)

@@ -113,6 +113,9 @@ pub struct Cluster {
     pub metasrv_toml: String,
     pub serve_address: String,
     pub serve: Option<Process>,
+    /// More `walctl serve` processes on the same store, each at its address, campaigning for the lead: the
+    /// datanodes know them all.
+    pub standby: Vec<(String, Process)>,
     pub datanodes: BTreeMap<u64, Process>,
     /// The listen address of each datanode id (kept across restarts unless a test moves it).
     pub addresses: HashMap<u64, String>,
@@ -120,6 +123,8 @@ pub struct Cluster {
     pub heartbeat_ms: u64,
     /// Lines appended to every datanode's `[datanode]` section (set before starting them).
     pub datanode_extra: String,
+    /// Processes killed and replaced, kept for their logs.
+    pub dead: Vec<Process>,
     spawned: usize,
 }
 
@@ -147,7 +152,11 @@ impl Cluster {
 
     /// The same cluster's metasrv (ready), with no datanode started: `[datanodes] ids` still names `ids`.
     pub fn metasrv_only(ids: &[u64], topics: usize, extra_wal: &str) -> Self {
-        let etcd = endpoints("ETCD_ENDPOINTS");
+        Self::metasrv_on(&endpoints("ETCD_ENDPOINTS"), ids, topics, extra_wal)
+    }
+
+    /// [`Cluster::metasrv_only`] with its metadata in the etcd of `etcd`.
+    pub fn metasrv_on(etcd: &[String], ids: &[u64], topics: usize, extra_wal: &str) -> Self {
         let kafka = endpoints("KAFKA_ENDPOINTS");
         let prefix = unique("dnwal");
         let ids_text: Vec<String> = ids.iter().map(u64::to_string).collect();
@@ -177,7 +186,7 @@ ids = [{ids}]
 retry_delay = "50ms"
 max_retry_delay = "500ms"
 "#,
-            etcd = toml_list(&etcd),
+            etcd = toml_list(etcd),
             kafka = toml_list(&kafka),
             ns = unique("dn"),
             ids = ids_text.join(", "),
@@ -187,10 +196,12 @@ max_retry_delay = "500ms"
             metasrv_toml,
             serve_address: format!("127.0.0.1:{}", free_port()),
             serve: None,
+            standby: Vec::new(),
             datanodes: BTreeMap::new(),
             addresses: HashMap::new(),
             heartbeat_ms: HEARTBEAT_MS,
             datanode_extra: String::new(),
+            dead: Vec::new(),
             spawned: 0,
         };
         cluster.start_serve();
@@ -222,15 +233,57 @@ max_retry_delay = "500ms"
 
     /// The config of `walctl serve` (also what the CLI commands of the test use).
     pub fn serve_config(&self) -> PathBuf {
-        let path = self.dir.path().join("serve.toml");
+        self.serve_config_at(&self.serve_address)
+    }
+
+    /// The config of a `walctl serve` listening at `address`.
+    pub fn serve_config_at(&self, address: &str) -> PathBuf {
+        let path = self
+            .dir
+            .path()
+            .join(format!("serve-{}.toml", address.replace(':', "_")));
         if !path.exists() {
             let text = format!(
-                "{}\n[server]\nlisten = \"{}\"\nlease_ttl = \"2s\"\n",
-                self.metasrv_toml, self.serve_address
+                "{}\n[server]\nlisten = \"{address}\"\nlease_ttl = \"2s\"\n",
+                self.metasrv_toml
             );
             std::fs::write(&path, text).expect("write serve config");
         }
         path
+    }
+
+    /// Every server's address, the one the tests talk to first.
+    pub fn serve_addresses(&self) -> Vec<String> {
+        std::iter::once(self.serve_address.clone())
+            .chain(self.standby.iter().map(|(address, _)| address.clone()))
+            .collect()
+    }
+
+    /// Starts `n` more servers on the same store (before the datanodes start, so they know them).
+    pub fn start_standby(&mut self, n: usize) {
+        for _ in 0..n {
+            let address = format!("127.0.0.1:{}", free_port());
+            let config = self.serve_config_at(&address);
+            let process = self.spawn("standby", &config, "serve");
+            self.standby.push((address, process));
+        }
+    }
+
+    /// kill -9 of the server the tests talk to; the tests then talk to the standby that leads next (ready).
+    pub fn kill_leading_serve(&mut self) {
+        self.serve.as_mut().expect("serve runs").kill9();
+        let mut successor = None;
+        self.wait_for("a standby server to lead", || {
+            successor = self
+                .standby
+                .iter()
+                .position(|(address, _)| get(&format!("http://{address}/ready")).0 == 200);
+            successor.is_some()
+        });
+        let (address, process) = self.standby.remove(successor.expect("a successor"));
+        let killed = self.serve.replace(process).expect("the killed server");
+        self.dead.push(killed);
+        self.serve_address = address;
     }
 
     /// The config of datanode `id` (its `[datanode]` section at `address`).
@@ -240,10 +293,10 @@ max_retry_delay = "500ms"
             .path()
             .join(format!("datanode-{id}-{}.toml", address.replace(':', "_")));
         let text = format!(
-            "{}\n[datanode]\nid = {id}\nlisten = \"{address}\"\nmetasrv = [\"{}\"]\nregion_storage = \"{}\"\n\
+            "{}\n[datanode]\nid = {id}\nlisten = \"{address}\"\nmetasrv = {}\nregion_storage = \"{}\"\n\
              heartbeat_interval = \"{}ms\"\n{}\n",
             self.metasrv_toml,
-            self.serve_address,
+            toml_list(&self.serve_addresses()),
             self.region_storage().display(),
             self.heartbeat_ms,
             self.datanode_extra
@@ -285,6 +338,8 @@ max_retry_delay = "500ms"
     /// Every log's tail, for failure messages.
     pub fn logs(&self) -> String {
         let mut out: Vec<String> = self.serve.iter().map(Process::log_tail).collect();
+        out.extend(self.standby.iter().map(|(_, p)| p.log_tail()));
+        out.extend(self.dead.iter().map(Process::log_tail));
         out.extend(self.datanodes.values().map(Process::log_tail));
         out.join("\n")
     }
@@ -307,7 +362,7 @@ max_retry_delay = "500ms"
         let out = Command::new(walctl_path())
             .current_dir(self.dir.path())
             .arg("--server")
-            .arg(&self.serve_address)
+            .arg(self.serve_addresses().join(","))
             .arg("--wait")
             .arg("60s")
             .args(args)
@@ -419,7 +474,7 @@ max_retry_delay = "500ms"
             .current_dir(self.dir.path())
             .args([
                 "--server",
-                &self.serve_address,
+                &self.serve_addresses().join(","),
                 "--json",
                 "load",
                 "--table",

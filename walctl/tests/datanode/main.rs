@@ -7,7 +7,11 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+#[path = "../serve/cluster.rs"]
+mod serve_cluster;
+
 mod bench;
+mod chaos;
 mod cluster;
 mod drop;
 mod failover;

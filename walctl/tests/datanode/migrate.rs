@@ -128,6 +128,9 @@ fn a_migration_interrupted_by_kill_9_of_the_metasrv_is_finished_by_the_next_term
     std::thread::sleep(Duration::from_secs(2));
     let (region, from) = placement(&cluster, "interrupted")[0];
     let to = if from == 1 { 2 } else { 1 };
+    // The old leader, stopped, can neither close the region nor report it closed: the target waits out its lease,
+    // so the migration is still waiting for its leader when the metasrv dies.
+    cluster.datanodes[&from].signal("-STOP");
     let out = cluster.walctl(&[
         "--json",
         "migrate-region",
@@ -148,7 +151,17 @@ fn a_migration_interrupted_by_kill_9_of_the_metasrv_is_finished_by_the_next_term
             .iter()
             .any(|(r, dn)| *r == region && *dn == to)
     });
+    let (_, shown) = get(&format!(
+        "http://{}/v1/procedures/{id}",
+        cluster.serve_address
+    ));
+    assert_ne!(
+        shown["state"], "done",
+        "the migration ended before the kill: {shown}"
+    );
     cluster.serve.as_mut().expect("serve runs").kill9();
+    // Woken well before the failure detector could suspect it (and no new term suspects anyone in its warm-up).
+    cluster.datanodes[&from].signal("-CONT");
     std::thread::sleep(Duration::from_millis(300));
     cluster.start_serve();
     cluster.wait_ready();
