@@ -104,6 +104,10 @@ struct RegionGrant {
 /// the old holder is told to close it at its next heartbeat and reports the close at once.
 pub const HANDOVER_POLL: Duration = Duration::from_millis(100);
 
+/// How long after a datanode is retired the others are asked to heartbeat every [`HANDOVER_POLL`] (its failover's
+/// migrations move the routes within this).
+pub const FAILOVER_POLL_WINDOW: Duration = Duration::from_secs(2);
+
 /// What the registry knows of one datanode.
 #[derive(Clone, Debug)]
 struct Node {
@@ -135,6 +139,9 @@ struct Inner {
     /// lease any registered datanode holds, plus [`LEASE_MARGIN`]. Read once per term, when a moved region first
     /// needs it.
     earlier_terms_until: Option<Instant>,
+    /// Until when every datanode is asked to heartbeat every [`HANDOVER_POLL`]: a datanode was just retired, so
+    /// its regions are about to move, and their targets learn of them at their next heartbeat.
+    failing_over_until: Option<Instant>,
 }
 
 /// One datanode as `GET /v1/datanodes` shows it.
@@ -246,6 +253,7 @@ impl DatanodeRegistry {
                 term_start: None,
                 nodes: BTreeMap::new(),
                 earlier_terms_until: None,
+                failing_over_until: None,
             }),
             generation: None,
             failover: FailoverConfig::default(),
@@ -281,6 +289,7 @@ impl DatanodeRegistry {
         inner.term_start = Some(Instant::now());
         inner.nodes.clear();
         inner.earlier_terms_until = None;
+        inner.failing_over_until = None;
         *self.decoded() = Decoded::default();
     }
 
@@ -290,6 +299,7 @@ impl DatanodeRegistry {
         inner.term_start = None;
         inner.nodes.clear();
         inner.earlier_terms_until = None;
+        inner.failing_over_until = None;
         *self.decoded() = Decoded::default();
     }
 
@@ -603,6 +613,14 @@ impl DatanodeRegistry {
                 }),
         );
         let mut inner = self.inner();
+        // A datanode was just retired: its regions' new datanodes learn of them at their next heartbeat.
+        if inner
+            .failing_over_until
+            .is_some_and(|until| until > Instant::now())
+        {
+            let poll = millis(HANDOVER_POLL);
+            response.heartbeat_in_ms = Some(response.heartbeat_in_ms.map_or(poll, |h| h.min(poll)));
+        }
         let Some(node) = inner.nodes.get_mut(&datanode_id) else {
             return DatanodeNotRegisteredSnafu {
                 datanode_id,
@@ -902,7 +920,9 @@ impl DatanodeRegistry {
             response.success,
             DatanodeRegistrationContentionSnafu { datanode_id, key }
         );
-        if let Some(node) = self.inner().nodes.get_mut(&datanode_id)
+        let mut inner = self.inner();
+        inner.failing_over_until = Some(Instant::now() + FAILOVER_POLL_WINDOW);
+        if let Some(node) = inner.nodes.get_mut(&datanode_id)
             && node.record.incarnation == incarnation
         {
             node.record = retired;

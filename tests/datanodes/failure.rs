@@ -6,6 +6,7 @@
 //! (no region could move), fails over nothing.
 
 use remote_wal::config::FailoverConfig;
+use remote_wal::metasrv::datanodes::HANDOVER_POLL;
 
 use super::*;
 
@@ -176,7 +177,18 @@ async fn a_registered_datanode_never_heard_this_term_fails_after_the_warm_up_and
             assert_eq!(status.failed.len(), 1);
             assert!(m.resume_failover().await.unwrap());
             assert!(!m.resume_failover().await.unwrap(), "resumed already");
+            let answer = beat(registry, 1, 1, 200, &[], 0).await;
+            assert_eq!(answer.heartbeat_in_ms, None, "{answer:?}");
             let submitted = m.fail_over_failed_datanodes().await.unwrap();
+            // Datanode 3 is retired and its regions about to move: the others are asked to heartbeat often, so
+            // their new regions' open instructions reach them at once.
+            let answer = beat(registry, 1, 1, 200, &[], 0).await;
+            assert!(
+                answer
+                    .heartbeat_in_ms
+                    .is_some_and(|ms| ms <= HANDOVER_POLL.as_millis() as u64),
+                "{answer:?}"
+            );
             assert_eq!(
                 submitted,
                 vec![remote_wal::ddl::failover_procedure_id(3, three)]
