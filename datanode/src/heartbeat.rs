@@ -134,6 +134,7 @@ pub async fn run(
                     asked = Some(sent + Duration::from_millis(ms));
                 }
                 datanode.dropped_reported(&request.dropped);
+                datanode.closed_reported(&request.closed);
                 datanode.apply(response, sent_at);
             }
             Ok(Err(e @ Error::StaleIncarnation { .. })) => {

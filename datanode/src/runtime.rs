@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use remote_wal::datanode::protocol::{
-    HeartbeatRequest, HeartbeatResponse, Instruction, RegionRole, RegionToOpen, WalLost, writer_id,
+    ClosedRegion, HeartbeatRequest, HeartbeatResponse, Instruction, RegionRole, RegionToOpen,
+    WalLost, writer_id,
 };
 use remote_wal::wal::{KafkaConfig, WAL_OPTIONS_KEY, WalOptions};
 use rskafka::client::Client;
@@ -139,6 +140,8 @@ pub struct Datanode {
     /// Reads topic incarnations (`None`: not checked).
     topic_ids: Option<Arc<dyn TopicIds>>,
     stopped: AtomicBool,
+    /// Regions closed and not yet reported in an answered heartbeat, with the last entry id each acknowledged.
+    closed: Mutex<BTreeMap<RegionId, EntryId>>,
     /// The count of the last heartbeat built ([`HeartbeatRequest::seq`]).
     heartbeat_seq: AtomicU64,
     /// Woken when something happened that the metasrv should hear of before the next interval: a region opened
@@ -171,6 +174,7 @@ impl Datanode {
             dropped_regions: Mutex::new(BTreeSet::new()),
             topic_ids,
             stopped: AtomicBool::new(false),
+            closed: Mutex::new(BTreeMap::new()),
             heartbeat_seq: AtomicU64::new(0),
             report_soon: tokio::sync::Notify::new(),
         }
@@ -288,6 +292,16 @@ impl Datanode {
             wal_lost: self.wal_lost(),
             seq: self.heartbeat_seq.fetch_add(1, Ordering::SeqCst) + 1,
             early,
+            closed: self
+                .closed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+                .map(|(region_id, last_entry_id)| ClosedRegion {
+                    region_id: *region_id,
+                    last_entry_id: *last_entry_id,
+                })
+                .collect(),
         }
     }
 
@@ -317,6 +331,19 @@ impl Datanode {
         lost.get(&open.request.region_id).is_some_and(|l| {
             Some(l.expected) == open.topic_id && Some(l.checkpoint) == open.checkpoint
         })
+    }
+
+    /// A heartbeat reporting `closed` was answered: the metasrv has recorded those closes.
+    pub fn closed_reported(&self, closed: &[ClosedRegion]) {
+        let mut pending = self
+            .closed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for c in closed {
+            if pending.get(&c.region_id) == Some(&c.last_entry_id) {
+                pending.remove(&c.region_id);
+            }
+        }
     }
 
     /// A heartbeat reporting `dropped` was answered: the metasrv has forgotten those regions.
@@ -488,6 +515,10 @@ impl Datanode {
             .remove(&region_id);
         if let Some(region) = removed {
             region.revoke();
+            self.closed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(region_id, region.counters().last_entry_id);
             if let RegionWal::Kafka { store, .. } = &region.wal {
                 store.unregister_region(region_id);
             }
@@ -733,6 +764,23 @@ impl Datanode {
                 .remove(&region_id);
             let entries = replayed.remove(&region_id).unwrap_or_default();
             let last = entries.last().map_or(start, |e| e.entry_id).max(start);
+            // Its previous leader closed it having acknowledged up to `expected`: a replay that ends below that
+            // missed acknowledged entries. Leading it would lose them; it stays closed.
+            if let Some(expected) = open.expected_last_entry_id
+                && last < expected
+            {
+                let error = RegionWalSnafu {
+                    region_id,
+                    reason: format!(
+                        "its replay of topic '{}' ends at entry {last}, but its previous leader acknowledged up \
+                         to entry {expected}: not opened",
+                        store.topic()
+                    ),
+                }
+                .build();
+                out.push((region_id, Err(error)));
+                continue;
+            }
             self.install(open, wal, start, last, entries);
             out.push((region_id, Ok(())));
         }

@@ -117,6 +117,19 @@ pub struct HeartbeatRequest {
     /// schedule, and their spread is what suspicion is measured against.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub early: bool,
+    /// Regions it closed since its last answered heartbeat, each with the last entry id it acknowledged: the
+    /// region's next leader must replay at least that far ([`RegionToOpen::expected_last_entry_id`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub closed: Vec<ClosedRegion>,
+}
+
+/// A region a datanode closed, and the last entry id it acknowledged for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClosedRegion {
+    /// The region.
+    pub region_id: u64,
+    /// The last entry id it acknowledged (or replayed) before the close.
+    pub last_entry_id: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -190,6 +203,10 @@ pub struct RegionToOpen {
     /// the topic this id ([`WalLost`] otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topic_id: Option<TopicId>,
+    /// The last entry id a datanode that closed the region this term reported having acknowledged (the highest
+    /// such report): a replay that ends below it missed acknowledged entries, and the region is not opened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_last_entry_id: Option<u64>,
 }
 
 /// What the metasrv asks of a datanode.

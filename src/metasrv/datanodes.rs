@@ -142,6 +142,9 @@ struct Inner {
     /// Until when every datanode is asked to heartbeat every [`HANDOVER_POLL`]: a datanode was just retired, so
     /// its regions are about to move, and their targets learn of them at their next heartbeat.
     failing_over_until: Option<Instant>,
+    /// Per region closed this term by the datanode that held it: the highest last entry id such a datanode
+    /// reported having acknowledged ([`RegionToOpen::expected_last_entry_id`]).
+    closed_at: HashMap<u64, u64>,
 }
 
 /// One datanode as `GET /v1/datanodes` shows it.
@@ -254,6 +257,7 @@ impl DatanodeRegistry {
                 nodes: BTreeMap::new(),
                 earlier_terms_until: None,
                 failing_over_until: None,
+                closed_at: HashMap::new(),
             }),
             generation: None,
             failover: FailoverConfig::default(),
@@ -290,6 +294,7 @@ impl DatanodeRegistry {
         inner.nodes.clear();
         inner.earlier_terms_until = None;
         inner.failing_over_until = None;
+        inner.closed_at.clear();
         *self.decoded() = Decoded::default();
     }
 
@@ -300,6 +305,7 @@ impl DatanodeRegistry {
         inner.nodes.clear();
         inner.earlier_terms_until = None;
         inner.failing_over_until = None;
+        inner.closed_at.clear();
         *self.decoded() = Decoded::default();
     }
 
@@ -482,7 +488,13 @@ impl DatanodeRegistry {
                 node.wal_lost = request.wal_lost.clone();
             }
             node.record.address = request.address.clone();
-            (node.leases_from, node.record.cleared, node.record.lease_ms)
+            let answer = (node.leases_from, node.record.cleared, node.record.lease_ms);
+            // What the regions it closed had acknowledged: their next leaders must replay that far.
+            for closed in &request.closed {
+                let at = inner.closed_at.entry(closed.region_id).or_insert(0);
+                *at = (*at).max(closed.last_entry_id);
+            }
+            answer
         };
 
         // What the route gives this datanode, and which of it the datanode reports.
@@ -774,8 +786,11 @@ impl DatanodeRegistry {
             checkpoint: None,
             pruned_entry_id: 0,
             topic_id: None,
+            expected_last_entry_id: None,
         };
         if let Some(topic) = kafka_topic(request) {
+            to_open.expected_last_entry_id =
+                self.inner().closed_at.get(&request.region_id).copied();
             let pool_value = match topics.get(&topic) {
                 Some(v) => *v,
                 None => {

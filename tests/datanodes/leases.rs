@@ -187,6 +187,7 @@ async fn a_routed_region_the_datanode_does_not_report_gets_open_and_no_lease() {
             checkpoint: None,
             pruned_entry_id: 0,
             topic_id: None,
+            expected_last_entry_id: None,
         })]
     );
 

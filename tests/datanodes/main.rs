@@ -147,6 +147,7 @@ fn heartbeat_request(
         wal_lost: Vec::new(),
         seq: 0,
         early: false,
+        closed: Vec::new(),
     }
 }
 

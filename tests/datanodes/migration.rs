@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use remote_wal::datanode::protocol::Instruction;
+use remote_wal::datanode::protocol::{ClosedRegion, Instruction};
 use remote_wal::key::datanode_table::{DatanodeTableValue, datanode_table_key};
 use remote_wal::metasrv::datanodes::{HANDOVER_POLL, LEASE_MARGIN};
 
@@ -474,10 +474,27 @@ async fn a_moved_region_opens_on_its_target_as_soon_as_the_old_leader_reports_it
     );
     // Heartbeat 7, built after the close: the lease is void, the target opens the region at once and is leased
     // at the new epoch once it reports it, all long before the old lease would have run out.
-    beat_counted(&registry, 1, one, INTERVAL, 7, Vec::new()).await;
+    // It reports the close with the last entry id it acknowledged: the target must replay that far.
+    let closing = HeartbeatRequest {
+        seq: 7,
+        closed: vec![ClosedRegion {
+            region_id: moving,
+            last_entry_id: 42,
+        }],
+        ..heartbeat_request(1, one, INTERVAL, Vec::new())
+    };
+    registry
+        .heartbeat(&closing, &BTreeSet::new())
+        .await
+        .expect("heartbeat accepted");
     assert_eq!(registry.region_leader(moving), None);
     let answer = target_beat(12, false).await;
     assert!(opens(&answer, moving), "{answer:?}");
+    let expected = answer.instructions.iter().find_map(|i| match i {
+        Instruction::Open(o) if o.request.region_id == moving => o.expected_last_entry_id,
+        _ => None,
+    });
+    assert_eq!(expected, Some(42), "{answer:?}");
     let answer = target_beat(13, true).await;
     let lease = answer
         .leases

@@ -42,6 +42,7 @@ async fn region_to_open_by_id_names_the_routes_datanode_and_its_open_request() {
                     checkpoint: None,
                     pruned_entry_id: 0,
                     topic_id: None,
+                    expected_last_entry_id: None,
                 }
             )),
             "region {}",

@@ -221,6 +221,7 @@ pub fn run(
             wal_lost: Vec::new(),
             seq: 0,
             early: false,
+            closed: Vec::new(),
         };
         let first: HeartbeatResponse = post(&agent, &format!("{base}/v1/heartbeat"), &request)?;
         request.regions = first

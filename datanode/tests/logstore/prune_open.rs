@@ -105,6 +105,7 @@ impl Scenario {
             checkpoint,
             pruned_entry_id: pruned,
             topic_id: None,
+            expected_last_entry_id: None,
         }
     }
 

@@ -51,6 +51,7 @@ fn to_open(topic: &str, checkpoint: Option<u64>) -> RegionToOpen {
         checkpoint,
         pruned_entry_id: 0,
         topic_id: None,
+        expected_last_entry_id: None,
     }
 }
 

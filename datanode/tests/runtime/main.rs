@@ -18,7 +18,7 @@ use datanode::runtime::PartitionFactory;
 use datanode::{Datanode, DatanodeOptions};
 use remote_wal::datanode::RegionOpenRequest;
 use remote_wal::datanode::protocol::{
-    HeartbeatResponse, Instruction, RegionLease, RegionRole, RegionToOpen,
+    ClosedRegion, HeartbeatResponse, Instruction, RegionLease, RegionRole, RegionToOpen,
 };
 use remote_wal::wal::{KafkaConfig, WAL_OPTIONS_KEY};
 
@@ -146,6 +146,7 @@ fn to_open(region: u64, checkpoint: Option<u64>) -> RegionToOpen {
         checkpoint,
         pruned_entry_id: 0,
         topic_id: None,
+        expected_last_entry_id: None,
     }
 }
 
@@ -631,4 +632,68 @@ async fn a_write_in_flight_when_its_region_closes_is_not_acknowledged_and_the_cl
         .expect("the write task ran");
     let err = answered.expect_err("a write finished after its region closed was acknowledged");
     assert!(matches!(err, Error::OutcomeUnknown { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_region_whose_replay_ends_below_what_its_previous_leader_acknowledged_is_not_opened() {
+    let world = World::new();
+    let old = world.datanode(1, u64::MAX);
+    open(&old, REGION, Some(0)).await;
+    lease(&old, REGION, 60_000);
+    assert_eq!(
+        old.write(REGION, vec![b"a".to_vec(), b"b".to_vec()])
+            .await
+            .unwrap(),
+        vec![1, 2]
+    );
+    assert!(old.close_region(REGION));
+    // The close goes out with the last entry id it acknowledged, until a heartbeat reporting it is answered.
+    let report = old.heartbeat_request();
+    assert_eq!(
+        report.closed,
+        vec![ClosedRegion {
+            region_id: REGION,
+            last_entry_id: 2
+        }]
+    );
+    old.closed_reported(&report.closed);
+    assert!(old.heartbeat_request().closed.is_empty());
+
+    // The next leader is told to replay at least that far. Told more than the topic holds (acknowledged entries
+    // missing from it), it refuses to open the region, naming both ids.
+    let next = world.datanode(2, u64::MAX);
+    let too_far = RegionToOpen {
+        expected_last_entry_id: Some(3),
+        ..to_open(REGION, Some(0))
+    };
+    let (_, result) = next
+        .open_regions(vec![too_far])
+        .await
+        .pop()
+        .expect("an outcome");
+    let err = result.expect_err("opened although its replay ended below the acknowledged entries");
+    let message = err.to_string();
+    assert!(
+        message.contains("ends at entry 2") && message.contains("up to entry 3"),
+        "{message}"
+    );
+    assert!(matches!(
+        next.write(REGION, vec![b"x".to_vec()]).await,
+        Err(Error::RegionNotOpen { .. })
+    ));
+    let enough = RegionToOpen {
+        expected_last_entry_id: Some(2),
+        ..to_open(REGION, Some(0))
+    };
+    open_request_ok(&next, enough).await;
+    assert_eq!(
+        sequences(&next.region_entries(REGION).await.unwrap()),
+        vec![b"a".to_vec(), b"b".to_vec()]
+    );
+}
+
+async fn open_request_ok(dn: &Datanode, request: RegionToOpen) {
+    for (id, result) in dn.open_regions(vec![request]).await {
+        result.unwrap_or_else(|e| panic!("open {id}: {e}"));
+    }
 }
