@@ -123,6 +123,9 @@ struct Node {
     /// No lease before this.
     leases_from: Instant,
     regions: Vec<RegionStat>,
+    /// The count of the heartbeat `regions` came from ([`HeartbeatRequest::seq`]): an older heartbeat arriving
+    /// late does not replace them.
+    regions_seq: u64,
     /// The regions it refused to open because their WAL tail was lost, as it last reported them.
     wal_lost: Vec<WalLost>,
     leases: usize,
@@ -418,6 +421,7 @@ impl DatanodeRegistry {
                 region_leases,
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
+                regions_seq: 0,
                 wal_lost: Vec::new(),
                 leases: 0,
                 detector: PhiAccrualDetector::new(&self.failover, interval),
@@ -470,7 +474,10 @@ impl DatanodeRegistry {
                 node.detector.heartbeat(now);
             }
             node.interval = Duration::from_millis(request.heartbeat_interval_ms.max(1));
-            node.regions = request.regions.clone();
+            if request.seq == 0 || request.seq >= node.regions_seq {
+                node.regions = request.regions.clone();
+                node.regions_seq = request.seq;
+            }
             if request.seq > 0 {
                 let open: HashSet<u64> = request.regions.iter().map(|r| r.region_id).collect();
                 node.region_leases.retain(|region_id, grant| {
@@ -897,6 +904,7 @@ impl DatanodeRegistry {
                 region_leases: HashMap::new(),
                 leases_from: leases_from.max(now),
                 regions: Vec::new(),
+                regions_seq: 0,
                 wal_lost: Vec::new(),
                 leases: 0,
                 detector: PhiAccrualDetector::new(&self.failover, interval),

@@ -472,6 +472,11 @@ async fn a_moved_region_opens_on_its_target_as_soon_as_the_old_leader_reports_it
         !opens(&answer, moving),
         "an older report voided the lease: {answer:?}"
     );
+    assert_eq!(
+        registry.region_leader(moving),
+        Some((1, 0)),
+        "an older report replaced the regions the datanode last reported"
+    );
     // Heartbeat 7, built after the close: the lease is void, the target opens the region at once and is leased
     // at the new epoch once it reports it, all long before the old lease would have run out.
     // It reports the close with the last entry id it acknowledged: the target must replay that far.
