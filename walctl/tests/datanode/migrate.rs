@@ -10,17 +10,7 @@ use crate::cluster::{Cluster, get};
 
 /// The datanode each region of `table` is routed to, by region id.
 fn placement(cluster: &Cluster, table: &str) -> Vec<(u64, u64)> {
-    cluster.table(table)["regions"]
-        .as_array()
-        .expect("regions")
-        .iter()
-        .map(|r| {
-            (
-                r["region_id"].as_u64().expect("region_id"),
-                r["datanode_id"].as_u64().expect("datanode_id"),
-            )
-        })
-        .collect()
+    cluster.placement(table).into_iter().collect()
 }
 
 /// The (datanode, epoch) leading `region` per the leader's registry, when one does.
