@@ -19,16 +19,12 @@ mod support;
 #[path = "../tests/datanode/cluster.rs"]
 mod cluster;
 
+mod common;
+
+use common::{env_count, percentile, smoke};
 use std::time::{Duration, Instant};
 
 use cluster::{Cluster, ack_times, get, unix_ms};
-
-fn env_count(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Whether every region of `regions` leads on a datanode other than `victim`, per the leader's registry.
 fn moved(cluster: &Cluster, regions: &[u64], victim: u64) -> bool {
@@ -55,17 +51,6 @@ fn random_below(n: u64) -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     h.finish() % n.max(1)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
-
-/// Whether this run is `cargo test --benches` (the test command runs every bench once, at its smallest, so a
-/// broken bench fails CI) rather than `cargo bench`, which passes `--bench`.
-fn smoke() -> bool {
-    !std::env::args().any(|a| a == "--bench")
 }
 
 fn main() {

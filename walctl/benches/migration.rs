@@ -18,26 +18,12 @@ mod support;
 #[path = "../tests/datanode/cluster.rs"]
 mod cluster;
 
+mod common;
+
+use common::{env_count, percentile, smoke};
 use std::time::Duration;
 
 use cluster::{Cluster, ack_times, get, unix_ms};
-
-fn env_count(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Whether this run is `cargo test --benches` (every bench once, at its smallest) rather than `cargo bench`.
-fn smoke() -> bool {
-    !std::env::args().any(|a| a == "--bench")
-}
-
-fn percentile(sorted: &[u64], p: f64) -> u64 {
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
-}
 
 /// The unflushed bytes of `region` on its datanodes, per the leader's registry (the largest report).
 fn unflushed(cluster: &Cluster, region: u64) -> u64 {

@@ -17,6 +17,9 @@
 //!    and whether the leader kept its epoch. Then quorum is lost (the raft leader killed too): how long after it
 //!    the first write is refused with 503, and how long `/`, `/metrics` and `/v1/procedures` take to answer.
 
+mod common;
+
+use common::{env_count, smoke};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,13 +31,6 @@ use serde_json::{Value, json};
 
 const LEASE_TTL_SECS: u64 = 2;
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn env_count(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -124,12 +120,6 @@ fn toml(endpoints: &str, prefix: &str) -> String {
         "[metadata_store]\nbackend = \"etcd\"\nendpoints = [{}]\nkey_prefix = \"{prefix}\"\n\n[datanodes]\nids = [1, 2]\n",
         eps.join(", ")
     )
-}
-
-/// Whether this run is `cargo test --benches` (the test command runs every bench once, at its smallest, so a
-/// broken bench fails CI) rather than `cargo bench`, which passes `--bench`.
-fn smoke() -> bool {
-    !std::env::args().any(|a| a == "--bench")
 }
 
 fn main() {
