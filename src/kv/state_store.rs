@@ -23,6 +23,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use procedures::record::EPOCH_KEY;
@@ -59,6 +60,9 @@ pub struct LeaderLease {
 #[derive(Debug)]
 pub struct LeaderFence {
     lease: watch::Sender<Option<LeaderLease>>,
+    /// The instant the leadership is proven until, if an election bounds it ([`LeaderFence::set_proven_until`]):
+    /// from then on [`LeaderFence::current`] holds nothing, whether or not the election's upkeep has run since.
+    proven_until: std::sync::Mutex<Option<Instant>>,
     fenced_writes: AtomicU64,
 }
 
@@ -66,6 +70,7 @@ impl Default for LeaderFence {
     fn default() -> Self {
         LeaderFence {
             lease: watch::Sender::new(None),
+            proven_until: std::sync::Mutex::new(None),
             fenced_writes: AtomicU64::new(0),
         }
     }
@@ -77,9 +82,41 @@ impl LeaderFence {
         Self::default()
     }
 
-    /// This server now leads with `lease`.
+    /// This server now leads with `lease`, for as long as it is not cleared (no time bound: an election that
+    /// proves its lease by time uses [`LeaderFence::set_proven_until`]).
     pub fn set(&self, lease: LeaderLease) {
+        *self.proven_until_slot() = None;
         self.lease.send_replace(Some(lease));
+    }
+
+    /// This server now leads with `lease`, proven until `until` (or a later bound [`LeaderFence::extend`] set
+    /// meanwhile): past that instant the fence holds nothing unless it is extended again. The bound is kept by the
+    /// fence itself, at every write, so a term's end does not wait for the election's upkeep to be scheduled and
+    /// notice it. A bound left from an earlier term is always earlier than a later term's: its renewals were sent
+    /// before that term's lease was granted.
+    pub fn set_proven_until(&self, lease: LeaderLease, until: Instant) {
+        // The bound first: a reader that sees the new lease sees its bound too.
+        self.extend(until);
+        self.lease.send_replace(Some(lease));
+    }
+
+    /// The leadership (held or about to be) is proven until `until`: a renewal sent then was acknowledged. A bound
+    /// already later stays.
+    pub fn extend(&self, until: Instant) {
+        let mut slot = self.proven_until_slot();
+        *slot = Some(slot.map_or(until, |current| current.max(until)));
+    }
+
+    /// The instant the leadership is proven until, when an election bounds it.
+    pub fn proven_until(&self) -> Option<Instant> {
+        *self.proven_until_slot()
+    }
+
+    fn proven_until_slot(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        // A poisoned lock still holds a valid instant: the guarded code only assigns it.
+        self.proven_until
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// This server no longer leads (it stepped down, or its lease could not be proven alive, or a write found the
@@ -88,9 +125,13 @@ impl LeaderFence {
         self.lease.send_replace(None);
     }
 
-    /// The leadership held, if any.
+    /// The leadership held, if any: none once cleared, and none from the instant it is proven until on.
     pub fn current(&self) -> Option<LeaderLease> {
-        self.lease.borrow().clone()
+        let lease = self.lease.borrow().clone()?;
+        match self.proven_until() {
+            Some(until) if Instant::now() >= until => None,
+            _ => Some(lease),
+        }
     }
 
     /// Watches the leadership: a server waits on it to learn that a write found it deposed.
@@ -543,6 +584,54 @@ mod tests {
         let stored = kv.get(b"__procedure__/epoch").await.unwrap().unwrap();
         assert_eq!(stored.value, b"42");
         manager.stop().await.unwrap();
+    }
+
+    /// The fence's time bound holds on its own: nobody clears the lease (no upkeep runs here), yet once the
+    /// instant it was proven until has passed, a write is refused as fenced and nothing reaches the store; a
+    /// renewal's extension lets writes through again, and an earlier bound never shortens a later one.
+    #[tokio::test]
+    async fn a_write_past_the_proven_bound_is_refused_without_anyone_clearing_the_fence() {
+        let (kv, fence, store) = fenced_store(42).await;
+        let now = Instant::now();
+        fence.set_proven_until(lease(42), now + std::time::Duration::from_secs(3600));
+        assert_eq!(store.claim_epoch().await.unwrap(), Some(42));
+        assert_eq!(
+            store
+                .write(vec![epoch_is(42)], vec![put("proc/a")])
+                .await
+                .unwrap(),
+            WriteOutcome::Applied
+        );
+        // A bound that has passed: a fresh fence, since an extension never moves a bound back.
+        let expired = Arc::new(LeaderFence::new());
+        expired.set_proven_until(lease(42), now);
+        expired.extend(now - std::time::Duration::from_secs(1));
+        assert_eq!(expired.proven_until(), Some(now));
+        assert_eq!(expired.current(), None);
+        let late = KvStateStore::new(kv.clone()).with_leader_fence(expired.clone());
+        let before = kv.get(b"__procedure__/proc/b").await.unwrap();
+        let outcome = late
+            .write(vec![epoch_is(42)], vec![put("proc/b")])
+            .await
+            .unwrap();
+        assert!(
+            matches!(outcome, WriteOutcome::Rejected { .. }),
+            "{outcome:?}"
+        );
+        assert_eq!(before, None);
+        assert_eq!(kv.get(b"__procedure__/proc/b").await.unwrap(), None);
+        assert_eq!(expired.fenced_writes(), 1);
+        // The lease itself was never cleared: only its bound passed. A renewal's extension revives it.
+        assert!(expired.subscribe().borrow().is_some());
+        expired.extend(now + std::time::Duration::from_secs(3600));
+        assert_eq!(expired.current().map(|l| l.epoch), Some(42));
+        assert_eq!(
+            late.write(vec![epoch_is(42)], vec![put("proc/b")])
+                .await
+                .unwrap(),
+            WriteOutcome::Applied
+        );
+        drop(fence);
     }
 
     #[tokio::test]

@@ -19,6 +19,7 @@
 
 mod etcd;
 mod postgres;
+mod upkeep;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -19,6 +19,8 @@ use crate::support::{require_endpoints, unique};
 
 /// A bound on waits that should end at once; only a broken election reaches it.
 const BOUND: Duration = Duration::from_secs(20);
+/// The lease TTL every election here runs with.
+const TTL: Duration = Duration::from_secs(2);
 
 async fn election(
     endpoints: &[String],
@@ -35,7 +37,7 @@ async fn election(
             connect_timeout: Duration::from_secs(5),
             key_prefix: prefix.to_string(),
             advertise: address.to_string(),
-            lease_ttl: Duration::from_secs(2),
+            lease_ttl: TTL,
         },
         fence.clone(),
     )
@@ -262,11 +264,12 @@ async fn freezable_proxy(
 }
 
 /// etcd stops answering as a keep-alive goes out, and the stream breaks while that keep-alive waits for its answer;
-/// the member accepts connections but answers nothing after that, so replacing the stream hangs. The keep-alive
-/// before the held one was the last acknowledged, sent a third of the TTL earlier, so the term must end two thirds
-/// of the TTL after that send: a third of the TTL after the held keep-alive. The stream's replacement once ran to
-/// its own timeout (a third of the TTL after the break) before the deadline was looked at again, stretching the
-/// term by up to a third of the TTL: the margin kept before etcd may expire the lease.
+/// the member accepts connections but answers nothing after that, so replacing the stream hangs. The term's bound
+/// is the fence's: two thirds of the TTL after the send of the last acknowledged keep-alive, so before the freeze
+/// plus two thirds of the TTL, and it does not move while the upkeep tries to reopen the stream. From that instant
+/// on the fence holds nothing whatever the upkeep is doing (the stream's replacement once ran to its own timeout
+/// before the deadline was looked at, stretching the term by up to a third of the TTL: the margin kept before etcd
+/// may expire the lease), and the term is declared lost.
 #[tokio::test]
 async fn a_term_ends_two_thirds_of_the_ttl_after_the_last_acknowledged_keep_alive_even_while_reopening()
  {
@@ -278,25 +281,86 @@ async fn a_term_ends_two_thirds_of_the_ttl_after_the_last_acknowledged_keep_aliv
         .await
         .unwrap()
         .unwrap();
-    // A few keep-alive rounds (every third of the 2 s TTL) go through, then the next one is held.
+    // A few keep-alive rounds (every third of the 2 s TTL) go through, then everything is held.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!term.is_lost());
+    let proven_before = fence.proven_until().expect("a term is bounded");
+    let frozen_at = std::time::Instant::now();
     freeze.store(true, std::sync::atomic::Ordering::SeqCst);
+    // Every keep-alive acknowledged after this was sent before it: its bytes passed the proxy before the freeze.
+    let bound = frozen_at + TTL * 2 / 3;
     tokio::time::timeout(BOUND, term.lost()).await.unwrap();
-    let lost_at = tokio::time::Instant::now();
+    assert!(held_at.lock().unwrap().is_some(), "a keep-alive was held");
     assert!(fence.current().is_none(), "the fence outlived the term");
-    let held_at = held_at.lock().unwrap().expect("a keep-alive was held");
-    let after = lost_at - held_at;
-    println!(
-        "term lost {} ms after the held keep-alive",
-        after.as_millis()
-    );
-    // Expected: a third of the TTL (667 ms) after the held keep-alive; the stretched term ended when the
-    // replacement gave up, CLOSE_AFTER + 667 ms = 1167 ms after it. The bound sits halfway.
+    let proven = fence.proven_until().expect("a term is bounded");
+    assert!(proven >= proven_before, "the bound went back");
     assert!(
-        after <= Duration::from_millis(917),
-        "the term ended {after:?} after the first keep-alive etcd did not answer"
+        proven < bound,
+        "the fence was proven {:?} past the freeze: longer than two thirds of the TTL after any acknowledged \
+         keep-alive",
+        proven - frozen_at
     );
+    println!(
+        "fence proven until {} ms after the freeze; term declared lost {} ms after it",
+        (proven - frozen_at).as_millis(),
+        frozen_at.elapsed().as_millis()
+    );
+}
+
+/// Request load cannot cost the term: the runtime the election was made on (this test's, one thread) is blocked
+/// for two TTLs, as a burst of work that never yields would block it. The lease's upkeep runs on a thread of its
+/// own with connections of its own, so the lease stays alive, the fence stays proven and the term is not lost;
+/// a write under the fence is applied afterwards. On the server's runtime the keep-alive would not have been sent,
+/// etcd would have expired the lease, and the upkeep would have declared the term lost on its next poll.
+#[tokio::test(flavor = "current_thread")]
+async fn a_term_outlives_its_runtime_blocked_for_two_ttls() {
+    let endpoints = require_endpoints("ETCD_ENDPOINTS", "etcd");
+    let prefix = format!("{}/", unique("election"));
+    let (a, fence) = election(&endpoints, &prefix, "10.0.0.1:3002").await;
+    let term = tokio::time::timeout(BOUND, a.campaign())
+        .await
+        .unwrap()
+        .unwrap();
+    let etcd: KvBackendRef = Arc::new(
+        EtcdKvBackend::connect(EtcdConfig::new(endpoints.clone()))
+            .await
+            .unwrap(),
+    );
+    let kv: KvBackendRef = Arc::new(NamespacedKvBackend::new(etcd, prefix.clone()));
+    let store = Arc::new(KvStateStore::new(kv).with_leader_fence(fence.clone()));
+    let manager = LocalManager::new(store.clone(), ManagerConfig::default());
+    manager.start().await.unwrap();
+    manager.stop().await.unwrap();
+    let proven_before = fence.proven_until().expect("a term is bounded");
+
+    // Blocks the only thread of the runtime the election, the store and the test run on.
+    std::thread::sleep(TTL * 2);
+
+    assert!(
+        !term.is_lost(),
+        "the term was lost while its runtime was blocked"
+    );
+    assert!(
+        fence.proven_until().expect("a term is bounded") > proven_before + TTL,
+        "the upkeep did not renew the lease while the runtime was blocked"
+    );
+    assert_eq!(fence.current().map(|l| l.epoch), Some(term.epoch()));
+    let outcome = store
+        .write(
+            vec![Condition::Equals {
+                key: EPOCH_KEY.to_string(),
+                value: term.epoch().to_string().into_bytes(),
+            }],
+            vec![WriteOp::Put {
+                key: "proc/after-the-block".to_string(),
+                value: b"v".to_vec(),
+            }],
+        )
+        .await
+        .unwrap();
+    assert_eq!(outcome, WriteOutcome::Applied);
+    assert_eq!(fence.fenced_writes(), 0);
+    a.resign(term).await;
 }
 
 /// The member the leader's calls start at stops answering (blackholed: connections accepted, nothing answered, no

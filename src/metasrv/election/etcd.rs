@@ -9,13 +9,16 @@
 //!
 //! The election keeps one etcd client per member, as the kv backend does, and moves between them by the same rules
 //! ([`crate::kv::etcd::members`]): a member that refuses, fails transiently or does not answer within a third of the
-//! TTL is passed over. The lease's upkeep has clients of its own (its own connections, so request load on the
-//! others cannot delay it) and keeps a keep-alive stream open on two members at once: a member that dies, hangs or
-//! loses its quorum leaves the other stream proving the lease while a replacement opens on the next member.
+//! TTL is passed over. The lease's upkeep has clients of its own, on a thread of its own ([`super::upkeep`]): its
+//! connections and tasks share nothing with request work, so load on the server cannot delay a keep-alive. It
+//! keeps a keep-alive stream open on two members at once: a member that dies, hangs or loses its quorum leaves the
+//! other stream proving the lease while a replacement opens on the next member.
 //!
 //! The server also stops on its own before that point: a term is lost as soon as no keep-alive was
 //! acknowledged for two thirds of the TTL (the last third is the safety margin for clocks and a write in flight),
-//! or when a write found the leadership gone. The server then stops its manager and campaigns again.
+//! or when a write found the leadership gone. The server then stops its manager and campaigns again. The first
+//! bound is kept by the fence itself ([`LeaderFence::set_proven_until`]): every acknowledged keep-alive moves it
+//! on, and from that instant on no write is sent, whether or not the upkeep has yet noticed that it passed.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +33,7 @@ use crate::kv::etcd::describe;
 use crate::kv::etcd::members::{self, Failure, Members, Resend};
 use crate::kv::state_store::{LeaderFence, LeaderLease};
 
+use super::upkeep::Upkeep;
 use super::{AbortOnDrop, ELECTION_KEY, ElectionValue, LeaderInfo};
 
 /// How long one etcd call of the election (other than the campaign itself) may take.
@@ -56,8 +60,10 @@ pub(super) struct EtcdElectionConfig {
 pub(super) struct EtcdElection {
     /// Clients for reading the leader, granting, campaigning, resigning and revoking.
     members: Arc<Members<Client>>,
-    /// The lease upkeep's own clients (their own connections).
+    /// The lease upkeep's own clients (their own connections, driven on the upkeep's thread).
     keepers: Arc<Members<Client>>,
+    /// The thread the lease's upkeep runs on.
+    upkeep: Upkeep,
     config: EtcdElectionConfig,
     name: String,
     value: Vec<u8>,
@@ -135,6 +141,14 @@ impl EtcdElection {
                 detail: e.to_string(),
                 retryable: false,
             })?;
+        let upkeep = Upkeep::start(&name).map_err(|e| Error::Election {
+            store: "etcd",
+            election: name.clone(),
+            endpoints: config.endpoints.join(","),
+            action: "start the lease upkeep's thread",
+            detail: e.to_string(),
+            retryable: false,
+        })?;
         let attempt = attempt_timeout(config.lease_ttl);
         // Connecting is lazy: a status call proves a member answers; the first that does is preferred.
         let connecting = async {
@@ -146,8 +160,15 @@ impl EtcdElection {
                 let (client, signing) = members::connect_member(endpoint, &loaded).await?;
                 clients.push(client);
                 sign_in.push(signing);
-                // The upkeep's own connections sign in on their own (a token belongs to its client).
-                let (keeper, signing) = members::connect_member(endpoint, &loaded).await?;
+                // The upkeep's own connections sign in on their own (a token belongs to its client). They are
+                // made on the upkeep's thread, so their I/O is driven there.
+                let (endpoint, loading) = (endpoint.clone(), loaded.clone());
+                let (keeper, signing) = upkeep
+                    .spawn(async move { members::connect_member(&endpoint, &loading).await })
+                    .await
+                    .map_err(|e| {
+                        etcd_client::Error::Internal(format!("the lease upkeep's thread: {e}"))
+                    })??;
                 keepers.push(keeper);
                 keepers_sign_in.push(signing);
             }
@@ -196,6 +217,7 @@ impl EtcdElection {
         Ok(EtcdElection {
             members,
             keepers,
+            upkeep,
             config,
             name,
             value,
@@ -284,7 +306,7 @@ impl EtcdElection {
             fence: self.fence.clone(),
             lost: lost_tx,
         };
-        let keeper = tokio::spawn(keeper.run(grant_sent));
+        let keeper = self.upkeep.spawn(keeper.run(grant_sent));
         // The keeper task ends the lease's upkeep when the campaign is dropped or fails.
         let guard = AbortOnDrop(Some(keeper));
 
@@ -315,11 +337,16 @@ impl EtcdElection {
             .strip_prefix(self.config.key_prefix.as_bytes())
             .unwrap_or(leader.key())
             .to_vec();
-        self.fence.set(LeaderLease {
-            epoch,
-            key,
-            value: self.value.clone(),
-        });
+        // Proven from the grant's send for two thirds of the TTL, or as far as a later acknowledged keep-alive
+        // carries it: the upkeep moves the bound on from its start, so while the campaign waited too.
+        self.fence.set_proven_until(
+            LeaderLease {
+                epoch,
+                key,
+                value: self.value.clone(),
+            },
+            (grant_sent + self.config.lease_ttl * 2 / 3).into_std(),
+        );
         if *lost.borrow() {
             // Lost while etcd answered: the keeper cleared the fence before it was set; clear it again.
             self.fence.clear();
@@ -546,6 +573,7 @@ impl KeepAlive {
                 event = events.recv() => match event {
                     Some(LaneEvent::Acked { sent }) => {
                         valid_until = valid_until.max(sent + margin);
+                        self.fence.extend(valid_until.into_std());
                     }
                     Some(LaneEvent::Expired) => {
                         self.lose("etcd says the lease expired");

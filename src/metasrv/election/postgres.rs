@@ -42,6 +42,7 @@ use crate::kv::postgres::{
 };
 use crate::kv::state_store::{LeaderFence, LeaderLease, PROCEDURE_PREFIX};
 
+use super::upkeep::Upkeep;
 use super::{AbortOnDrop, ELECTION_KEY, ElectionValue, LeaderInfo};
 
 /// How long one election call (other than the campaign's wait) may take.
@@ -77,6 +78,8 @@ pub(super) struct PostgresElection {
     fence: Arc<LeaderFence>,
     /// The session of reads, campaigns and resigns (the renewal has its own).
     session: tokio::sync::Mutex<Option<Client>>,
+    /// The thread the term's renewal runs on, with its session.
+    upkeep: Upkeep,
 }
 
 impl std::fmt::Debug for PostgresElection {
@@ -148,6 +151,14 @@ impl PostgresElection {
                 procedures::record::EPOCH_KEY
             )
             .into_bytes(),
+            upkeep: Upkeep::start(&name).map_err(|e| Error::Election {
+                store: "postgres",
+                election: name.clone(),
+                endpoints: endpoint_of(&config.store.connection),
+                action: "start the lease upkeep's thread",
+                detail: e.to_string(),
+                retryable: false,
+            })?,
             name,
             config,
             fence,
@@ -364,12 +375,16 @@ impl PostgresElection {
             fence: self.fence.clone(),
             lost: lost_tx,
         };
-        let keeper = AbortOnDrop(Some(tokio::spawn(keeper.run(sent))));
-        self.fence.set(LeaderLease {
-            epoch: term,
-            key: ELECTION_KEY.as_bytes().to_vec(),
-            value: value.clone(),
-        });
+        let proven = (sent + self.config.lease_ttl * 2 / 3).into_std();
+        let keeper = AbortOnDrop(Some(self.upkeep.spawn(keeper.run(sent))));
+        self.fence.set_proven_until(
+            LeaderLease {
+                epoch: term,
+                key: ELECTION_KEY.as_bytes().to_vec(),
+                value: value.clone(),
+            },
+            proven,
+        );
         tracing::info!(election = %self.name, epoch = term, address = %self.config.advertise, "won the election");
         PostgresTerm {
             term,
@@ -414,7 +429,7 @@ impl PostgresElection {
     pub fn withdraw(&self) {}
 }
 
-/// The term's renewal, on a session of its own.
+/// The term's renewal, on a session of its own, on the upkeep's thread.
 struct Renewal {
     store: PostgresKvConfig,
     name: String,
@@ -464,7 +479,10 @@ impl Renewal {
                     let sent = Instant::now();
                     next = sent + interval;
                     match tokio::time::timeout(interval, self.renew(&mut session)).await {
-                        Ok(Ok(Renewed::Yes)) => valid_until = valid_until.max(sent + margin),
+                        Ok(Ok(Renewed::Yes)) => {
+                            valid_until = valid_until.max(sent + margin);
+                            self.fence.extend(valid_until.into_std());
+                        }
                         Ok(Ok(Renewed::Gone)) => {
                             self.lose("the lease row expired or holds another term");
                             return;
