@@ -36,6 +36,9 @@ use crate::kv::state_store::{LeaderFence, LeaderLease};
 use super::upkeep::Upkeep;
 use super::{AbortOnDrop, ELECTION_KEY, ElectionValue, LeaderInfo};
 
+/// Keep-alives per TTL on each lane (see [`KeepAlive`]).
+const CADENCE_PER_TTL: u32 = 6;
+
 /// How long one etcd call of the election (other than the campaign itself) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -515,8 +518,15 @@ enum LaneEvent {
     Ended { member: usize, reason: String },
 }
 
-/// The lease's upkeep: keep-alive streams on two members at once ("lanes"), a keep-alive on each every third of
+/// The lease's upkeep: keep-alive streams on two members at once ("lanes"), a keep-alive on each every sixth of
 /// the TTL, and the term declared lost when none was acknowledged for two thirds of it.
+///
+/// Why a sixth: when etcd's raft leader dies, a keep-alive sent to a member just then hangs until the member gives
+/// up on the dead leader, and none is renewed until etcd elects another (an election timeout, 1 s by default, and
+/// a round or two). The term survives that only if an acknowledged keep-alive is sent after the new raft leader
+/// is up and before the term's bound: at most one cadence after the last acknowledged one plus two thirds of the
+/// TTL. At a third of the TTL, a 4 s lease lost its term to a raft leader's kill in 2 of 2 runs; at a sixth, the
+/// default 5 s lease keeps it (`serve::partition`).
 struct KeepAlive {
     members: Arc<Members<Client>>,
     lease: i64,
@@ -528,7 +538,7 @@ struct KeepAlive {
 impl KeepAlive {
     /// Runs until the term is lost (or the task is aborted). `granted`: when the lease's grant was sent.
     async fn run(self, granted: Instant) {
-        let interval = self.ttl / 3;
+        let interval = self.ttl / CADENCE_PER_TTL;
         // Proven alive until: the send time of the last acknowledged keep-alive (at first: of the grant) plus two
         // thirds of the TTL.
         let margin = self.ttl * 2 / 3;

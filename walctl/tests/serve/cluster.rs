@@ -152,6 +152,8 @@ pub struct Servers {
     pub server_toml: String,
     /// The `RUST_LOG` of servers spawned from now on (`info` unless changed).
     pub rust_log: String,
+    /// The `lease_ttl` of servers spawned from now on, in seconds ([`LEASE_TTL_SECS`] unless changed).
+    pub lease_ttl_secs: u64,
 }
 
 impl Servers {
@@ -195,6 +197,7 @@ impl Servers {
             metasrv_toml,
             server_toml: String::new(),
             rust_log: "info".to_string(),
+            lease_ttl_secs: LEASE_TTL_SECS,
         };
         for _ in 0..n {
             servers.spawn();
@@ -214,8 +217,8 @@ impl Servers {
         let address = format!("127.0.0.1:{}", free_port());
         let config = self.dir.path().join(format!("server-{i}.toml"));
         let text = format!(
-            "{metasrv_toml}\n[server]\nlisten = \"{address}\"\nlease_ttl = \"{LEASE_TTL_SECS}s\"\n{}\n",
-            self.server_toml
+            "{metasrv_toml}\n[server]\nlisten = \"{address}\"\nlease_ttl = \"{}s\"\n{}\n",
+            self.lease_ttl_secs, self.server_toml
         );
         std::fs::write(&config, text).expect("write config");
         let log = self.dir.path().join(format!("server-{i}.log"));
