@@ -38,6 +38,8 @@ struct Gate {
     /// While the gate is closed, transactions putting this key wait for a permit of `key_permits` instead.
     held_key: Mutex<Option<Vec<u8>>>,
     key_permits: Semaphore,
+    /// A transaction putting this key fails with a transport error, retryable and unapplied, once it passes.
+    failing_key: Mutex<Option<Vec<u8>>>,
     txns: Mutex<Vec<Txn>>,
 }
 
@@ -52,6 +54,7 @@ impl Gate {
             in_flight: None,
             held_key: Mutex::new(None),
             key_permits: Semaphore::new(0),
+            failing_key: Mutex::new(None),
             txns: Mutex::new(Vec::new()),
         })
     }
@@ -101,6 +104,16 @@ impl Gate {
     /// While closed, holds transactions that put `key` until [`Gate::open`], whatever [`Gate::release`] lets by.
     fn hold_key(&self, key: &str) {
         *self.held_key.lock().unwrap() = Some(format!("__procedure__/{key}").into_bytes());
+    }
+
+    /// Transactions that put `key` fail as a broken connection would fail them (nothing applied), until
+    /// [`Gate::heal`].
+    fn fail_key(&self, key: &str) {
+        *self.failing_key.lock().unwrap() = Some(format!("__procedure__/{key}").into_bytes());
+    }
+
+    fn heal(&self) {
+        *self.failing_key.lock().unwrap() = None;
     }
 
     fn txns(&self) -> Vec<Txn> {
@@ -154,6 +167,20 @@ impl KvWrapper for Gate {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
         }
         self.txns.lock().unwrap().push(txn.clone());
+        if let Some(failing) = self.failing_key.lock().unwrap().clone()
+            && puts(&txn, &failing)
+        {
+            return Err(remote_wal::Error::EtcdOp {
+                endpoints: "127.0.0.1:2379".to_string(),
+                action: "txn",
+                key: String::from_utf8_lossy(&failing).into_owned(),
+                detail: "transport error (connection reset)".to_string(),
+                source: Box::new(etcd_client::Error::IoError(std::io::Error::from(
+                    std::io::ErrorKind::ConnectionReset,
+                ))),
+                retryable: true,
+            });
+        }
         let ops = txn.compare.len() + txn.success.len().max(txn.failure.len());
         if let Some(max) = self.max_ops {
             assert!(
@@ -163,6 +190,13 @@ impl KvWrapper for Gate {
         }
         self.inner.txn(txn).await
     }
+}
+
+/// Whether `txn` puts `key` (a raw kv key).
+fn puts(txn: &Txn, key: &[u8]) -> bool {
+    txn.success
+        .iter()
+        .any(|op| matches!(op, remote_wal::kv::TxnOp::Put(k, _) if k.as_slice() == key))
 }
 
 fn epoch_is(epoch: u64) -> Condition {
@@ -594,6 +628,62 @@ async fn on_a_pipelining_backend_batches_on_disjoint_keys_are_in_flight_together
     assert!(keys(batches[0]).is_disjoint(&keys(batches[1])), "{txns:#?}");
     for i in 0..6 {
         assert!(store.get(&format!("k{i}")).await.unwrap().is_some(), "k{i}");
+    }
+}
+
+/// A transport error (the connection broke: the outcome of that one transaction is unknown to the store) fails the
+/// writes of the transaction it struck, each with a retryable error naming its own key, and nothing else: the other
+/// batch in flight at the same time commits, and each failed write, sent again, is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transport_error_fails_only_the_writes_of_its_transaction_and_retryably() {
+    let (gate, store) = pipelining_store(8, 2).await;
+    gate.close();
+    let held = spawn_write(&store, vec![epoch_is(1)], vec![put("held")]);
+    gate.holding_exactly(1).await;
+    let tasks = queue_in_order(&store, 6).await;
+    gate.fail_key("k0");
+    gate.release(1);
+    // The held commit done, two batches of three go out together: the one holding k0 fails.
+    gate.holding_exactly(2).await;
+    gate.open();
+    assert_eq!(held.await.unwrap().unwrap(), WriteOutcome::Applied);
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(tokio::time::timeout(WAIT, t).await.unwrap().unwrap());
+    }
+    let failing = b"__procedure__/k0".to_vec();
+    let struck: Vec<Txn> = gate
+        .txns()
+        .into_iter()
+        .filter(|t| puts(t, &failing))
+        .collect();
+    assert_eq!(struck.len(), 1, "one transaction was struck: {struck:#?}");
+    let in_struck = |i: usize| puts(&struck[0], format!("__procedure__/k{i}").as_bytes());
+    let failed: Vec<usize> = (0..6).filter(|&i| in_struck(i)).collect();
+    assert_eq!(failed.len(), 3, "{struck:#?}");
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let key = format!("k{i}");
+        if in_struck(i) {
+            let err = outcome
+                .as_ref()
+                .expect_err("a write of the struck transaction");
+            assert!(err.is_retryable(), "k{i}: {err}");
+            assert!(err.to_string().contains(&key), "k{i}: {err}");
+            assert_eq!(store.get(&key).await.unwrap(), None, "k{i} was applied");
+        } else {
+            assert_eq!(outcome.as_ref().unwrap(), &WriteOutcome::Applied, "k{i}");
+            assert!(store.get(&key).await.unwrap().is_some(), "k{i}");
+        }
+    }
+    // Sent again (as a procedure's retry would), each failed write is applied.
+    gate.heal();
+    for i in failed {
+        let key = format!("k{i}");
+        let outcome = store
+            .write(vec![epoch_is(1), absent(&key)], vec![put(&key)])
+            .await
+            .unwrap();
+        assert_eq!(outcome, WriteOutcome::Applied, "k{i} sent again");
     }
 }
 

@@ -17,6 +17,10 @@
 //! write of the batch is refused as fenced; otherwise the writes whose own compares failed are answered with their
 //! rejection, and the others are committed again, without them, in another transaction.
 //!
+//! **A failed commit** (store unreachable, a connection broken under it) fails the writes of that transaction
+//! only, each with the error naming its own key and its retryability: the transaction is one, so any of them may
+//! have been applied. Other transactions in flight are answered by their own results.
+//!
 //! **The durability point**: a caller is answered once the backend has answered the commit that holds its write;
 //! the backend answers a commit only once it is durable (redb: the write transaction committed; etcd: the txn
 //! applied by a quorum).

@@ -271,7 +271,8 @@ fn a_blackholed_then_a_killed_member_under_load_changes_no_leader_and_fails_no_w
 /// survives what). The leader keeps its epoch, no other server is ever ready, no create-table gets a final error
 /// and no procedure ends failed: the writes caught by the election fail retryably inside the engine and are retried.
 #[test]
-fn etcds_raft_leader_killed_under_load_changes_no_leader_when_the_lease_outlasts_an_etcd_election() {
+fn etcds_raft_leader_killed_under_load_changes_no_leader_when_the_lease_outlasts_an_etcd_election()
+{
     let cluster = Partitionable::start_with_ttl("prtr", 5);
     let leader = cluster.servers.wait_for_leader(&[0, 1, 2]);
     let seen_before = cluster.leader_seen_by(leader);
