@@ -286,6 +286,74 @@ mod tests {
         assert_eq!(kv.get(b"seq").await.unwrap().unwrap().value, b"2");
     }
 
+    /// A backend whose first compare-and-put waits at a gate, sent but not yet applied, until the test lets it go.
+    #[derive(Debug)]
+    struct HeldFirstReservation {
+        inner: KvBackendRef,
+        reached: tokio::sync::Notify,
+        release: tokio::sync::Semaphore,
+        held: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl crate::kv::KvWrapper for HeldFirstReservation {
+        fn inner(&self) -> &dyn crate::kv::KvBackend {
+            self.inner.as_ref()
+        }
+
+        async fn compare_and_put(
+            &self,
+            req: CompareAndPutRequest,
+        ) -> Result<crate::kv::CompareAndPutResponse> {
+            if !self.held.swap(true, Ordering::SeqCst) {
+                self.reached.notify_one();
+                let _permit = self.release.acquire().await;
+            }
+            self.inner.compare_and_put(req).await
+        }
+    }
+
+    /// The late reservation of a deposed leader: its compare-and-put on the key is held in flight while the new
+    /// leader's sequence reserves and hands out ids. Let go, the held compare-and-put is refused (the key moved), and
+    /// the old sequence reserves above everything the new one took: its ids are a gap at worst, never one handed out
+    /// twice. The new leader's sequence, its expected value now stale, moves on above both. With the reservation a
+    /// blind put, the old sequence would hand out ids the new one had already handed out, and this test fails.
+    #[tokio::test]
+    async fn a_deposed_leaders_late_reservation_never_hands_out_an_id_twice() {
+        let inner = kv();
+        let held = Arc::new(HeldFirstReservation {
+            inner: inner.clone(),
+            reached: tokio::sync::Notify::new(),
+            release: tokio::sync::Semaphore::new(0),
+            held: std::sync::atomic::AtomicBool::new(false),
+        });
+        let old = Arc::new(Sequence::new(held.clone(), "seq", 0, 10, u64::MAX));
+        let reached = held.reached.notified();
+        let late = {
+            let old = old.clone();
+            tokio::spawn(async move { old.next().await })
+        };
+        reached.await;
+        // The old leader's reservation is in flight; the new leader takes over and hands out ids.
+        let new = Sequence::new(inner.clone(), "seq", 0, 10, u64::MAX);
+        let mut handed: BTreeSet<u64> = BTreeSet::new();
+        for _ in 0..15 {
+            assert!(handed.insert(new.next().await.unwrap()));
+        }
+        held.release.add_permits(1);
+        let late_id = late.await.unwrap().unwrap();
+        assert!(
+            !handed.contains(&late_id),
+            "the late reservation handed out {late_id}, already handed out by the new leader"
+        );
+        assert!(handed.insert(late_id));
+        for _ in 0..15 {
+            assert!(handed.insert(old.next().await.unwrap()), "an id twice");
+            assert!(handed.insert(new.next().await.unwrap()), "an id twice");
+        }
+        assert_eq!(handed.len(), 46);
+    }
+
     #[tokio::test]
     async fn concurrent_instances_never_share_an_id() {
         let kv = kv();
