@@ -675,3 +675,123 @@ async fn a_deposed_managers_late_watermark_write_never_lowers_the_watermark_and_
     );
     assert_eq!(env.brokers.low.lock().unwrap().get("t_0").copied(), low);
 }
+
+/// Brokers whose topics end at `end` (moved by the test), holding the first DeleteRecords of an armed run at a
+/// gate, sent but not applied.
+#[derive(Debug)]
+struct HeldDeletes {
+    low: Mutex<BTreeMap<String, i64>>,
+    end: std::sync::atomic::AtomicU64,
+    armed: std::sync::atomic::AtomicBool,
+    entered: tokio::sync::Semaphore,
+    release: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl RecordDeleter for HeldDeletes {
+    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.entered.add_permits(1);
+            if let Ok(permit) = self.release.acquire().await {
+                permit.forget();
+            }
+        }
+        let mut low = self.low.lock().unwrap();
+        let entry = low.entry(topic.to_string()).or_insert(0);
+        // Kafka never lowers a partition's low watermark.
+        *entry = (*entry).max(offset);
+        Ok(())
+    }
+
+    async fn last_entry_id(&self, _topic: &str) -> remote_wal::Result<Option<u64>> {
+        Ok(Some(self.end.load(std::sync::atomic::Ordering::SeqCst)))
+    }
+}
+
+/// Kafka's DeleteRecords is outside every store, so no epoch fences it: what makes a deposed leader's late one
+/// harmless is that it deletes below the target its round stored, computed from what the regions had flushed
+/// then, and that entries written later sit above it (`docs/ha.md`). `t_4` has no region, so a round prunes it
+/// to its end (12). A first manager's DeleteRecords for it is held while a second manager claims the epoch and
+/// finishes the round, then a table is created on `t_4` and writes entries 13 to 20, its region not flushed yet.
+/// Let go, the late DeleteRecords deletes nothing of the new region's: the low offset stays where the round put it,
+/// below 13, the first entry the region needs. (Computed at send time from the brokers' end, it would delete them all, and this test fails.) The
+/// first manager then halts fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_managers_late_delete_records_deletes_nothing_written_after_its_round_read() {
+    let env = new_env().await;
+    let brokers = Arc::new(HeldDeletes {
+        low: Mutex::new(BTreeMap::new()),
+        end: std::sync::atomic::AtomicU64::new(END),
+        armed: std::sync::atomic::AtomicBool::new(true),
+        entered: tokio::sync::Semaphore::new(0),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let deleter: Arc<dyn RecordDeleter> = brokers.clone();
+    let id = ProcedureId::new("wal_prune_round/late_delete");
+    let a = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    a.register_loader(
+        WalPruneRound::TYPE_NAME,
+        WalPruneRound::loader(env.kv.clone(), deleter.clone()),
+    )
+    .unwrap();
+    a.start().await.unwrap();
+    let round = WalPruneRound::new(
+        vec!["t_4".to_string()],
+        PruneMode::DeleteRecords,
+        env.kv.clone(),
+        deleter.clone(),
+    );
+    let mut a_watcher = a
+        .submit(ProcedureWithId::new(id.clone(), Box::new(round)))
+        .await
+        .unwrap();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        brokers.entered.acquire(),
+    )
+    .await
+    .expect("the first manager reaches DeleteRecords")
+    .unwrap()
+    .forget();
+
+    // A second manager claims the epoch and finishes that round.
+    let b = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    b.register_loader(
+        WalPruneRound::TYPE_NAME,
+        WalPruneRound::loader(env.kv.clone(), deleter.clone()),
+    )
+    .unwrap();
+    b.start().await.unwrap();
+    let mut w = b.watch(&id).await.unwrap().expect("recovered");
+    w.wait().await.unwrap();
+    b.stop().await.unwrap();
+    let low_after_round = brokers.low.lock().unwrap().get("t_4").copied();
+    assert_eq!(
+        low_after_round,
+        Some(i64::try_from(END).unwrap()),
+        "pruned to its end"
+    );
+    // A table is created on t_4; its region writes entries 13 to 20 and has flushed none of them.
+    put(
+        env.kv.as_ref(),
+        b"__topic_region/t_4/90",
+        TopicRegionValue::default().encode(),
+    )
+    .await;
+    brokers.end.store(20, std::sync::atomic::Ordering::SeqCst);
+
+    // Let go, the deposed manager's DeleteRecords deletes nothing the new region needs.
+    brokers.release.add_permits(1);
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(30), a_watcher.wait())
+        .await
+        .expect("the deposed manager stops");
+    assert!(
+        outcome.is_err(),
+        "the deposed manager finished: {outcome:?}"
+    );
+    assert_eq!(
+        brokers.low.lock().unwrap().get("t_4").copied(),
+        low_after_round,
+        "the late DeleteRecords deleted entries written after its round read the regions"
+    );
+}
