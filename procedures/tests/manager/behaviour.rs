@@ -12,6 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tokio::runtime::Handle;
+
 use crate::support::manager::{Env, Plan, TYPE, fast_config, within};
 use procedures::record::{EPOCH_KEY, record_key};
 use procedures::{
@@ -33,6 +35,18 @@ async fn manager(
 fn stored(store: &MemoryStateStore, id: &str) -> ProcedureRecord {
     let bytes = store.snapshot()[&record_key(&ProcedureId::new(id))].clone();
     serde_json::from_slice(&bytes).unwrap()
+}
+
+/// Runs this test's tasks until none of them can go on: on the paused clock of a single-threaded runtime, time
+/// moves (here by `span`, firing every timer due within it) only when no task is ready to run, so this returns once
+/// every task has run as far as it can. What a test asserts after it is what happens when everything that would
+/// run has run, not a guess at how long that takes. (A `spawn_blocking` task would escape this; none is used.)
+async fn run_until_idle(span: Duration) {
+    assert!(
+        Handle::current().runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread,
+        "run_until_idle needs the single-threaded runtime"
+    );
+    tokio::time::sleep(span).await;
 }
 
 /// Waits (yielding to the runtime) until procedure `id` has persisted at least `step` steps.
@@ -653,10 +667,15 @@ async fn a_crash_at_a_side_effect_point_halts_without_writing() {
     let refused = m.submit(env.with_id("q", Plan::steps(1, true))).await;
     let text = refused.unwrap_err().to_string();
     assert!(text.contains("injected crash at step 1"), "{text}");
-    // The blocked procedure, released, writes nothing either: its task has ended. The clock is paused: this sleep
-    // returns only once every task is idle, so a live task would have taken the permit and written by then.
+    // The blocked procedure, released, writes nothing either: its task has ended. Once every task has run as far
+    // as it can, the permit is still there (a live task would have taken it) and the store is unchanged.
     blocked.gate.add_permits(1);
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    run_until_idle(Duration::from_millis(50)).await;
+    assert_eq!(
+        blocked.gate.available_permits(),
+        1,
+        "a task took the permit"
+    );
     assert_eq!(store.snapshot(), after_crash);
 
     // A fresh manager on the same store finishes the work.
@@ -993,9 +1012,9 @@ async fn an_adopted_finished_child_is_not_deleted_while_its_parent_runs() {
     };
     let _w = m.submit(env.with_id("p", parent)).await.unwrap();
     until_step(&m, "p", 2).await;
-    // Many retention checks while the parent runs: its tree (the child included) must stay. On the paused clock
-    // this sleep runs ten check intervals, each one to completion (the clock moves only when every task is idle).
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Many retention checks while the parent runs: its tree (the child included) must stay. This runs ten check
+    // intervals, each one to completion.
+    run_until_idle(Duration::from_millis(100)).await;
     assert_eq!(stored(&store, "p").state, ProcedureState::Running);
     assert_eq!(stored(&store, "p/c"), record);
     assert!(
@@ -1214,8 +1233,8 @@ async fn a_record_naming_another_id_than_its_key_is_corrupt_and_writes_nothing()
         .await
         .unwrap();
     let m = manager(&store, fast_config(), &env).await;
-    // Let anything that would run, run: on the paused clock this sleep returns only once every task is idle.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Let anything that would run, run.
+    run_until_idle(Duration::from_millis(100)).await;
     assert_eq!(stored(&store, "y"), done);
     assert_eq!(store.snapshot()["proc/x"], x);
     let info = m
