@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use remote_wal::config::{DatanodesConfig, MetadataBackend, MetadataStoreConfig, MetasrvConfig};
 use remote_wal::ddl::MemoryDatanodeManager;
+use remote_wal::ddl::TableName;
 use remote_wal::kv::{
     CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef,
     MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnResponse,
@@ -18,7 +19,6 @@ use remote_wal::kv::{
 use remote_wal::metasrv::Metasrv;
 use remote_wal::wal::kafka::testing::FakeTopicAdmin;
 use remote_wal::wal::{KafkaConfig, WalConfig};
-use remote_wal::{Result, ddl::TableName};
 use serde_json::{Value, json};
 
 /// The pool every fixture uses.
@@ -37,7 +37,7 @@ struct SnapshotKv {
 }
 
 impl SnapshotKv {
-    async fn snap(&self) -> Result<()> {
+    async fn snap(&self) -> remote_wal::kv::Result<()> {
         let all = self.inner.range(RangeRequest::prefix(Vec::new())).await?;
         self.snapshots.lock().unwrap().push(all.kvs);
         Ok(())
@@ -55,26 +55,33 @@ impl KvBackend for SnapshotKv {
     fn max_request_bytes(&self) -> usize {
         self.inner.max_request_bytes()
     }
-    async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+    async fn get(&self, key: &[u8]) -> remote_wal::kv::Result<Option<KeyValue>> {
         self.inner.get(key).await
     }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<KeyValue>> {
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::kv::Result<Vec<KeyValue>> {
         self.inner.batch_get(keys).await
     }
-    async fn range(&self, req: RangeRequest) -> Result<RangeResponse> {
+    async fn range(&self, req: RangeRequest) -> remote_wal::kv::Result<RangeResponse> {
         self.inner.range(req).await
     }
-    async fn put(&self, req: PutRequest) -> Result<Option<KeyValue>> {
+    async fn put(&self, req: PutRequest) -> remote_wal::kv::Result<Option<KeyValue>> {
         let r = self.inner.put(req).await?;
         self.snap().await?;
         Ok(r)
     }
-    async fn batch_put(&self, kvs: Vec<KeyValue>, prev_kv: bool) -> Result<Vec<KeyValue>> {
+    async fn batch_put(
+        &self,
+        kvs: Vec<KeyValue>,
+        prev_kv: bool,
+    ) -> remote_wal::kv::Result<Vec<KeyValue>> {
         let r = self.inner.batch_put(kvs, prev_kv).await?;
         self.snap().await?;
         Ok(r)
     }
-    async fn compare_and_put(&self, req: CompareAndPutRequest) -> Result<CompareAndPutResponse> {
+    async fn compare_and_put(
+        &self,
+        req: CompareAndPutRequest,
+    ) -> remote_wal::kv::Result<CompareAndPutResponse> {
         let r = self.inner.compare_and_put(req).await?;
         self.snap().await?;
         Ok(r)
@@ -84,17 +91,21 @@ impl KvBackend for SnapshotKv {
         key: &[u8],
         range_end: &[u8],
         prev_kv: bool,
-    ) -> Result<(u64, Vec<KeyValue>)> {
+    ) -> remote_wal::kv::Result<(u64, Vec<KeyValue>)> {
         let r = self.inner.delete_range(key, range_end, prev_kv).await?;
         self.snap().await?;
         Ok(r)
     }
-    async fn batch_delete(&self, keys: &[Vec<u8>], prev_kv: bool) -> Result<Vec<KeyValue>> {
+    async fn batch_delete(
+        &self,
+        keys: &[Vec<u8>],
+        prev_kv: bool,
+    ) -> remote_wal::kv::Result<Vec<KeyValue>> {
         let r = self.inner.batch_delete(keys, prev_kv).await?;
         self.snap().await?;
         Ok(r)
     }
-    async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+    async fn txn(&self, txn: Txn) -> remote_wal::kv::Result<TxnResponse> {
         let r = self.inner.txn(txn).await?;
         self.snap().await?;
         Ok(r)

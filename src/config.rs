@@ -594,7 +594,7 @@ impl MetadataStoreConfig {
         match &self.tls {
             Some(tls) => {
                 let client = tls.cert.as_deref().zip(tls.key.as_deref());
-                pg.with_tls(&tls.ca, client)
+                Ok(pg.with_tls(&tls.ca, client)?)
             }
             None => Ok(pg),
         }
@@ -889,7 +889,7 @@ impl MetadataStoreConfig {
                 if let Some(tls) = &self.tls {
                     ensure!(
                         tls.cert.is_some() == tls.key.is_some(),
-                        crate::error::PostgresConfigSnafu {
+                        crate::kv::error::PostgresConfigSnafu {
                             key: "metadata_store.tls",
                             reason: "cert and key go together: give both (a client certificate) or neither",
                         }
@@ -898,11 +898,12 @@ impl MetadataStoreConfig {
                 if self.tls.is_none() {
                     pg.check_tls()?;
                 } else if pg.connection.get_ssl_mode() == tokio_postgres::config::SslMode::Disable {
-                    return crate::error::PostgresConfigSnafu {
+                    return Err(crate::kv::error::PostgresConfigSnafu {
                         key: "metadata_store.url",
                         reason: "sslmode=disable contradicts metadata_store.tls",
                     }
-                    .fail();
+                    .build()
+                    .into());
                 }
                 ensure!(
                     self.username.is_none(),
@@ -1011,7 +1012,7 @@ fn line_and_column(text: &str, offset: usize) -> String {
 /// The password in `path`, one trailing newline trimmed; an error names the file (never its content).
 fn read_password_file(path: &std::path::Path) -> Result<String> {
     let text = std::fs::read_to_string(path).map_err(|e| {
-        crate::error::PostgresConfigSnafu {
+        crate::kv::error::PostgresConfigSnafu {
             key: "metadata_store.password_file",
             reason: format!("cannot read {}: {e}", path.display()),
         }

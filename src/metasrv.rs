@@ -24,8 +24,7 @@ use crate::ddl::{
 };
 use crate::error::{
     CreateDataDirSnafu, Error, InvalidCreateTableSnafu, InvalidTableReferenceSnafu,
-    MetasrvNotStartedSnafu, NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu,
-    RedbTaskSnafu, Result,
+    MetasrvNotStartedSnafu, NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu, Result,
 };
 use crate::key::topic_name::list_persisted_topics;
 use crate::kv::redb::RedbOpenMode;
@@ -153,7 +152,7 @@ impl Metasrv {
     }
 
     /// Like [`Metasrv::new`], choosing whether a missing redb file may be created: a caller that only reads
-    /// metadata passes [`RedbOpenMode::MustExist`] and gets [`Error::RedbMissing`] naming the path (and no file, no
+    /// metadata passes [`RedbOpenMode::MustExist`] and gets [`kv::Error::RedbMissing`](crate::kv::Error::RedbMissing) naming the path (and no file, no
     /// directory) when nothing was ever stored there. An empty or damaged redb file is an error in both modes. The
     /// mode matters only for the redb backend.
     pub async fn open(config: MetasrvConfig, mode: RedbOpenMode) -> Result<Self> {
@@ -1214,7 +1213,7 @@ async fn open_kv_backend(config: &MetasrvConfig, mode: RedbOpenMode) -> Result<K
                 crate::kv::RedbKvBackend::open_with(&path, mode)
             })
             .await
-            .context(RedbTaskSnafu {
+            .context(crate::kv::error::RedbTaskSnafu {
                 path: store.path.clone(),
                 action: "open",
                 key: "",
@@ -1556,29 +1555,32 @@ mod tests {
         fn max_request_bytes(&self) -> usize {
             self.inner.max_request_bytes()
         }
-        async fn get(&self, key: &[u8]) -> Result<Option<crate::kv::KeyValue>> {
+        async fn get(&self, key: &[u8]) -> crate::kv::Result<Option<crate::kv::KeyValue>> {
             self.inner.get(key).await
         }
-        async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<crate::kv::KeyValue>> {
+        async fn batch_get(&self, keys: &[Vec<u8>]) -> crate::kv::Result<Vec<crate::kv::KeyValue>> {
             self.inner.batch_get(keys).await
         }
-        async fn range(&self, req: RangeRequest) -> Result<crate::kv::RangeResponse> {
+        async fn range(&self, req: RangeRequest) -> crate::kv::Result<crate::kv::RangeResponse> {
             self.inner.range(req).await
         }
-        async fn put(&self, req: crate::kv::PutRequest) -> Result<Option<crate::kv::KeyValue>> {
+        async fn put(
+            &self,
+            req: crate::kv::PutRequest,
+        ) -> crate::kv::Result<Option<crate::kv::KeyValue>> {
             self.inner.put(req).await
         }
         async fn batch_put(
             &self,
             kvs: Vec<crate::kv::KeyValue>,
             prev_kv: bool,
-        ) -> Result<Vec<crate::kv::KeyValue>> {
+        ) -> crate::kv::Result<Vec<crate::kv::KeyValue>> {
             self.inner.batch_put(kvs, prev_kv).await
         }
         async fn compare_and_put(
             &self,
             req: crate::kv::CompareAndPutRequest,
-        ) -> Result<crate::kv::CompareAndPutResponse> {
+        ) -> crate::kv::Result<crate::kv::CompareAndPutResponse> {
             self.inner.compare_and_put(req).await
         }
         async fn delete_range(
@@ -1586,17 +1588,17 @@ mod tests {
             key: &[u8],
             range_end: &[u8],
             prev_kv: bool,
-        ) -> Result<(u64, Vec<crate::kv::KeyValue>)> {
+        ) -> crate::kv::Result<(u64, Vec<crate::kv::KeyValue>)> {
             self.inner.delete_range(key, range_end, prev_kv).await
         }
         async fn batch_delete(
             &self,
             keys: &[Vec<u8>],
             prev_kv: bool,
-        ) -> Result<Vec<crate::kv::KeyValue>> {
+        ) -> crate::kv::Result<Vec<crate::kv::KeyValue>> {
             self.inner.batch_delete(keys, prev_kv).await
         }
-        async fn txn(&self, txn: crate::kv::Txn) -> Result<crate::kv::TxnResponse> {
+        async fn txn(&self, txn: crate::kv::Txn) -> crate::kv::Result<crate::kv::TxnResponse> {
             let deleted_record = txn.success.iter().find_map(|op| match op {
                 crate::kv::TxnOp::Delete(key) if key.starts_with(b"__procedure__/proc/") => {
                     Some(key.clone())

@@ -15,15 +15,15 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 /// Where the files come from, for errors: `prefix` is the dotted setting holding `ca`, `cert` and `key` (e.g.
 /// `security.tls` or `metadata_store.tls`); `error` builds the caller's error from the full setting name, the file
 /// and the reason.
-pub(crate) struct TlsSource<'a> {
+pub(crate) struct TlsSource<'a, E = crate::Error> {
     /// The dotted setting, without `.ca` / `.cert` / `.key`.
     pub prefix: &'a str,
     /// Builds the error for `(setting, file, reason)`.
-    pub error: &'a dyn Fn(String, &Path, String) -> crate::Error,
+    pub error: &'a dyn Fn(String, &Path, String) -> E,
 }
 
-impl TlsSource<'_> {
-    fn fail(&self, part: &str, path: &Path, reason: impl Into<String>) -> crate::Error {
+impl<E> TlsSource<'_, E> {
+    fn fail(&self, part: &str, path: &Path, reason: impl Into<String>) -> E {
         let setting = if part.is_empty() {
             self.prefix.to_string()
         } else {
@@ -32,11 +32,15 @@ impl TlsSource<'_> {
         (self.error)(setting, path, reason.into())
     }
 
-    fn read(&self, part: &str, path: &Path) -> crate::Result<Vec<u8>> {
+    fn read(&self, part: &str, path: &Path) -> std::result::Result<Vec<u8>, E> {
         std::fs::read(path).map_err(|e| self.fail(part, path, format!("cannot read the file: {e}")))
     }
 
-    fn certificates(&self, part: &str, path: &Path) -> crate::Result<Vec<CertificateDer<'static>>> {
+    fn certificates(
+        &self,
+        part: &str,
+        path: &Path,
+    ) -> std::result::Result<Vec<CertificateDer<'static>>, E> {
         let pem = self.read(part, path)?;
         let certs = CertificateDer::pem_slice_iter(&pem)
             .collect::<std::result::Result<Vec<_>, _>>()
@@ -56,7 +60,7 @@ impl TlsSource<'_> {
         &self,
         ca: &Path,
         client: Option<(&Path, &Path)>,
-    ) -> crate::Result<rustls::ClientConfig> {
+    ) -> std::result::Result<rustls::ClientConfig, E> {
         let mut roots = rustls::RootCertStore::empty();
         for cert in self.certificates("ca", ca)? {
             roots.add(cert).map_err(|e| {

@@ -543,29 +543,35 @@ impl KvBackend for LimitedKv {
     fn max_request_bytes(&self) -> usize {
         self.max_request_bytes
     }
-    async fn get(&self, key: &[u8]) -> crate::Result<Option<crate::kv::KeyValue>> {
+    async fn get(&self, key: &[u8]) -> crate::kv::Result<Option<crate::kv::KeyValue>> {
         self.inner.get(key).await
     }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> crate::Result<Vec<crate::kv::KeyValue>> {
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> crate::kv::Result<Vec<crate::kv::KeyValue>> {
         self.inner.batch_get(keys).await
     }
-    async fn range(&self, req: crate::kv::RangeRequest) -> crate::Result<crate::kv::RangeResponse> {
+    async fn range(
+        &self,
+        req: crate::kv::RangeRequest,
+    ) -> crate::kv::Result<crate::kv::RangeResponse> {
         self.inner.range(req).await
     }
-    async fn put(&self, req: crate::kv::PutRequest) -> crate::Result<Option<crate::kv::KeyValue>> {
+    async fn put(
+        &self,
+        req: crate::kv::PutRequest,
+    ) -> crate::kv::Result<Option<crate::kv::KeyValue>> {
         self.inner.put(req).await
     }
     async fn batch_put(
         &self,
         kvs: Vec<crate::kv::KeyValue>,
         prev_kv: bool,
-    ) -> crate::Result<Vec<crate::kv::KeyValue>> {
+    ) -> crate::kv::Result<Vec<crate::kv::KeyValue>> {
         self.inner.batch_put(kvs, prev_kv).await
     }
     async fn compare_and_put(
         &self,
         req: crate::kv::CompareAndPutRequest,
-    ) -> crate::Result<crate::kv::CompareAndPutResponse> {
+    ) -> crate::kv::Result<crate::kv::CompareAndPutResponse> {
         self.inner.compare_and_put(req).await
     }
     async fn delete_range(
@@ -573,17 +579,17 @@ impl KvBackend for LimitedKv {
         key: &[u8],
         range_end: &[u8],
         prev_kv: bool,
-    ) -> crate::Result<(u64, Vec<crate::kv::KeyValue>)> {
+    ) -> crate::kv::Result<(u64, Vec<crate::kv::KeyValue>)> {
         self.inner.delete_range(key, range_end, prev_kv).await
     }
     async fn batch_delete(
         &self,
         keys: &[Vec<u8>],
         prev_kv: bool,
-    ) -> crate::Result<Vec<crate::kv::KeyValue>> {
+    ) -> crate::kv::Result<Vec<crate::kv::KeyValue>> {
         self.inner.batch_delete(keys, prev_kv).await
     }
-    async fn txn(&self, txn: crate::kv::Txn) -> crate::Result<crate::kv::TxnResponse> {
+    async fn txn(&self, txn: crate::kv::Txn) -> crate::kv::Result<crate::kv::TxnResponse> {
         let op_bytes = |op: &crate::kv::TxnOp| match op {
             crate::kv::TxnOp::Put(k, v) => k.len() + v.len(),
             crate::kv::TxnOp::Get(k) | crate::kv::TxnOp::Delete(k) => k.len(),
@@ -599,7 +605,7 @@ impl KvBackend for LimitedKv {
             .sum();
         snafu::ensure!(
             bytes <= self.max_request_bytes,
-            crate::error::KvLimitSnafu {
+            crate::kv::error::KvLimitSnafu {
                 backend: self.name(),
                 key: "",
                 reason: format!("{bytes} bytes, at most {}", self.max_request_bytes),
@@ -702,15 +708,18 @@ impl crate::kv::wrapper::KvWrapper for ReadKeys {
     fn inner(&self) -> &dyn KvBackend {
         &self.inner
     }
-    async fn get(&self, key: &[u8]) -> crate::Result<Option<crate::kv::KeyValue>> {
+    async fn get(&self, key: &[u8]) -> crate::kv::Result<Option<crate::kv::KeyValue>> {
         self.note(key);
         self.inner.get(key).await
     }
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> crate::Result<Vec<crate::kv::KeyValue>> {
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> crate::kv::Result<Vec<crate::kv::KeyValue>> {
         keys.iter().for_each(|k| self.note(k));
         self.inner.batch_get(keys).await
     }
-    async fn range(&self, req: crate::kv::RangeRequest) -> crate::Result<crate::kv::RangeResponse> {
+    async fn range(
+        &self,
+        req: crate::kv::RangeRequest,
+    ) -> crate::kv::Result<crate::kv::RangeResponse> {
         self.note(&req.key);
         self.inner.range(req).await
     }

@@ -200,7 +200,7 @@ mod tests {
             self.inner.as_ref()
         }
 
-        async fn get(&self, key: &[u8]) -> Result<Option<crate::kv::KeyValue>> {
+        async fn get(&self, key: &[u8]) -> crate::kv::Result<Option<crate::kv::KeyValue>> {
             self.reads.fetch_add(1, Ordering::Relaxed);
             self.inner.get(key).await
         }
@@ -304,7 +304,7 @@ mod tests {
         async fn compare_and_put(
             &self,
             req: CompareAndPutRequest,
-        ) -> Result<crate::kv::CompareAndPutResponse> {
+        ) -> crate::kv::Result<crate::kv::CompareAndPutResponse> {
             if !self.held.swap(true, Ordering::SeqCst) {
                 self.reached.notify_one();
                 let _permit = self.release.acquire().await;

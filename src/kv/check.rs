@@ -6,7 +6,7 @@ use std::ops::Bound;
 
 use snafu::ensure;
 
-use crate::error::{KvInvalidRequestSnafu, KvLimitSnafu, Result};
+use crate::kv::error::{KvInvalidRequestSnafu, KvLimitSnafu, Result};
 use crate::kv::{KeyValue, Txn, TxnOp, display_key};
 
 /// Start and end bounds of a key range, for an ordered map.

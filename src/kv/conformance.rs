@@ -10,7 +10,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::error::Error;
+use crate::kv::error::Error;
 use crate::kv::{
     Compare, CompareAndPutRequest, KeyValue, KvBackend, KvBackendRef, PutRequest, RangeRequest,
     Txn, TxnOp, TxnOpResponse, prefix_end, range_all,
@@ -90,7 +90,7 @@ pub fn postgres_tls_config_from_env(
     table: &str,
     ca: &str,
     client_certificate: bool,
-) -> crate::Result<crate::kv::PostgresKvConfig> {
+) -> crate::kv::Result<crate::kv::PostgresKvConfig> {
     let certs = std::env::var("POSTGRES_TLS_CERTS").unwrap_or_default();
     assert!(
         !certs.is_empty(),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::kv::error::Result;
 use crate::kv::{
     CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, PutRequest,
     RangeRequest, RangeResponse, Txn, TxnOp, TxnResponse,

@@ -37,7 +37,7 @@ pub(crate) use self::members::is_transient as is_retryable;
 use self::members::{Failure, Members, Resend};
 use self::point_reads::{PointReads, Reader, Values};
 pub use self::security::EtcdSecurity;
-use crate::error::{
+use crate::kv::error::{
     EtcdConfigSnafu, EtcdConnectSnafu, EtcdConnectTimeoutSnafu, EtcdOpSnafu, EtcdTimeoutSnafu,
     KvLimitSnafu, Result,
 };

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::kv::error::Result;
 use crate::kv::{
     CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef, PutRequest,
     RangeRequest, RangeResponse, Txn, TxnOp, TxnResponse,

@@ -6,7 +6,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::kv::error::Result;
 use crate::kv::{
     Compare, CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, PutRequest,
     RangeRequest, RangeResponse, Txn, TxnOp, TxnOpResponse, TxnResponse, check,

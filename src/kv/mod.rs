@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+pub mod error;
+
+pub use error::{Error, Result};
 
 mod check;
 #[cfg(any(test, feature = "testing"))]

@@ -34,7 +34,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, NoTls, Row, Statement};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use crate::error::{PostgresConfigSnafu, PostgresOpSnafu, Result};
+use crate::kv::error::{Error, PostgresConfigSnafu, PostgresOpSnafu, Result};
 use crate::kv::{
     Compare, CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, PutRequest,
     RangeRequest, RangeResponse, Txn, TxnOp, TxnOpResponse, TxnResponse, check, display_key,
@@ -441,7 +441,7 @@ impl PostgresKvBackend {
     fn check_size(&self, key: &[u8], bytes: usize) -> Result<()> {
         snafu::ensure!(
             bytes <= MAX_REQUEST_BYTES,
-            crate::error::KvLimitSnafu {
+            crate::kv::error::KvLimitSnafu {
                 backend: self.name(),
                 key: display_key(key),
                 reason: format!(
@@ -629,7 +629,7 @@ impl Checkout<'_> {
         Ok(statement)
     }
 
-    fn error(&self, detail: String, retryable: bool) -> crate::Error {
+    fn error(&self, detail: String, retryable: bool) -> Error {
         PostgresOpSnafu {
             endpoint: self.backend.endpoint.clone(),
             action: self.action,

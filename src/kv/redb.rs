@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use redb::{Builder, Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use snafu::ResultExt;
 
-use crate::error::{
+use crate::kv::error::{
     RedbDamagedSnafu, RedbEmptyFileSnafu, RedbFileSnafu, RedbLockedSnafu, RedbMissingSnafu,
     RedbOpSnafu, RedbOpenSnafu, RedbTaskSnafu, Result,
 };
@@ -35,7 +35,7 @@ pub enum RedbOpenMode {
     /// Create the file when it does not exist (an opener that writes metadata). The default.
     #[default]
     CreateIfMissing,
-    /// The file must exist: a missing file is [`Error::RedbMissing`](crate::Error::RedbMissing) naming the path
+    /// The file must exist: a missing file is [`Error::RedbMissing`](crate::kv::Error::RedbMissing) naming the path
     /// (an opener that only reads metadata).
     MustExist,
 }
@@ -73,7 +73,7 @@ impl Drop for Inner {
 /// A [`KvBackend`] on one redb database file. Only one handle (in any process) may hold the file at a time.
 ///
 /// Every redb call runs behind [`catch_unwind`]: redb panics on some damaged bytes, and such a panic becomes
-/// [`Error::RedbDamaged`](crate::Error::RedbDamaged) naming the path; the handle then refuses every later call.
+/// [`Error::RedbDamaged`](crate::kv::Error::RedbDamaged) naming the path; the handle then refuses every later call.
 #[derive(Clone)]
 pub struct RedbKvBackend {
     inner: Arc<Inner>,
@@ -143,13 +143,13 @@ impl RedbKvBackend {
     ///
     /// - A missing file is created (in [`RedbOpenMode::CreateIfMissing`], atomically: a fresh database is written
     ///   next to it and linked into place, so a crash never leaves a half-made file at `path`) or is
-    ///   [`Error::RedbMissing`](crate::Error::RedbMissing) ([`RedbOpenMode::MustExist`]).
-    /// - An empty (0-byte) file is [`Error::RedbEmptyFile`](crate::Error::RedbEmptyFile) in both modes: it is
+    ///   [`Error::RedbMissing`](crate::kv::Error::RedbMissing) ([`RedbOpenMode::MustExist`]).
+    /// - An empty (0-byte) file is [`Error::RedbEmptyFile`](crate::kv::Error::RedbEmptyFile) in both modes: it is
     ///   never re-initialised.
     /// - An existing file is opened with redb's integrity check, so a damaged or truncated file is an error naming
-    ///   the path ([`Error::RedbOpen`](crate::Error::RedbOpen) or [`Error::RedbDamaged`](crate::Error::RedbDamaged)),
+    ///   the path ([`Error::RedbOpen`](crate::kv::Error::RedbOpen) or [`Error::RedbDamaged`](crate::kv::Error::RedbDamaged)),
     ///   never a panic.
-    /// - A file already held by another process or handle gives [`Error::RedbLocked`](crate::Error::RedbLocked).
+    /// - A file already held by another process or handle gives [`Error::RedbLocked`](crate::kv::Error::RedbLocked).
     pub fn open_with(path: impl AsRef<Path>, mode: RedbOpenMode) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         match std::fs::metadata(&path) {

@@ -31,7 +31,6 @@ use procedures::store::{Condition, StateStore, WriteOp, WriteOutcome};
 use procedures::{StepStore, StepWrites};
 use tokio::sync::watch;
 
-use crate::error::Error;
 use crate::kv::step_store::KvStepStore;
 use crate::kv::{KvBackendRef, PutRequest, RangeRequest, Txn, TxnOp, display_key, range_all};
 
@@ -269,9 +268,9 @@ impl KvStateStore {
 
     /// A kv error as the engine's error: a limit becomes `StoreLimit` naming the store key; anything else `Store`,
     /// keeping the source and whether a retry may help.
-    fn error(&self, action: &'static str, key: &str, e: Error) -> procedures::Error {
+    fn error(&self, action: &'static str, key: &str, e: crate::kv::Error) -> procedures::Error {
         match e {
-            Error::KvLimit { reason, .. } => procedures::Error::StoreLimit {
+            crate::kv::Error::KvLimit { reason, .. } => procedures::Error::StoreLimit {
                 key: key.to_string(),
                 reason: format!("{reason} (backend {})", self.kv.name()),
             },

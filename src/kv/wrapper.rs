@@ -8,7 +8,7 @@ use std::fmt::Debug;
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::kv::error::Result;
 use crate::kv::{
     CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, PutRequest, RangeRequest,
     RangeResponse, Txn, TxnResponse,

@@ -29,7 +29,7 @@ impl KvWrapper for AssignmentReads {
         self.inner.as_ref()
     }
 
-    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<remote_wal::kv::KeyValue>> {
+    async fn get(&self, key: &[u8]) -> remote_wal::kv::Result<Option<remote_wal::kv::KeyValue>> {
         self.count(key);
         self.inner.get(key).await
     }
@@ -37,7 +37,7 @@ impl KvWrapper for AssignmentReads {
     async fn batch_get(
         &self,
         keys: &[Vec<u8>],
-    ) -> remote_wal::Result<Vec<remote_wal::kv::KeyValue>> {
+    ) -> remote_wal::kv::Result<Vec<remote_wal::kv::KeyValue>> {
         keys.iter().for_each(|k| self.count(k));
         self.inner.batch_get(keys).await
     }
@@ -45,7 +45,7 @@ impl KvWrapper for AssignmentReads {
     async fn range(
         &self,
         req: remote_wal::kv::RangeRequest,
-    ) -> remote_wal::Result<remote_wal::kv::RangeResponse> {
+    ) -> remote_wal::kv::Result<remote_wal::kv::RangeResponse> {
         self.count(&req.key);
         self.inner.range(req).await
     }

@@ -30,7 +30,7 @@ impl KvWrapper for CheckpointGate {
     async fn compare_and_put(
         &self,
         req: CompareAndPutRequest,
-    ) -> remote_wal::Result<CompareAndPutResponse> {
+    ) -> remote_wal::kv::Result<CompareAndPutResponse> {
         if self.refuse.load(Ordering::SeqCst) && req.key.starts_with(TOPIC_REGION_PREFIX.as_bytes())
         {
             return Ok(CompareAndPutResponse {
@@ -422,7 +422,7 @@ impl KvWrapper for GatedCheckpoints {
     async fn compare_and_put(
         &self,
         req: CompareAndPutRequest,
-    ) -> remote_wal::Result<CompareAndPutResponse> {
+    ) -> remote_wal::kv::Result<CompareAndPutResponse> {
         let held = self.hold(&req.key).await;
         let answer = self.inner.compare_and_put(req).await?;
         if held {
@@ -432,7 +432,7 @@ impl KvWrapper for GatedCheckpoints {
     }
 
     // A blind write of a checkpoint is held the same way (and always applies), so that the test catches one.
-    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+    async fn put(&self, req: PutRequest) -> remote_wal::kv::Result<Option<KeyValue>> {
         let held = self.hold(&req.key).await;
         let previous = self.inner.put(req).await?;
         if held {

@@ -38,7 +38,7 @@ impl KvWrapper for StalledScan {
         &self.inner
     }
 
-    async fn range(&self, req: RangeRequest) -> remote_wal::Result<RangeResponse> {
+    async fn range(&self, req: RangeRequest) -> remote_wal::kv::Result<RangeResponse> {
         if req.key.starts_with(b"__dn_table/1/") && self.armed.swap(false, Ordering::SeqCst) {
             self.entered.add_permits(1);
             self.release

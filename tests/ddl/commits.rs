@@ -38,7 +38,7 @@ impl KvWrapper for Counting {
     fn inner(&self) -> &dyn KvBackend {
         self.inner.as_ref()
     }
-    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+    async fn put(&self, req: PutRequest) -> remote_wal::kv::Result<Option<KeyValue>> {
         self.commit();
         self.inner.put(req).await
     }
@@ -46,14 +46,14 @@ impl KvWrapper for Counting {
         &self,
         kvs: Vec<KeyValue>,
         prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
+    ) -> remote_wal::kv::Result<Vec<KeyValue>> {
         self.commit();
         self.inner.batch_put(kvs, prev_kv).await
     }
     async fn compare_and_put(
         &self,
         req: CompareAndPutRequest,
-    ) -> remote_wal::Result<CompareAndPutResponse> {
+    ) -> remote_wal::kv::Result<CompareAndPutResponse> {
         let resp = self.inner.compare_and_put(req).await?;
         if resp.success {
             self.commit();
@@ -65,7 +65,7 @@ impl KvWrapper for Counting {
         key: &[u8],
         range_end: &[u8],
         prev_kv: bool,
-    ) -> remote_wal::Result<(u64, Vec<KeyValue>)> {
+    ) -> remote_wal::kv::Result<(u64, Vec<KeyValue>)> {
         self.commit();
         self.inner.delete_range(key, range_end, prev_kv).await
     }
@@ -73,11 +73,11 @@ impl KvWrapper for Counting {
         &self,
         keys: &[Vec<u8>],
         prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
+    ) -> remote_wal::kv::Result<Vec<KeyValue>> {
         self.commit();
         self.inner.batch_delete(keys, prev_kv).await
     }
-    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+    async fn txn(&self, txn: Txn) -> remote_wal::kv::Result<TxnResponse> {
         let writes = |ops: &[TxnOp]| ops.iter().any(|op| !matches!(op, TxnOp::Get(_)));
         let (on_success, on_failure) = (writes(&txn.success), writes(&txn.failure));
         let resp = self.inner.txn(txn).await?;

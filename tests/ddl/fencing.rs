@@ -104,7 +104,7 @@ impl KvWrapper for GatedKv {
     async fn compare_and_put(
         &self,
         req: CompareAndPutRequest,
-    ) -> remote_wal::Result<CompareAndPutResponse> {
+    ) -> remote_wal::kv::Result<CompareAndPutResponse> {
         let advances_sequence = req.key == TABLE_ID_SEQ_KEY.as_bytes();
         let resp = self.inner.compare_and_put(req).await?;
         if advances_sequence && resp.success {
@@ -439,7 +439,7 @@ impl KvWrapper for GatedTxns {
     async fn txn(
         &self,
         txn: remote_wal::kv::Txn,
-    ) -> remote_wal::Result<remote_wal::kv::TxnResponse> {
+    ) -> remote_wal::kv::Result<remote_wal::kv::TxnResponse> {
         if self.armed.load(std::sync::atomic::Ordering::SeqCst) {
             self.gate.pass().await;
         }

@@ -54,7 +54,7 @@ impl KvWrapper for GatedKv {
         self.inner.as_ref()
     }
 
-    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+    async fn txn(&self, txn: Txn) -> remote_wal::kv::Result<TxnResponse> {
         if !self.armed.load(Ordering::SeqCst) {
             return self.inner.txn(txn).await;
         }

@@ -150,11 +150,11 @@ impl KvWrapper for TableInfoReadsTimeOut {
     fn inner(&self) -> &dyn KvBackend {
         self.inner.as_ref()
     }
-    async fn get(&self, key: &[u8]) -> remote_wal::Result<Option<KeyValue>> {
+    async fn get(&self, key: &[u8]) -> remote_wal::kv::Result<Option<KeyValue>> {
         if self.failing.load(std::sync::atomic::Ordering::SeqCst)
             && key.starts_with(b"__table_info/")
         {
-            return Err(remote_wal::Error::EtcdTimeout {
+            return Err(remote_wal::kv::Error::EtcdTimeout {
                 endpoints: "127.0.0.1:2379".into(),
                 action: "get",
                 key: String::from_utf8_lossy(key).into_owned(),
@@ -164,11 +164,11 @@ impl KvWrapper for TableInfoReadsTimeOut {
         self.inner.get(key).await
     }
     /// As etcd's: one timeout for the chunk, naming its first key.
-    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::Result<Vec<KeyValue>> {
+    async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::kv::Result<Vec<KeyValue>> {
         if self.failing.load(std::sync::atomic::Ordering::SeqCst)
             && keys.iter().any(|key| key.starts_with(b"__table_info/"))
         {
-            return Err(remote_wal::Error::EtcdTimeout {
+            return Err(remote_wal::kv::Error::EtcdTimeout {
                 endpoints: "127.0.0.1:2379".into(),
                 action: "batch_get",
                 key: keys

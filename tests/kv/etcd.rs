@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use remote_wal::Error;
+use remote_wal::kv::Error;
 use remote_wal::kv::conformance::{etcd_from_env, unique_prefix};
 use remote_wal::kv::{
     EtcdConfig, EtcdKvBackend, KeyValue, KvBackend, PutRequest, RangeRequest, Txn, TxnOp, range_all,

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use remote_wal::Error;
+use remote_wal::kv::Error;
 use remote_wal::kv::conformance::{SecureEtcd, run_all, unique_prefix};
 use remote_wal::kv::etcd::EtcdSecurity;
 use remote_wal::kv::etcd::security::EtcdTlsConfig;

@@ -144,7 +144,7 @@ impl KvWrapper for Gate {
         self.in_flight
             .unwrap_or_else(|| self.inner.max_txns_in_flight())
     }
-    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+    async fn txn(&self, txn: Txn) -> remote_wal::kv::Result<TxnResponse> {
         let closed = *self.closed.lock().unwrap();
         if closed {
             let held_key = self.held_key.lock().unwrap().clone();
@@ -170,7 +170,7 @@ impl KvWrapper for Gate {
         if let Some(failing) = self.failing_key.lock().unwrap().clone()
             && puts(&txn, &failing)
         {
-            return Err(remote_wal::Error::EtcdOp {
+            return Err(remote_wal::kv::Error::EtcdOp {
                 endpoints: "127.0.0.1:2379".to_string(),
                 action: "txn",
                 key: String::from_utf8_lossy(&failing).into_owned(),

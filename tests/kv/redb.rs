@@ -1,6 +1,6 @@
 //! redb-specific behaviour: the file lock and durability across reopen.
 
-use remote_wal::Error;
+use remote_wal::kv::Error;
 use remote_wal::kv::{KvBackend, PutRequest, RedbKvBackend};
 
 #[tokio::test]

@@ -4,8 +4,8 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
-use remote_wal::Error;
 use remote_wal::config::{MetadataBackend, MetadataStoreConfig, MetasrvConfig};
+use remote_wal::kv::Error;
 use remote_wal::kv::redb::RedbOpenMode;
 use remote_wal::kv::{KvBackend, PutRequest, RangeRequest, RedbKvBackend, Txn, TxnOp};
 use remote_wal::metasrv::Metasrv;
@@ -312,7 +312,15 @@ async fn a_read_only_metasrv_neither_creates_nor_reinitialises_the_file() {
     let err = Metasrv::open(redb_config(&path), RedbOpenMode::MustExist)
         .await
         .expect_err("nothing stored yet");
-    assert!(matches!(err, Error::RedbMissing { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            remote_wal::Error::Kv {
+                source: Error::RedbMissing { .. }
+            }
+        ),
+        "{err:?}"
+    );
     assert!(
         err.to_string().contains(&path.display().to_string()),
         "{err}"
@@ -329,13 +337,26 @@ async fn a_read_only_metasrv_neither_creates_nor_reinitialises_the_file() {
             .await
             .expect_err("an empty file is refused");
         assert!(
-            matches!(err, Error::RedbEmptyFile { .. }),
+            matches!(
+                err,
+                remote_wal::Error::Kv {
+                    source: Error::RedbEmptyFile { .. }
+                }
+            ),
             "{mode:?}: {err:?}"
         );
     }
     let err = Metasrv::new(redb_config(&path))
         .await
         .expect_err("new refuses it too");
-    assert!(matches!(err, Error::RedbEmptyFile { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            remote_wal::Error::Kv {
+                source: Error::RedbEmptyFile { .. }
+            }
+        ),
+        "{err:?}"
+    );
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
 }

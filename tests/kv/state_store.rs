@@ -152,38 +152,38 @@ async fn an_unreachable_backend_is_a_retryable_store_error_keeping_the_source() 
         fn max_request_bytes(&self) -> usize {
             usize::MAX
         }
-        async fn get(&self, _: &[u8]) -> remote_wal::Result<Option<remote_wal::kv::KeyValue>> {
+        async fn get(&self, _: &[u8]) -> remote_wal::kv::Result<Option<remote_wal::kv::KeyValue>> {
             Err(down())
         }
         async fn batch_get(
             &self,
             _: &[Vec<u8>],
-        ) -> remote_wal::Result<Vec<remote_wal::kv::KeyValue>> {
+        ) -> remote_wal::kv::Result<Vec<remote_wal::kv::KeyValue>> {
             Err(down())
         }
         async fn range(
             &self,
             _: remote_wal::kv::RangeRequest,
-        ) -> remote_wal::Result<remote_wal::kv::RangeResponse> {
+        ) -> remote_wal::kv::Result<remote_wal::kv::RangeResponse> {
             Err(down())
         }
         async fn put(
             &self,
             _: remote_wal::kv::PutRequest,
-        ) -> remote_wal::Result<Option<remote_wal::kv::KeyValue>> {
+        ) -> remote_wal::kv::Result<Option<remote_wal::kv::KeyValue>> {
             Err(down())
         }
         async fn batch_put(
             &self,
             _: Vec<remote_wal::kv::KeyValue>,
             _: bool,
-        ) -> remote_wal::Result<Vec<remote_wal::kv::KeyValue>> {
+        ) -> remote_wal::kv::Result<Vec<remote_wal::kv::KeyValue>> {
             Err(down())
         }
         async fn compare_and_put(
             &self,
             _: remote_wal::kv::CompareAndPutRequest,
-        ) -> remote_wal::Result<remote_wal::kv::CompareAndPutResponse> {
+        ) -> remote_wal::kv::Result<remote_wal::kv::CompareAndPutResponse> {
             Err(down())
         }
         async fn delete_range(
@@ -191,25 +191,25 @@ async fn an_unreachable_backend_is_a_retryable_store_error_keeping_the_source() 
             _: &[u8],
             _: &[u8],
             _: bool,
-        ) -> remote_wal::Result<(u64, Vec<remote_wal::kv::KeyValue>)> {
+        ) -> remote_wal::kv::Result<(u64, Vec<remote_wal::kv::KeyValue>)> {
             Err(down())
         }
         async fn batch_delete(
             &self,
             _: &[Vec<u8>],
             _: bool,
-        ) -> remote_wal::Result<Vec<remote_wal::kv::KeyValue>> {
+        ) -> remote_wal::kv::Result<Vec<remote_wal::kv::KeyValue>> {
             Err(down())
         }
         async fn txn(
             &self,
             _: remote_wal::kv::Txn,
-        ) -> remote_wal::Result<remote_wal::kv::TxnResponse> {
+        ) -> remote_wal::kv::Result<remote_wal::kv::TxnResponse> {
             Err(down())
         }
     }
-    fn down() -> remote_wal::Error {
-        remote_wal::Error::EtcdTimeout {
+    fn down() -> remote_wal::kv::Error {
+        remote_wal::kv::Error::EtcdTimeout {
             endpoints: "127.0.0.1:1".into(),
             action: "txn",
             key: "k".into(),

@@ -91,7 +91,7 @@ impl KvWrapper for LimitedKv {
     fn max_txn_ops(&self) -> usize {
         self.max_txn_ops
     }
-    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+    async fn txn(&self, txn: Txn) -> remote_wal::kv::Result<TxnResponse> {
         assert!(
             txn.compare.len().max(txn.success.len()) <= self.max_txn_ops,
             "a transaction over the advertised limit: {txn:?}"

@@ -43,15 +43,15 @@ mock! {
         fn name(&self) -> String;
         fn max_txn_ops(&self) -> usize;
         fn max_request_bytes(&self) -> usize;
-        async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>>;
-        async fn batch_get(&self, keys: &[Vec<u8>]) -> Result<Vec<KeyValue>>;
-        async fn range(&self, req: RangeRequest) -> Result<RangeResponse>;
-        async fn put(&self, req: PutRequest) -> Result<Option<KeyValue>>;
-        async fn batch_put(&self, kvs: Vec<KeyValue>, prev_kv: bool) -> Result<Vec<KeyValue>>;
-        async fn compare_and_put(&self, req: CompareAndPutRequest) -> Result<CompareAndPutResponse>;
-        async fn delete_range(&self, key: &[u8], range_end: &[u8], prev_kv: bool) -> Result<(u64, Vec<KeyValue>)>;
-        async fn batch_delete(&self, keys: &[Vec<u8>], prev_kv: bool) -> Result<Vec<KeyValue>>;
-        async fn txn(&self, txn: Txn) -> Result<TxnResponse>;
+        async fn get(&self, key: &[u8]) -> remote_wal::kv::Result<Option<KeyValue>>;
+        async fn batch_get(&self, keys: &[Vec<u8>]) -> remote_wal::kv::Result<Vec<KeyValue>>;
+        async fn range(&self, req: RangeRequest) -> remote_wal::kv::Result<RangeResponse>;
+        async fn put(&self, req: PutRequest) -> remote_wal::kv::Result<Option<KeyValue>>;
+        async fn batch_put(&self, kvs: Vec<KeyValue>, prev_kv: bool) -> remote_wal::kv::Result<Vec<KeyValue>>;
+        async fn compare_and_put(&self, req: CompareAndPutRequest) -> remote_wal::kv::Result<CompareAndPutResponse>;
+        async fn delete_range(&self, key: &[u8], range_end: &[u8], prev_kv: bool) -> remote_wal::kv::Result<(u64, Vec<KeyValue>)>;
+        async fn batch_delete(&self, keys: &[Vec<u8>], prev_kv: bool) -> remote_wal::kv::Result<Vec<KeyValue>>;
+        async fn txn(&self, txn: Txn) -> remote_wal::kv::Result<TxnResponse>;
     }
 }
 

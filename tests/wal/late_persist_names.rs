@@ -38,7 +38,7 @@ impl KvWrapper for HeldNames {
         self.inner.as_ref()
     }
 
-    async fn txn(&self, txn: Txn) -> remote_wal::Result<TxnResponse> {
+    async fn txn(&self, txn: Txn) -> remote_wal::kv::Result<TxnResponse> {
         let names = txn
             .success
             .iter()

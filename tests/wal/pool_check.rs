@@ -634,7 +634,7 @@ impl remote_wal::kv::KvWrapper for HeldIdWrite {
     async fn compare_and_put(
         &self,
         req: remote_wal::kv::CompareAndPutRequest,
-    ) -> remote_wal::Result<remote_wal::kv::CompareAndPutResponse> {
+    ) -> remote_wal::kv::Result<remote_wal::kv::CompareAndPutResponse> {
         if req.key.starts_with(b"__topic_name/") && self.armed.swap(false, Ordering::SeqCst) {
             self.entered.add_permits(1);
             if let Ok(permit) = self.release.acquire().await {
@@ -647,7 +647,7 @@ impl remote_wal::kv::KvWrapper for HeldIdWrite {
     async fn put(
         &self,
         req: remote_wal::kv::PutRequest,
-    ) -> remote_wal::Result<Option<remote_wal::kv::KeyValue>> {
+    ) -> remote_wal::kv::Result<Option<remote_wal::kv::KeyValue>> {
         // Held the same way: a blind write of the id would show here.
         if req.key.starts_with(b"__topic_name/") && self.armed.swap(false, Ordering::SeqCst) {
             self.entered.add_permits(1);

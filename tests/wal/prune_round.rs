@@ -548,7 +548,7 @@ impl remote_wal::kv::KvWrapper for HeldWatermark {
     async fn compare_and_put(
         &self,
         req: remote_wal::kv::CompareAndPutRequest,
-    ) -> remote_wal::Result<remote_wal::kv::CompareAndPutResponse> {
+    ) -> remote_wal::kv::Result<remote_wal::kv::CompareAndPutResponse> {
         if req.key.starts_with(b"__topic_name/")
             && self.armed.swap(false, std::sync::atomic::Ordering::SeqCst)
         {
@@ -560,7 +560,10 @@ impl remote_wal::kv::KvWrapper for HeldWatermark {
         self.inner.compare_and_put(req).await
     }
 
-    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<remote_wal::kv::KeyValue>> {
+    async fn put(
+        &self,
+        req: PutRequest,
+    ) -> remote_wal::kv::Result<Option<remote_wal::kv::KeyValue>> {
         // A put of the watermark is held the same way (none is expected: the watermark is written only by
         // compare-and-put; held here, a blind write would show in the test).
         if req.key.starts_with(b"__topic_name/")

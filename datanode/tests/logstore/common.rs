@@ -151,7 +151,7 @@ impl KvWrapper for WatchedKv {
     fn name(&self) -> String {
         format!("watched-{}", self.inner.name())
     }
-    async fn put(&self, req: PutRequest) -> remote_wal::Result<Option<KeyValue>> {
+    async fn put(&self, req: PutRequest) -> remote_wal::kv::Result<Option<KeyValue>> {
         self.note(&req.key, &req.value);
         self.inner.put(req).await
     }
@@ -159,7 +159,7 @@ impl KvWrapper for WatchedKv {
         &self,
         kvs: Vec<KeyValue>,
         prev_kv: bool,
-    ) -> remote_wal::Result<Vec<KeyValue>> {
+    ) -> remote_wal::kv::Result<Vec<KeyValue>> {
         for kv in &kvs {
             self.note(&kv.key, &kv.value);
         }
@@ -168,7 +168,7 @@ impl KvWrapper for WatchedKv {
     async fn compare_and_put(
         &self,
         req: CompareAndPutRequest,
-    ) -> remote_wal::Result<CompareAndPutResponse> {
+    ) -> remote_wal::kv::Result<CompareAndPutResponse> {
         let (key, value) = (req.key.clone(), req.value.clone());
         let response = self.inner.compare_and_put(req).await?;
         if response.success {

@@ -29,7 +29,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::oneshot;
 
-use crate::error::{Error, EtcdTimeoutSnafu, Result};
+use crate::kv::error::{Error, EtcdTimeoutSnafu, Result};
 use crate::kv::{KeyValue, display_key};
 
 /// One entry per key read, in the order of the keys: its pair, or `None` when the key is absent.
@@ -246,7 +246,7 @@ mod tests {
     use tokio::sync::Semaphore;
 
     use super::*;
-    use crate::error::EtcdConfigSnafu;
+    use crate::kv::error::EtcdConfigSnafu;
 
     /// Builds the error a shared request fails with.
     type MakeError = fn() -> Error;

@@ -20,7 +20,7 @@ use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
-use crate::error::{EtcdCredentialFileSnafu, EtcdSecurityConfigSnafu, Result};
+use crate::kv::error::{EtcdCredentialFileSnafu, EtcdSecurityConfigSnafu, Result};
 
 /// `[metadata_store] tls`: the authority etcd's server certificate must chain to, and the client certificate to
 /// present (`cert` and `key` both or neither).

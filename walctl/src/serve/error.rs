@@ -185,18 +185,10 @@ impl From<remote_wal::Error> for ApiError {
                     E::MetasrvNotStarted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
                     // The metadata store cannot serve now (no quorum, a member gone, a timeout): the client retries
                     // (with its id, for a write that may have been applied).
-                    E::EtcdOp {
-                        retryable: true, ..
+                    E::Kv { source } if store_unavailable(source) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable")
                     }
-                    | E::EtcdConnect {
-                        retryable: true, ..
-                    }
-                    | E::EtcdTimeout { .. }
-                    | E::EtcdConnectTimeout { .. }
-                    | E::PostgresOp {
-                        retryable: true, ..
-                    }
-                    | E::Election {
+                    E::Election {
                         retryable: true, ..
                     } => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
                     E::NoKafkaPool { .. } | E::DatanodeUnknown { .. } => {
@@ -228,6 +220,18 @@ impl From<remote_wal::Error> for ApiError {
                     kind,
                     message,
                     retryable: status == StatusCode::SERVICE_UNAVAILABLE,
+                    leader: None,
+                };
+            }
+            // A kv error the engine received from its store (a step's write) is its own link in the chain.
+            if let Some(kv) = downcast::<remote_wal::kv::Error>(current)
+                && store_unavailable(kv)
+            {
+                return ApiError {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    kind: "store_unavailable",
+                    message,
+                    retryable: true,
                     leader: None,
                 };
             }
@@ -282,6 +286,12 @@ impl From<remote_wal::Error> for ApiError {
         }
         ApiError::internal(message, retryable)
     }
+}
+
+/// Whether the metadata store cannot serve now (no quorum, a member gone, a timeout, a lost connection): the
+/// client retries (with its id, for a write that may have been applied). Decided by the kv layer's own error.
+fn store_unavailable(e: &remote_wal::kv::Error) -> bool {
+    e.is_retryable()
 }
 
 /// `e` as a `T`, also when it is a boxed `T` (a boxed source is its own link in the chain).
@@ -473,14 +483,26 @@ mod tests {
             leader: Some("10.0.0.1:3002".to_string()),
         });
         assert_eq!(not_leader.leader.as_deref(), Some("10.0.0.1:3002"));
-        let store = remote_wal::Error::EtcdTimeout {
+        let timeout = || remote_wal::kv::Error::EtcdTimeout {
             endpoints: "127.0.0.1:2379".to_string(),
             action: "get",
             key: "k".to_string(),
             timeout: std::time::Duration::from_secs(1),
         };
         assert_eq!(
-            classify(store),
+            classify(remote_wal::Error::from(timeout())),
+            (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", true)
+        );
+        // The same kv error reaching the API inside the engine's (a step's write failed), as the kv layer's own.
+        let retryable = procedures::Error::from(timeout()).is_retryable();
+        let in_engine = remote_wal::Error::from(procedures::Error::Store {
+            action: "write",
+            key: "proc/p".to_string(),
+            source: Box::new(timeout()),
+            retryable,
+        });
+        assert_eq!(
+            classify(in_engine),
             (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", true)
         );
     }
