@@ -1,7 +1,7 @@
 //! The thread a term's upkeep runs on: a single-threaded runtime of its own, apart from the server's.
 //!
-//! A lease is kept alive (etcd) or renewed (PostgreSQL) every third of its TTL, and the term is lost when no
-//! renewal was acknowledged for two thirds of it. On the server's runtime that upkeep competes with request work:
+//! A lease is kept alive (etcd, every sixth of its TTL) or renewed (PostgreSQL, every third), and the term is lost
+//! when no renewal was acknowledged for two thirds of it. On the server's runtime that upkeep competes with request work:
 //! a burst of requests, procedures polling the store or a handler that blocks its worker delay the keep-alive's
 //! send and the reading of its answer, and a leader loses its term under load though etcd answered in time. Here
 //! the upkeep's tasks, and the connections they use (created on this runtime, so their I/O is driven here too),
