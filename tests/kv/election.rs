@@ -46,6 +46,21 @@ async fn election(
     (election, fence)
 }
 
+/// A state store on etcd `endpoints` (directly, not through any proxy) under `prefix`, writing under `fence`.
+async fn fenced_store(
+    endpoints: &[String],
+    prefix: &str,
+    fence: &Arc<LeaderFence>,
+) -> Arc<KvStateStore> {
+    let etcd: KvBackendRef = Arc::new(
+        EtcdKvBackend::connect(EtcdConfig::new(endpoints.to_vec()))
+            .await
+            .unwrap(),
+    );
+    let kv: KvBackendRef = Arc::new(NamespacedKvBackend::new(etcd, prefix.to_string()));
+    Arc::new(KvStateStore::new(kv).with_leader_fence(fence.clone()))
+}
+
 #[tokio::test]
 async fn a_resigned_leader_hands_over_with_a_larger_epoch() {
     let endpoints = require_endpoints("ETCD_ENDPOINTS", "etcd");
@@ -321,13 +336,7 @@ async fn a_term_outlives_its_runtime_blocked_for_two_ttls() {
         .await
         .unwrap()
         .unwrap();
-    let etcd: KvBackendRef = Arc::new(
-        EtcdKvBackend::connect(EtcdConfig::new(endpoints.clone()))
-            .await
-            .unwrap(),
-    );
-    let kv: KvBackendRef = Arc::new(NamespacedKvBackend::new(etcd, prefix.clone()));
-    let store = Arc::new(KvStateStore::new(kv).with_leader_fence(fence.clone()));
+    let store = fenced_store(&endpoints, &prefix, &fence).await;
     let manager = LocalManager::new(store.clone(), ManagerConfig::default());
     manager.start().await.unwrap();
     manager.stop().await.unwrap();
@@ -380,13 +389,7 @@ async fn a_leader_whose_first_member_is_blackholed_keeps_its_term() {
         .await
         .unwrap()
         .unwrap();
-    let etcd: KvBackendRef = Arc::new(
-        EtcdKvBackend::connect(EtcdConfig::new(live.clone()))
-            .await
-            .unwrap(),
-    );
-    let kv: KvBackendRef = Arc::new(NamespacedKvBackend::new(etcd, prefix.clone()));
-    let store = Arc::new(KvStateStore::new(kv).with_leader_fence(fence.clone()));
+    let store = fenced_store(&live, &prefix, &fence).await;
     let manager = LocalManager::new(store.clone(), ManagerConfig::default());
     manager.start().await.unwrap();
     assert_eq!(manager.epoch(), Some(term.epoch()));

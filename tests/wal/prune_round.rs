@@ -392,6 +392,20 @@ impl RecordDeleter for CreatingBrokers {
     }
 }
 
+/// A started manager on `env`'s store whose rounds read the metadata through `kv` and delete through `deleter`.
+async fn started_manager(
+    env: &Env,
+    kv: KvBackendRef,
+    deleter: Arc<dyn RecordDeleter>,
+) -> LocalManager {
+    let manager = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
+    manager
+        .register_loader(WalPruneRound::TYPE_NAME, WalPruneRound::loader(kv, deleter))
+        .unwrap();
+    manager.start().await.unwrap();
+    manager
+}
+
 /// Runs one round over `topics` on a fresh manager of `env`'s store with `brokers`, and returns its output.
 async fn run_round(
     env: &Env,
@@ -594,13 +608,7 @@ async fn a_deposed_managers_late_watermark_write_never_lowers_the_watermark_and_
     });
     let held_kv: KvBackendRef = held.clone();
     let id = ProcedureId::new("wal_prune_round/late");
-    let a = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
-    a.register_loader(
-        WalPruneRound::TYPE_NAME,
-        WalPruneRound::loader(held_kv.clone(), env.brokers.clone()),
-    )
-    .unwrap();
-    a.start().await.unwrap();
+    let a = started_manager(&env, held_kv.clone(), env.brokers.clone()).await;
     let round = WalPruneRound::new(
         vec!["t_0".to_string()],
         PruneMode::DeleteRecords,
@@ -618,13 +626,7 @@ async fn a_deposed_managers_late_watermark_write_never_lowers_the_watermark_and_
         .forget();
 
     // A second manager claims the epoch and finishes that round (t_0 to 7).
-    let b = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
-    b.register_loader(
-        WalPruneRound::TYPE_NAME,
-        WalPruneRound::loader(env.kv.clone(), env.brokers.clone()),
-    )
-    .unwrap();
-    b.start().await.unwrap();
+    let b = started_manager(&env, env.kv.clone(), env.brokers.clone()).await;
     let mut w = b.watch(&id).await.unwrap().expect("recovered");
     w.wait().await.unwrap();
     b.stop().await.unwrap();
@@ -731,13 +733,7 @@ async fn a_deposed_managers_late_delete_records_deletes_nothing_written_after_it
     });
     let deleter: Arc<dyn RecordDeleter> = brokers.clone();
     let id = ProcedureId::new("wal_prune_round/late_delete");
-    let a = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
-    a.register_loader(
-        WalPruneRound::TYPE_NAME,
-        WalPruneRound::loader(env.kv.clone(), deleter.clone()),
-    )
-    .unwrap();
-    a.start().await.unwrap();
+    let a = started_manager(&env, env.kv.clone(), deleter.clone()).await;
     let round = WalPruneRound::new(
         vec!["t_4".to_string()],
         PruneMode::DeleteRecords,
@@ -758,13 +754,7 @@ async fn a_deposed_managers_late_delete_records_deletes_nothing_written_after_it
     .forget();
 
     // A second manager claims the epoch and finishes that round.
-    let b = LocalManager::new(env.store.clone(), MatrixConfig::default().manager);
-    b.register_loader(
-        WalPruneRound::TYPE_NAME,
-        WalPruneRound::loader(env.kv.clone(), deleter.clone()),
-    )
-    .unwrap();
-    b.start().await.unwrap();
+    let b = started_manager(&env, env.kv.clone(), deleter.clone()).await;
     let mut w = b.watch(&id).await.unwrap().expect("recovered");
     w.wait().await.unwrap();
     b.stop().await.unwrap();

@@ -240,16 +240,7 @@ fn a_blackholed_then_a_killed_member_under_load_changes_no_leader_and_fails_no_w
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let raft = runtime.block_on(raft_leader(&cluster.etcd.endpoints, &[0, 1, 2]));
     let victim = [1, 2].into_iter().find(|&m| m != raft).unwrap_or(1);
-    let pid = services(&[
-        "pid",
-        "etcd",
-        &format!("{}-{}", cluster.etcd.name, victim + 1),
-    ]);
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .expect("run kill");
-    assert!(killed.success(), "kill -KILL {pid}");
+    cluster.kill_member(victim);
     under_load_for(Duration::from_secs(3 * LEASE_TTL_SECS));
 
     stop.store(true, Ordering::Relaxed);
@@ -285,16 +276,7 @@ fn etcds_raft_leader_killed_under_load_changes_no_leader_when_the_lease_outlasts
 
     let runtime = tokio::runtime::Runtime::new().expect("a runtime");
     let victim = runtime.block_on(raft_leader(&cluster.etcd.endpoints, &[0, 1, 2]));
-    let pid = services(&[
-        "pid",
-        "etcd",
-        &format!("{}-{}", cluster.etcd.name, victim + 1),
-    ]);
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pid])
-        .status()
-        .expect("run kill");
-    assert!(killed.success(), "kill -KILL {pid}");
+    cluster.kill_member(victim);
     let alive: Vec<usize> = (0..3).filter(|&m| m != victim).collect();
     // A raft leader among the members left, then two whole TTLs of load under it.
     let elected = runtime.block_on(raft_leader(&cluster.etcd.endpoints, &alive));
@@ -315,6 +297,16 @@ fn etcds_raft_leader_killed_under_load_changes_no_leader_when_the_lease_outlasts
 }
 
 impl Partitionable {
+    /// kill -9 of etcd member `member` (its index among the endpoints).
+    fn kill_member(&self, member: usize) {
+        let pid = services(&["pid", "etcd", &format!("{}-{}", self.etcd.name, member + 1)]);
+        let killed = std::process::Command::new("kill")
+            .args(["-KILL", &pid])
+            .status()
+            .expect("run kill");
+        assert!(killed.success(), "kill -KILL {pid}");
+    }
+
     /// What a single member's fault must leave as it was: no final error for the client, no other server ever
     /// ready, the leader `leader` seen with the same address and epoch as `before`, no failed or stalled procedure,
     /// some progress, and every table the client was told of in the store once (read through the members other
