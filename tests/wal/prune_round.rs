@@ -406,6 +406,17 @@ async fn started_manager(
     manager
 }
 
+/// Waits for a deposed manager's procedure to end, and checks it did not finish: its manager halted.
+async fn deposed_manager_stops(watcher: &mut procedures::Watcher) {
+    let outcome = tokio::time::timeout(std::time::Duration::from_secs(30), watcher.wait())
+        .await
+        .expect("the deposed manager stops");
+    assert!(
+        outcome.is_err(),
+        "the deposed manager finished: {outcome:?}"
+    );
+}
+
 /// Runs one round over `topics` on a fresh manager of `env`'s store with `brokers`, and returns its output.
 async fn run_round(
     env: &Env,
@@ -666,13 +677,7 @@ async fn a_deposed_managers_late_watermark_write_never_lowers_the_watermark_and_
 
     // Let go, the deposed manager's write (to 7, expecting the value it read at 2) changes nothing.
     held.release.add_permits(1);
-    let outcome = tokio::time::timeout(std::time::Duration::from_secs(30), a_watcher.wait())
-        .await
-        .expect("the deposed manager stops");
-    assert!(
-        outcome.is_err(),
-        "the deposed manager finished: {outcome:?}"
-    );
+    deposed_manager_stops(&mut a_watcher).await;
     assert_eq!(
         watermark(env.kv.clone()).await,
         10,
@@ -775,13 +780,7 @@ async fn a_deposed_managers_late_delete_records_deletes_nothing_written_after_it
 
     // Let go, the deposed manager's DeleteRecords deletes nothing the new region needs.
     brokers.release.add_permits(1);
-    let outcome = tokio::time::timeout(std::time::Duration::from_secs(30), a_watcher.wait())
-        .await
-        .expect("the deposed manager stops");
-    assert!(
-        outcome.is_err(),
-        "the deposed manager finished: {outcome:?}"
-    );
+    deposed_manager_stops(&mut a_watcher).await;
     assert_eq!(
         brokers.low.lock().unwrap().get("t_4").copied(),
         low_after_round,
