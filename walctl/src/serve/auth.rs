@@ -189,29 +189,60 @@ pub async fn require_token(
     let Some(needed) = auth.needed(request.method(), request.uri().path()) else {
         return next.run(request).await;
     };
+    match refusal(&auth, &request, needed) {
+        None => next.run(request).await,
+        Some(mut refused) => {
+            if carries_body(&request) {
+                // The body is not read, so the connection cannot carry another request: the server closes it
+                // after this answer, and says so, or a client would send its next request on it and see the
+                // connection drop.
+                refused.headers_mut().insert(
+                    header::CONNECTION,
+                    header::HeaderValue::from_static("close"),
+                );
+            }
+            refused
+        }
+    }
+}
+
+/// Whether the request says a body follows (a length above 0, or a chunked body).
+fn carries_body(request: &Request) -> bool {
+    let headers = request.headers();
+    let length = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    length.is_some_and(|n| n > 0) || headers.contains_key(header::TRANSFER_ENCODING)
+}
+
+/// The 401 or 403 for a request that needs `needed`, or `None` when its token has that scope.
+fn refusal(auth: &Auth, request: &Request, needed: Scope) -> Option<Response> {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| bearer(v.as_bytes()));
     let Some(presented) = presented else {
-        return unauthorized(
+        return Some(unauthorized(
             "this request needs a bearer token (Authorization: Bearer TOKEN): walctl takes it from --token-file \
              or WALCTL_TOKEN",
             false,
-        );
+        ));
     };
     match auth.current().scope_of(presented) {
-        None => unauthorized(
+        None => Some(unauthorized(
             "the bearer token is not one of this server's tokens ([server] auth tokens_file)",
             true,
+        )),
+        Some(scope) if scope < needed => Some(
+            ApiError::forbidden(format!(
+                "{} {} needs a write token; this one is a read token",
+                request.method(),
+                remote_wal::ddl::procedure_id::excerpt(request.uri().path(), 100)
+            ))
+            .into_response(),
         ),
-        Some(scope) if scope < needed => ApiError::forbidden(format!(
-            "{} {} needs a write token; this one is a read token",
-            request.method(),
-            remote_wal::ddl::procedure_id::excerpt(request.uri().path(), 100)
-        ))
-        .into_response(),
-        Some(_) => next.run(request).await,
+        Some(_) => None,
     }
 }
 

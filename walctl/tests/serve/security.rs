@@ -30,6 +30,8 @@ const REDB: &str = "[metadata_store]\nbackend = \"redb\"\npath = \"data/metadata
 struct Answer {
     status: u16,
     challenge: Option<String>,
+    /// Whether the answer says the server closes the connection after it (`Connection: close`).
+    closes: bool,
     body: Value,
     text: String,
 }
@@ -90,11 +92,17 @@ fn send(
         .get("www-authenticate")
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
+    let closes = response
+        .headers()
+        .get("connection")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("close"));
     let text = response.body_mut().read_to_string().unwrap_or_default();
     let body = serde_json::from_str(&text).unwrap_or(Value::Null);
     Answer {
         status,
         challenge,
+        closes,
         body,
         text,
     }
@@ -167,6 +175,7 @@ fn tokens_scope_the_api_and_sighup_reloads_them() {
     for (token, invalid) in [(None, false), (Some(WRONG), true)] {
         let answer = send(&agent, "GET", &url("/v1/procedures"), token, None);
         assert_eq!(answer.status, 401, "{}", answer.text);
+        assert!(!answer.closes, "a refused GET has no body left unread");
         assert_eq!(answer.body["error"]["kind"], json!("unauthorized"));
         assert_eq!(answer.body["error"]["retryable"], json!(false));
         let challenge = answer.challenge.expect("WWW-Authenticate");
@@ -188,6 +197,12 @@ fn tokens_scope_the_api_and_sighup_reloads_them() {
     );
     assert_eq!(refused.status, 403, "{}", refused.text);
     assert_eq!(refused.body["error"]["kind"], json!("forbidden"));
+    // Its body was never read, so the server closes that connection and says so: the client's next request goes
+    // on a new one instead of failing on a dropped connection.
+    assert!(
+        refused.closes,
+        "a refusal of an unread body keeps the connection open"
+    );
     let shown = send(
         &agent,
         "GET",
