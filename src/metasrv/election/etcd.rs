@@ -39,6 +39,12 @@ use super::{AbortOnDrop, ELECTION_KEY, ElectionValue, LeaderInfo};
 /// Keep-alives per TTL on each lane (see [`KeepAlive`]).
 const CADENCE_PER_TTL: u32 = 6;
 
+/// How many times per cadence a member whose keep-alive stream failed may be tried again. While etcd has no raft
+/// leader every member answers "no leader" at once; the keep-alive that saves the term is the first one sent after
+/// it has one, so retries come a quarter of a cadence apart (a CI run lost a 5 s term by 10 ms when a refused member
+/// waited a whole cadence).
+const RETRIES_PER_CADENCE: u32 = 4;
+
 /// How long one etcd call of the election (other than the campaign itself) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -549,11 +555,13 @@ impl KeepAlive {
         let want = n.min(2);
         let (events_tx, mut events) = mpsc::unbounded_channel();
         // The lanes running: (member, task); and when each member's last lane started, so a member that fails at
-        // once is tried again no sooner than an interval later.
+        // once is tried again no sooner than a retry gap later: short enough that the first keep-alive after etcd
+        // elects a new raft leader is sent within it, long enough not to spin on a member that refuses at once.
+        let retry_gap = interval / RETRIES_PER_CADENCE;
         let mut lanes: Vec<(usize, AbortOnDrop)> = Vec::new();
         let mut started: Vec<Option<Instant>> = vec![None; n];
         let mut next_member = self.members.preferred();
-        let mut top_up = tokio::time::interval(interval / 2);
+        let mut top_up = tokio::time::interval(retry_gap);
         top_up.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // Keep `want` lanes on distinct members, starting from the member after the last one tried.
@@ -565,7 +573,7 @@ impl KeepAlive {
                 let member = next_member % n;
                 next_member = (member + 1) % n;
                 let busy = lanes.iter().any(|(m, _)| *m == member);
-                let recent = started[member].is_some_and(|at| now < at + interval);
+                let recent = started[member].is_some_and(|at| now < at + retry_gap);
                 if busy || recent {
                     continue;
                 }
