@@ -184,6 +184,7 @@ impl LocalManager {
 pub use lock::{HeldKey, LockWait, ProcedureLocks};
 
 mod control;
+pub(crate) mod live;
 mod local;
 mod lock;
 mod retention;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::error::{Error, Result};
+use crate::manager::live::LiveHandle;
 use crate::procedure::{Output, ProcedureId};
 use crate::record::{ProcedureInfo, ProcedureState};
 
@@ -14,6 +15,9 @@ pub struct Watcher {
     id: ProcedureId,
     rx: watch::Receiver<Arc<ProcedureInfo>>,
     stored: bool,
+    /// The history's live state, for a procedure whose runner keeps it (the published information then carries
+    /// no events).
+    live: Option<LiveHandle>,
 }
 
 impl Watcher {
@@ -24,7 +28,14 @@ impl Watcher {
             id,
             rx,
             stored: false,
+            live: None,
         }
+    }
+
+    /// This watcher, reading the procedure's history from `live` (see `manager::live`).
+    pub(crate) fn with_live(mut self, live: LiveHandle) -> Self {
+        self.live = Some(live);
+        self
     }
 
     /// This watcher, marked as the answer of the submission that stored the procedure's first record.
@@ -45,9 +56,13 @@ impl Watcher {
         &self.id
     }
 
-    /// The latest known information.
+    /// The latest known information, with the procedure's history.
     pub fn info(&self) -> ProcedureInfo {
-        ProcedureInfo::clone(&self.rx.borrow())
+        let mut info = ProcedureInfo::clone(&self.rx.borrow());
+        if let Some(live) = &self.live {
+            live.fill(&mut info);
+        }
+        info
     }
 
     /// Waits until the procedure is done (its output) or failed ([`Error::ProcedureFailed`] with the recorded

@@ -17,6 +17,7 @@ use crate::config::ManagerConfig;
 use crate::control::{ControlOp, ControlRequests};
 use crate::error::{Error, Result};
 use crate::event::{EventKind, push_event};
+use crate::manager::live::LiveHandle;
 use crate::manager::lock::{LockTable, ProcedureLocks};
 use crate::manager::{LocalManager, ProcedureManager};
 use crate::procedure::{BoxedProcedureLoader, ProcedureId, ProcedureWithId, SideEffectHook};
@@ -83,9 +84,14 @@ pub(crate) struct Entry {
     pub(crate) root: ProcedureId,
     /// The record could not be recovered: shown as failed, but its record is left as it is in the store.
     pub(crate) unrecoverable: bool,
+    /// The history and live introspection a runner keeps (see [`LiveHandle`]), for a procedure this manager runs
+    /// or ran: `info` then carries no events, and readers take them from here. `None` for a procedure only loaded
+    /// (finished, or unrecoverable), whose `info` holds its recorded history.
+    pub(crate) live: Option<LiveHandle>,
 }
 
 impl Entry {
+    /// The entry of a procedure this manager shows only (finished, or unrecoverable): `info` keeps its history.
     fn new(info: ProcedureInfo, root: ProcedureId) -> Self {
         let info = Arc::new(info);
         let (tx, _) = watch::channel(Arc::clone(&info));
@@ -94,6 +100,32 @@ impl Entry {
             tx: Some(tx),
             root,
             unrecoverable: false,
+            live: None,
+        }
+    }
+
+    /// The entry of a procedure a runner of this manager will run: `info`'s history moves to a live state the
+    /// runner takes over ([`Entry::live`]).
+    pub(crate) fn to_run(mut info: ProcedureInfo, root: ProcedureId) -> Self {
+        let live = LiveHandle::with_events(std::mem::take(&mut info.events));
+        let mut entry = Entry::new(info, root);
+        entry.live = Some(live);
+        entry
+    }
+
+    /// Adds an event to the history the procedure shows: the live one when a runner keeps it, else `info`'s (a
+    /// copy of the published information, for the caller to publish). `once`: not when an equal one is there.
+    pub(crate) fn add_event(&self, info: &mut ProcedureInfo, kind: EventKind, once: bool) {
+        match &self.live {
+            Some(live) if once => {
+                live.push_once(kind);
+            }
+            Some(live) => live.push(kind),
+            None => {
+                if !(once && info.events.iter().any(|e| e.kind == kind)) {
+                    push_event(&mut info.events, now_ms(), kind);
+                }
+            }
         }
     }
 
@@ -128,13 +160,21 @@ impl Entry {
         });
         if finished {
             self.tx = None;
+            // A finished state's information carries its history: the live state is no longer read through the
+            // entry (a watcher taken before may still hold it).
+            self.live = None;
         }
         (std::mem::replace(&mut self.info, info), sent)
     }
 
-    /// A copy of the latest information, to change and publish.
+    /// A copy of the latest information with its history (read from the live state when a runner keeps it), to
+    /// show, or to change and publish.
     pub(crate) fn info_copy(&self) -> ProcedureInfo {
-        ProcedureInfo::clone(&self.info)
+        let mut info = ProcedureInfo::clone(&self.info);
+        if let Some(live) = &self.live {
+            live.fill(&mut info);
+        }
+        info
     }
 
     /// Publishes `info` as the last word of this manager on the procedure: watchers of an unfinished procedure then
@@ -146,12 +186,16 @@ impl Entry {
 
     /// A watcher; for a closed channel, one that resolves at once from the last information.
     pub(crate) fn watcher(&self) -> Watcher {
-        match &self.tx {
+        let watcher = match &self.tx {
             Some(tx) => Watcher::new(self.info.id.clone(), tx.subscribe()),
             None => {
                 let (_, rx) = watch::channel(Arc::clone(&self.info));
                 Watcher::new(self.info.id.clone(), rx)
             }
+        };
+        match &self.live {
+            Some(live) => watcher.with_live(live.clone()),
+            None => watcher,
         }
     }
 }
@@ -326,17 +370,14 @@ impl Inner {
         state.tasks.abort_all();
         for entry in state.procedures.values_mut() {
             if !entry.info.state.is_finished() {
-                let mut info = entry.info_copy();
+                let mut info = ProcedureInfo::clone(&entry.info);
                 // `retrying` is never persisted: the last persisted state of a retrying procedure is `running`.
                 if info.state == ProcedureState::Retrying {
                     info.state = ProcedureState::Running;
                 }
                 // The fence in each unfinished procedure's history (in memory; a runner that met it noted it).
                 if let Some(epoch) = fenced_by {
-                    let kind = EventKind::Fenced { epoch };
-                    if !info.events.iter().any(|e| e.kind == kind) {
-                        push_event(&mut info.events, now_ms(), kind);
-                    }
+                    entry.add_event(&mut info, EventKind::Fenced { epoch }, true);
                 }
                 if info != *entry.info {
                     entry.publish(info);

@@ -5,7 +5,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use futures::FutureExt;
 
@@ -13,7 +13,8 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::event::{EventKind, ProcedureEvent, push_event, truncate_text};
+use crate::event::{EventKind, ProcedureEvent, truncate_text};
+use crate::manager::live::{Live, LiveHandle};
 use crate::manager::local::{Inner, backoff};
 use crate::manager::lock::Requester;
 use crate::procedure::{BoxedProcedure, Context, ProcedureId, Status};
@@ -125,24 +126,6 @@ enum Boundary {
     Cancel(OwnedSemaphorePermit),
 }
 
-/// What the runner knows of its procedure beyond its last record: the introspection of [`ProcedureInfo`].
-#[derive(Default)]
-struct Live {
-    /// Every event, persisted or not yet (bounded like the record's).
-    events: Vec<ProcedureEvent>,
-    /// The JSON of the first `encoded.len()` of `events`, each as it appears in a record: a write serialises only
-    /// the events new since the last one, not the whole history again.
-    encoded: Vec<String>,
-    /// Starts of the current step in this manager.
-    attempt: u32,
-    /// The current step's last error, or the error that stalled it.
-    last_error: Option<String>,
-    next_retry_at_ms: Option<u64>,
-    step_started_at_ms: Option<u64>,
-    /// The length of the last record written without its history: the size of the next one's buffer.
-    record_body_len: usize,
-}
-
 /// What the history of a record [`Runner::next_record`] made adds to the live one it encoded (the oldest beyond
 /// [`MAX_EVENTS`] left out).
 struct HistoryTail {
@@ -155,15 +138,25 @@ pub(crate) struct Runner {
     epoch: u64,
     root: ProcedureId,
     procedure: BoxedProcedure,
-    /// The last record persisted for the procedure — without its history, which is `live.events` (written with
-    /// every record, so never behind it).
+    /// The last record persisted for the procedure — without its history, which is `live`'s (written with every
+    /// record, so never behind it).
     record: ProcedureRecord,
     /// The epoch of this manager when it loaded the procedure from the store (not when it submitted it).
     recovered_by: Option<u64>,
-    live: Mutex<Live>,
+    /// Its history and current attempt, shared with the manager's entry and the watchers (see `manager::live`).
+    live: LiveHandle,
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        // The history stays readable while the procedure is in memory; its JSON served only the writes.
+        self.live.done_writing();
+    }
 }
 
 impl Runner {
+    /// A runner of `record`'s procedure whose history is `live`'s (the entry's: the record's history went there
+    /// when the entry was made, so the record's own copy is dropped).
     pub(crate) fn new(
         inner: Arc<Inner>,
         epoch: u64,
@@ -171,11 +164,9 @@ impl Runner {
         mut record: ProcedureRecord,
         procedure: BoxedProcedure,
         recovered: bool,
+        live: LiveHandle,
     ) -> Self {
-        let live = Live {
-            events: std::mem::take(&mut record.events),
-            ..Live::default()
-        };
+        record.events = Vec::new();
         Runner {
             inner,
             epoch,
@@ -183,7 +174,7 @@ impl Runner {
             procedure,
             record,
             recovered_by: recovered.then_some(epoch),
-            live: Mutex::new(live),
+            live,
         }
     }
 
@@ -192,8 +183,7 @@ impl Runner {
     }
 
     fn live(&self) -> MutexGuard<'_, Live> {
-        // Every change under this lock is a field assignment or a bounded push: it cannot panic half-way.
-        self.live.lock().unwrap_or_else(|p| p.into_inner())
+        self.live.lock()
     }
 
     /// Adds an event to the history (kept in memory until the next write takes it along).
@@ -203,12 +193,7 @@ impl Runner {
         {
             observer.retried(&self.record.type_name, step.as_deref(), error);
         }
-        let mut live = self.live();
-        let before = live.events.len();
-        push_event(&mut live.events, now_ms(), kind);
-        // The oldest events the push dropped take their JSON along.
-        let dropped = (before + 1 - live.events.len()).min(live.encoded.len());
-        live.encoded.drain(..dropped);
+        self.live().push(now_ms(), kind);
     }
 
     /// Makes the live history the one of the record just written: the live one [`Runner::next_record`] encoded plus
@@ -234,7 +219,9 @@ impl Runner {
         live.encoded.drain(..extra);
     }
 
-    /// What the procedure shows: its last record with `state` and `error`, plus the live introspection.
+    /// What the procedure shows: its last record with `state` and `error`, plus the live introspection. Its history
+    /// only when `state` is finished (the last publication, copied once): until then readers take it from the live
+    /// state when they ask (`manager::live`), as a copy per publication cost more than the step's write.
     fn info(&self, state: ProcedureState, error: Option<String>) -> ProcedureInfo {
         let r = &self.record;
         let step_name = self.procedure.step_name();
@@ -259,7 +246,11 @@ impl Runner {
             lock_keys: r.lock_keys.clone(),
             locks_held: Vec::new(),
             lock_wait: None,
-            events: live.events.clone(),
+            events: if state.is_finished() {
+                live.events.clone()
+            } else {
+                Vec::new()
+            },
             refusal: None,
         }
     }
@@ -340,19 +331,16 @@ impl Runner {
             if entry.info.state.is_finished() {
                 return false;
             }
-            let mut info = entry.info_copy();
+            let mut info = ProcedureInfo::clone(&entry.info);
             let reason = format!("the procedure panicked: {message}");
             info.state = ProcedureState::Stalled;
             info.error = Some(reason.clone());
             info.last_error = Some(reason.clone());
             info.next_retry_at_ms = None;
-            push_event(
-                &mut info.events,
-                now_ms(),
-                EventKind::Stalled {
-                    reason: truncate_text(&reason),
-                },
-            );
+            let stalled = EventKind::Stalled {
+                reason: truncate_text(&reason),
+            };
+            entry.add_event(&mut info, stalled, false);
             entry.close(info);
             true
         });
@@ -755,7 +743,15 @@ mod tests {
             None,
         )
         .unwrap();
-        let runner = Box::new(Runner::new(inner, 1, id, new.record, new.procedure, false));
+        let runner = Box::new(Runner::new(
+            inner,
+            1,
+            id,
+            new.record,
+            new.procedure,
+            false,
+            LiveHandle::default(),
+        ));
         let size = std::mem::size_of_val(&runner.run(Resume::Execute));
         assert!(
             size < 3 * 1024,

@@ -94,7 +94,7 @@ impl Inner {
                         let info = ProcedureInfo::from(&record);
                         state
                             .procedures
-                            .insert(record.id.clone(), Entry::new(info, record.id.clone()));
+                            .insert(record.id.clone(), Entry::to_run(info, record.id.clone()));
                         runners.push((record, procedure));
                     }
                     Recovered::Unrecoverable {
@@ -341,9 +341,10 @@ impl Inner {
             }
             Recovered::Unfinished(record, procedure) => {
                 let root = adopted_root(&state.procedures, &record);
-                state
-                    .procedures
-                    .insert(id.clone(), Entry::new(ProcedureInfo::from(&record), root));
+                state.procedures.insert(
+                    id.clone(),
+                    Entry::to_run(ProcedureInfo::from(&record), root),
+                );
                 let resume = if record.state == ProcedureState::RollingBack {
                     Resume::RollBack(record.error.clone().unwrap_or_default())
                 } else {

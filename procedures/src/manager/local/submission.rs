@@ -7,6 +7,7 @@ use tokio::sync::oneshot;
 
 use crate::error::{Error, Result};
 use crate::event::{EventKind, push_event};
+use crate::manager::live::LiveHandle;
 use crate::manager::lock::ProcedureLocks;
 use crate::manager::runner::{Resume, Runner};
 use crate::procedure::{BoxedProcedure, ProcedureId, ProcedureWithId};
@@ -49,7 +50,7 @@ impl Inner {
             }
             state.procedures.insert(
                 id.clone(),
-                Entry::new(ProcedureInfo::from(&new.record), id.clone()),
+                Entry::to_run(ProcedureInfo::from(&new.record), id.clone()),
             );
         }
         // Boxed, so that a submission still pending after its first poll can move into a task.
@@ -114,7 +115,7 @@ impl Inner {
             }
             state.procedures.insert(
                 id.clone(),
-                Entry::new(ProcedureInfo::from(&new.record), id.clone()),
+                Entry::to_run(ProcedureInfo::from(&new.record), id.clone()),
             );
         }
         let outcome = self
@@ -297,7 +298,7 @@ impl Inner {
         };
         state.procedures.insert(
             id.clone(),
-            Entry::new(ProcedureInfo::from(&new.record), root),
+            Entry::to_run(ProcedureInfo::from(&new.record), root),
         );
         Ok(())
     }
@@ -345,9 +346,15 @@ impl Inner {
         resume: Resume,
         recovered: bool,
     ) {
-        let Some(entry) = state.procedures.get(&record.id) else {
+        let Some(entry) = state.procedures.get_mut(&record.id) else {
             return;
         };
+        // Every entry of a procedure to run is made with its live state (`Entry::to_run`); one made otherwise
+        // gets it here, so the runner's history is always the one its readers see.
+        let live = entry
+            .live
+            .get_or_insert_with(|| LiveHandle::with_events(record.events.clone()))
+            .clone();
         let runner = Box::new(Runner::new(
             Arc::clone(self),
             epoch,
@@ -355,6 +362,7 @@ impl Inner {
             record,
             procedure,
             recovered,
+            live,
         ));
         state.spawn(runner.run(resume));
     }
