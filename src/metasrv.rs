@@ -414,7 +414,7 @@ impl Metasrv {
     /// and waits for it). Afterwards tables can be created.
     pub async fn start(&self) -> Result<()> {
         self.start_procedures().await?;
-        self.wal.start(&self.procedures).await
+        Ok(self.wal.start(&self.procedures).await?)
     }
 
     /// Starts the procedure manager: it claims the store (fencing any older manager) and recovers and resumes
@@ -628,12 +628,13 @@ impl Metasrv {
                 persisted: wanted.len(),
             });
             if tokio::time::Instant::now() >= deadline {
-                return crate::error::TopicNotListedSnafu {
+                return Err(crate::wal::error::TopicNotListedSnafu {
                     topic,
                     endpoints: vec![endpoint],
                     timeout: kafka.create_topic_timeout,
                 }
-                .fail();
+                .build()
+                .into());
             }
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(500));
@@ -1116,7 +1117,7 @@ impl Metasrv {
     /// The Kafka pool's topics whose configs differ from `[wal] topic_config` (none read when it is empty).
     async fn config_drift(&self) -> Result<Vec<TopicConfigDrift>> {
         match self.wal.as_ref() {
-            WalOptionsAllocator::Kafka(topics) => topics.config_drift().await,
+            WalOptionsAllocator::Kafka(topics) => Ok(topics.config_drift().await?),
             WalOptionsAllocator::RaftEngine => Ok(Vec::new()),
         }
     }

@@ -9,11 +9,12 @@
 
 use std::collections::BTreeMap;
 
-use remote_wal::error::{CheckpointContentionSnafu, Result};
 pub use remote_wal::key::topic_region::{
     ReplayCheckpoint, TOPIC_REGION_PREFIX, TopicRegionValue, topic_region_key, topic_region_prefix,
 };
 use remote_wal::kv::{CompareAndPutRequest, KvBackendRef};
+use remote_wal::wal::error::CheckpointContentionSnafu;
+use remote_wal::wal::error::Result;
 
 use crate::log_store::kafka::{KafkaLogStore, PartitionLog};
 use crate::log_store::{EntryId, RegionId};

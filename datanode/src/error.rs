@@ -170,6 +170,14 @@ impl Error {
     }
 }
 
+impl From<remote_wal::wal::Error> for Error {
+    fn from(source: remote_wal::wal::Error) -> Self {
+        Error::Wal {
+            source: source.into(),
+        }
+    }
+}
+
 impl From<remote_wal::Error> for Error {
     fn from(source: remote_wal::Error) -> Self {
         Error::Wal { source }

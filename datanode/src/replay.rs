@@ -12,9 +12,10 @@ use crate::checkpoint::CheckpointStore;
 use crate::log_store::kafka::{KafkaLogStore, PartitionLog, ReadCounts};
 use crate::log_store::record::{entry_id_of_offset, offset_of_entry_id};
 use crate::log_store::{Entry, EntryId, RegionId};
-use remote_wal::error::{LogCheckpointAboveEndSnafu, LogEntriesPrunedSnafu, Result};
 use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
 use remote_wal::kv::KvBackendRef;
+use remote_wal::wal::error::Result;
+use remote_wal::wal::error::{LogCheckpointAboveEndSnafu, LogEntriesPrunedSnafu};
 
 /// What one region replayed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +45,7 @@ pub struct TopicReplay {
     /// retention or by hand, or the topic recreated), or whose checkpoint lies above the topic's end (the topic
     /// recreated or truncated): the error names the topic, the region and both entry ids.
     /// The topic's other regions are replayed all the same.
-    pub errors: BTreeMap<RegionId, remote_wal::Error>,
+    pub errors: BTreeMap<RegionId, remote_wal::wal::Error>,
     /// What the one read pass cost (fetches, records and bytes of every region on the topic).
     pub read: ReadCounts,
 }
@@ -145,7 +146,7 @@ pub struct RegionReplayOutcome {
     /// Their bytes (0 on error).
     pub bytes_replayed: u64,
     /// Why the region's WAL could not be replayed; the other regions' replays are not affected.
-    pub error: Option<remote_wal::Error>,
+    pub error: Option<remote_wal::wal::Error>,
 }
 
 impl RegionReplayOutcome {
@@ -158,7 +159,7 @@ impl RegionReplayOutcome {
         }
     }
 
-    fn failed(region_id: RegionId, error: remote_wal::Error) -> Self {
+    fn failed(region_id: RegionId, error: remote_wal::wal::Error) -> Self {
         RegionReplayOutcome {
             region_id,
             entries_replayed: 0,
@@ -234,7 +235,7 @@ pub async fn replay_open_requests(
             Err(e) => {
                 let text = e.to_string();
                 for region_id in &raft_engine {
-                    let error = remote_wal::error::RegionReplaySnafu {
+                    let error = remote_wal::wal::error::RegionReplaySnafu {
                         region_id: *region_id,
                         reason: text.clone(),
                     }
@@ -288,7 +289,7 @@ pub async fn replay_open_requests(
                 }
                 Err(reason) => {
                     for region_id in regions {
-                        let error = remote_wal::error::RegionReplaySnafu {
+                        let error = remote_wal::wal::error::RegionReplaySnafu {
                             region_id,
                             reason: reason.clone(),
                         }

@@ -21,12 +21,11 @@ use remote_wal::datanode::protocol::{
 use remote_wal::wal::{KafkaConfig, WAL_OPTIONS_KEY, WalOptions};
 use rskafka::client::Client;
 use serde::Serialize;
-use snafu::ResultExt;
 use tokio::sync::OnceCell;
 
 use crate::error::{
     NoTopicRegionKeySnafu, NotLeaderSnafu, OutcomeUnknownSnafu, RegionDroppedSnafu,
-    RegionNotOpenSnafu, RegionWalSnafu, Result, WalSnafu, WalTailLostSnafu,
+    RegionNotOpenSnafu, RegionWalSnafu, Result, WalTailLostSnafu,
 };
 use crate::log_store::kafka::{PartitionLog, RsKafkaPartition, call_bound, connect_client};
 use crate::log_store::{
@@ -368,9 +367,8 @@ impl Datanode {
             let store = self
                 .raft_engine
                 .get_or_try_init(|| RaftEngineLogStore::open(&self.options.wal_dir))
-                .await
-                .context(WalSnafu)?;
-            store.delete_region(region_id).await.context(WalSnafu)?;
+                .await?;
+            store.delete_region(region_id).await?;
         }
         self.dropped
             .lock()
@@ -538,14 +536,13 @@ impl Datanode {
             }
             .build()
         })?;
-        let options = WalOptions::decode(encoded).context(WalSnafu)?;
+        let options = WalOptions::decode(encoded)?;
         match options {
             WalOptions::RaftEngine => {
                 let store = self
                     .raft_engine
                     .get_or_try_init(|| RaftEngineLogStore::open(&self.options.wal_dir))
-                    .await
-                    .context(WalSnafu)?;
+                    .await?;
                 Ok(RegionWal::RaftEngine(store.clone()))
             }
             WalOptions::Kafka(kafka) => {
@@ -579,18 +576,13 @@ impl Datanode {
                 let client = self
                     .kafka_client
                     .get_or_try_init(|| connect_client(kafka))
-                    .await
-                    .context(WalSnafu)?;
-                Arc::new(
-                    RsKafkaPartition::new(client, topic, call_bound(kafka))
-                        .await
-                        .context(WalSnafu)?,
-                )
+                    .await?;
+                Arc::new(RsKafkaPartition::new(client, topic, call_bound(kafka)).await?)
             }
         };
         let store = Arc::new(KafkaLogStore::with_writer(
             partition,
-            KafkaLogStoreConfig::for_kafka(kafka).context(WalSnafu)?,
+            KafkaLogStoreConfig::for_kafka(kafka)?,
             writer_id(self.options.id, self.incarnation()),
         ));
         store.restrict_to_registered();
@@ -646,16 +638,9 @@ impl Datanode {
         let mut replayed = Vec::new();
         let mut last = start;
         if let RegionWal::RaftEngine(store) = &wal {
-            start = start.max(store.flushed_entry_id(region_id).await.context(WalSnafu)?);
-            replayed = store
-                .read(region_id, start.saturating_add(1))
-                .await
-                .context(WalSnafu)?;
-            last = store
-                .last_entry_id(region_id)
-                .await
-                .context(WalSnafu)?
-                .max(start);
+            start = start.max(store.flushed_entry_id(region_id).await?);
+            replayed = store.read(region_id, start.saturating_add(1)).await?;
+            last = store.last_entry_id(region_id).await?.max(start);
         }
         self.install(open, wal, start, last, replayed);
         Ok(())
@@ -1016,7 +1001,7 @@ impl Datanode {
         // On Kafka the region has no entry between its last and the topic's end (no append runs while the
         // memtable is held), so it is flushed up to that end: an idle region never pins its topic.
         let flushed = match &region.wal {
-            RegionWal::Kafka { store, .. } => store.end_entry_id().await.context(WalSnafu)?,
+            RegionWal::Kafka { store, .. } => store.end_entry_id().await?,
             RegionWal::RaftEngine(_) | RegionWal::Noop => counters.last_entry_id,
         }
         .max(counters.flushed_entry_id);
@@ -1034,7 +1019,7 @@ impl Datanode {
             if let RegionWal::RaftEngine(store) = &region.wal
                 && flushed > 0
             {
-                store.flush(region_id, flushed).await.context(WalSnafu)?;
+                store.flush(region_id, flushed).await?;
             }
         }
         memtable.bytes = 0;

@@ -5,9 +5,9 @@
 //! checkpoint went with the old one (`docs/remote-wal.md`, "Topic incarnations").
 
 use async_trait::async_trait;
-use remote_wal::error::Result;
 use remote_wal::key::topic_name::TopicId;
 use remote_wal::wal::KafkaConfig;
+use remote_wal::wal::error::Result;
 use remote_wal::wal::kafka::batch_admin::BatchAdmin;
 use tokio::sync::OnceCell;
 

@@ -347,10 +347,14 @@ fn prepare_error(e: crate::error::Error) -> procedures::Error {
 /// `retrying` with the error) and each attempt loads the pool again. Outside a procedure it stays an ordinary error.
 fn allocate_error(e: crate::error::Error) -> procedures::Error {
     match e {
-        e @ crate::error::Error::TopicPoolNotReady { .. } => procedures::Error::External {
-            source: Box::new(e),
-            retryable: true,
-        },
+        crate::error::Error::Wal { source }
+            if matches!(*source, crate::wal::Error::TopicPoolNotReady { .. }) =>
+        {
+            procedures::Error::External {
+                source: Box::new(crate::error::Error::Wal { source }),
+                retryable: true,
+            }
+        }
         // A stale run: another manager runs the procedure now. Fatal for this manager, which halts.
         crate::error::Error::ProcedureFenced { own, current, .. } => procedures::Error::Fenced {
             epoch: current.parse().unwrap_or(0),

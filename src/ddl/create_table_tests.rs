@@ -235,10 +235,11 @@ async fn allocate_uses_the_selector_and_the_wal_source() {
 }
 
 fn pool_not_ready() -> Error {
-    Error::TopicPoolNotReady {
+    crate::wal::Error::TopicPoolNotReady {
         prefix: "pool".into(),
         reason: "the topic bootstrap has not completed (call start first)".into(),
     }
+    .into()
 }
 
 #[tokio::test]
@@ -305,7 +306,10 @@ async fn a_pool_that_is_not_ready_outside_a_procedure_is_still_an_error() {
         Arc::new(wal),
     );
     let err = allocator.allocate(&task("cpu", 1)).await.unwrap_err();
-    assert!(matches!(err, Error::TopicPoolNotReady { .. }), "{err}");
+    assert!(
+        matches!(&err, Error::Wal { source } if matches!(**source, crate::wal::Error::TopicPoolNotReady { .. })),
+        "{err}"
+    );
     assert!(!err.is_retryable(), "{err}");
 }
 

@@ -285,7 +285,7 @@ impl RegionMigrationProcedure {
                     "its WAL is raft-engine, on datanode {from}'s disk; only a region on a Kafka WAL can move"
                 )));
             }
-            Some(Err(e)) => return Err(e),
+            Some(Err(e)) => return Err(e.into()),
         }
         self.data.state = RegionMigrationState::UpdateRoute;
         Ok(Status::executing(true))

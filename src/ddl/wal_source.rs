@@ -42,13 +42,15 @@ impl WalOptionsSource for crate::wal::allocator::WalOptionsAllocator {
     async fn load_if_needed(&self) -> Result<()> {
         match self {
             crate::wal::allocator::WalOptionsAllocator::Kafka(topics) if !topics.is_ready() => {
-                topics.load_ready().await
+                Ok(topics.load_ready().await?)
             }
             _ => Ok(()),
         }
     }
 
     fn alloc_batch(&self, n: usize) -> Result<Vec<WalOptions>> {
-        crate::wal::allocator::WalOptionsAllocator::alloc_batch(self, n)
+        Ok(crate::wal::allocator::WalOptionsAllocator::alloc_batch(
+            self, n,
+        )?)
     }
 }

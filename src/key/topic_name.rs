@@ -6,8 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{InvalidTopicNameKeySnafu, Result};
 use crate::kv::{Compare, KvBackend, RangeRequest, Txn, TxnOp};
+use crate::wal::error::{InvalidTopicNameKeySnafu, Result};
 
 /// The prefix of every persisted topic name key.
 pub const TOPIC_NAME_KEY_PREFIX: &str = "__topic_name/kafka/";
@@ -230,7 +230,7 @@ mod tests {
             put(&kv, b"__topic_name/kafka/p_1", garbage).await;
             let err = list_persisted_topics(&kv, "p_").await.unwrap_err();
             assert!(
-                matches!(err, crate::Error::InvalidTopicNameKey { .. }),
+                matches!(err, crate::wal::Error::InvalidTopicNameKey { .. }),
                 "{err}"
             );
             let text = err.to_string();

@@ -18,9 +18,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{InvalidTopicRegionKeySnafu, Result};
 use crate::key::topic_name::TopicId;
 use crate::kv::{KvBackend, RangeRequest, range_all};
+use crate::wal::error::{InvalidTopicRegionKeySnafu, Result};
 
 /// A region id: `(table_id << 32) | region_number`.
 pub type RegionId = u64;

@@ -5,9 +5,10 @@ use procedures::ProcedureWithId;
 use snafu::{IntoError, ResultExt};
 
 use super::Metasrv;
-use crate::error::{NoKafkaPoolSnafu, PruneTopicUnknownSnafu, Result, WalPruneSnafu};
+use crate::error::{NoKafkaPoolSnafu, Result};
 use crate::key::topic_name::{list_persisted_topics, topic_name_key};
 use crate::wal::WalConfig;
+use crate::wal::error::{PruneTopicUnknownSnafu, WalPruneSnafu};
 use crate::wal::prune::round::{PruneRoundOutput, WalPruneRound, prune_round_id};
 
 /// The name the round's errors give in place of a topic.
@@ -29,11 +30,12 @@ impl Metasrv {
         let topics = match topic {
             Some(topic) => {
                 if self.kv.get(&topic_name_key(topic)).await?.is_none() {
-                    return PruneTopicUnknownSnafu {
+                    return Err(PruneTopicUnknownSnafu {
                         topic: topic.to_string(),
                         key: String::from_utf8_lossy(&topic_name_key(topic)).into_owned(),
                     }
-                    .fail();
+                    .build()
+                    .into());
                 }
                 vec![topic.to_string()]
             }
@@ -62,7 +64,9 @@ impl Metasrv {
                     .map_err(|e| format!("its output is not a prune round's report: {e}"))
             })
             .map_err(|reason| {
-                WalPruneSnafu { topic: name }.into_error(procedures::Error::external(reason))
+                WalPruneSnafu { topic: name }
+                    .into_error(procedures::Error::external(reason))
+                    .into()
             })
     }
 }

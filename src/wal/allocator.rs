@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use procedures::{ProcedureManager, ProcedureManagerRef};
 
-use crate::error::Result;
 use crate::kv::KvBackendRef;
 use crate::wal::config::WalConfig;
+use crate::wal::error::Result;
 use crate::wal::kafka::KafkaTopicManager;
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 use crate::wal::options::WalOptions;

@@ -4,13 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::error::Result;
 use crate::key::datanode_table::{
     DATANODE_TABLE_KEY_PREFIX, DatanodeTableValue, parse_datanode_table_key,
 };
 use crate::key::topic_region::RegionId;
 use crate::kv::{KvBackend, RangeRequest, range_all};
 use crate::wal::WalOptions;
+use crate::wal::error::Result;
 
 /// Keys read per range request.
 const PAGE: usize = 1024;

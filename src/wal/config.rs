@@ -28,7 +28,8 @@ use serde::de::{self, DeserializeOwned, DeserializeSeed, IntoDeserializer, MapAc
 use serde::{Deserialize, Serialize, Serializer};
 use snafu::{ResultExt, ensure};
 
-use crate::error::{InvalidTopicNameSnafu, InvalidWalConfigSnafu, ParseWalConfigSnafu, Result};
+use crate::wal::error::Result;
+use crate::wal::error::{InvalidTopicNameSnafu, InvalidWalConfigSnafu, ParseWalConfigSnafu};
 use crate::wal::kafka::security::KafkaSecurityConfig;
 
 /// The longest topic name Kafka accepts.
@@ -1162,7 +1163,7 @@ mod tests {
         for bad in ["", ".", "..", "has space", "slash/", "ü", &"x".repeat(250)] {
             let err = validate_topic_name(bad).unwrap_err();
             assert!(
-                matches!(err, crate::Error::InvalidTopicName { .. }),
+                matches!(err, crate::wal::Error::InvalidTopicName { .. }),
                 "{err}"
             );
             if !bad.is_empty() && bad.len() < 50 {

@@ -4,10 +4,12 @@
 pub mod allocator;
 pub mod assigned;
 pub mod config;
+pub mod error;
 pub mod kafka;
 pub mod options;
 pub mod prune;
 
 pub use allocator::{WalOptionsAllocator, WalOptionsAllocatorRef};
 pub use config::{BackoffConfig, KafkaConfig, SelectorType, TopicConfig, WalConfig};
+pub use error::Error;
 pub use options::{KafkaWalOptions, WAL_OPTIONS_KEY, WalOptions};

@@ -4,7 +4,8 @@
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
-use crate::error::{DecodeWalOptionsSnafu, Result};
+use crate::wal::error::DecodeWalOptionsSnafu;
+use crate::wal::error::Result;
 
 /// The key under which the encoded options go into a region's options map (create and open requests).
 pub const WAL_OPTIONS_KEY: &str = "wal_options";

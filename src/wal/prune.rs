@@ -39,10 +39,11 @@ use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, ProcedureId,
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
-use crate::error::{PruneTopicUnknownSnafu, PruneWatermarkContentionSnafu, Result};
 use crate::key::topic_name::{TopicId, TopicNameValue, topic_name_key};
 use crate::key::topic_region::read_topic_regions;
 use crate::kv::{CompareAndPutRequest, KvBackend, KvBackendRef};
+use crate::wal::error::Result;
+use crate::wal::error::{PruneTopicUnknownSnafu, PruneWatermarkContentionSnafu};
 
 /// Compare-and-put attempts before advancing the watermark gives up (another writer kept changing the key).
 const MAX_CAS_ATTEMPTS: usize = 16;

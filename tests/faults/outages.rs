@@ -166,7 +166,9 @@ impl TopicAdmin for GatedAdmin {
         self.inner.endpoints()
     }
 
-    async fn list_topics(&self) -> remote_wal::Result<std::collections::BTreeMap<String, usize>> {
+    async fn list_topics(
+        &self,
+    ) -> remote_wal::wal::error::Result<std::collections::BTreeMap<String, usize>> {
         self.inner.list_topics().await
     }
 
@@ -175,7 +177,7 @@ impl TopicAdmin for GatedAdmin {
         name: &str,
         num_partitions: i32,
         replication_factor: i16,
-    ) -> remote_wal::Result<remote_wal::wal::kafka::admin::CreateTopicOutcome> {
+    ) -> remote_wal::wal::error::Result<remote_wal::wal::kafka::admin::CreateTopicOutcome> {
         let mut index = 0;
         self.started.send_modify(|n| {
             index = *n;

@@ -305,7 +305,7 @@ impl CurrentPool {
 
 impl WalOptionsSource for CurrentPool {
     fn alloc_batch(&self, n: usize) -> remote_wal::Result<Vec<WalOptions>> {
-        self.get().alloc_batch(n)
+        Ok(self.get().alloc_batch(n)?)
     }
 }
 

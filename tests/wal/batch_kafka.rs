@@ -53,7 +53,7 @@ impl TopicAdmin for Counting {
         self.inner.endpoints()
     }
 
-    async fn list_topics(&self) -> remote_wal::Result<BTreeMap<String, usize>> {
+    async fn list_topics(&self) -> remote_wal::wal::error::Result<BTreeMap<String, usize>> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.list_topics().await
     }
@@ -63,7 +63,7 @@ impl TopicAdmin for Counting {
         name: &str,
         num_partitions: i32,
         replication_factor: i16,
-    ) -> remote_wal::Result<CreateTopicOutcome> {
+    ) -> remote_wal::wal::error::Result<CreateTopicOutcome> {
         self.batches.fetch_add(1, Ordering::SeqCst);
         self.inner
             .create_topic(name, num_partitions, replication_factor)
@@ -80,7 +80,7 @@ impl TopicAdmin for Counting {
         num_partitions: i32,
         replication_factor: i16,
         topic_config: &TopicConfig,
-    ) -> remote_wal::Result<Vec<TopicCreation>> {
+    ) -> remote_wal::wal::error::Result<Vec<TopicCreation>> {
         self.batches.fetch_add(1, Ordering::SeqCst);
         self.inner
             .create_topics(names, num_partitions, replication_factor, topic_config)
@@ -90,7 +90,7 @@ impl TopicAdmin for Counting {
     async fn describe_topics(
         &self,
         names: &[String],
-    ) -> remote_wal::Result<BTreeMap<String, usize>> {
+    ) -> remote_wal::wal::error::Result<BTreeMap<String, usize>> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         self.inner.describe_topics(names).await
     }

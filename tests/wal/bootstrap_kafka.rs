@@ -129,7 +129,7 @@ impl TopicAdmin for CountingAdmin {
         self.inner.endpoints()
     }
 
-    async fn list_topics(&self) -> remote_wal::Result<BTreeMap<String, usize>> {
+    async fn list_topics(&self) -> remote_wal::wal::error::Result<BTreeMap<String, usize>> {
         self.inner.list_topics().await
     }
 
@@ -138,7 +138,7 @@ impl TopicAdmin for CountingAdmin {
         name: &str,
         num_partitions: i32,
         replication_factor: i16,
-    ) -> remote_wal::Result<CreateTopicOutcome> {
+    ) -> remote_wal::wal::error::Result<CreateTopicOutcome> {
         let outcome = self
             .inner
             .create_topic(name, num_partitions, replication_factor)

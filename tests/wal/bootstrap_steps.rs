@@ -8,7 +8,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use mockall::{Sequence, mock};
 use procedures::{Context, Procedure, ProcedureId, Status};
-use remote_wal::Result;
 use remote_wal::key::topic_name::TopicId;
 use remote_wal::key::topic_name::{
     TopicNameValue, get_topic_value, list_persisted_topics, topic_name_key,
@@ -17,6 +16,7 @@ use remote_wal::kv::{
     CompareAndPutRequest, CompareAndPutResponse, KeyValue, KvBackend, KvBackendRef,
     MemoryKvBackend, PutRequest, RangeRequest, RangeResponse, Txn, TxnOpResponse, TxnResponse,
 };
+use remote_wal::wal::error::Result;
 use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef};
 use remote_wal::wal::kafka::bootstrap::{
     BootstrapStep, CHUNKS_PER_STEP, TopicBootstrapData, TopicBootstrapProcedure,
@@ -277,7 +277,7 @@ async fn admin_errors_keep_whether_they_are_retryable() {
             } else {
                 procedures::Error::external(format!("policy violation creating {name}"))
             };
-            Err(remote_wal::Error::from(source))
+            Err(remote_wal::wal::Error::from(source))
         });
         admin.expect_list_topics().returning(|| Ok(BTreeMap::new()));
         let mut p = at_step(

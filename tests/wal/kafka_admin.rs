@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::join_all;
-use remote_wal::Error;
+use remote_wal::wal::Error;
 use remote_wal::wal::KafkaConfig;
 use remote_wal::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin};
 use remote_wal::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;

@@ -37,9 +37,13 @@ struct FakeBrokers {
 
 #[async_trait]
 impl RecordDeleter for FakeBrokers {
-    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+    async fn delete_records_before(
+        &self,
+        topic: &str,
+        offset: i64,
+    ) -> remote_wal::wal::error::Result<()> {
         if topic == "t_3" {
-            return Err(remote_wal::Error::KafkaTimeout {
+            return Err(remote_wal::wal::Error::KafkaTimeout {
                 endpoints: vec!["127.0.0.1:9".to_string()],
                 operation: format!("delete records of '{topic}'"),
                 timeout: std::time::Duration::from_secs(5),
@@ -52,7 +56,7 @@ impl RecordDeleter for FakeBrokers {
         Ok(())
     }
 
-    async fn last_entry_id(&self, _topic: &str) -> remote_wal::Result<Option<u64>> {
+    async fn last_entry_id(&self, _topic: &str) -> remote_wal::wal::error::Result<Option<u64>> {
         Ok(Some(END))
     }
 }
@@ -377,11 +381,15 @@ struct CreatingBrokers {
 
 #[async_trait]
 impl RecordDeleter for CreatingBrokers {
-    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+    async fn delete_records_before(
+        &self,
+        topic: &str,
+        offset: i64,
+    ) -> remote_wal::wal::error::Result<()> {
         panic!("nothing may be deleted: {topic} below {offset}");
     }
 
-    async fn last_entry_id(&self, _topic: &str) -> remote_wal::Result<Option<u64>> {
+    async fn last_entry_id(&self, _topic: &str) -> remote_wal::wal::error::Result<Option<u64>> {
         put(
             self.kv.as_ref(),
             b"__topic_region/t_4/77",
@@ -486,12 +494,19 @@ const RECREATED: TopicId = TopicId(0x0b);
 
 #[async_trait]
 impl RecordDeleter for RecreatedBrokers {
-    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+    async fn delete_records_before(
+        &self,
+        topic: &str,
+        offset: i64,
+    ) -> remote_wal::wal::error::Result<()> {
         assert_ne!(topic, "t_5", "a recreated topic is never deleted from");
         self.inner.delete_records_before(topic, offset).await
     }
 
-    async fn topic_ids(&self, topics: &[String]) -> remote_wal::Result<BTreeMap<String, TopicId>> {
+    async fn topic_ids(
+        &self,
+        topics: &[String],
+    ) -> remote_wal::wal::error::Result<BTreeMap<String, TopicId>> {
         Ok(topics
             .iter()
             .filter_map(|t| match t.as_str() {
@@ -699,7 +714,11 @@ struct HeldDeletes {
 
 #[async_trait]
 impl RecordDeleter for HeldDeletes {
-    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+    async fn delete_records_before(
+        &self,
+        topic: &str,
+        offset: i64,
+    ) -> remote_wal::wal::error::Result<()> {
         if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
             self.entered.add_permits(1);
             if let Ok(permit) = self.release.acquire().await {
@@ -713,7 +732,7 @@ impl RecordDeleter for HeldDeletes {
         Ok(())
     }
 
-    async fn last_entry_id(&self, _topic: &str) -> remote_wal::Result<Option<u64>> {
+    async fn last_entry_id(&self, _topic: &str) -> remote_wal::wal::error::Result<Option<u64>> {
         Ok(Some(self.end.load(std::sync::atomic::Ordering::SeqCst)))
     }
 }

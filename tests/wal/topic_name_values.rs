@@ -46,7 +46,7 @@ async fn a_garbage_topic_name_value_keeps_the_pool_unready_naming_the_key() {
     let pool = KafkaTopicManager::from_config(&config, kv.clone(), admin.clone()).unwrap();
     let err = pool.load_ready().await.unwrap_err();
     assert!(
-        matches!(err, remote_wal::Error::InvalidTopicNameKey { .. }),
+        matches!(err, remote_wal::wal::Error::InvalidTopicNameKey { .. }),
         "{err}"
     );
     assert_eq!(

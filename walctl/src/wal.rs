@@ -146,10 +146,13 @@ pub fn print_prune(out: &mut Output, round: &PruneRoundOutput) {
 /// The error that makes the command exit non-zero when topics of the round failed, if any did.
 pub fn prune_failure(round: &PruneRoundOutput) -> Option<remote_wal::Error> {
     let failed = round.failed_topics();
-    (!failed.is_empty()).then(|| remote_wal::Error::WalPruneTopicsFailed {
-        failed: failed.len(),
-        total: round.topics.len(),
-        topics: failed.join(", "),
+    (!failed.is_empty()).then(|| {
+        remote_wal::wal::Error::WalPruneTopicsFailed {
+            failed: failed.len(),
+            total: round.topics.len(),
+            topics: failed.join(", "),
+        }
+        .into()
     })
 }
 

@@ -28,11 +28,12 @@ use super::record::{
     EncodedRecord, EntrySeq, RecordDecoder, encode_entry, entry_id_of_offset, offset_of_entry_id,
 };
 use super::{AppendedEntry, Entry, EntryId, EntryToWrite, LogStore, RegionId};
-use remote_wal::error::{
-    LogEntriesPrunedSnafu, LogFetchStalledSnafu, LogProduceMismatchSnafu,
-    LogRegionNotRegisteredSnafu, Result,
-};
 use remote_wal::wal::config::KafkaConfig;
+use remote_wal::wal::error::Result;
+use remote_wal::wal::error::{
+    LogEntriesPrunedSnafu, LogFetchStalledSnafu, LogProduceMismatchSnafu,
+    LogRegionNotRegisteredSnafu,
+};
 use remote_wal::wal::kafka::partition::{KafkaPartition, guard};
 pub use remote_wal::wal::kafka::partition::{call_bound, connect_client};
 

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 
 use super::kafka::{FetchedRecord, PartitionLog};
 use super::record::EncodedRecord;
-use remote_wal::error::Result;
+use remote_wal::wal::error::Result;
 
 /// Calls made on a [`MemoryPartition`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 
-use remote_wal::error::Result;
+use remote_wal::wal::error::Result;
 
 pub use kafka::{KafkaLogStore, KafkaLogStoreConfig, PartitionLog, RsKafkaPartition};
 pub use raft_engine::RaftEngineLogStore;

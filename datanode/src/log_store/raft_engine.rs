@@ -24,8 +24,9 @@ use raft_engine::{Config, Engine, LogBatch};
 use snafu::IntoError;
 
 use super::{AppendedEntry, Entry, EntryId, EntryToWrite, LogStore, RegionId};
-use remote_wal::error::{
-    RaftEngineOpSnafu, RaftEngineOpenSnafu, RaftEngineTaskSnafu, Result, WalFlushBeyondEndSnafu,
+use remote_wal::wal::error::Result;
+use remote_wal::wal::error::{
+    RaftEngineOpSnafu, RaftEngineOpenSnafu, RaftEngineTaskSnafu, WalFlushBeyondEndSnafu,
 };
 
 /// The first byte of every entry key.
@@ -144,7 +145,7 @@ impl Inner {
         operation: &str,
         region_id: RegionId,
         e: raft_engine::Error,
-    ) -> remote_wal::Error {
+    ) -> remote_wal::wal::Error {
         RaftEngineOpSnafu {
             dir: self.dir.display().to_string(),
             operation,

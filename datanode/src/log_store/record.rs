@@ -47,7 +47,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use crate::log_store::{Entry, EntryId, RegionId};
-use remote_wal::error::{LogRecordCorruptSnafu, Result};
+use remote_wal::wal::error::LogRecordCorruptSnafu;
+use remote_wal::wal::error::Result;
 
 /// The format version written in every record's header.
 pub const RECORD_FORMAT_VERSION: u8 = 2;

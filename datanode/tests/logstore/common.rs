@@ -187,7 +187,11 @@ pub(crate) struct MemoryDeleter {
 
 #[async_trait]
 impl RecordDeleter for MemoryDeleter {
-    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+    async fn delete_records_before(
+        &self,
+        topic: &str,
+        offset: i64,
+    ) -> remote_wal::wal::error::Result<()> {
         assert_eq!(topic, TOPIC);
         self.calls.lock().unwrap().push(offset);
         self.partition.delete_below(offset);

@@ -105,7 +105,7 @@ async fn a_writer_on_a_topic_the_broker_has_not_applied_yet_retries_until_it_has
             let store = KafkaLogStore::new(partition, KafkaLogStoreConfig::default());
             let ids = store.append(vec![write(1, b"early")]).await?;
             let read = store.read(1, 0).await?;
-            Ok::<_, remote_wal::Error>((ids, read))
+            Ok::<_, remote_wal::wal::Error>((ids, read))
         })
     };
     // The writer is under way while the topic does not exist yet: it meets UNKNOWN_TOPIC_OR_PARTITION first.

@@ -6,7 +6,7 @@ use datanode::log_store::kafka::{FetchedRecord, PartitionLog};
 use datanode::log_store::memory_partition::MemoryPartition;
 use datanode::log_store::record::EncodedRecord;
 use datanode::log_store::{KafkaLogStore, KafkaLogStoreConfig, LogStore};
-use remote_wal::Result;
+use remote_wal::wal::error::Result;
 
 use crate::common::write;
 

@@ -258,7 +258,11 @@ struct CreatingDeleter {
 
 #[async_trait]
 impl RecordDeleter for CreatingDeleter {
-    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+    async fn delete_records_before(
+        &self,
+        topic: &str,
+        offset: i64,
+    ) -> remote_wal::wal::error::Result<()> {
         let first = !std::mem::replace(&mut *self.created.lock().unwrap(), true);
         if first {
             let log = &self.log;

@@ -164,7 +164,11 @@ impl std::fmt::Debug for HookedDeleter {
 
 #[async_trait]
 impl RecordDeleter for HookedDeleter {
-    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+    async fn delete_records_before(
+        &self,
+        topic: &str,
+        offset: i64,
+    ) -> remote_wal::wal::error::Result<()> {
         let first = !std::mem::replace(&mut *self.ran.lock().unwrap(), true);
         if first && self.moment == Moment::AfterComputePrunable {
             self.scenario.create_open_and_write().await;

@@ -18,7 +18,7 @@ use datanode::log_store::{KafkaLogStore, KafkaLogStoreConfig};
 use datanode::replay::replay_topic;
 use procedures::testing::MatrixConfig;
 use procedures::{ProcedureManager, ProcedureWithId};
-use remote_wal::error::LogKafkaSnafu;
+use remote_wal::wal::error::LogKafkaSnafu;
 use remote_wal::wal::prune::{
     PruneMode, PruneOutput, RecordDeleter, WalPruneProcedure, prune_procedure_id,
 };
@@ -58,7 +58,10 @@ impl PartitionLog for GatedPartition {
         TOPIC
     }
 
-    async fn produce(&self, records: Vec<EncodedRecord>) -> remote_wal::Result<Vec<i64>> {
+    async fn produce(
+        &self,
+        records: Vec<EncodedRecord>,
+    ) -> remote_wal::wal::error::Result<Vec<i64>> {
         self.gate().await;
         self.env.log.partition().produce(records).await
     }
@@ -67,7 +70,7 @@ impl PartitionLog for GatedPartition {
         &self,
         offset: i64,
         max_bytes: i32,
-    ) -> remote_wal::Result<(Vec<FetchedRecord>, i64)> {
+    ) -> remote_wal::wal::error::Result<(Vec<FetchedRecord>, i64)> {
         self.gate().await;
         let partition = self.env.log.partition();
         if offset < partition.low_watermark().await? {
@@ -89,12 +92,12 @@ impl PartitionLog for GatedPartition {
         partition.fetch(offset, max_bytes).await
     }
 
-    async fn high_watermark(&self) -> remote_wal::Result<i64> {
+    async fn high_watermark(&self) -> remote_wal::wal::error::Result<i64> {
         self.gate().await;
         self.env.log.partition().high_watermark().await
     }
 
-    async fn low_watermark(&self) -> remote_wal::Result<i64> {
+    async fn low_watermark(&self) -> remote_wal::wal::error::Result<i64> {
         self.gate().await;
         self.env.log.partition().low_watermark().await
     }
@@ -119,7 +122,10 @@ fn wanted() -> BTreeMap<u64, Vec<u64>> {
 async fn replay_with_prune_at(
     env: Arc<Env>,
     prune_at: usize,
-) -> (remote_wal::Result<BTreeMap<u64, Vec<u64>>>, usize) {
+) -> (
+    remote_wal::wal::error::Result<BTreeMap<u64, Vec<u64>>>,
+    usize,
+) {
     let gated = GatedPartition {
         env: env.clone(),
         prune_at,
@@ -191,7 +197,11 @@ impl ReplayingDeleter {
 
 #[async_trait]
 impl RecordDeleter for ReplayingDeleter {
-    async fn delete_records_before(&self, topic: &str, offset: i64) -> remote_wal::Result<()> {
+    async fn delete_records_before(
+        &self,
+        topic: &str,
+        offset: i64,
+    ) -> remote_wal::wal::error::Result<()> {
         self.replay().await;
         self.env
             .deleter

@@ -24,9 +24,9 @@ use datanode::replay::replay_topic;
 use procedures::testing::{CrashPlan, CrashPoint, CrashingStore, MatrixConfig};
 use procedures::{LocalManager, ProcedureId, ProcedureManager, ProcedureWithId};
 use proptest::prelude::*;
-use remote_wal::error::LogKafkaTimeoutSnafu;
 use remote_wal::key::topic_name::{TopicNameValue, topic_name_key};
 use remote_wal::kv::KvBackend;
+use remote_wal::wal::error::LogKafkaTimeoutSnafu;
 use remote_wal::wal::prune::{PruneMode, PruneOutput, WalPruneProcedure, prune_procedure_id};
 
 use crate::common::{Env, TOPIC, bytes, prune_env, shared_store};
@@ -90,7 +90,10 @@ impl PartitionLog for TearingPartition {
         self.inner.topic()
     }
 
-    async fn produce(&self, records: Vec<EncodedRecord>) -> remote_wal::Result<Vec<i64>> {
+    async fn produce(
+        &self,
+        records: Vec<EncodedRecord>,
+    ) -> remote_wal::wal::error::Result<Vec<i64>> {
         let left = self.allowed.load(Ordering::SeqCst);
         if left == 0 {
             return LogKafkaTimeoutSnafu {
@@ -108,15 +111,15 @@ impl PartitionLog for TearingPartition {
         &self,
         offset: i64,
         max_bytes: i32,
-    ) -> remote_wal::Result<(Vec<FetchedRecord>, i64)> {
+    ) -> remote_wal::wal::error::Result<(Vec<FetchedRecord>, i64)> {
         self.inner.fetch(offset, max_bytes).await
     }
 
-    async fn high_watermark(&self) -> remote_wal::Result<i64> {
+    async fn high_watermark(&self) -> remote_wal::wal::error::Result<i64> {
         self.inner.high_watermark().await
     }
 
-    async fn low_watermark(&self) -> remote_wal::Result<i64> {
+    async fn low_watermark(&self) -> remote_wal::wal::error::Result<i64> {
         self.inner.low_watermark().await
     }
 }

@@ -30,7 +30,7 @@ impl FakeIds {
 
 #[async_trait]
 impl TopicIds for FakeIds {
-    async fn incarnation(&self, _topic: &str) -> remote_wal::Result<TopicIncarnation> {
+    async fn incarnation(&self, _topic: &str) -> remote_wal::wal::error::Result<TopicIncarnation> {
         self.asked.fetch_add(1, Ordering::SeqCst);
         Ok(*self.now.lock().unwrap())
     }

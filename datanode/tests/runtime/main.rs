@@ -42,7 +42,10 @@ impl PartitionLog for SlowPartition {
         self.inner.topic()
     }
 
-    async fn produce(&self, records: Vec<EncodedRecord>) -> remote_wal::Result<Vec<i64>> {
+    async fn produce(
+        &self,
+        records: Vec<EncodedRecord>,
+    ) -> remote_wal::wal::error::Result<Vec<i64>> {
         // The records land at once; the answer is late.
         let offsets = self.inner.produce(records).await;
         let delay = self.delay_ms.load(Ordering::SeqCst);
@@ -58,15 +61,15 @@ impl PartitionLog for SlowPartition {
         &self,
         offset: i64,
         max_bytes: i32,
-    ) -> remote_wal::Result<(Vec<FetchedRecord>, i64)> {
+    ) -> remote_wal::wal::error::Result<(Vec<FetchedRecord>, i64)> {
         self.inner.fetch(offset, max_bytes).await
     }
 
-    async fn high_watermark(&self) -> remote_wal::Result<i64> {
+    async fn high_watermark(&self) -> remote_wal::wal::error::Result<i64> {
         self.inner.high_watermark().await
     }
 
-    async fn low_watermark(&self) -> remote_wal::Result<i64> {
+    async fn low_watermark(&self) -> remote_wal::wal::error::Result<i64> {
         self.inner.low_watermark().await
     }
 }

@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::error::{InvalidWalConfigSnafu, Result};
 use crate::key::topic_name::TopicId;
 use crate::wal::config::TopicConfig;
+use crate::wal::error::InvalidWalConfigSnafu;
+use crate::wal::error::Result;
 
 /// What creating one topic did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

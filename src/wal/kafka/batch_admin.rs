@@ -14,7 +14,7 @@
 //! admin's errors ([`create_topic_error`]), so their text and retryability are the same.
 //!
 //! **Security.** Each connection is opened by [`connection::open`]: TLS and SASL as `[wal.security]` says. A broker
-//! refusing the TLS handshake or the authentication is a final [`crate::Error::KafkaSecurity`] naming the endpoint
+//! refusing the TLS handshake or the authentication is a final [`crate::wal::Error::KafkaSecurity`] naming the endpoint
 //! and the cause, returned at once: it is not retried with the backoff, since the same settings get the same answer.
 //!
 //! **Throttling.** A response's `throttle_time_ms` is honoured: the next request waits until it has passed.
@@ -45,13 +45,14 @@ use super::admin::{CreateTopicOutcome, TopicCreation};
 use super::connection::{self, BrokerStream, OpenFailure};
 use super::rskafka_admin::create_topic_error;
 use super::security::ClientSecurity;
-use crate::error::{
-    InvalidWalConfigSnafu, KafkaConnectSnafu, KafkaRequestSnafu, KafkaTimeoutSnafu, Result,
-    TopicNotListedSnafu, TopicPartitionMismatchSnafu,
-};
 use crate::key::topic_name::TopicId;
 use crate::wal::config::{
     KafkaConfig, TopicConfig, validate_topic_config_entry, validate_topic_name,
+};
+use crate::wal::error::Result;
+use crate::wal::error::{
+    InvalidWalConfigSnafu, KafkaConnectSnafu, KafkaRequestSnafu, KafkaTimeoutSnafu,
+    TopicNotListedSnafu, TopicPartitionMismatchSnafu,
 };
 
 /// The CreateTopics version sent (flexible; Kafka 4.x accepts 2–7).
@@ -100,7 +101,7 @@ enum Failure {
     /// No endpoint accepted a connection.
     Connect(String),
     /// A broker refused the TLS handshake or the SASL authentication: final, never retried.
-    Refused(crate::Error),
+    Refused(crate::wal::Error),
     /// The request failed on an open connection to `broker`.
     Request {
         broker: String,
@@ -275,7 +276,7 @@ impl BatchAdmin {
         replication_factor: i16,
         code: i16,
         message: Option<String>,
-    ) -> crate::Error {
+    ) -> crate::wal::Error {
         let protocol_error = ProtocolError::new(code).unwrap_or(ProtocolError::UnknownServerError);
         create_topic_error(
             &self.endpoints,
@@ -298,7 +299,7 @@ impl BatchAdmin {
         /// One poll's answer: some topics are not listed yet, or the read failed.
         enum Poll {
             NotListed(BTreeMap<String, usize>),
-            Failed(crate::Error),
+            Failed(crate::wal::Error),
         }
         let poll = || async {
             match self.describe_topics(names).await {

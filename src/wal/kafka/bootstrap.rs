@@ -49,15 +49,16 @@ use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, ProcedureId,
 use serde::{Deserialize, Serialize};
 use tracing::{debug, info, warn};
 
-use crate::error::{
-    BootstrapPoolChangedSnafu, PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu,
-    PoolTopicsLostSnafu, Result,
-};
 use crate::key::topic_name::{
     TopicId, TopicNameValue, decode_topic_name_key, list_persisted_values, persist_topics_txn,
     topic_name_key,
 };
 use crate::kv::KvBackendRef;
+use crate::wal::error::Result;
+use crate::wal::error::{
+    BootstrapPoolChangedSnafu, PersistTopicNamesConflictSnafu, PoolTopicPartitionsSnafu,
+    PoolTopicsLostSnafu,
+};
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdminRef};
 use crate::wal::kafka::topic_pool::TopicPoolSpec;
 

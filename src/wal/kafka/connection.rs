@@ -29,7 +29,7 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::security::{ClientSecurity, SaslCredentials};
-use crate::error::KafkaSecuritySnafu;
+use crate::wal::error::KafkaSecuritySnafu;
 
 /// The SaslHandshake version sent (v1: the mechanism's messages go in SaslAuthenticate requests).
 const SASL_HANDSHAKE_VERSION: i16 = 1;
@@ -101,7 +101,7 @@ pub async fn check_security(
     endpoints: &[String],
     security: &ClientSecurity,
     step_timeout: Duration,
-) -> crate::Result<()> {
+) -> crate::wal::error::Result<()> {
     if security.is_plaintext() {
         return Ok(());
     }
@@ -121,7 +121,7 @@ pub enum OpenFailure {
     /// No connection, or no handshake answer, within the timeout: the broker may be down or restarting.
     Unreachable(String),
     /// The broker refused the TLS handshake or the SASL authentication: final.
-    Refused(crate::Error),
+    Refused(crate::wal::Error),
 }
 
 /// Connects to `endpoint`, each of TCP, TLS and SASL within `step_timeout`, as `security` says.
@@ -216,7 +216,7 @@ async fn authenticate(
     endpoint: &str,
     credentials: &SaslCredentials,
     over_tls: bool,
-) -> crate::Result<()> {
+) -> crate::wal::error::Result<()> {
     let mechanism = credentials.mechanism.name();
     let stage = format!(
         "SASL authentication ({mechanism} as user '{}')",

@@ -10,7 +10,8 @@ use std::io::Write as _;
 use std::path::Path;
 
 use super::security::{KafkaSecurityConfig, SaslMechanism};
-use crate::error::{InvalidWalConfigSnafu, Result};
+use crate::wal::error::InvalidWalConfigSnafu;
+use crate::wal::error::Result;
 
 /// Writes the Java client properties of `security` to `path` (created or truncated, mode 0600 on Unix). An empty
 /// `security` writes `security.protocol=PLAINTEXT` alone. Errors name the file, never the password.

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
-use crate::error::Result;
 use crate::wal::KafkaConfig;
+use crate::wal::error::Result;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin};
 use crate::wal::kafka::rskafka_admin::RsKafkaTopicAdmin;
 

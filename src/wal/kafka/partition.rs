@@ -12,11 +12,11 @@ use rskafka::client::{Client, ClientBuilder};
 use snafu::IntoError;
 use tokio::time::timeout;
 
-use crate::error::{
-    KafkaConnectSnafu, KafkaSecuritySnafu, KafkaTimeoutSnafu, LogKafkaSnafu, LogKafkaTimeoutSnafu,
-    Result,
-};
 use crate::wal::config::KafkaConfig;
+use crate::wal::error::Result;
+use crate::wal::error::{
+    KafkaConnectSnafu, KafkaSecuritySnafu, KafkaTimeoutSnafu, LogKafkaSnafu, LogKafkaTimeoutSnafu,
+};
 use crate::wal::kafka::connection;
 use crate::wal::kafka::rskafka_admin::is_retryable_rskafka_error;
 

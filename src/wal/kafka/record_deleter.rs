@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use rskafka::client::Client;
 use tokio::sync::OnceCell;
 
-use crate::error::Result;
 use crate::key::topic_name::TopicId;
 use crate::wal::KafkaConfig;
+use crate::wal::error::Result;
 use crate::wal::kafka::batch_admin::BatchAdmin;
 use crate::wal::kafka::partition::{KafkaPartition, call_bound, connect_client};
 use crate::wal::prune::RecordDeleter;
@@ -84,7 +84,10 @@ impl LazyRecordDeleter {
         self.deleter
             .get_or_try_init(|| async {
                 let client = connect_client(&self.config).await?;
-                Ok::<_, crate::Error>(KafkaRecordDeleter::new(client, call_bound(&self.config)))
+                Ok::<_, crate::wal::Error>(KafkaRecordDeleter::new(
+                    client,
+                    call_bound(&self.config),
+                ))
             })
             .await
     }

@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Deserialize;
 use tracing::warn;
 
-use crate::error::Result;
 use crate::key::datanode_table::DATANODE_TABLE_KEY_PREFIX;
 use crate::key::table_allocation::ALLOCATION_KEY_PREFIX;
 use crate::kv::{KvBackend, RangeRequest, display_key, range_all};
+use crate::wal::error::Result;
 use crate::wal::options::WalOptions;
 
 /// Prefix of the procedure records in the metadata store: an unfinished create-table keeps its allocation in its

@@ -37,13 +37,14 @@ use tracing::debug;
 
 use super::admin::{CreateTopicOutcome, TopicAdmin, TopicCreation};
 use super::batch_admin::BatchAdmin;
-use crate::error::{
-    CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu,
-    KafkaBrokersFencedSnafu, KafkaConnectSnafu, KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu,
-    ListTopicsSnafu, Result, TopicNotListedSnafu, TopicPartitionMismatchSnafu,
-};
 use crate::wal::config::TopicConfig;
 use crate::wal::config::{KafkaConfig, validate_topic_name};
+use crate::wal::error::Result;
+use crate::wal::error::{
+    CreateTopicSnafu, InvalidReplicationFactorSnafu, InvalidWalConfigSnafu,
+    KafkaBrokersFencedSnafu, KafkaConnectSnafu, KafkaRejectedTopicNameSnafu, KafkaTimeoutSnafu,
+    ListTopicsSnafu, TopicNotListedSnafu, TopicPartitionMismatchSnafu,
+};
 
 /// First wait between metadata polls for a topic that was reported as existing but is not listed yet.
 const LISTED_POLL_INIT: Duration = Duration::from_millis(10);
@@ -115,7 +116,7 @@ impl RsKafkaTopicAdmin {
         /// One poll's answer: listed with this many partitions, not listed yet, or the listing failed.
         enum Poll {
             NotListed,
-            Failed(crate::Error),
+            Failed(crate::wal::Error),
         }
         let poll = || async {
             match self.list_topics().await {
@@ -307,7 +308,7 @@ pub fn create_topic_error(
     replication_factor: i16,
     proven_replication: i16,
     e: RsKafkaError,
-) -> crate::Error {
+) -> crate::wal::Error {
     let message = match &e {
         RsKafkaError::ServerError { error_message, .. } => {
             error_message.clone().unwrap_or_else(|| "n/a".to_string())

@@ -21,7 +21,8 @@ use rskafka::client::{ClientBuilder, Credentials, SaslConfig as RsSaslConfig};
 use serde::{Deserialize, Serialize};
 use snafu::ensure;
 
-use crate::error::{InvalidWalConfigSnafu, Result};
+use crate::wal::error::InvalidWalConfigSnafu;
+use crate::wal::error::Result;
 
 /// `[wal.security]`: how Kafka connections are protected. Both parts are optional; with neither, connections are
 /// plaintext and unauthenticated (Kafka's `PLAINTEXT`); `tls` alone is `SSL`, `sasl` alone `SASL_PLAINTEXT`, both
@@ -232,7 +233,7 @@ impl KafkaSecurityConfig {
             .sasl
             .as_ref()
             .map(|sasl| {
-                Ok::<_, crate::Error>(SaslCredentials {
+                Ok::<_, crate::wal::Error>(SaslCredentials {
                     mechanism: sasl.mechanism,
                     username: sasl.username.clone(),
                     password: read_password(&sasl.password_file)?,
@@ -277,7 +278,7 @@ fn non_empty_path(field: &str, path: &Path) -> Result<()> {
 }
 
 /// An error naming `field` and `path`, with `reason`.
-fn file_error(field: &str, path: &Path, reason: impl Into<String>) -> crate::Error {
+fn file_error(field: &str, path: &Path, reason: impl Into<String>) -> crate::wal::Error {
     InvalidWalConfigSnafu {
         field,
         value: format!("'{}'", path.display()),

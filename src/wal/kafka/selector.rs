@@ -6,7 +6,8 @@ use std::fmt::Debug;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::error::{EmptyTopicListSnafu, Result};
+use crate::wal::error::EmptyTopicListSnafu;
+use crate::wal::error::Result;
 
 /// Chooses topics of a pool for new regions.
 pub trait TopicSelector: Send + Sync + Debug {
@@ -262,7 +263,10 @@ mod tests {
     #[test]
     fn empty_topic_list_is_an_error() {
         let s = RoundRobinTopicSelector::new();
-        assert!(matches!(s.select(&[]), Err(crate::Error::EmptyTopicList)));
+        assert!(matches!(
+            s.select(&[]),
+            Err(crate::wal::Error::EmptyTopicList)
+        ));
         assert!(s.select_many(&[], 1).is_err());
         assert!(s.select_many(&[], 0).unwrap().is_empty());
     }
@@ -351,7 +355,10 @@ mod tests {
     #[test]
     fn least_loaded_empty_topic_list_is_an_error() {
         let s = LeastLoadedTopicSelector::new();
-        assert!(matches!(s.select(&[]), Err(crate::Error::EmptyTopicList)));
+        assert!(matches!(
+            s.select(&[]),
+            Err(crate::wal::Error::EmptyTopicList)
+        ));
         assert!(s.select_many(&[], 1).is_err());
         assert!(s.select_many(&[], 0).unwrap().is_empty());
     }

@@ -2,7 +2,7 @@
 //!
 //! It answers as [`RsKafkaTopicAdmin`](super::rskafka_admin::RsKafkaTopicAdmin) does in the same situation, with
 //! the same error kinds and retryability: a topic that exists is `AlreadyExisted` when its partition count matches
-//! and [`Error::TopicPartitionMismatch`](crate::Error::TopicPartitionMismatch) when it does not; an injected
+//! and [`Error::TopicPartitionMismatch`](crate::wal::Error::TopicPartitionMismatch) when it does not; an injected
 //! [`FakeFault`] is turned into our error by the same mapping the real admin applies to rskafka's errors.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -17,9 +17,10 @@ use snafu::IntoError;
 
 use super::admin::{CreateTopicOutcome, TopicAdmin, TopicCreation};
 use super::rskafka_admin::{create_topic_error, is_retryable_rskafka_error};
-use crate::error::{KafkaTimeoutSnafu, ListTopicsSnafu, Result, TopicPartitionMismatchSnafu};
 use crate::key::topic_name::TopicId;
 use crate::wal::config::{TopicConfig, validate_topic_config_entry, validate_topic_name};
+use crate::wal::error::Result;
+use crate::wal::error::{KafkaTimeoutSnafu, ListTopicsSnafu, TopicPartitionMismatchSnafu};
 
 /// One topic of the fake cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -241,7 +242,7 @@ impl FakeTopicAdmin {
         vec![FAKE_ENDPOINT.to_string()]
     }
 
-    fn list_error(fault: FakeFault) -> crate::Error {
+    fn list_error(fault: FakeFault) -> crate::wal::Error {
         match fault {
             FakeFault::CallTimeout => KafkaTimeoutSnafu {
                 endpoints: Self::endpoints_vec(),
@@ -261,7 +262,12 @@ impl FakeTopicAdmin {
         }
     }
 
-    fn create_error(&self, fault: FakeFault, name: &str, replication_factor: i16) -> crate::Error {
+    fn create_error(
+        &self,
+        fault: FakeFault,
+        name: &str,
+        replication_factor: i16,
+    ) -> crate::wal::Error {
         match fault {
             FakeFault::CallTimeout => KafkaTimeoutSnafu {
                 endpoints: Self::endpoints_vec(),
@@ -537,7 +543,7 @@ mod tests {
         assert!(
             matches!(
                 err,
-                crate::Error::TopicPartitionMismatch {
+                crate::wal::Error::TopicPartitionMismatch {
                     wanted: 3,
                     found: 2,
                     ..
@@ -569,7 +575,7 @@ mod tests {
         assert!(
             matches!(
                 exhausted,
-                crate::Error::CreateTopic {
+                crate::wal::Error::CreateTopic {
                     retryable: false,
                     ..
                 }
@@ -582,14 +588,14 @@ mod tests {
         // Replication factor 1 was placed already: 38 now means fenced brokers. 2 was never placed: too many.
         let fenced = admin.create_topic("f_1", 1, 1).await.unwrap_err();
         assert!(
-            matches!(fenced, crate::Error::KafkaBrokersFenced { .. }) && fenced.is_retryable(),
+            matches!(fenced, crate::wal::Error::KafkaBrokersFenced { .. }) && fenced.is_retryable(),
             "{fenced:?}"
         );
         let too_many = admin.create_topic("f_1", 1, 2).await.unwrap_err();
         assert!(
             matches!(
                 too_many,
-                crate::Error::InvalidReplicationFactor {
+                crate::wal::Error::InvalidReplicationFactor {
                     replication_factor: 2,
                     ..
                 }
@@ -602,7 +608,7 @@ mod tests {
         assert!(
             matches!(
                 gone,
-                crate::Error::KafkaTimeout {
+                crate::wal::Error::KafkaTimeout {
                     retryable: false,
                     ..
                 }

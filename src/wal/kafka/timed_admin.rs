@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 
-use crate::error::Result;
 use crate::wal::config::TopicConfig;
+use crate::wal::error::Result;
 use crate::wal::kafka::admin::{CreateTopicOutcome, TopicAdmin, TopicAdminRef, TopicCreation};
 
 /// Told of each call a [`TimedTopicAdmin`] made. Called on the calling task: an implementation must return

@@ -11,12 +11,13 @@ use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 use tracing::{debug, info, warn};
 
-use crate::error::{InvalidTopicPoolSnafu, Result, TopicBootstrapSnafu, TopicPoolNotReadySnafu};
 use crate::key::topic_name::{
     TopicId, TopicNameValue, list_persisted_topics, list_persisted_values, topic_name_key,
 };
 use crate::kv::KvBackendRef;
 use crate::wal::config::{KafkaConfig, SelectorType, TopicConfig};
+use crate::wal::error::Result;
+use crate::wal::error::{InvalidTopicPoolSnafu, TopicBootstrapSnafu, TopicPoolNotReadySnafu};
 use crate::wal::kafka::admin::TopicAdminRef;
 use crate::wal::kafka::bootstrap::{
     AcknowledgedTopics, RecreatedTopics, TopicBootstrapProcedure, bootstrap_procedure_id,

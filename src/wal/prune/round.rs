@@ -337,7 +337,7 @@ impl WalPruneRound {
             };
             let decided = decided.and_then(|decision| match (decision.topic_id, ids.get(topic)) {
                 (Some(recorded), Some(now)) if recorded != *now => {
-                    crate::error::WalTopicRecreatedSnafu {
+                    crate::wal::error::WalTopicRecreatedSnafu {
                         topic: topic.clone(),
                         recorded: recorded.to_string(),
                         now: now.to_string(),
@@ -460,7 +460,7 @@ fn skip_reason(decision: &PruneDecision) -> Option<String> {
 }
 
 /// A failed result for `topic` at `step`.
-fn failed(topic: &str, step: &str, error: &crate::Error) -> TopicPruneResult {
+fn failed(topic: &str, step: &str, error: &crate::wal::Error) -> TopicPruneResult {
     TopicPruneResult {
         topic: topic.to_string(),
         outcome: TopicOutcome::Failed {

@@ -194,9 +194,16 @@ impl From<remote_wal::Error> for ApiError {
                     E::NoKafkaPool { .. } | E::DatanodeUnknown { .. } => {
                         (StatusCode::BAD_REQUEST, "bad_request")
                     }
-                    E::WalTableNotFound { .. }
-                    | E::TableNotFound { .. }
-                    | E::PruneTopicUnknown { .. } => (StatusCode::NOT_FOUND, "not_found"),
+                    E::Wal { source } => match wal_kind(source) {
+                        Some(classified) => classified,
+                        None => {
+                            cause = current.source();
+                            continue;
+                        }
+                    },
+                    E::WalTableNotFound { .. } | E::TableNotFound { .. } => {
+                        (StatusCode::NOT_FOUND, "not_found")
+                    }
                     E::DatanodeNotRegistered { .. } => (StatusCode::NOT_FOUND, "not_registered"),
                     E::DatanodeStaleIncarnation { .. } | E::DatanodeRetired { .. } => {
                         (StatusCode::CONFLICT, "stale_incarnation")
@@ -215,6 +222,18 @@ impl From<remote_wal::Error> for ApiError {
                         continue;
                     }
                 };
+                return ApiError {
+                    status,
+                    kind,
+                    message,
+                    retryable: status == StatusCode::SERVICE_UNAVAILABLE,
+                    leader: None,
+                };
+            }
+            // A WAL error handed to the engine by a step is its own link in the chain.
+            if let Some((status, kind)) =
+                downcast::<remote_wal::wal::Error>(current).and_then(wal_kind)
+            {
                 return ApiError {
                     status,
                     kind,
@@ -290,6 +309,20 @@ impl From<remote_wal::Error> for ApiError {
 
 /// Whether the metadata store cannot serve now (no quorum, a member gone, a timeout, a lost connection): the
 /// client retries (with its id, for a write that may have been applied). Decided by the kv layer's own error.
+/// How the API answers a WAL error it classifies: a prune of a topic outside the pool 404, a metadata store that
+/// cannot serve the WAL layer now 503; `None` for the others (500, or a cause further down the chain).
+fn wal_kind(e: &remote_wal::wal::Error) -> Option<(StatusCode, &'static str)> {
+    match e {
+        remote_wal::wal::Error::PruneTopicUnknown { .. } => {
+            Some((StatusCode::NOT_FOUND, "not_found"))
+        }
+        remote_wal::wal::Error::Kv { source } if store_unavailable(source) => {
+            Some((StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"))
+        }
+        _ => None,
+    }
+}
+
 fn store_unavailable(e: &remote_wal::kv::Error) -> bool {
     e.is_retryable()
 }
@@ -408,12 +441,21 @@ mod tests {
             (StatusCode::SERVICE_UNAVAILABLE, "not_leader", true)
         );
         // A prune of a topic outside the pool names a thing that does not exist: 404, not a server fault.
-        let unknown_topic = remote_wal::Error::PruneTopicUnknown {
+        let unknown_topic = || remote_wal::wal::Error::PruneTopicUnknown {
             topic: "elsewhere".to_string(),
             key: "__topic_name/kafka/elsewhere".to_string(),
         };
         assert_eq!(
-            classify(unknown_topic),
+            classify(unknown_topic().into()),
+            (StatusCode::NOT_FOUND, "not_found", false)
+        );
+        // The same error handed to the engine by a step, as a prune round's would be.
+        let in_a_step = remote_wal::Error::CreateTable {
+            table: "greptime.public.t".to_string(),
+            source: Box::new(unknown_topic().into()),
+        };
+        assert_eq!(
+            classify(in_a_step),
             (StatusCode::NOT_FOUND, "not_found", false)
         );
         let exists = remote_wal::Error::TableAlreadyExists {
