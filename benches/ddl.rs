@@ -38,7 +38,7 @@ use tokio::runtime::Runtime;
 struct Pool(AtomicUsize);
 
 impl WalOptionsSource for Pool {
-    fn alloc_batch(&self, n: usize) -> remote_wal::Result<Vec<WalOptions>> {
+    fn alloc_batch(&self, n: usize) -> remote_wal::ddl::error::Result<Vec<WalOptions>> {
         let first = self.0.fetch_add(n, Ordering::Relaxed);
         Ok((0..n)
             .map(|i| WalOptions::kafka(format!("greptimedb_wal_topic_{}", (first + i) % 64)))

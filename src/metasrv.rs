@@ -17,14 +17,15 @@ use snafu::{ResultExt, ensure};
 
 use crate::config::{MetadataBackend, MetasrvConfig};
 use crate::datanode::{OpenRegions, RegionOpener, WalProviderKind};
+use crate::ddl::error::{InvalidCreateTableSnafu, InvalidTableReferenceSnafu};
 use crate::ddl::{
     CreateTableTask, DatanodeManagerRef, DatanodeTableValue, DdlContext, DdlManager,
     MemoryDatanodeManager, RoundRobinPeerSelector, TableMetadataAllocator, TableMetadataManager,
     TableMetadataManagerRef, TableName,
 };
 use crate::error::{
-    CreateDataDirSnafu, Error, InvalidCreateTableSnafu, InvalidTableReferenceSnafu,
-    MetasrvNotStartedSnafu, NoKafkaPoolSnafu, ProcedureNotFoundSnafu, ProcedurePurgeSnafu, Result,
+    CreateDataDirSnafu, MetasrvNotStartedSnafu, NoKafkaPoolSnafu, ProcedureNotFoundSnafu,
+    ProcedurePurgeSnafu, Result,
 };
 use crate::key::topic_name::list_persisted_topics;
 use crate::kv::redb::RedbOpenMode;
@@ -74,32 +75,33 @@ pub fn parse_table_name(name: &str) -> Result<TableName> {
         [schema, table] => TableName::new(DEFAULT_CATALOG, *schema, *table),
         [catalog, schema, table] => TableName::new(*catalog, *schema, *table),
         _ => {
-            return InvalidTableReferenceSnafu {
+            return Err(InvalidTableReferenceSnafu {
                 name,
                 reason: format!(
                     "{} dot-separated parts; expected table, schema.table or catalog.schema.table",
                     parts.len()
                 ),
             }
-            .fail();
+            .build()
+            .into());
         }
     };
     if let Err(e) = full.validate() {
         // Quote the reference as typed once; name the part only when it is not the whole reference.
         let reason = match &e {
-            Error::InvalidName {
+            crate::ddl::Error::InvalidName {
                 what,
                 name: part,
                 reason,
             } if part == name => reason.clone(),
-            Error::InvalidName {
+            crate::ddl::Error::InvalidName {
                 what,
                 name: part,
                 reason,
             } => format!("{what} name '{part}': {reason}"),
             other => other.to_string(),
         };
-        return InvalidTableReferenceSnafu { name, reason }.fail();
+        return Err(InvalidTableReferenceSnafu { name, reason }.build().into());
     }
     Ok(full)
 }
@@ -535,7 +537,7 @@ impl Metasrv {
 
     /// [`Metasrv::bootstrap`]; with `recreate_missing`, pool topics gone from the brokers (or deleted and created
     /// again) are created anew and their new ids recorded, instead of failing with
-    /// [`crate::Error::PoolTopicsLost`].
+    /// [`crate::wal::Error::PoolTopicsLost`].
     pub async fn bootstrap_with(
         &self,
         recreate_missing: bool,
@@ -676,9 +678,10 @@ impl Metasrv {
     /// measures). An existing table of that name is an error and is left as it is. Needs [`Metasrv::start`].
     pub async fn create_table_only(&self, name: TableName, regions: u32) -> Result<u32> {
         self.ensure_started("create table")?;
-        self.ddl
+        Ok(self
+            .ddl
             .create_table_with_id(CreateTableTask::new(name, regions), None)
-            .await
+            .await?)
     }
 
     /// Creates a table of `regions` regions (or, with `if_not_exists`, finds the existing one) and returns it
@@ -722,7 +725,7 @@ impl Metasrv {
 
     /// The id of table `name`, if it exists.
     pub async fn table_id(&self, name: &TableName) -> Result<Option<u32>> {
-        self.table_metadata.table_id(name).await
+        Ok(self.table_metadata.table_id(name).await?)
     }
 
     /// A table's regions with their datanodes and WAL options, read from its route and datanode table values.
@@ -894,7 +897,7 @@ impl Metasrv {
     /// Drops table `name` with a [`crate::ddl::DropTableProcedure`] and returns its output
     /// (`{"table_id","dropped","regions"}`): its metadata goes (through tombstones), its regions close on the
     /// datanodes as their heartbeats find no route for them, and its regions' `__topic_region` keys go with it, so
-    /// the prune no longer waits for them. A table that does not exist is [`crate::Error::TableNotFound`] (no record
+    /// the prune no longer waits for them. A table that does not exist is [`crate::ddl::Error::TableNotFound`] (no record
     /// left), or `"dropped": false` with `if_exists`. Needs [`Metasrv::start`].
     pub async fn drop_table(&self, name: TableName, if_exists: bool) -> Result<serde_json::Value> {
         self.ensure_started("drop table")?;
@@ -917,7 +920,7 @@ impl Metasrv {
     /// Checks a region migration without submitting it: the region's current datanode and epoch, or the error
     /// refusing it (see [`crate::ddl::RegionMigrationProcedure::check`]).
     pub async fn check_region_migration(&self, region_id: u64, to: u64) -> Result<(u64, u64)> {
-        crate::ddl::RegionMigrationProcedure::check(
+        Ok(crate::ddl::RegionMigrationProcedure::check(
             crate::ddl::RegionMigrationTask {
                 region_id,
                 to,
@@ -925,7 +928,7 @@ impl Metasrv {
             },
             self.migration.clone(),
         )
-        .await
+        .await?)
     }
 
     /// The datanode registry: registrations, heartbeats and region leases (used while this server leads; see
@@ -1532,7 +1535,7 @@ mod tests {
             &self,
             _datanode_id: u64,
             _request: crate::ddl::RegionCreateRequest,
-        ) -> Result<()> {
+        ) -> crate::ddl::error::Result<()> {
             std::future::pending().await
         }
     }
@@ -1718,7 +1721,7 @@ mod tests {
         };
         let err = hung.purge_procedure(&running).await.unwrap_err();
         assert!(
-            matches!(&err, Error::ProcedurePurge { id, .. } if *id == running),
+            matches!(&err, crate::Error::ProcedurePurge { id, .. } if *id == running),
             "{err}"
         );
         assert!(kv.get(&record_key(&running)).await.unwrap().is_some());

@@ -6,10 +6,11 @@ use std::fmt;
 use snafu::IntoError;
 
 use crate::datanode::open_request::RegionOpenRequest;
+use crate::ddl::error::InvalidDatanodeTableKeySnafu;
 use crate::ddl::region::{region_dir, region_id};
 use crate::error::{
-    DecodeDatanodeTableValueSnafu, Error, InvalidDatanodeTableKeySnafu,
-    MissingRegionWalOptionsSnafu, Result, WalProviderMismatchSnafu,
+    DecodeDatanodeTableValueSnafu, Error, MissingRegionWalOptionsSnafu, Result,
+    WalProviderMismatchSnafu,
 };
 use crate::key::datanode_table::{
     DatanodeTableValue, datanode_table_prefix, parse_datanode_table_key,
@@ -155,9 +156,9 @@ impl RegionOpener {
                     reason: format!("it belongs to datanode {dn}, not {}", self.datanode_id),
                 }
                 .build();
-                return whole_record_error(error, out);
+                return whole_record_error(error.into(), out);
             }
-            Err(error) => return whole_record_error(error, out),
+            Err(error) => return whole_record_error(error.into(), out),
         };
         let value: DatanodeTableValue = match serde_json::from_slice(&kv.value) {
             Ok(value) => value,
@@ -172,7 +173,7 @@ impl RegionOpener {
                 reason: format!("its value names table {}", value.table_id),
             }
             .build();
-            return whole_record_error(error, out);
+            return whole_record_error(error.into(), out);
         }
         for &number in &value.regions {
             let id = region_id(table_id, number);

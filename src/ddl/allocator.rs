@@ -6,14 +6,14 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use snafu::{ResultExt, ensure};
 
+use crate::ddl::error::{
+    DecodeMetadataSnafu, EncodeMetadataSnafu, InvalidCreateTableSnafu, ProcedureFencedSnafu,
+    Result, WalOptionsCountSnafu,
+};
 use crate::ddl::peer::PeerSelectorRef;
 use crate::ddl::sequence::Sequence;
 use crate::ddl::task::CreateTableTask;
 use crate::ddl::wal_source::WalOptionsSourceRef;
-use crate::error::{
-    DecodeMetadataSnafu, EncodeMetadataSnafu, InvalidCreateTableSnafu, ProcedureFencedSnafu,
-    Result, WalOptionsCountSnafu,
-};
 use crate::kv::{Compare, CompareAndPutRequest, KvBackendRef, Txn, TxnOp, TxnOpResponse};
 
 /// Key of the table id sequence.
@@ -108,7 +108,7 @@ impl TableMetadataAllocator {
         let id = self.table_ids.next().await?;
         // The sequence's maximum is u32::MAX, so this conversion cannot fail; keep the error path anyway.
         u32::try_from(id).map_err(|_| {
-            crate::error::SequenceExhaustedSnafu {
+            crate::ddl::error::SequenceExhaustedSnafu {
                 key: self.table_ids.key().to_string(),
                 next: id,
                 max: u64::from(u32::MAX),
@@ -163,7 +163,7 @@ impl TableMetadataAllocator {
 
     /// [`TableMetadataAllocator::allocate_once`] for a step run by the manager of epoch `epoch`: with an epoch
     /// fence ([`TableMetadataAllocator::with_epoch_fence`]) the reservation is written only while the store's
-    /// epoch is `epoch`, else the error is [`crate::Error::ProcedureFenced`] and nothing is written.
+    /// epoch is `epoch`, else the error is [`crate::ddl::Error::ProcedureFenced`] and nothing is written.
     pub async fn allocate_once_fenced(
         &self,
         procedure_id: &str,

@@ -21,10 +21,10 @@ use snafu::ResultExt;
 use crate::ddl::allocator::{TableAllocation, allocation_key};
 use crate::ddl::context::DdlContext;
 use crate::ddl::datanode_manager::RegionCreateRequest;
+use crate::ddl::error::{CreateTableStateSnafu, Result, TableAlreadyExistsSnafu};
 use crate::ddl::metadata_manager::{EncodedMetadata, TableMetadata};
 use crate::ddl::region::{region_dir, region_id, region_storage_path};
 use crate::ddl::task::CreateTableTask;
-use crate::error::{CreateTableStateSnafu, Result, TableAlreadyExistsSnafu};
 use crate::kv::KvStepStore;
 use crate::wal::WAL_OPTIONS_KEY;
 
@@ -312,7 +312,7 @@ impl CreateTableProcedure {
 
     fn allocation(&self) -> Result<TableAllocation> {
         self.data.allocation.clone().ok_or_else(|| {
-            crate::error::InvalidCreateTableSnafu {
+            crate::ddl::error::InvalidCreateTableSnafu {
                 table: self.data.task.name.to_string(),
                 reason: format!(
                     "procedure state {:?} has no allocation (corrupt state)",
@@ -328,8 +328,8 @@ impl CreateTableProcedure {
 /// is a refusal ([`procedures::Error::refused`], typed where the error is built): nothing was done, so the engine
 /// leaves no record of it, and the caller gets [`procedures::Error::ProcedureRefused`] with the kind (an HTTP API
 /// answers 409 or 400 by it). Anything else (a store read failing) is an ordinary step error.
-fn prepare_error(e: crate::error::Error) -> procedures::Error {
-    use crate::error::Error as E;
+fn prepare_error(e: crate::ddl::Error) -> procedures::Error {
+    use crate::ddl::Error as E;
     let refusal = match &e {
         E::TableAlreadyExists { .. } => procedures::Refusal::AlreadyExists,
         E::InvalidCreateTable { .. } | E::InvalidName { .. } | E::InvalidTableReference { .. } => {
@@ -345,18 +345,18 @@ fn prepare_error(e: crate::error::Error) -> procedures::Error {
 /// bootstrap, or the load of its persisted names, has not happened yet in this process), never a reason to fail a
 /// table for good: inside the step it is retryable, so the engine retries it with backoff (the procedure shows
 /// `retrying` with the error) and each attempt loads the pool again. Outside a procedure it stays an ordinary error.
-fn allocate_error(e: crate::error::Error) -> procedures::Error {
+fn allocate_error(e: crate::ddl::Error) -> procedures::Error {
     match e {
-        crate::error::Error::Wal { source }
+        crate::ddl::Error::Wal { source }
             if matches!(*source, crate::wal::Error::TopicPoolNotReady { .. }) =>
         {
             procedures::Error::External {
-                source: Box::new(crate::error::Error::Wal { source }),
+                source: Box::new(crate::ddl::Error::Wal { source }),
                 retryable: true,
             }
         }
         // A stale run: another manager runs the procedure now. Fatal for this manager, which halts.
-        crate::error::Error::ProcedureFenced { own, current, .. } => procedures::Error::Fenced {
+        crate::ddl::Error::ProcedureFenced { own, current, .. } => procedures::Error::Fenced {
             epoch: current.parse().unwrap_or(0),
             own,
         },
@@ -369,7 +369,7 @@ impl CreateTableProcedure {
     /// one transaction conditioned on the name key still holding what was read and, with the allocator's epoch
     /// fence, on the procedure store's epoch being this manager's. A deposed manager's late rollback thus deletes
     /// nothing: neither the table a newer manager finished under this procedure, nor the name key of a later
-    /// table of the same name. A refusal is looked at again: the epoch moved is [`crate::Error::ProcedureFenced`]
+    /// table of the same name. A refusal is looked at again: the epoch moved is [`crate::ddl::Error::ProcedureFenced`]
     /// (the manager halts); the name moved (deleted, or now another table's) leaves nothing of this table to
     /// delete.
     async fn delete_metadata(&self, ctx: &Context, metadata: &TableMetadata) -> Result<()> {
@@ -424,7 +424,7 @@ impl CreateTableProcedure {
                 .await?
                 .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
             if current.as_deref() != Some(own.to_string().as_str()) {
-                return crate::error::ProcedureFencedSnafu {
+                return crate::ddl::error::ProcedureFencedSnafu {
                     procedure_id: ctx.procedure_id().to_string(),
                     key,
                     own,

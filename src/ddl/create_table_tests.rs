@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use procedures::{Context, Procedure, ProcedureId, SideEffectHook, Status};
 
+use crate::ddl::Error;
 use crate::ddl::allocator::{TABLE_ID_SEQ_KEY, TableMetadataAllocator};
 use crate::ddl::context::DdlContext;
 use crate::ddl::create_table::{CreateTableProcedure, CreateTableState, region_create_requests};
@@ -13,7 +14,6 @@ use crate::ddl::metadata_manager::{TableMetadata, TableMetadataManager};
 use crate::ddl::peer::{MockPeerSelector, RoundRobinPeerSelector};
 use crate::ddl::task::CreateTableTask;
 use crate::ddl::wal_source::{MockWalOptionsSource, RaftEngineWalSource};
-use crate::error::Error;
 use crate::key::table_name::TableName;
 use crate::kv::{KvBackend, KvBackendRef, MemoryKvBackend};
 use crate::wal::WalOptions;

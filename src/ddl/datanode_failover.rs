@@ -21,12 +21,12 @@ use procedures::{
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
+use crate::ddl::error::{
+    DatanodeFailoverStateSnafu, DecodeMetadataSnafu, NoFailoverTargetSnafu, Result,
+};
 use crate::ddl::region::region_id;
 use crate::ddl::region_migration::{
     MigrationContext, RegionMigrationProcedure, RegionMigrationTask,
-};
-use crate::error::{
-    DatanodeFailoverStateSnafu, DecodeMetadataSnafu, NoFailoverTargetSnafu, Result,
 };
 use crate::key::datanode_table::{DatanodeTableValue, datanode_table_prefix};
 use crate::kv::RangeRequest;

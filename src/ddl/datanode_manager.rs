@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{RegionExistsWithDifferentOptionsSnafu, Result};
+use crate::ddl::error::{RegionExistsWithDifferentOptionsSnafu, Result};
 
 /// Asks one datanode to create one region.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,7 +43,7 @@ pub trait DatanodeManager: Send + Sync + Debug {
     /// (so a rollback can run again). An unreachable datanode is a retryable error. The default refuses (see
     /// [`DatanodeManager::can_drop_regions`]).
     async fn drop_region(&self, datanode_id: u64, region_id: u64) -> Result<()> {
-        crate::error::DatanodeUnavailableSnafu {
+        crate::ddl::error::DatanodeUnavailableSnafu {
             datanode_id,
             action: format!("dropping region {region_id}"),
             reason: "this datanode manager cannot drop regions",
@@ -121,7 +121,7 @@ impl DatanodeManager for MemoryDatanodeManager {
             && *left > 0
         {
             *left -= 1;
-            return crate::error::DatanodeUnavailableSnafu {
+            return crate::ddl::error::DatanodeUnavailableSnafu {
                 datanode_id,
                 action: format!("creating region {}", request.region_id),
                 reason: "injected unavailability",
@@ -159,7 +159,7 @@ impl DatanodeManager for MemoryDatanodeManager {
             && *left > 0
         {
             *left -= 1;
-            return crate::error::DatanodeUnavailableSnafu {
+            return crate::ddl::error::DatanodeUnavailableSnafu {
                 datanode_id,
                 action: format!("dropping region {region_id}"),
                 reason: "injected unavailability",

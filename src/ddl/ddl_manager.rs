@@ -6,9 +6,11 @@ use snafu::ResultExt;
 
 use crate::ddl::context::DdlContext;
 use crate::ddl::create_table::{CREATE_TABLE_TYPE_NAME, CreateTableData, CreateTableProcedure};
+use crate::ddl::error::{
+    CreateTableIdInUseSnafu, CreateTableOutputSnafu, CreateTableSnafu, Result,
+};
 use crate::ddl::procedure_id::validate_procedure_id;
 use crate::ddl::task::CreateTableTask;
-use crate::error::{CreateTableIdInUseSnafu, CreateTableOutputSnafu, CreateTableSnafu, Result};
 use crate::key::table_name::TableNameValue;
 use crate::kv::KvStateStore;
 
@@ -62,7 +64,7 @@ impl DdlManager {
     /// [`DdlManager::create_table`] under a procedure id the caller chose (a random one when `None`). The id is an
     /// idempotency key: a retry with the same id and task — after a lost reply, a timeout, a crash — gets the same
     /// table id back (waiting for the procedure if it still runs), never "already exists"; the same id with another
-    /// task is refused with [`crate::Error::CreateTableIdInUse`] naming the id, and the other task's procedure is left
+    /// task is refused with [`crate::ddl::Error::CreateTableIdInUse`] naming the id, and the other task's procedure is left
     /// alone. An id that is blank, over 128 bytes or not printable is refused before anything is submitted
     /// ([`validate_procedure_id`]).
     pub async fn create_table_with_id(
@@ -92,7 +94,7 @@ impl DdlManager {
     /// The submission of [`DdlManager::create_table_with_id`] without the wait: returns once the procedure's
     /// record is stored (or, for an id that names an existing procedure, once its record is found to hold the
     /// same task), with the procedure's id and a watcher of it. What `POST /v1/tables` with `"wait":false`
-    /// answers 202 on: the same id with another task is [`crate::Error::CreateTableIdInUse`] here, never a 202.
+    /// answers 202 on: the same id with another task is [`crate::ddl::Error::CreateTableIdInUse`] here, never a 202.
     /// The procedure itself refuses a table that exists (no record is left; its watcher gets
     /// [`procedures::Error::ProcedureRefused`]).
     pub async fn submit_create_table(

@@ -35,12 +35,12 @@ use procedures::{
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
-use crate::ddl::region::region_id;
-use crate::ddl::region_migration::MigrationContext;
-use crate::error::{
+use crate::ddl::error::{
     DecodeMetadataSnafu, DropTableStateSnafu, RegionStillOpenSnafu, Result, TableChangedSnafu,
     TableNotFoundSnafu,
 };
+use crate::ddl::region::region_id;
+use crate::ddl::region_migration::MigrationContext;
 use crate::key::datanode_table::{DatanodeTableValue, datanode_table_key};
 use crate::key::region_drop::{DroppedWal, RegionDropValue, region_drop_key};
 use crate::key::table_info::table_info_key;
@@ -408,7 +408,7 @@ impl DropTableProcedure {
         if current.as_deref() == Some(own.to_string().as_str()) {
             return Ok(());
         }
-        crate::error::ProcedureFencedSnafu {
+        crate::ddl::error::ProcedureFencedSnafu {
             procedure_id: ctx.procedure_id().to_string(),
             key: key.to_string(),
             own,
@@ -419,8 +419,8 @@ impl DropTableProcedure {
 }
 
 /// A table that does not exist (without `if_exists`), or a bad name, is refused in Prepare: no record is left.
-fn prepare_error(e: crate::error::Error) -> procedures::Error {
-    use crate::error::Error as E;
+fn prepare_error(e: crate::ddl::Error) -> procedures::Error {
+    use crate::ddl::Error as E;
     let refusal = match &e {
         E::TableNotFound { .. } => procedures::Refusal::NotFound,
         E::TableChanged { .. } => procedures::Refusal::Conflict,
@@ -477,12 +477,10 @@ impl Procedure for DropTableProcedure {
 
     async fn rollback(&mut self, ctx: &Context) -> procedures::Result<()> {
         self.roll_back(ctx).await.map_err(|e| match e {
-            crate::error::Error::ProcedureFenced { own, current, .. } => {
-                procedures::Error::Fenced {
-                    epoch: current.parse().unwrap_or(0),
-                    own,
-                }
-            }
+            crate::ddl::Error::ProcedureFenced { own, current, .. } => procedures::Error::Fenced {
+                epoch: current.parse().unwrap_or(0),
+                own,
+            },
             e => e.into(),
         })
     }

@@ -8,12 +8,12 @@ use serde::de::DeserializeOwned;
 use snafu::{ResultExt, ensure};
 
 use crate::ddl::allocator::TableAllocation;
-use crate::ddl::region::region_storage_path;
-use crate::ddl::task::CreateTableTask;
-use crate::error::{
+use crate::ddl::error::{
     DecodeMetadataSnafu, EncodeMetadataSnafu, InvalidCreateTableSnafu, MetadataTxnTooLargeSnafu,
     Result, TableAlreadyExistsSnafu, TableMetadataConflictSnafu,
 };
+use crate::ddl::region::region_storage_path;
+use crate::ddl::task::CreateTableTask;
 use crate::key::datanode_table::{DatanodeTableValue, datanode_table_key};
 use crate::key::table_info::{TableInfoValue, table_info_key};
 use crate::key::table_name::{TableName, TableNameValue};

@@ -8,6 +8,7 @@ pub mod datanode_failover;
 pub mod datanode_manager;
 pub mod ddl_manager;
 pub mod drop_table;
+pub mod error;
 pub mod metadata_manager;
 pub mod peer;
 pub mod procedure_id;
@@ -30,6 +31,7 @@ pub use datanode_manager::{
 };
 pub use ddl_manager::DdlManager;
 pub use drop_table::{DROP_TABLE_TYPE_NAME, DropTableProcedure, DropTableTask};
+pub use error::Error;
 pub use metadata_manager::{TableMetadata, TableMetadataManager, TableMetadataManagerRef};
 pub use peer::{PeerSelector, PeerSelectorRef, RoundRobinPeerSelector};
 pub use region_migration::{

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use snafu::ensure;
 
-use crate::error::{NoDatanodesSnafu, Result};
+use crate::ddl::error::{NoDatanodesSnafu, Result};
 
 /// Chooses a datanode for each region of a new table.
 #[cfg_attr(test, mockall::automock)]

@@ -3,7 +3,7 @@
 
 use snafu::ensure;
 
-use crate::error::{InvalidCreateTableSnafu, Result};
+use crate::ddl::error::{InvalidCreateTableSnafu, Result};
 use crate::key::table_name::TableName;
 
 /// The longest procedure id a client may choose, in bytes of UTF-8.
@@ -16,7 +16,7 @@ const ID_EXCERPT_CHARS: usize = 32;
 /// [`MAX_PROCEDURE_ID_BYTES`] bytes, and printable — no control character (`\0`, `\n`, …, U+0080–U+009F), no line
 /// or paragraph separator, no invisible format character (zero-width, byte-order mark) and no bidirectional
 /// control character (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069), which would show the id as another
-/// text. The error is [`crate::Error::InvalidCreateTable`]; it quotes the id through [`excerpt`], never whole.
+/// text. The error is [`crate::ddl::Error::InvalidCreateTable`]; it quotes the id through [`excerpt`], never whole.
 pub fn validate_procedure_id(table: &TableName, id: &str) -> Result<()> {
     let invalid = |reason: String| {
         InvalidCreateTableSnafu {

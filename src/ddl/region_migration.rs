@@ -36,12 +36,12 @@ use procedures::{BoxedProcedureLoader, Context, LockKey, Procedure, Status, Stri
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
-use crate::ddl::metadata_manager::TableMetadataManagerRef;
-use crate::ddl::region::{region_number, region_table_id};
-use crate::error::{
+use crate::ddl::error::{
     DecodeMetadataSnafu, InvalidRegionMigrationSnafu, MigrationTargetFailedSnafu,
     ProcedureFencedSnafu, RegionMigrationStateSnafu, RegionNotLeadingYetSnafu, Result,
 };
+use crate::ddl::metadata_manager::TableMetadataManagerRef;
+use crate::ddl::region::{region_number, region_table_id};
 use crate::key::datanode_table::{DatanodeTableValue, datanode_table_key};
 use crate::key::table_route::{TableRouteValue, table_route_key};
 use crate::kv::{Compare, Txn, TxnOp};
@@ -196,7 +196,7 @@ impl RegionMigrationProcedure {
         &self.data
     }
 
-    fn refuse(&self, reason: impl Into<String>) -> crate::error::Error {
+    fn refuse(&self, reason: impl Into<String>) -> crate::ddl::Error {
         InvalidRegionMigrationSnafu {
             region_id: self.data.task.region_id,
             to: self.data.task.to,
@@ -481,9 +481,9 @@ fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
 }
 
 /// A request refused in Prepare leaves no record (see `procedures::Error::refused`).
-fn prepare_error(e: crate::error::Error) -> procedures::Error {
+fn prepare_error(e: crate::ddl::Error) -> procedures::Error {
     match e {
-        e @ crate::error::Error::InvalidRegionMigration { .. } => {
+        e @ crate::ddl::Error::InvalidRegionMigration { .. } => {
             procedures::Error::refused(procedures::Refusal::InvalidRequest, e)
         }
         e => e.into(),
@@ -491,9 +491,9 @@ fn prepare_error(e: crate::error::Error) -> procedures::Error {
 }
 
 /// A route change refused by the epoch fence halts the manager (a newer one runs the procedure now).
-fn update_route_error(e: crate::error::Error) -> procedures::Error {
+fn update_route_error(e: crate::ddl::Error) -> procedures::Error {
     match e {
-        crate::error::Error::ProcedureFenced { own, current, .. } => procedures::Error::Fenced {
+        crate::ddl::Error::ProcedureFenced { own, current, .. } => procedures::Error::Fenced {
             epoch: current.parse().unwrap_or(0),
             own,
         },

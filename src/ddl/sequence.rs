@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use snafu::ensure;
 use tokio::sync::Mutex;
 
-use crate::error::{CorruptSequenceSnafu, Result, SequenceContentionSnafu, SequenceExhaustedSnafu};
+use crate::ddl::error::{
+    CorruptSequenceSnafu, Result, SequenceContentionSnafu, SequenceExhaustedSnafu,
+};
 use crate::kv::{CompareAndPutRequest, KvBackendRef};
 
 /// How many times a batch reservation retries after losing a compare-and-put race.

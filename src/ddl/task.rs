@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use snafu::ensure;
 
-use crate::error::{InvalidCreateTableSnafu, Result};
+use crate::ddl::error::{InvalidCreateTableSnafu, Result};
 use crate::key::table_name::{TableName, validate_name};
 use crate::wal::WAL_OPTIONS_KEY;
 

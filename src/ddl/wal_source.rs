@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::error::Result;
+use crate::ddl::error::Result;
 use crate::wal::WalOptions;
 
 /// Hands out WAL options for new regions. The WAL options allocator implements it; tests mock it.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::error::{InvalidDatanodeTableKeySnafu, Result};
+use crate::ddl::error::{InvalidDatanodeTableKeySnafu, Result};
 
 /// Prefix of datanode table keys.
 pub const DATANODE_TABLE_KEY_PREFIX: &str = "__dn_table";

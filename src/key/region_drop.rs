@@ -13,7 +13,8 @@
 use serde::{Deserialize, Serialize};
 use snafu::ResultExt;
 
-use crate::error::{DecodeMetadataSnafu, Result};
+use crate::ddl::error::DecodeMetadataSnafu;
+use crate::ddl::error::Result;
 
 /// The prefix of every region-drop key.
 pub const REGION_DROP_PREFIX: &str = "__region_drop/";

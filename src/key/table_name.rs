@@ -4,7 +4,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{InvalidNameSnafu, Result};
+use crate::ddl::error::{InvalidNameSnafu, Result};
 
 /// Prefix of table name keys.
 pub const TABLE_NAME_KEY_PREFIX: &str = "__table_name";

@@ -34,11 +34,11 @@ use crate::datanode::protocol::{
 };
 use crate::datanode::{RegionOpenRequest, RegionOpener, WalProviderKind};
 use crate::ddl::drop_table::tombstone_key;
+use crate::ddl::error::DecodeMetadataSnafu;
 use crate::ddl::region::{region_number, region_table_id as table_id_of};
 use crate::error::{
     DatanodeNotRegisteredSnafu, DatanodeRegistrationContentionSnafu, DatanodeRetiredSnafu,
-    DatanodeStaleIncarnationSnafu, DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu,
-    DecodeMetadataSnafu, Result,
+    DatanodeStaleIncarnationSnafu, DatanodeStillHeartbeatingSnafu, DatanodeUnknownSnafu, Result,
 };
 use crate::key::region_drop::{
     DroppedWal, REGION_DROP_PREFIX, RegionDropValue, parse_region_drop_key, region_drop_key,
@@ -1439,7 +1439,10 @@ trait DecodeContext<T> {
 
 impl<T> DecodeContext<T> for std::result::Result<T, serde_json::Error> {
     fn context_decode(self, key: &str) -> Result<T> {
-        snafu::ResultExt::context(self, DecodeMetadataSnafu { key })
+        Ok(snafu::ResultExt::context(
+            self,
+            DecodeMetadataSnafu { key },
+        )?)
     }
 }
 

@@ -79,12 +79,12 @@ struct GatedWal(Arc<Gate>);
 
 #[async_trait]
 impl WalOptionsSource for GatedWal {
-    async fn load_if_needed(&self) -> remote_wal::Result<()> {
+    async fn load_if_needed(&self) -> remote_wal::ddl::error::Result<()> {
         self.0.pass().await;
         Ok(())
     }
 
-    fn alloc_batch(&self, n: usize) -> remote_wal::Result<Vec<WalOptions>> {
+    fn alloc_batch(&self, n: usize) -> remote_wal::ddl::error::Result<Vec<WalOptions>> {
         Ok(vec![WalOptions::RaftEngine; n])
     }
 }
@@ -408,7 +408,7 @@ impl remote_wal::ddl::DatanodeManager for HeldDatanodes {
         &self,
         datanode_id: u64,
         request: remote_wal::ddl::RegionCreateRequest,
-    ) -> remote_wal::Result<()> {
+    ) -> remote_wal::ddl::error::Result<()> {
         self.gate.pass().await;
         self.inner.create_region(datanode_id, request).await
     }
@@ -417,7 +417,11 @@ impl remote_wal::ddl::DatanodeManager for HeldDatanodes {
         true
     }
 
-    async fn drop_region(&self, datanode_id: u64, region_id: u64) -> remote_wal::Result<()> {
+    async fn drop_region(
+        &self,
+        datanode_id: u64,
+        region_id: u64,
+    ) -> remote_wal::ddl::error::Result<()> {
         self.inner.drop_region(datanode_id, region_id).await
     }
 }

@@ -82,7 +82,9 @@ async fn another_task_under_a_used_id_is_refused_naming_the_id() {
             .await
             .unwrap_err();
         assert!(
-            matches!(&err, remote_wal::Error::CreateTableIdInUse { procedure_id, .. } if procedure_id == "req-2"),
+            matches!(&err, remote_wal::Error::Ddl { source }
+                if matches!(&**source, remote_wal::ddl::Error::CreateTableIdInUse { procedure_id, .. }
+                    if procedure_id == "req-2")),
             "{err:?}"
         );
         assert!(

@@ -34,7 +34,7 @@ impl DatanodeManager for GatedDatanodes {
         &self,
         datanode_id: u64,
         request: RegionCreateRequest,
-    ) -> remote_wal::Result<()> {
+    ) -> remote_wal::ddl::error::Result<()> {
         if self
             .free
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -51,7 +51,11 @@ impl DatanodeManager for GatedDatanodes {
         true
     }
 
-    async fn drop_region(&self, datanode_id: u64, region_id: u64) -> remote_wal::Result<()> {
+    async fn drop_region(
+        &self,
+        datanode_id: u64,
+        region_id: u64,
+    ) -> remote_wal::ddl::error::Result<()> {
         self.inner.drop_region(datanode_id, region_id).await
     }
 }
@@ -269,9 +273,9 @@ impl DatanodeManager for RefusingDatanodes {
         &self,
         datanode_id: u64,
         request: RegionCreateRequest,
-    ) -> remote_wal::Result<()> {
+    ) -> remote_wal::ddl::error::Result<()> {
         if self.refuse.load(Ordering::SeqCst) {
-            return Err(remote_wal::Error::RegionExistsWithDifferentOptions {
+            return Err(remote_wal::ddl::Error::RegionExistsWithDifferentOptions {
                 region_id: request.region_id,
                 datanode_id,
                 existing: "another table's region".to_string(),
@@ -285,7 +289,11 @@ impl DatanodeManager for RefusingDatanodes {
         true
     }
 
-    async fn drop_region(&self, datanode_id: u64, region_id: u64) -> remote_wal::Result<()> {
+    async fn drop_region(
+        &self,
+        datanode_id: u64,
+        region_id: u64,
+    ) -> remote_wal::ddl::error::Result<()> {
         self.inner.drop_region(datanode_id, region_id).await
     }
 }

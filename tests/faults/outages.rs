@@ -114,7 +114,7 @@ impl DatanodeManager for GatedDatanodes {
         &self,
         datanode_id: u64,
         request: RegionCreateRequest,
-    ) -> remote_wal::Result<()> {
+    ) -> remote_wal::ddl::error::Result<()> {
         self.entered.fetch_add(1, Ordering::SeqCst);
         let mut rx = self.open.subscribe();
         while !*rx.borrow_and_update() {

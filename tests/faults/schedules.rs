@@ -304,7 +304,7 @@ impl CurrentPool {
 }
 
 impl WalOptionsSource for CurrentPool {
-    fn alloc_batch(&self, n: usize) -> remote_wal::Result<Vec<WalOptions>> {
+    fn alloc_batch(&self, n: usize) -> remote_wal::ddl::error::Result<Vec<WalOptions>> {
         Ok(self.get().alloc_batch(n)?)
     }
 }

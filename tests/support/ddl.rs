@@ -32,7 +32,7 @@ impl FakeKafkaPool {
 }
 
 impl WalOptionsSource for FakeKafkaPool {
-    fn alloc_batch(&self, n: usize) -> remote_wal::Result<Vec<WalOptions>> {
+    fn alloc_batch(&self, n: usize) -> remote_wal::ddl::error::Result<Vec<WalOptions>> {
         let first = self.next.fetch_add(n, Ordering::Relaxed);
         Ok((0..n)
             .map(|i| WalOptions::kafka(self.topics[(first + i) % self.topics.len()].clone()))

@@ -107,11 +107,13 @@ impl Failure {
     fn is_table_not_found(&self) -> bool {
         match self {
             Failure::NotFound(_) => true,
-            Failure::Wal(e) => matches!(
-                **e,
-                remote_wal::Error::WalTableNotFound { .. }
-                    | remote_wal::Error::TableNotFound { .. }
-            ),
+            Failure::Wal(e) => match &**e {
+                remote_wal::Error::WalTableNotFound { .. } => true,
+                remote_wal::Error::Ddl { source } => {
+                    matches!(**source, remote_wal::ddl::Error::TableNotFound { .. })
+                }
+                _ => false,
+            },
             Failure::Refused(_) => false,
         }
     }
@@ -129,6 +131,12 @@ impl std::fmt::Display for Failure {
 impl From<remote_wal::Error> for Failure {
     fn from(e: remote_wal::Error) -> Self {
         Failure::Wal(Box::new(e))
+    }
+}
+
+impl From<remote_wal::ddl::Error> for Failure {
+    fn from(e: remote_wal::ddl::Error) -> Self {
+        Failure::Wal(Box::new(e.into()))
     }
 }
 

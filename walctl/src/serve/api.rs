@@ -312,7 +312,7 @@ async fn create_table(State(state): State<AppState>, body: axum::body::Bytes) ->
         && let Some(table_id) = state.metasrv.table_id(&name).await?
         && !procedure_exists(&state.metasrv, &id).await?
     {
-        return Err(remote_wal::Error::TableAlreadyExists {
+        return Err(remote_wal::ddl::Error::TableAlreadyExists {
             table: name.to_string(),
             table_id: Some(table_id),
         }

@@ -159,6 +159,13 @@ impl ApiError {
     }
 }
 
+impl From<remote_wal::ddl::Error> for ApiError {
+    /// As the crate's error that holds it ([`remote_wal::Error::Ddl`]).
+    fn from(e: remote_wal::ddl::Error) -> Self {
+        ApiError::from(remote_wal::Error::from(e))
+    }
+}
+
 impl From<remote_wal::Error> for ApiError {
     /// Classifies by the error and its causes (a step's error reaches the API wrapped in the engine's): bad input
     /// 400, an unknown procedure 404, an existing table or a reused procedure id 409, a fenced or not-leading
@@ -172,15 +179,15 @@ impl From<remote_wal::Error> for ApiError {
         while let Some(current) = cause {
             if let Some(wal) = downcast::<remote_wal::Error>(current) {
                 let (status, kind) = match wal {
-                    E::InvalidTableReference { .. }
-                    | E::InvalidName { .. }
-                    | E::InvalidCreateTable { .. }
-                    | E::InvalidRegionMigration { .. } => (StatusCode::BAD_REQUEST, "bad_request"),
                     E::ProcedureNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
-                    E::TableAlreadyExists { .. } | E::ProcedurePurge { .. } => {
-                        (StatusCode::CONFLICT, "already_exists")
-                    }
-                    E::CreateTableIdInUse { .. } => (StatusCode::CONFLICT, "conflict"),
+                    E::ProcedurePurge { .. } => (StatusCode::CONFLICT, "already_exists"),
+                    E::Ddl { source } => match ddl_kind(source) {
+                        Some(classified) => classified,
+                        None => {
+                            cause = current.source();
+                            continue;
+                        }
+                    },
                     E::NotLeader { leader } => return ApiError::not_leader(leader.clone()),
                     E::MetasrvNotStarted { .. } => (StatusCode::SERVICE_UNAVAILABLE, "not_ready"),
                     // The metadata store cannot serve now (no quorum, a member gone, a timeout): the client retries
@@ -201,9 +208,7 @@ impl From<remote_wal::Error> for ApiError {
                             continue;
                         }
                     },
-                    E::WalTableNotFound { .. } | E::TableNotFound { .. } => {
-                        (StatusCode::NOT_FOUND, "not_found")
-                    }
+                    E::WalTableNotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
                     E::DatanodeNotRegistered { .. } => (StatusCode::NOT_FOUND, "not_registered"),
                     E::DatanodeStaleIncarnation { .. } | E::DatanodeRetired { .. } => {
                         (StatusCode::CONFLICT, "stale_incarnation")
@@ -230,10 +235,12 @@ impl From<remote_wal::Error> for ApiError {
                     leader: None,
                 };
             }
-            // A WAL error handed to the engine by a step is its own link in the chain.
-            if let Some((status, kind)) =
-                downcast::<remote_wal::wal::Error>(current).and_then(wal_kind)
-            {
+            // A DDL or WAL error handed to the engine by a step is its own link in the chain.
+            let classified = match downcast::<remote_wal::ddl::Error>(current) {
+                Some(ddl) => ddl_kind(ddl),
+                None => downcast::<remote_wal::wal::Error>(current).and_then(wal_kind),
+            };
+            if let Some((status, kind)) = classified {
                 return ApiError {
                     status,
                     kind,
@@ -309,6 +316,27 @@ impl From<remote_wal::Error> for ApiError {
 
 /// Whether the metadata store cannot serve now (no quorum, a member gone, a timeout, a lost connection): the
 /// client retries (with its id, for a write that may have been applied). Decided by the kv layer's own error.
+/// How the API answers a DDL error it classifies: bad input 400, an existing table 409 `already_exists`, a
+/// procedure id used by another task 409 `conflict`, an unknown table 404, a metadata store that cannot serve now
+/// 503; a WAL error inside it as [`wal_kind`] says; `None` for the others (500, or a cause further down the chain).
+fn ddl_kind(e: &remote_wal::ddl::Error) -> Option<(StatusCode, &'static str)> {
+    use remote_wal::ddl::Error as D;
+    match e {
+        D::InvalidTableReference { .. }
+        | D::InvalidName { .. }
+        | D::InvalidCreateTable { .. }
+        | D::InvalidRegionMigration { .. } => Some((StatusCode::BAD_REQUEST, "bad_request")),
+        D::TableAlreadyExists { .. } => Some((StatusCode::CONFLICT, "already_exists")),
+        D::CreateTableIdInUse { .. } => Some((StatusCode::CONFLICT, "conflict")),
+        D::TableNotFound { .. } => Some((StatusCode::NOT_FOUND, "not_found")),
+        D::Kv { source } if store_unavailable(source) => {
+            Some((StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"))
+        }
+        D::Wal { source } => wal_kind(source),
+        _ => None,
+    }
+}
+
 /// How the API answers a WAL error it classifies: a prune of a topic outside the pool 404, a metadata store that
 /// cannot serve the WAL layer now 503; `None` for the others (500, or a cause further down the chain).
 fn wal_kind(e: &remote_wal::wal::Error) -> Option<(StatusCode, &'static str)> {
@@ -425,14 +453,14 @@ mod tests {
 
     use super::ApiError;
 
-    fn classify(e: remote_wal::Error) -> (StatusCode, &'static str, bool) {
-        let e = ApiError::from(e);
+    fn classify(e: impl Into<remote_wal::Error>) -> (StatusCode, &'static str, bool) {
+        let e = ApiError::from(e.into());
         (e.status, e.kind, e.retryable)
     }
 
     #[test]
     fn errors_map_to_statuses_through_their_causes() {
-        let fenced = remote_wal::Error::CreateTable {
+        let fenced = remote_wal::ddl::Error::CreateTable {
             table: "greptime.public.t".to_string(),
             source: Box::new(procedures::Error::Fenced { epoch: 8, own: 7 }),
         };
@@ -446,11 +474,11 @@ mod tests {
             key: "__topic_name/kafka/elsewhere".to_string(),
         };
         assert_eq!(
-            classify(unknown_topic().into()),
+            classify(unknown_topic()),
             (StatusCode::NOT_FOUND, "not_found", false)
         );
         // The same error handed to the engine by a step, as a prune round's would be.
-        let in_a_step = remote_wal::Error::CreateTable {
+        let in_a_step = remote_wal::ddl::Error::CreateTable {
             table: "greptime.public.t".to_string(),
             source: Box::new(unknown_topic().into()),
         };
@@ -458,7 +486,7 @@ mod tests {
             classify(in_a_step),
             (StatusCode::NOT_FOUND, "not_found", false)
         );
-        let exists = remote_wal::Error::TableAlreadyExists {
+        let exists = remote_wal::ddl::Error::TableAlreadyExists {
             table: "greptime.public.t".to_string(),
             table_id: Some(1024),
         };
@@ -467,7 +495,7 @@ mod tests {
             (StatusCode::CONFLICT, "already_exists", false)
         );
         // A refusal of the procedure's first step reaches here typed, inside the create-table's error.
-        let refused = remote_wal::Error::CreateTable {
+        let refused = remote_wal::ddl::Error::CreateTable {
             table: "greptime.public.t".to_string(),
             source: Box::new(procedures::Error::ProcedureRefused {
                 id: procedures::ProcedureId::new("p"),
@@ -479,7 +507,7 @@ mod tests {
             classify(refused),
             (StatusCode::CONFLICT, "already_exists", false)
         );
-        let invalid = remote_wal::Error::CreateTable {
+        let invalid = remote_wal::ddl::Error::CreateTable {
             table: "greptime.public.t".to_string(),
             source: Box::new(procedures::Error::ProcedureRefused {
                 id: procedures::ProcedureId::new("p"),
@@ -491,7 +519,7 @@ mod tests {
             classify(invalid),
             (StatusCode::BAD_REQUEST, "bad_request", false)
         );
-        let reused = remote_wal::Error::CreateTableIdInUse {
+        let reused = remote_wal::ddl::Error::CreateTableIdInUse {
             procedure_id: "p".to_string(),
             table: "greptime.public.u".to_string(),
             existing: "table greptime.public.t, 1 region(s)".to_string(),
@@ -513,7 +541,7 @@ mod tests {
             classify(missing),
             (StatusCode::NOT_FOUND, "not_found", false)
         );
-        let bad = remote_wal::Error::InvalidTableReference {
+        let bad = remote_wal::ddl::Error::InvalidTableReference {
             name: "a..b".to_string(),
             reason: "empty part".to_string(),
         };

@@ -31,7 +31,7 @@ impl DatanodeManager for Blocking {
         &self,
         datanode_id: u64,
         request: RegionCreateRequest,
-    ) -> remote_wal::Result<()> {
+    ) -> remote_wal::ddl::error::Result<()> {
         if self
             .free
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -46,7 +46,11 @@ impl DatanodeManager for Blocking {
         true
     }
 
-    async fn drop_region(&self, datanode_id: u64, region_id: u64) -> remote_wal::Result<()> {
+    async fn drop_region(
+        &self,
+        datanode_id: u64,
+        region_id: u64,
+    ) -> remote_wal::ddl::error::Result<()> {
         self.fleet.drop_region(datanode_id, region_id).await
     }
 }

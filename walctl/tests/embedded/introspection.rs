@@ -27,7 +27,7 @@ impl DatanodeManager for Unresponsive {
         &self,
         _datanode_id: u64,
         _request: RegionCreateRequest,
-    ) -> remote_wal::Result<()> {
+    ) -> remote_wal::ddl::error::Result<()> {
         std::future::pending().await
     }
 }
