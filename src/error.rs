@@ -382,21 +382,31 @@ impl Error {
     }
 }
 
-impl From<procedures::Error> for Error {
-    fn from(source: procedures::Error) -> Self {
-        Error::Procedure {
-            source: Box::new(source),
+/// The conversions between a layer's `Error` (with a `Procedure` variant and an `is_retryable`) and the engine's
+/// error: an engine error is held whole; a layer's error goes to the engine as `External`, keeping whether it is
+/// retryable. Every layer that runs procedures or is run by them has both.
+macro_rules! engine_conversions {
+    ($error:ty) => {
+        impl From<procedures::Error> for $error {
+            fn from(source: procedures::Error) -> Self {
+                Self::Procedure {
+                    source: Box::new(source),
+                }
+            }
         }
-    }
-}
 
-impl From<Error> for procedures::Error {
-    /// Hands a remote-wal error to the engine, keeping whether it is retryable.
-    fn from(e: Error) -> Self {
-        let retryable = e.is_retryable();
-        procedures::Error::External {
-            source: Box::new(e),
-            retryable,
+        impl From<$error> for procedures::Error {
+            /// Hands the error to the engine, keeping whether it is retryable.
+            fn from(e: $error) -> Self {
+                let retryable = e.is_retryable();
+                procedures::Error::External {
+                    source: Box::new(e),
+                    retryable,
+                }
+            }
         }
-    }
+    };
 }
+pub(crate) use engine_conversions;
+
+engine_conversions!(Error);

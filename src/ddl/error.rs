@@ -389,21 +389,4 @@ impl Error {
     }
 }
 
-impl From<procedures::Error> for Error {
-    fn from(source: procedures::Error) -> Self {
-        Error::Procedure {
-            source: Box::new(source),
-        }
-    }
-}
-
-impl From<Error> for procedures::Error {
-    /// Hands a DDL error to the engine, keeping whether it is retryable.
-    fn from(e: Error) -> Self {
-        let retryable = e.is_retryable();
-        procedures::Error::External {
-            source: Box::new(e),
-            retryable,
-        }
-    }
-}
+crate::error::engine_conversions!(Error);

@@ -147,6 +147,17 @@ impl ApiError {
         }
     }
 
+    /// An error the API classified as `status` and `kind`: retryable when the server cannot serve it now (503).
+    fn classified(status: StatusCode, kind: &'static str, message: String) -> Self {
+        ApiError {
+            status,
+            kind,
+            message,
+            retryable: status == StatusCode::SERVICE_UNAVAILABLE,
+            leader: None,
+        }
+    }
+
     /// 500: anything else.
     pub fn internal(message: impl Into<String>, retryable: bool) -> Self {
         ApiError {
@@ -227,13 +238,7 @@ impl From<remote_wal::Error> for ApiError {
                         continue;
                     }
                 };
-                return ApiError {
-                    status,
-                    kind,
-                    message,
-                    retryable: status == StatusCode::SERVICE_UNAVAILABLE,
-                    leader: None,
-                };
+                return ApiError::classified(status, kind, message);
             }
             // A DDL or WAL error handed to the engine by a step is its own link in the chain.
             let classified = match downcast::<remote_wal::ddl::Error>(current) {
@@ -241,13 +246,7 @@ impl From<remote_wal::Error> for ApiError {
                 None => downcast::<remote_wal::wal::Error>(current).and_then(wal_kind),
             };
             if let Some((status, kind)) = classified {
-                return ApiError {
-                    status,
-                    kind,
-                    message,
-                    retryable: status == StatusCode::SERVICE_UNAVAILABLE,
-                    leader: None,
-                };
+                return ApiError::classified(status, kind, message);
             }
             // A kv error the engine received from its store (a step's write) is its own link in the chain.
             if let Some(kv) = downcast::<remote_wal::kv::Error>(current)
