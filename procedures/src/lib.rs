@@ -22,6 +22,7 @@ pub mod observer;
 pub mod procedure;
 pub mod purge;
 pub mod record;
+mod record_encoder;
 pub mod snapshot;
 pub mod step_writes;
 pub mod store;

@@ -1,7 +1,8 @@
 //! [`MemoryStateStore`]: a [`StateStore`] in an ordered map, for tests and benchmarks.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 
@@ -12,7 +13,26 @@ use crate::store::{Condition, StateStore, WriteOp, WriteOutcome};
 /// that shares it.
 #[derive(Debug, Default)]
 pub struct MemoryStateStore {
-    map: Mutex<BTreeMap<String, Vec<u8>>>,
+    contents: Mutex<Contents>,
+}
+
+/// The map, and the prefixes whose changes are counted ([`StateStore::counts_changes`]), under one lock: a change
+/// is counted before the lock is released, so a reader that notes a count and then reads sees every change counted.
+#[derive(Debug, Default)]
+struct Contents {
+    map: BTreeMap<String, Vec<u8>>,
+    counted: Vec<(String, Arc<AtomicU64>)>,
+}
+
+impl Contents {
+    /// Counts a change of `key` for every counted prefix it starts with.
+    fn changed(&self, key: &str) {
+        for (prefix, count) in &self.counted {
+            if key.starts_with(prefix.as_str()) {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
 }
 
 impl MemoryStateStore {
@@ -23,13 +43,13 @@ impl MemoryStateStore {
 
     /// A copy of everything in the store.
     pub fn snapshot(&self) -> BTreeMap<String, Vec<u8>> {
-        self.lock().clone()
+        self.lock().map.clone()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Vec<u8>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Contents> {
         // A panic while holding the lock cannot leave the map half-changed (every change is one map call), so a
         // poisoned lock is still usable.
-        self.map
+        self.contents
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -38,12 +58,13 @@ impl MemoryStateStore {
 #[async_trait]
 impl StateStore for MemoryStateStore {
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self.lock().get(key).cloned())
+        Ok(self.lock().map.get(key).cloned())
     }
 
     async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
-        let map = self.lock();
-        Ok(map
+        let contents = self.lock();
+        Ok(contents
+            .map
             .range(prefix.to_string()..)
             .take_while(|(k, _)| k.starts_with(prefix))
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -57,12 +78,13 @@ impl StateStore for MemoryStateStore {
         limit: usize,
     ) -> Result<Vec<(String, Vec<u8>)>> {
         use std::ops::Bound;
-        let map = self.lock();
+        let contents = self.lock();
         let start = match after {
             Some(after) if after >= prefix => Bound::Excluded(after.to_string()),
             _ => Bound::Included(prefix.to_string()),
         };
-        Ok(map
+        Ok(contents
+            .map
             .range((start, Bound::Unbounded))
             .take_while(|(k, _)| k.starts_with(prefix))
             .take(limit.max(1))
@@ -71,20 +93,24 @@ impl StateStore for MemoryStateStore {
     }
 
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
-        self.lock().insert(key.to_string(), value);
+        let mut contents = self.lock();
+        contents.map.insert(key.to_string(), value);
+        contents.changed(key);
         Ok(())
     }
 
     async fn delete(&self, keys: &[String]) -> Result<()> {
-        let mut map = self.lock();
+        let mut contents = self.lock();
         for key in keys {
-            map.remove(key);
+            contents.map.remove(key);
+            contents.changed(key);
         }
         Ok(())
     }
 
     async fn write(&self, conditions: Vec<Condition>, ops: Vec<WriteOp>) -> Result<WriteOutcome> {
-        let mut map = self.lock();
+        let mut contents = self.lock();
+        let map = &mut contents.map;
         let holds = conditions.iter().all(|c| match c {
             Condition::Equals { key, value } => map.get(key) == Some(value),
             Condition::Absent { key } => !map.contains_key(key),
@@ -99,13 +125,27 @@ impl StateStore for MemoryStateStore {
         for op in ops {
             match op {
                 WriteOp::Put { key, value } => {
-                    map.insert(key, value);
+                    contents.changed(&key);
+                    contents.map.insert(key, value);
                 }
                 WriteOp::Delete { key } => {
-                    map.remove(&key);
+                    contents.map.remove(&key);
+                    contents.changed(&key);
                 }
             }
         }
         Ok(WriteOutcome::Applied)
+    }
+
+    fn counts_changes(&self, prefix: &str) -> Option<Arc<AtomicU64>> {
+        let mut contents = self.lock();
+        if let Some((_, count)) = contents.counted.iter().find(|(p, _)| p == prefix) {
+            return Some(Arc::clone(count));
+        }
+        let count = Arc::new(AtomicU64::new(0));
+        contents
+            .counted
+            .push((prefix.to_string(), Arc::clone(&count)));
+        Some(count)
     }
 }

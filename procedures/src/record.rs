@@ -157,37 +157,6 @@ impl ProcedureRecord {
     }
 }
 
-/// The bytes of `record` (whose `events` are empty) with `history` (each event's JSON, oldest first) as its
-/// events: exactly what `serde_json::to_vec` writes for the record holding those events, since `events` is its last
-/// field and left out when empty. A runner thus serialises each event once, not its whole history at every write.
-/// `size_hint` is the expected length of the record's bytes without the history (the previous record's, say): the
-/// bytes are written into one buffer of about that size plus the history's, not grown as they are written (a
-/// buffer a store keeps as it is). Returns the bytes and the length of the record without its history, the hint
-/// for the next one.
-pub(crate) fn encode_with_history(
-    record: &ProcedureRecord,
-    history: &[&str],
-    size_hint: usize,
-) -> serde_json::Result<(Vec<u8>, usize)> {
-    debug_assert!(record.events.is_empty());
-    let history_len: usize = history.iter().map(|e| e.len() + 1).sum();
-    let mut bytes = Vec::with_capacity(size_hint.max(192) + 64 + history_len + 12);
-    serde_json::to_writer(&mut bytes, record)?;
-    let body_len = bytes.len();
-    if !history.is_empty() && bytes.last() == Some(&b'}') {
-        bytes.pop();
-        bytes.extend_from_slice(br#","events":["#);
-        for (i, event) in history.iter().enumerate() {
-            if i > 0 {
-                bytes.push(b',');
-            }
-            bytes.extend_from_slice(event.as_bytes());
-        }
-        bytes.extend_from_slice(b"]}");
-    }
-    Ok((bytes, body_len))
-}
-
 /// How many events a procedure keeps (in memory and in its record); older ones are dropped.
 pub const MAX_EVENTS: usize = 100;
 
@@ -311,77 +280,4 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::event::EventKind;
-
-    fn record(events: Vec<ProcedureEvent>) -> ProcedureRecord {
-        ProcedureRecord {
-            format_version: 1,
-            type_name: "t".to_string(),
-            id: ProcedureId::new("p \"q\""),
-            parent_id: Some(ProcedureId::new("parent")),
-            step: 3,
-            state: ProcedureState::Running,
-            data: serde_json::json!({"a": [1, 2], "b": "é\n"}),
-            output: None,
-            error: Some("bad \"thing\"".to_string()),
-            waiting_for: Vec::new(),
-            created_at_ms: 1,
-            updated_at_ms: 2,
-            step_name: Some("Step".to_string()),
-            lock_keys: vec![HeldKey {
-                key: "k".to_string(),
-                exclusive: true,
-            }],
-            events,
-        }
-    }
-
-    #[test]
-    fn a_record_encoded_with_a_cached_history_is_byte_for_byte_its_plain_encoding() {
-        let events = [
-            ProcedureEvent {
-                at_ms: 5,
-                kind: EventKind::Submitted,
-            },
-            ProcedureEvent {
-                at_ms: 6,
-                kind: EventKind::StepStarted {
-                    step: Some("S".to_string()),
-                    attempt: 1,
-                },
-            },
-            ProcedureEvent {
-                at_ms: 7,
-                kind: EventKind::Retry {
-                    step: None,
-                    attempt: 2,
-                    error: "x \"y\"".to_string(),
-                    delay_ms: 9,
-                },
-            },
-        ];
-        for n in 0..=events.len() {
-            let full = record(events[..n].to_vec());
-            let encoded: Vec<String> = events[..n]
-                .iter()
-                .map(|e| serde_json::to_string(e).unwrap())
-                .collect();
-            let refs: Vec<&str> = encoded.iter().map(String::as_str).collect();
-            let (spliced, body_len) = encode_with_history(&record(Vec::new()), &refs, 0).unwrap();
-            assert_eq!(
-                body_len,
-                serde_json::to_vec(&record(Vec::new())).unwrap().len()
-            );
-            assert_eq!(
-                String::from_utf8(spliced).unwrap(),
-                serde_json::to_string(&full).unwrap(),
-                "{n} events"
-            );
-        }
-    }
 }

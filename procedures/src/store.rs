@@ -123,6 +123,17 @@ pub trait StateStore: Send + Sync {
         None
     }
 
+    /// Counts the changes made through this store to the keys under `prefix`, when the store sees every change to
+    /// them (an embedded store one process owns, not a shared service others write to): the count is raised for a
+    /// change before any read can see the change, so a reader that notes the count and then reads the keys has
+    /// seen every change counted up to the count it noted. The manager then skips its step boundaries' read of the
+    /// control keys while their count has not moved since its last read. `None` (the default): every boundary
+    /// reads the keys. Asked once per prefix by a manager; every call for one prefix returns the same count.
+    fn counts_changes(&self, prefix: &str) -> Option<std::sync::Arc<std::sync::atomic::AtomicU64>> {
+        let _ = prefix;
+        None
+    }
+
     /// Waits until no write handed to this store is still queued or in flight (a store that commits writes in a
     /// task of its own, e.g. a group commit). The manager calls it when it stops, after its own tasks are gone, so
     /// nothing it wrote lands after [`crate::ProcedureManager::stop`] returns. The default has nothing to wait for.

@@ -15,8 +15,7 @@ pub struct Watcher {
     id: ProcedureId,
     rx: watch::Receiver<Arc<ProcedureInfo>>,
     stored: bool,
-    /// The history's live state, for a procedure whose runner keeps it (the published information then carries
-    /// no events).
+    /// What the procedure shows while a runner of this manager runs it (the channel then carries only its end).
     live: Option<LiveHandle>,
 }
 
@@ -32,7 +31,7 @@ impl Watcher {
         }
     }
 
-    /// This watcher, reading the procedure's history from `live` (see `manager::live`).
+    /// This watcher, reading what the procedure shows until its end from `live` (see `manager::live`).
     pub(crate) fn with_live(mut self, live: LiveHandle) -> Self {
         self.live = Some(live);
         self
@@ -58,11 +57,15 @@ impl Watcher {
 
     /// The latest known information, with the procedure's history.
     pub fn info(&self) -> ProcedureInfo {
-        let mut info = ProcedureInfo::clone(&self.rx.borrow());
-        if let Some(live) = &self.live {
-            live.fill(&mut info);
+        let sent = self.rx.borrow();
+        match &self.live {
+            // Only a finished state or a closed channel is sent; until then the runner shows the rest live.
+            Some(live) if !sent.state.is_finished() => {
+                drop(sent);
+                live.info()
+            }
+            _ => ProcedureInfo::clone(&sent),
         }
-        info
     }
 
     /// Waits until the procedure is done (its output) or failed ([`Error::ProcedureFailed`] with the recorded

@@ -147,7 +147,17 @@ impl Inner {
     /// with the runners at their boundaries meanwhile (see [`BoundaryScans`]). While the read is retried the
     /// procedures waiting for it show the store's error. A store that cannot be read leaves the last known requests
     /// in force (logged); the poll tries again.
+    ///
+    /// A store that counts the changes to the control keys ([`crate::StateStore::counts_changes`]) spares the
+    /// read while the count has not moved since the read in force began: every request written before this call is
+    /// in it.
     pub(crate) async fn control_now(&self, id: &ProcedureId) -> Control {
+        if let Some(count) = &self.control_changes {
+            let now = count.load(Ordering::SeqCst);
+            if self.controls_read.load(Ordering::SeqCst) > now {
+                return self.control_of(id);
+            }
+        }
         let scans = &self.boundary_scans;
         let arrived = scans.begun.load(Ordering::SeqCst);
         let mut listed = None;
@@ -181,6 +191,7 @@ impl Inner {
     async fn scan_controls(&self, scanner: &ProcedureId) {
         for _ in 0..3 {
             let before = self.local_control_changes.0.load(Ordering::SeqCst);
+            let noted = self.control_changes_now();
             let read = match ControlRequests::read(self.store.as_ref()).await {
                 Err(e) if e.is_retryable() => {
                     let shown = self.boundary_scans.unserved(scanner);
@@ -192,7 +203,7 @@ impl Inner {
             match read {
                 Ok(requests) => {
                     if self.local_control_changes.0.load(Ordering::SeqCst) == before {
-                        self.set_controls(requests);
+                        self.set_controls(requests, noted);
                         return;
                     }
                 }
@@ -222,11 +233,26 @@ impl Inner {
     }
 
     /// Replaces every request with what the store holds, waking the waiting runners if anything changed.
-    pub(crate) fn set_controls(&self, requests: ControlRequests) {
+    ///
+    /// `noted`: the store's count of changes to the control keys when the read that found `requests` began (see
+    /// [`Inner::control_changes_now`]). A read that began before the one in force is older than it and is dropped
+    /// (a poll and a boundary reading at once); a newer one records its count, which lets the boundaries skip
+    /// their read until the count moves.
+    pub(crate) fn set_controls(&self, requests: ControlRequests, noted: Option<u64>) {
         let changed = {
             let mut controls = self.controls();
+            if let Some(noted) = noted
+                && noted.saturating_add(1) < self.controls_read.load(Ordering::SeqCst)
+            {
+                return;
+            }
             let changed = *controls != requests;
             *controls = requests;
+            if let Some(noted) = noted {
+                // After the requests, under their lock: a boundary that sees the count sees them.
+                self.controls_read
+                    .fetch_max(noted.saturating_add(1), Ordering::SeqCst);
+            }
             changed
         };
         if changed {
@@ -234,12 +260,19 @@ impl Inner {
         }
     }
 
+    /// The store's count of changes to the control keys now, when it keeps one: noted before a read of the keys.
+    pub(crate) fn control_changes_now(&self) -> Option<u64> {
+        self.control_changes
+            .as_ref()
+            .map(|count| count.load(Ordering::SeqCst))
+    }
+
     /// Cancels, pauses or resumes `id`: one write of its control key, conditional on this manager's epoch, then
     /// the procedure's runner is woken at once. [`Error::ControlUnknown`] for an id neither this manager nor its
     /// store knows; refused ([`Error::ControlRefused`]) for a finished one.
     pub(crate) async fn control(&self, id: &ProcedureId, op: ControlOp) -> Result<()> {
         let epoch = self.running_epoch()?;
-        let known = self.with_entry(id, |e| e.info.state);
+        let known = self.with_entry(id, |e| e.state());
         // A finished procedure that left memory is judged by its record (a request for it is refused as finished).
         let stored = match known {
             Some(_) => None,
@@ -374,6 +407,7 @@ pub(crate) async fn poll(inner: &Arc<Inner>) {
         });
         return;
     }
+    let mut noted = inner.control_changes_now();
     let mut requests = match ControlRequests::read(inner.store.as_ref()).await {
         Ok(requests) => requests,
         Err(e) => {
@@ -401,6 +435,7 @@ pub(crate) async fn poll(inner: &Arc<Inner>) {
             }
         }
         if !finished.is_empty() {
+            noted = inner.control_changes_now();
             requests = match ControlRequests::read(inner.store.as_ref()).await {
                 Ok(requests) => requests,
                 Err(e) => {
@@ -418,7 +453,7 @@ pub(crate) async fn poll(inner: &Arc<Inner>) {
             key: control_key(id),
         })
         .collect();
-    inner.set_controls(requests);
+    inner.set_controls(requests, noted);
     if let (Some(epoch), false) = (epoch, stale.is_empty())
         && let Err(e) = inner.write(epoch, Vec::new(), stale, &[]).await
     {

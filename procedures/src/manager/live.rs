@@ -1,35 +1,36 @@
-//! What a runner knows of its procedure beyond its last record ([`Live`]): the event history and the current
-//! step's attempt, shared by [`LiveHandle`] with the manager's entry and the procedure's watchers.
+//! What a procedure run by this manager shows while it runs ([`Live`]): its information, updated in place by its
+//! runner, and its event history — shared by [`LiveHandle`] between the runner, the manager's entry and the
+//! procedure's watchers.
 //!
-//! Why shared and not published: the history is what makes a procedure's information large (up to
-//! [`crate::record::MAX_EVENTS`] events), and the runner publishes its information a few times per step. A copy
-//! per publication cost more CPU than the step's write. The information published while the procedure runs
-//! carries no events; whoever asks for them ([`crate::ProcedureManager::procedure_state`], a listing,
-//! [`crate::Watcher::info`]) reads them here, under this procedure's own lock, not the manager's. The last
-//! publication, of a finished state, carries the history (one copy per procedure), and the entry lets go of the
-//! live state then.
+//! Why a handle updated in place and not a publication: a runner changes what its procedure shows a few times per
+//! step (a step starts, its record is written, a retry waits). Building a new [`ProcedureInfo`] for each change
+//! and swapping it into the manager's map under the manager's state lock, which every runner and every listing
+//! takes, cost more CPU than the step's write. A change is now a few field assignments under this procedure's own
+//! lock, which only its runner and its readers take. The manager's state lock is taken when a procedure is
+//! submitted, when it finishes (its last information, with its history, goes to the entry and its watchers, and
+//! the entry lets go of the live state), for a listing, and by the rare changes made from outside the runner (a
+//! store retry shown, a halt, a stall).
+//!
+//! Readers ([`crate::ProcedureManager::procedure_state`], a listing, [`crate::Watcher::info`]) copy the
+//! information and the history out on demand; nothing is copied per change.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::event::{EventKind, ProcedureEvent, push_event};
 use crate::record::{ProcedureInfo, now_ms};
+use crate::record_encoder::RecordEncoder;
 
-/// What the runner knows of its procedure beyond its last record: the introspection of [`ProcedureInfo`].
-#[derive(Default)]
+/// What a procedure shows while this manager runs it.
 pub(crate) struct Live {
+    /// Its information as shown now, without its history (`shown.events` stays empty: the history is `events`).
+    pub(crate) shown: ProcedureInfo,
     /// Every event, persisted or not yet (bounded like the record's).
     pub(crate) events: Vec<ProcedureEvent>,
     /// The JSON of the first `encoded.len()` of `events`, each as it appears in a record: a write serialises only
     /// the events new since the last one, not the whole history again.
     pub(crate) encoded: Vec<String>,
-    /// Starts of the current step in this manager.
-    pub(crate) attempt: u32,
-    /// The current step's last error, or the error that stalled it.
-    pub(crate) last_error: Option<String>,
-    pub(crate) next_retry_at_ms: Option<u64>,
-    pub(crate) step_started_at_ms: Option<u64>,
-    /// The length of the last record written without its history: the size of the next one's buffer.
-    pub(crate) record_body_len: usize,
+    /// The encoder of the procedure's records, which keeps the parts they repeat.
+    pub(crate) encoder: RecordEncoder,
 }
 
 impl Live {
@@ -40,19 +41,74 @@ impl Live {
         let dropped = (before + 1 - self.events.len()).min(self.encoded.len());
         self.encoded.drain(..dropped);
     }
+
+    /// The information shown, with the history.
+    pub(crate) fn info(&self) -> ProcedureInfo {
+        let mut info = self.shown.clone();
+        info.events.clone_from(&self.events);
+        info
+    }
+
+    /// Shows `info` (from outside the runner: a store retry, a halt, a stall), its history left aside: the live
+    /// one is the procedure's.
+    pub(crate) fn show(&mut self, info: &ProcedureInfo) {
+        let ProcedureInfo {
+            id,
+            type_name,
+            parent_id,
+            state,
+            step,
+            output,
+            error,
+            created_at_ms,
+            updated_at_ms,
+            step_name,
+            attempt,
+            last_error,
+            next_retry_at_ms,
+            step_started_at_ms,
+            lock_keys,
+            locks_held,
+            lock_wait,
+            events: _,
+            refusal,
+        } = info;
+        let shown = &mut self.shown;
+        shown.id.clone_from(id);
+        shown.type_name.clone_from(type_name);
+        shown.parent_id.clone_from(parent_id);
+        shown.state = *state;
+        shown.step = *step;
+        shown.output.clone_from(output);
+        shown.error.clone_from(error);
+        shown.created_at_ms = *created_at_ms;
+        shown.updated_at_ms = *updated_at_ms;
+        shown.step_name.clone_from(step_name);
+        shown.attempt = *attempt;
+        shown.last_error.clone_from(last_error);
+        shown.next_retry_at_ms = *next_retry_at_ms;
+        shown.step_started_at_ms = *step_started_at_ms;
+        shown.lock_keys.clone_from(lock_keys);
+        shown.locks_held.clone_from(locks_held);
+        shown.lock_wait.clone_from(lock_wait);
+        shown.refusal = *refusal;
+    }
 }
 
-/// A procedure's [`Live`] state, shared by its runner (the only one that changes it while it runs), the manager's
-/// entry and the watchers.
-#[derive(Clone, Default)]
+/// A procedure's [`Live`] state, shared by its runner (the only one that changes it while it runs, apart from the
+/// rare changes [`Live::show`] makes), the manager's entry and the watchers.
+#[derive(Clone)]
 pub(crate) struct LiveHandle(Arc<Mutex<Live>>);
 
 impl LiveHandle {
-    /// A handle on a new live state holding `events`.
-    pub(crate) fn with_events(events: Vec<ProcedureEvent>) -> Self {
+    /// A handle on a new live state showing `info`, whose history moves to the live state.
+    pub(crate) fn new(mut info: ProcedureInfo) -> Self {
+        let events = std::mem::take(&mut info.events);
         LiveHandle(Arc::new(Mutex::new(Live {
+            shown: info,
             events,
-            ..Live::default()
+            encoded: Vec::new(),
+            encoder: RecordEncoder::default(),
         })))
     }
 
@@ -62,12 +118,9 @@ impl LiveHandle {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `info` with the history it shows: the live one, unless `info` is finished (its last publication carries
-    /// its history).
-    pub(crate) fn fill(&self, info: &mut ProcedureInfo) {
-        if !info.state.is_finished() {
-            info.events.clone_from(&self.lock().events);
-        }
+    /// The information shown now, with its history.
+    pub(crate) fn info(&self) -> ProcedureInfo {
+        self.lock().info()
     }
 
     /// Adds an event now, unless one equal to `kind` is in the history already; whether it was added.
@@ -90,14 +143,18 @@ impl LiveHandle {
     pub(crate) fn done_writing(&self) {
         let mut live = self.lock();
         live.encoded = Vec::new();
+        live.encoder = RecordEncoder::default();
         live.events.shrink_to_fit();
     }
 }
 
 impl std::fmt::Debug for LiveHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let live = self.lock();
         f.debug_struct("LiveHandle")
-            .field("events", &self.lock().events.len())
+            .field("state", &live.shown.state)
+            .field("step", &live.shown.step)
+            .field("events", &live.events.len())
             .finish()
     }
 }

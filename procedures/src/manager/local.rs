@@ -75,18 +75,21 @@ impl HaltReason {
 
 /// What the manager knows of one procedure.
 pub(crate) struct Entry {
-    /// The latest information (also after the channel is closed).
+    /// The latest information published through the entry: for a procedure a runner of this manager runs (`live`
+    /// set), the one it was submitted or recovered with, its finished state, or the one its channel was closed
+    /// with; what it shows in between is `live`'s. For any other procedure, what it shows.
     pub(crate) info: Arc<ProcedureInfo>,
     /// The channel watchers follow, carrying the same shared information as `info`; `None` once no more updates
-    /// will come from this manager.
+    /// will come from this manager. Only a finished state or a closed channel is sent: the watchers wait for one of
+    /// those, and read anything else from `live`.
     pub(crate) tx: Option<watch::Sender<Arc<ProcedureInfo>>>,
     /// The root id of the procedure's tree (its own id for a root).
     pub(crate) root: ProcedureId,
     /// The record could not be recovered: shown as failed, but its record is left as it is in the store.
     pub(crate) unrecoverable: bool,
-    /// The history and live introspection a runner keeps (see [`LiveHandle`]), for a procedure this manager runs
-    /// or ran: `info` then carries no events, and readers take them from here. `None` for a procedure only loaded
-    /// (finished, or unrecoverable), whose `info` holds its recorded history.
+    /// What a procedure this manager runs shows, updated in place by its runner (see [`LiveHandle`]), until it
+    /// finishes. `None` for a procedure only loaded (finished, or unrecoverable) and once finished: `info` then
+    /// holds everything, its history included.
     pub(crate) live: Option<LiveHandle>,
 }
 
@@ -104,13 +107,22 @@ impl Entry {
         }
     }
 
-    /// The entry of a procedure a runner of this manager will run: `info`'s history moves to a live state the
-    /// runner takes over ([`Entry::live`]).
-    pub(crate) fn to_run(mut info: ProcedureInfo, root: ProcedureId) -> Self {
-        let live = LiveHandle::with_events(std::mem::take(&mut info.events));
-        let mut entry = Entry::new(info, root);
-        entry.live = Some(live);
+    /// The entry of a procedure a runner of this manager will run: what it shows, its history included, moves to
+    /// a live state the runner takes over ([`Entry::live`]).
+    pub(crate) fn to_run(info: ProcedureInfo, root: ProcedureId) -> Self {
+        let mut shown = info.clone();
+        shown.events = Vec::new();
+        let mut entry = Entry::new(shown, root);
+        entry.live = Some(LiveHandle::new(info));
         entry
+    }
+
+    /// Its state as shown now.
+    pub(crate) fn state(&self) -> ProcedureState {
+        match &self.live {
+            Some(live) => live.lock().shown.state,
+            None => self.info.state,
+        }
     }
 
     /// Adds an event to the history the procedure shows: the live one when a runner keeps it, else `info`'s (a
@@ -129,17 +141,19 @@ impl Entry {
         }
     }
 
-    /// Records new information and tells the watchers.
+    /// Records new information (from outside the runner, or a finished state) and tells the watchers.
     pub(crate) fn publish(&mut self, info: ProcedureInfo) {
         drop(self.publish_shared(Arc::new(info)));
     }
 
-    /// [`Entry::publish`] of information the caller wrapped before it took the manager's state lock: the entry
-    /// and the watchers share it. Returns what it replaced, for the caller to drop after the lock.
+    /// [`Entry::publish`] of information the caller wrapped before it took the manager's state lock. Returns what
+    /// it replaced, for the caller to drop after the lock.
     ///
-    /// The watchers read the new information at once, but only a finished state wakes them: a watcher waits for
-    /// the end ([`Watcher::wait`]) or reads the latest ([`Watcher::info`]), so waking its task at every step
-    /// would be a thread wake-up for nothing. (A closed channel wakes them too: see [`Entry::close`].)
+    /// An unfinished state of a procedure with a live state is shown through it ([`crate::manager::live::Live::show`],
+    /// its history left aside); nothing is sent. Any other unfinished state replaces the channel's value without
+    /// waking the watchers: a watcher waits for the end ([`Watcher::wait`]) or reads the latest
+    /// ([`Watcher::info`]), so waking its task at every change would be a thread wake-up for nothing. (A closed
+    /// channel wakes them: see [`Entry::close`].)
     ///
     /// A finished state is the last word on a procedure, so its channel is dropped once it is sent: the watchers
     /// it woke read it from their receivers, and later ones get a channel of their own that already holds it (see
@@ -150,6 +164,10 @@ impl Entry {
         info: Arc<ProcedureInfo>,
     ) -> (Arc<ProcedureInfo>, Option<Arc<ProcedureInfo>>) {
         let finished = info.state.is_finished();
+        if !finished && let Some(live) = &self.live {
+            live.lock().show(&info);
+            return (info, None);
+        }
         let sent = self.tx.as_ref().and_then(|tx| {
             let mut replaced = None;
             tx.send_if_modified(|shown| {
@@ -167,21 +185,31 @@ impl Entry {
         (std::mem::replace(&mut self.info, info), sent)
     }
 
-    /// A copy of the latest information with its history (read from the live state when a runner keeps it), to
-    /// show, or to change and publish.
+    /// A copy of the latest information with its history (the live one while a runner keeps it), to show, or to
+    /// change and publish.
     pub(crate) fn info_copy(&self) -> ProcedureInfo {
-        let mut info = ProcedureInfo::clone(&self.info);
-        if let Some(live) = &self.live {
-            live.fill(&mut info);
+        match &self.live {
+            Some(live) => live.info(),
+            None => ProcedureInfo::clone(&self.info),
         }
-        info
     }
 
-    /// Publishes `info` as the last word of this manager on the procedure: watchers of an unfinished procedure then
-    /// resolve with [`Error::ManagerNotRunning`].
+    /// Publishes `info` as the last word of this manager on the procedure: it is sent to the watchers whatever its
+    /// state, and watchers of an unfinished procedure then resolve with [`Error::ManagerNotRunning`] (or
+    /// [`Error::ProcedureStalled`]).
     pub(crate) fn close(&mut self, info: ProcedureInfo) {
-        self.publish(info);
-        self.tx = None;
+        let finished = info.state.is_finished();
+        if !finished && let Some(live) = &self.live {
+            live.lock().show(&info);
+        }
+        let info = Arc::new(info);
+        if let Some(tx) = self.tx.take() {
+            tx.send_replace(Arc::clone(&info));
+        }
+        if finished {
+            self.live = None;
+        }
+        self.info = info;
     }
 
     /// A watcher; for a closed channel, one that resolves at once from the last information.
@@ -258,6 +286,11 @@ pub(crate) struct Inner {
     pub(crate) control_changed: watch::Sender<u64>,
     /// The step boundaries' shared reads of the control keys.
     pub(crate) boundary_scans: crate::manager::control::BoundaryScans,
+    /// The store's count of changes to the control keys, when it keeps one ([`StateStore::counts_changes`]).
+    pub(crate) control_changes: Option<Arc<AtomicU64>>,
+    /// One more than the count `control_changes` had when the read of the control keys in force began (0: none):
+    /// while the count has not moved past it, what is in force is what the keys hold.
+    pub(crate) controls_read: AtomicU64,
     /// This manager's own changes of its requests, counted (see [`crate::manager::control::LocalControlChanges`]).
     pub(crate) local_control_changes: crate::manager::control::LocalControlChanges,
     /// Told of finished steps and retries (see [`crate::ProcedureObserver`]), once one is set.
@@ -275,6 +308,7 @@ impl Inner {
     ) -> Arc<Self> {
         let slots = config.max_running_procedures.max(1);
         Arc::new(Inner {
+            control_changes: store.counts_changes(crate::control::CONTROL_PREFIX),
             store,
             config,
             hook,
@@ -294,6 +328,7 @@ impl Inner {
             controls: Mutex::new(ControlRequests::default()),
             control_changed: watch::channel(0).0,
             boundary_scans: Default::default(),
+            controls_read: AtomicU64::new(0),
             local_control_changes: Default::default(),
             observer: RwLock::new(None),
             finished_only_in_store: AtomicBool::new(false),
@@ -369,8 +404,8 @@ impl Inner {
         self.admission().close();
         state.tasks.abort_all();
         for entry in state.procedures.values_mut() {
-            if !entry.info.state.is_finished() {
-                let mut info = ProcedureInfo::clone(&entry.info);
+            if !entry.state().is_finished() {
+                let mut info = entry.info_copy();
                 // `retrying` is never persisted: the last persisted state of a retrying procedure is `running`.
                 if info.state == ProcedureState::Retrying {
                     info.state = ProcedureState::Running;
@@ -379,10 +414,11 @@ impl Inner {
                 if let Some(epoch) = fenced_by {
                     entry.add_event(&mut info, EventKind::Fenced { epoch }, true);
                 }
-                if info != *entry.info {
-                    entry.publish(info);
+                if entry.live.is_some() {
+                    // The history is the live state's (the fence just added included).
+                    info.events = Vec::new();
                 }
-                entry.tx = None;
+                entry.close(info);
             }
         }
     }

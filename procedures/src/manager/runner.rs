@@ -53,10 +53,10 @@ async fn cancel_requested(inner: Arc<Inner>, id: ProcedureId) {
 
 /// Resolves once `inner` knows a cancel or a pause of `id` is requested (its own pause, or every procedure's);
 /// never otherwise. What the request asks is read again at the step boundary that follows.
-async fn interrupt_requested(inner: Arc<Inner>, id: ProcedureId) {
+async fn interrupt_requested(inner: &Inner, id: &ProcedureId) {
     let mut changed = inner.control_changed.subscribe();
     loop {
-        let control = inner.control_of(&id);
+        let control = inner.control_of(id);
         if control.cancel || control.paused {
             return;
         }
@@ -219,13 +219,14 @@ impl Runner {
         live.encoded.drain(..extra);
     }
 
-    /// What the procedure shows: its last record with `state` and `error`, plus the live introspection. Its history
-    /// only when `state` is finished (the last publication, copied once): until then readers take it from the live
-    /// state when they ask (`manager::live`), as a copy per publication cost more than the step's write.
+    /// What the procedure shows: its last record with `state` and `error`, plus the live introspection and (for a
+    /// finished state only, as that is copied once) its history. Built for the states that go through the manager's
+    /// entry: a finished one, a stall, a refusal.
     fn info(&self, state: ProcedureState, error: Option<String>) -> ProcedureInfo {
         let r = &self.record;
         let step_name = self.procedure.step_name();
         let live = self.live();
+        let shown = &live.shown;
         // Built field by field (not from `ProcedureInfo::from(&self.record)`): the record's own copies of the
         // history and the error would be cloned only to be replaced.
         ProcedureInfo {
@@ -239,10 +240,10 @@ impl Runner {
             created_at_ms: r.created_at_ms,
             updated_at_ms: r.updated_at_ms,
             step_name,
-            attempt: live.attempt,
-            last_error: live.last_error.clone(),
-            next_retry_at_ms: live.next_retry_at_ms,
-            step_started_at_ms: live.step_started_at_ms,
+            attempt: shown.attempt,
+            last_error: shown.last_error.clone(),
+            next_retry_at_ms: shown.next_retry_at_ms,
+            step_started_at_ms: shown.step_started_at_ms,
             lock_keys: r.lock_keys.clone(),
             locks_held: Vec::new(),
             lock_wait: None,
@@ -255,28 +256,46 @@ impl Runner {
         }
     }
 
-    /// Publishes what the procedure shows now (nothing is written).
+    /// Shows `state` and `error` with the procedure's last record and its current step's name (nothing is
+    /// written). An unfinished state changes the live state in place, under this procedure's lock only; a finished
+    /// one is the procedure's last word, published through the manager's entry with its history.
     fn publish(&self, state: ProcedureState, error: Option<String>) {
-        // Built, and the replaced information dropped, outside the manager's state lock: every runner takes it.
-        let info = Arc::new(self.info(state, error));
-        let _replaced = self
-            .inner
-            .with_entry(&self.record.id, |entry| entry.publish_shared(info));
+        if state.is_finished() {
+            // Built, and the replaced information dropped, outside the manager's state lock: every runner takes it.
+            let info = Arc::new(self.info(state, error));
+            let _replaced = self
+                .inner
+                .with_entry(&self.record.id, |entry| entry.publish_shared(info));
+            return;
+        }
+        let step_name = self.procedure.step_name();
+        let mut live = self.live();
+        self.show_record(&mut live.shown, state, error);
+        live.shown.step_name = step_name;
     }
 
-    /// Publishes the live introspection (a step starting) with the state and error the procedure shows now: one
-    /// pass under the manager's state lock.
-    fn publish_shown(&self) {
-        let mut info = Arc::new(self.info(self.record.state, None));
-        // The state and error shown are read under the lock, so the information is completed there (it is not
-        // shared yet: `get_mut` cannot fail).
-        let _replaced = self.inner.with_entry(&self.record.id, |entry| {
-            if let Some(info) = Arc::get_mut(&mut info) {
-                info.state = entry.info.state;
-                info.error.clone_from(&entry.info.error);
-            }
-            entry.publish_shared(info)
-        });
+    /// Shows the record just written: its state, error and step name ([`Runner::publish`] without asking the
+    /// procedure for its step's name, which the record holds).
+    fn publish_written(&self) {
+        let (state, error) = (self.record.state, self.record.error.clone());
+        if state.is_finished() {
+            return self.publish(state, error);
+        }
+        let mut live = self.live();
+        self.show_record(&mut live.shown, state, error);
+        live.shown.step_name.clone_from(&self.record.step_name);
+    }
+
+    /// `shown` with `state`, `error` and what the last record says (step, update time, lock keys).
+    fn show_record(&self, shown: &mut ProcedureInfo, state: ProcedureState, error: Option<String>) {
+        let r = &self.record;
+        shown.state = state;
+        shown.error = error;
+        shown.step = r.step;
+        shown.updated_at_ms = r.updated_at_ms;
+        if shown.lock_keys != r.lock_keys {
+            shown.lock_keys.clone_from(&r.lock_keys);
+        }
     }
 
     /// Halts the manager on a fatal error; a fence is noted in the history first (in memory: nothing more is
@@ -284,12 +303,6 @@ impl Runner {
     fn halt_on(&self, e: &Error) {
         if let Error::Fenced { epoch, .. } = e {
             self.event(EventKind::Fenced { epoch: *epoch });
-            let shown = self.inner.with_entry(&self.record.id, |entry| {
-                (entry.info.state, entry.info.error.clone())
-            });
-            if let Some((state, error)) = shown {
-                self.publish(state, error);
-            }
         }
         self.inner.halt_on(e);
     }
@@ -446,18 +459,26 @@ impl Runner {
             };
             let step = self.procedure.step_name();
             let started = Instant::now();
+            // The step starts, shown in place: its attempt, its start, its name and its event, in one pass under
+            // this procedure's own lock (the state and error shown stay: a retried step still shows `retrying`).
             let attempt = {
+                let now = now_ms();
                 let mut live = self.live();
-                live.attempt += 1;
-                live.step_started_at_ms = Some(now_ms());
-                live.next_retry_at_ms = None;
-                live.attempt
+                let shown = &mut live.shown;
+                shown.attempt += 1;
+                shown.step_started_at_ms = Some(now);
+                shown.next_retry_at_ms = None;
+                shown.step_name.clone_from(&step);
+                let attempt = shown.attempt;
+                live.push(
+                    now,
+                    EventKind::StepStarted {
+                        step: step.clone(),
+                        attempt,
+                    },
+                );
+                attempt
             };
-            self.event(EventKind::StepStarted {
-                step: step.clone(),
-                attempt,
-            });
-            self.publish_shown();
             // A cancel or pause the manager learns of while the step runs (its own request at once, another
             // process's at the next poll of the control keys) drops the step's future where it awaits, and what
             // follows works from the last persisted record, as a recovery after a crash at that await would: see
@@ -468,8 +489,8 @@ impl Runner {
             // its step is not interrupted: the request waits for the step's end, as at any boundary.
             let step_run = execute_step(&mut self.procedure, &ctx, &self.record.id, deadline);
             let result = if self.inner.has_loader(&self.record.type_name) {
-                let interrupt =
-                    interrupt_requested(Arc::clone(&self.inner), self.record.id.clone());
+                // Borrowed, not cloned: a step that finishes at its first poll never polls it (`biased`).
+                let interrupt = interrupt_requested(&self.inner, &self.record.id);
                 let raced = tokio::select! {
                     biased;
                     result = step_run => Some(result),
@@ -577,8 +598,8 @@ impl Runner {
                         let text = e.to_string();
                         {
                             let mut live = self.live();
-                            live.last_error = Some(text.clone());
-                            live.next_retry_at_ms =
+                            live.shown.last_error = Some(text.clone());
+                            live.shown.next_retry_at_ms =
                                 Some(now_ms().saturating_add(delay.as_millis() as u64));
                         }
                         self.event(EventKind::Retry {
@@ -591,7 +612,7 @@ impl Runner {
                         // A cancel or pause ends the wait at once; the boundary then honours it.
                         tokio::select! {
                             () = tokio::time::sleep(delay) => {}
-                            () = interrupt_requested(Arc::clone(&self.inner), self.id().clone()) => {}
+                            () = interrupt_requested(&self.inner, &self.record.id) => {}
                         }
                     }
                     None => {
@@ -627,8 +648,8 @@ impl Runner {
         );
         {
             let mut live = self.live();
-            live.step_started_at_ms = None;
-            live.next_retry_at_ms = None;
+            live.shown.step_started_at_ms = None;
+            live.shown.next_retry_at_ms = None;
         }
         self.reload()
     }
@@ -641,10 +662,10 @@ impl Runner {
         }
         {
             let mut live = self.live();
-            live.attempt = 0;
-            live.last_error = None;
-            live.next_retry_at_ms = None;
-            live.step_started_at_ms = None;
+            live.shown.attempt = 0;
+            live.shown.last_error = None;
+            live.shown.next_retry_at_ms = None;
+            live.shown.step_started_at_ms = None;
         }
         self.event(EventKind::StepFinished {
             step,
@@ -706,8 +727,8 @@ impl Runner {
     fn stop_with(&self, reason: String) {
         {
             let mut live = self.live();
-            live.last_error = Some(reason.clone());
-            live.next_retry_at_ms = None;
+            live.shown.last_error = Some(reason.clone());
+            live.shown.next_retry_at_ms = None;
         }
         self.event(EventKind::Stalled {
             reason: truncate_text(&reason),
@@ -743,6 +764,7 @@ mod tests {
             None,
         )
         .unwrap();
+        let live = LiveHandle::new(ProcedureInfo::from(&new.record));
         let runner = Box::new(Runner::new(
             inner,
             1,
@@ -750,7 +772,7 @@ mod tests {
             new.record,
             new.procedure,
             false,
-            LiveHandle::default(),
+            live,
         ));
         let size = std::mem::size_of_val(&runner.run(Resume::Execute));
         assert!(

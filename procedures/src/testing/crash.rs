@@ -386,6 +386,10 @@ impl StateStore for CrashingStore {
         self.inner.watch_changes(prefix)
     }
 
+    fn counts_changes(&self, prefix: &str) -> Option<Arc<std::sync::atomic::AtomicU64>> {
+        self.inner.counts_changes(prefix)
+    }
+
     async fn claim_epoch(&self) -> Result<Option<u64>> {
         self.mutate("claim the epoch".to_string(), self.inner.claim_epoch())
             .await

@@ -192,3 +192,109 @@ async fn a_request_written_while_a_scan_reads_is_seen_by_a_runner_that_arrives_a
         env.events()
     );
 }
+
+/// A memory store that counts its changes to the control keys ([`StateStore::counts_changes`], forwarded) and its
+/// scans of them.
+struct CountedScans {
+    inner: MemoryStateStore,
+    scans: AtomicUsize,
+}
+
+#[async_trait]
+impl StateStore for CountedScans {
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.inner.get(key).await
+    }
+
+    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        if prefix == CONTROL_PREFIX {
+            self.scans.fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.scan(prefix).await
+    }
+
+    async fn put(&self, key: &str, value: Vec<u8>) -> Result<()> {
+        self.inner.put(key, value).await
+    }
+
+    async fn delete(&self, keys: &[String]) -> Result<()> {
+        self.inner.delete(keys).await
+    }
+
+    async fn write(
+        &self,
+        conditions: Vec<procedures::Condition>,
+        ops: Vec<procedures::WriteOp>,
+    ) -> Result<procedures::WriteOutcome> {
+        self.inner.write(conditions, ops).await
+    }
+
+    fn counts_changes(&self, prefix: &str) -> Option<Arc<std::sync::atomic::AtomicU64>> {
+        self.inner.counts_changes(prefix)
+    }
+}
+
+/// On a store that counts the changes to the control keys, a boundary reads them only when the count moved since
+/// the read in force: ten boundaries with no request written read nothing, and a cancel written by another process
+/// while a step runs is still found at the next boundary (the count moved, so that boundary reads).
+#[tokio::test]
+async fn boundaries_read_the_control_keys_only_when_a_store_that_counts_their_changes_saw_one() {
+    let env = Env::new(false);
+    let store = Arc::new(CountedScans {
+        inner: MemoryStateStore::new(),
+        scans: AtomicUsize::new(0),
+    });
+    let config = ManagerConfig {
+        control_poll_interval: Duration::from_secs(3600),
+        ..fast_config()
+    };
+    let m = LocalManager::new(store.clone(), config);
+    m.register_loader(TYPE, env.loader()).unwrap();
+    m.start().await.unwrap();
+
+    let before = store.scans.load(Ordering::SeqCst);
+    let mut quiet = m
+        .submit(env.with_id("quiet", Plan::steps(10, true)))
+        .await
+        .unwrap();
+    within(quiet.wait()).await.unwrap();
+    assert_eq!(
+        store.scans.load(Ordering::SeqCst),
+        before,
+        "the boundaries of ten steps read the control keys although no request was written"
+    );
+
+    let id = ProcedureId::new("cancelled");
+    let plan = Plan {
+        steps: 3,
+        persist: true,
+        block_at: Some(1),
+        ..Plan::default()
+    };
+    let mut w = m.submit(env.with_id("cancelled", plan)).await.unwrap();
+    within(async {
+        while !env.events().contains(&"enter cancelled at 1".to_string()) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
+    let outside: &dyn StateStore = store.as_ref();
+    control::request(outside, &id, ControlOp::Cancel)
+        .await
+        .unwrap();
+    env.gate.add_permits(100);
+    let err = within(w.wait()).await.unwrap_err();
+    assert!(
+        matches!(err, procedures::Error::ProcedureCancelled { .. }),
+        "{err}"
+    );
+    assert!(
+        !env.events().contains(&"enter cancelled at 2".to_string()),
+        "a step ran after the boundary that followed the cancel: {:?}",
+        env.events()
+    );
+    assert!(
+        store.scans.load(Ordering::SeqCst) > before,
+        "the boundary after the cancel did not read the control keys"
+    );
+}

@@ -40,10 +40,11 @@ impl Inner {
         let loaded = async {
             let epoch = self.claim_epoch().await?;
             let records = self.read_records().await?;
+            let noted = self.control_changes_now();
             let controls = self
                 .read(|| ControlRequests::read(self.store.as_ref()))
                 .await?;
-            Ok::<_, Error>((epoch, records, controls))
+            Ok::<_, Error>((epoch, records, (controls, noted)))
         }
         .await;
         let (epoch, records, controls) = match loaded {
@@ -58,7 +59,7 @@ impl Inner {
             }
         };
 
-        self.set_controls(controls);
+        self.set_controls(controls.0, controls.1);
         // Records are decoded and loaders run before the manager's state is locked: a loader may call the manager
         // (its epoch, a watcher) without deadlocking it.
         let recovered: Vec<Recovered> = records

@@ -353,7 +353,7 @@ impl Inner {
         // gets it here, so the runner's history is always the one its readers see.
         let live = entry
             .live
-            .get_or_insert_with(|| LiveHandle::with_events(record.events.clone()))
+            .get_or_insert_with(|| LiveHandle::new(ProcedureInfo::from(&record)))
             .clone();
         let runner = Box::new(Runner::new(
             Arc::clone(self),

@@ -79,7 +79,7 @@ impl Runner {
     /// [`Runner::fail`] with the error's text.
     pub(super) async fn fail_with(&mut self, cause: String) -> Result<(), Stopped> {
         tracing::info!(id = %self.id(), error = %cause, "procedure failed");
-        self.live().last_error = Some(cause.clone());
+        self.live().shown.last_error = Some(cause.clone());
         if !self.procedure.rollback_supported() {
             return self.persist_failed(cause).await;
         }
@@ -144,8 +144,8 @@ impl Runner {
                         let text = format!("{cause}; rollback: {e}");
                         {
                             let mut live = self.live();
-                            live.last_error = Some(text.clone());
-                            live.next_retry_at_ms =
+                            live.shown.last_error = Some(text.clone());
+                            live.shown.next_retry_at_ms =
                                 Some(now_ms().saturating_add(delay.as_millis() as u64));
                         }
                         self.event(EventKind::Retry {
@@ -165,7 +165,7 @@ impl Runner {
         if self.inner.is_halted() {
             return Err(Stopped);
         }
-        self.live().next_retry_at_ms = None;
+        self.live().shown.next_retry_at_ms = None;
         self.event(EventKind::RolledBack {
             completed: outcome.is_ok(),
             error: outcome.as_ref().err().map(|e| truncate_text(e)),

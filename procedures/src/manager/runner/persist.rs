@@ -143,7 +143,7 @@ impl Runner {
             Ok(WriteOutcome::Applied) => {
                 self.written_history(tail);
                 self.record = record;
-                self.publish(self.record.state, self.record.error.clone());
+                self.publish_written();
                 Ok(())
             }
             Ok(WriteOutcome::Rejected { current }) => {
@@ -227,7 +227,7 @@ impl Runner {
             Ok(WriteOutcome::Applied) => {
                 self.written_history(tail);
                 self.record = record;
-                self.publish(self.record.state, self.record.error.clone());
+                self.publish_written();
                 Ok(Ok(()))
             }
             Ok(WriteOutcome::Rejected { current }) => {
@@ -238,7 +238,7 @@ impl Runner {
                 if matches!(&stored, Ok(Some(bytes)) if *bytes == value) {
                     self.written_history(tail);
                     self.record = record;
-                    self.publish(self.record.state, self.record.error.clone());
+                    self.publish_written();
                     return Ok(Ok(()));
                 }
                 self.reload()?;
@@ -305,9 +305,7 @@ pub(super) fn encode_next(
     let mut json = Vec::with_capacity(total - dropped);
     json.extend(live.encoded[dropped..].iter().map(String::as_str));
     json.extend(added.as_ref().map(|(_, json)| json.as_str()));
-    let (value, body_len) =
-        crate::record::encode_with_history(record, &json, live.record_body_len)?;
-    live.record_body_len = body_len;
+    let value = live.encoder.encode(record, &json)?;
     let events = if cfg!(debug_assertions) {
         let mut events = live.events.clone();
         events.extend(added.as_ref().map(|(event, _)| event.clone()));
