@@ -58,14 +58,18 @@ impl Watcher {
     /// The latest known information, with the procedure's history.
     pub fn info(&self) -> ProcedureInfo {
         let sent = self.rx.borrow();
-        match &self.live {
-            // Only a finished state or a closed channel is sent; until then the runner shows the rest live.
-            Some(live) if !sent.state.is_finished() => {
-                drop(sent);
-                live.info()
-            }
-            _ => ProcedureInfo::clone(&sent),
+        let Some(live) = self.live.as_ref().filter(|_| !sent.state.is_finished()) else {
+            return ProcedureInfo::clone(&sent);
+        };
+        drop(sent);
+        // Only a finished state or a closed channel is sent; until then the runner shows the rest live. A live
+        // state marked finished gave its history to the finished state, which was sent while that lock was held.
+        let live = live.lock();
+        if live.shown.state.is_finished() {
+            drop(live);
+            return ProcedureInfo::clone(&self.rx.borrow());
         }
+        live.info()
     }
 
     /// Waits until the procedure is done (its output) or failed ([`Error::ProcedureFailed`] with the recorded

@@ -18,7 +18,9 @@ use crate::manager::live::{Live, LiveHandle};
 use crate::manager::local::{Inner, backoff};
 use crate::manager::lock::Requester;
 use crate::procedure::{BoxedProcedure, Context, ProcedureId, Status};
-use crate::record::{MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, now_ms};
+use crate::record::{
+    MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, now_ms, record_key,
+};
 
 mod children;
 mod ending;
@@ -141,6 +143,8 @@ pub(crate) struct Runner {
     /// The last record persisted for the procedure — without its history, which is `live`'s (written with every
     /// record, so never behind it).
     record: ProcedureRecord,
+    /// The store key of its record, made once.
+    key: String,
     /// The epoch of this manager when it loaded the procedure from the store (not when it submitted it).
     recovered_by: Option<u64>,
     /// Its history and current attempt, shared with the manager's entry and the watchers (see `manager::live`).
@@ -172,6 +176,7 @@ impl Runner {
             epoch,
             root,
             procedure,
+            key: record_key(&record.id),
             record,
             recovered_by: recovered.then_some(epoch),
             live,
@@ -261,17 +266,32 @@ impl Runner {
     /// one is the procedure's last word, published through the manager's entry with its history.
     fn publish(&self, state: ProcedureState, error: Option<String>) {
         if state.is_finished() {
-            // Built, and the replaced information dropped, outside the manager's state lock: every runner takes it.
-            let info = Arc::new(self.info(state, error));
-            let _replaced = self
-                .inner
-                .with_entry(&self.record.id, |entry| entry.publish_shared(info));
-            return;
+            return self.publish_finished(state, error);
         }
         let step_name = self.procedure.step_name();
         let mut live = self.live();
         self.show_record(&mut live.shown, state, error);
         live.shown.step_name = step_name;
+    }
+
+    /// Publishes a finished state, the procedure's last word, through the manager's entry and its watch channel,
+    /// with the history **moved** out of the live state, not copied: the runner writes nothing more. The move and
+    /// the publication happen under the manager's state lock (so a reader under it sees the history in the live
+    /// state or in the entry, never in neither) and under the live state's lock, which also marks the live state
+    /// finished: a watcher that reads it afterwards reads the channel instead ([`crate::Watcher::info`]).
+    fn publish_finished(&self, state: ProcedureState, error: Option<String>) {
+        // Built outside the manager's state lock (every runner takes it), without the history.
+        let mut info = self.info(ProcedureState::Running, error);
+        info.state = state;
+        let replaced = self.inner.with_entry(&self.record.id, |entry| {
+            let mut live = self.live();
+            info.events = std::mem::take(&mut live.events);
+            live.encoded = Vec::new();
+            live.shown.state = state;
+            entry.publish_shared(Arc::new(info))
+        });
+        // The replaced information is dropped here, after both locks.
+        drop(replaced);
     }
 
     /// Shows the record just written: its state, error and step name ([`Runner::publish`] without asking the

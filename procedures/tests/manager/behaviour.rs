@@ -139,6 +139,27 @@ async fn a_watcher_is_woken_when_its_procedure_finishes_not_at_every_step() {
         }
         std::task::Poll::Pending => panic!("woken, but the procedure is not done"),
     }
+    // The history went to the finished state whole (moved out of the live state the watcher also holds): the
+    // watcher, the manager and the last record show the same one, from `submitted` to `done`.
+    let done = watcher.info();
+    assert_eq!(done.state, ProcedureState::Done);
+    assert!(
+        matches!(
+            done.events.first().map(|e| &e.kind),
+            Some(procedures::EventKind::Submitted)
+        ) && matches!(
+            done.events.last().map(|e| &e.kind),
+            Some(procedures::EventKind::Done)
+        ),
+        "{:?}",
+        done.events
+    );
+    let id = ProcedureId::new("p");
+    let shown = m.procedure_state(&id).await.unwrap().unwrap();
+    assert_eq!(shown.events, done.events);
+    let record: procedures::ProcedureRecord =
+        serde_json::from_slice(&store.snapshot()[&record_key(&id)]).unwrap();
+    assert_eq!(record.events, done.events);
 }
 
 #[tokio::test(start_paused = true)]

@@ -8,7 +8,6 @@ use crate::event::{EventKind, ProcedureEvent};
 use crate::procedure::{Output, ProcedureId};
 use crate::record::{
     MAX_EVENTS, ProcedureRecord, ProcedureState, RECORD_FORMAT_VERSION, declared_keys, now_ms,
-    record_key,
 };
 use crate::step_writes::StepWrites;
 use crate::store::{WriteOp, WriteOutcome};
@@ -127,8 +126,10 @@ impl Runner {
             return Err(Stopped);
         }
         let (record, value, tail) = self.next_record(state, output, error, Vec::new(), event)?;
-        let key = record_key(&record.id);
-        let mut ops = vec![WriteOp::Put { key, value }];
+        let mut ops = vec![WriteOp::Put {
+            key: self.key.clone(),
+            value,
+        }];
         ops.extend(extra);
         match self
             .inner
@@ -210,7 +211,7 @@ impl Runner {
         }
         let (record, value, tail) = self.next_record(state, output, None, Vec::new(), event)?;
         let ops = vec![WriteOp::Put {
-            key: record_key(&record.id),
+            key: self.key.clone(),
             value: value.clone(),
         }];
         let written = self
@@ -233,8 +234,7 @@ impl Runner {
             Ok(WriteOutcome::Rejected { current }) => {
                 // A write retried after its answer was lost finds its own step writes applied: the record it wrote
                 // is there, byte for byte (it carries its own timestamp).
-                let key = record_key(&record.id);
-                let stored = Box::pin(self.inner.read(|| self.inner.store.get(&key))).await;
+                let stored = Box::pin(self.inner.read(|| self.inner.store.get(&self.key))).await;
                 if matches!(&stored, Ok(Some(bytes)) if *bytes == value) {
                     self.written_history(tail);
                     self.record = record;
