@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod control;
+mod encoded_history;
 pub mod error;
 pub mod event;
 pub mod listing;

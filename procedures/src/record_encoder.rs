@@ -30,19 +30,26 @@ pub(crate) struct RecordEncoder {
     lock_keys_json: Vec<u8>,
     /// The length of the last record written without its history: the size of the next one's buffer.
     body_len: usize,
+    /// The buffer of the last record, given back once written ([`RecordEncoder::reuse`]): the store was handed a
+    /// copy, so the next record is written into it instead of a new allocation.
+    spare: Vec<u8>,
 }
 
 impl RecordEncoder {
-    /// The bytes of `record` (whose own `events` are left aside) with `history` as its events: each event's JSON,
-    /// oldest first.
+    /// The bytes of `record` (whose own `events` are left aside) with `history` (its events' JSON joined by
+    /// commas, oldest first, as [`crate::encoded_history::EncodedHistory`] keeps it) and then `added` (one more
+    /// event's JSON) as its events.
     pub(crate) fn encode(
         &mut self,
         record: &ProcedureRecord,
-        history: &[&str],
+        history: &[u8],
+        added: Option<&str>,
     ) -> serde_json::Result<Vec<u8>> {
         self.refresh(record)?;
-        let history_len: usize = history.iter().map(|e| e.len() + 1).sum();
-        let mut bytes = Vec::with_capacity(self.body_len.max(192) + 64 + history_len + 12);
+        let history_len = history.len() + added.map_or(0, |a| a.len() + 1);
+        let mut bytes = std::mem::take(&mut self.spare);
+        bytes.clear();
+        bytes.reserve(self.body_len.max(192) + 64 + history_len + 12);
         bytes.extend_from_slice(br#"{"format_version":"#);
         write_json(&mut bytes, &record.format_version)?;
         bytes.extend_from_slice(&self.head);
@@ -70,18 +77,24 @@ impl RecordEncoder {
         }
         bytes.extend_from_slice(&self.lock_keys_json);
         self.body_len = bytes.len() + 1;
-        if !history.is_empty() {
+        if !history.is_empty() || added.is_some() {
             bytes.extend_from_slice(br#","events":["#);
-            for (i, event) in history.iter().enumerate() {
-                if i > 0 {
+            bytes.extend_from_slice(history);
+            if let Some(added) = added {
+                if !history.is_empty() {
                     bytes.push(b',');
                 }
-                bytes.extend_from_slice(event.as_bytes());
+                bytes.extend_from_slice(added.as_bytes());
             }
             bytes.push(b']');
         }
         bytes.push(b'}');
         Ok(bytes)
+    }
+
+    /// Takes back the buffer of a record [`RecordEncoder::encode`] made, once its write no longer needs it.
+    pub(crate) fn reuse(&mut self, bytes: Vec<u8>) {
+        self.spare = bytes;
     }
 
     /// Encodes again the kept parts `record` changes: the head for another procedure (an encoder is made per
@@ -212,17 +225,30 @@ mod tests {
             second.id = first.id.clone();
             second.type_name = first.type_name.clone();
             second.parent_id = first.parent_id.clone();
-            for record in [&first, &second, &first] {
-                let json: Vec<String> =
-                    events.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
-                let history: Vec<&str> = json.iter().map(String::as_str).collect();
+            for (record, split) in [(&first, 0), (&second, events.len()), (&first, events.len() / 2)] {
+                // The history's JSON as kept (the events before `split`), then each later one as the added one of
+                // its own record, as a runner writes them.
+                let mut history = crate::encoded_history::EncodedHistory::default();
+                for event in &events[..split] {
+                    history.push(event).unwrap();
+                }
                 let mut full = record.clone();
-                full.events = events.clone();
-                let encoded = encoder.encode(record, &history).unwrap();
+                full.events = events[..split].to_vec();
+                let encoded = encoder.encode(record, history.after(0), None).unwrap();
                 prop_assert_eq!(
                     String::from_utf8(encoded).unwrap(),
                     serde_json::to_string(&full).unwrap()
                 );
+                for event in &events[split..] {
+                    let added = serde_json::to_string(event).unwrap();
+                    full.events.push(event.clone());
+                    let encoded = encoder.encode(record, history.after(0), Some(&added)).unwrap();
+                    prop_assert_eq!(
+                        String::from_utf8(encoded).unwrap(),
+                        serde_json::to_string(&full).unwrap()
+                    );
+                    history.push_json(&added);
+                }
             }
         }
     }
@@ -248,10 +274,10 @@ mod tests {
             lock_keys: Vec::new(),
             events: Vec::new(),
         };
-        encoder.encode(&record, &[]).unwrap();
+        encoder.encode(&record, &[], None).unwrap();
         record.id = ProcedureId::new("b");
         assert_eq!(
-            encoder.encode(&record, &[]).unwrap(),
+            encoder.encode(&record, &[], None).unwrap(),
             serde_json::to_vec(&record).unwrap()
         );
     }

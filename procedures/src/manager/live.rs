@@ -16,6 +16,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::encoded_history::EncodedHistory;
 use crate::event::{EventKind, ProcedureEvent, push_event};
 use crate::record::{ProcedureInfo, now_ms};
 use crate::record_encoder::RecordEncoder;
@@ -26,9 +27,9 @@ pub(crate) struct Live {
     pub(crate) shown: ProcedureInfo,
     /// Every event, persisted or not yet (bounded like the record's).
     pub(crate) events: Vec<ProcedureEvent>,
-    /// The JSON of the first `encoded.len()` of `events`, each as it appears in a record: a write serialises only
-    /// the events new since the last one, not the whole history again.
-    pub(crate) encoded: Vec<String>,
+    /// The JSON of the first `encoded.len()` of `events`, as a record carries them: a write serialises only the
+    /// events new since the last one, not the whole history again.
+    pub(crate) encoded: EncodedHistory,
     /// The encoder of the procedure's records, which keeps the parts they repeat.
     pub(crate) encoder: RecordEncoder,
 }
@@ -38,8 +39,10 @@ impl Live {
     pub(crate) fn push(&mut self, at_ms: u64, kind: EventKind) {
         let before = self.events.len();
         push_event(&mut self.events, at_ms, kind);
-        let dropped = (before + 1 - self.events.len()).min(self.encoded.len());
-        self.encoded.drain(..dropped);
+        let dropped = before + 1 - self.events.len();
+        if dropped > 0 {
+            self.encoded.drop_oldest(dropped);
+        }
     }
 
     /// The information shown, with the history.
@@ -107,7 +110,7 @@ impl LiveHandle {
         LiveHandle(Arc::new(Mutex::new(Live {
             shown: info,
             events,
-            encoded: Vec::new(),
+            encoded: EncodedHistory::default(),
             encoder: RecordEncoder::default(),
         })))
     }
@@ -142,7 +145,7 @@ impl LiveHandle {
     /// more records in this run, and a finished one stays in memory for the retention window.
     pub(crate) fn done_writing(&self) {
         let mut live = self.lock();
-        live.encoded = Vec::new();
+        live.encoded = EncodedHistory::default();
         live.encoder = RecordEncoder::default();
         live.events.shrink_to_fit();
     }

@@ -145,6 +145,8 @@ pub(crate) struct Runner {
     record: ProcedureRecord,
     /// The store key of its record, made once.
     key: String,
+    /// A loader of its type is registered (checked at each step until it is).
+    has_loader: bool,
     /// The epoch of this manager when it loaded the procedure from the store (not when it submitted it).
     recovered_by: Option<u64>,
     /// Its history and current attempt, shared with the manager's entry and the watchers (see `manager::live`).
@@ -177,6 +179,7 @@ impl Runner {
             root,
             procedure,
             key: record_key(&record.id),
+            has_loader: false,
             record,
             recovered_by: recovered.then_some(epoch),
             live,
@@ -211,7 +214,7 @@ impl Runner {
             let complete = live.encoded.len() == live.events.len();
             live.events.push(event);
             if complete {
-                live.encoded.push(json);
+                live.encoded.push_json(&json);
             } else {
                 // Not fully encoded (cannot happen after `next_record`): encode afresh at the next write rather
                 // than keep JSON that does not match its event.
@@ -219,9 +222,10 @@ impl Runner {
             }
         }
         let extra = live.events.len().saturating_sub(MAX_EVENTS);
-        live.events.drain(..extra);
-        let extra = extra.min(live.encoded.len());
-        live.encoded.drain(..extra);
+        if extra > 0 {
+            live.events.drain(..extra);
+            live.encoded.drop_oldest(extra);
+        }
     }
 
     /// What the procedure shows: its last record with `state` and `error`, plus the live introspection and (for a
@@ -286,7 +290,7 @@ impl Runner {
         let replaced = self.inner.with_entry(&self.record.id, |entry| {
             let mut live = self.live();
             info.events = std::mem::take(&mut live.events);
-            live.encoded = Vec::new();
+            live.encoded.clear();
             live.shown.state = state;
             entry.publish_shared(Arc::new(info))
         });
@@ -465,7 +469,8 @@ impl Runner {
                 return Box::pin(self.fail(error)).await;
             }
         }
-        let mut retry = backoff(&self.inner.config.step_retry);
+        // Built when a step first fails (most never do), and dropped when a step returns.
+        let mut retry = None;
         loop {
             if self.inner.is_halted() {
                 return Err(Stopped);
@@ -508,7 +513,9 @@ impl Runner {
             // then honours the request. A procedure whose type has no loader cannot be rebuilt from its record, so
             // its step is not interrupted: the request waits for the step's end, as at any boundary.
             let step_run = execute_step(&mut self.procedure, &ctx, &self.record.id, deadline);
-            let result = if self.inner.has_loader(&self.record.type_name) {
+            // Loaders are only ever added: once found, the type's loader is there for good.
+            self.has_loader = self.has_loader || self.inner.has_loader(&self.record.type_name);
+            let result = if self.has_loader {
                 // Borrowed, not cloned: a step that finishes at its first poll never polls it (`biased`).
                 let interrupt = interrupt_requested(&self.inner, &self.record.id);
                 let raced = tokio::select! {
@@ -543,7 +550,7 @@ impl Runner {
                         .await?
                     {
                         Ok(()) => {
-                            retry = backoff(&self.inner.config.step_retry);
+                            retry = None;
                             continue;
                         }
                         Err(e) => Err(e),
@@ -567,7 +574,7 @@ impl Runner {
             };
             match result {
                 Ok(Status::Executing { persist, .. }) => {
-                    retry = backoff(&self.inner.config.step_retry);
+                    retry = None;
                     if persist {
                         self.persist_step().await?;
                     } else {
@@ -578,7 +585,7 @@ impl Runner {
                     subprocedures,
                     persist,
                 }) => {
-                    retry = backoff(&self.inner.config.step_retry);
+                    retry = None;
                     self.event(EventKind::Suspended {
                         children: subprocedures.len(),
                     });
@@ -612,7 +619,10 @@ impl Runner {
                 {
                     return Box::pin(self.refuse(refusal, source.to_string())).await;
                 }
-                Err(e) if e.is_retryable() => match retry.next() {
+                Err(e) if e.is_retryable() => match retry
+                    .get_or_insert_with(|| backoff(&self.inner.config.step_retry))
+                    .next()
+                {
                     Some(delay) => {
                         tracing::debug!(id = %self.id(), error = %e, ?delay, "retrying a step");
                         let text = e.to_string();

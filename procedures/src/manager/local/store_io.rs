@@ -35,16 +35,18 @@ impl Inner {
         ops: Vec<WriteOp>,
         shown: &[ProcedureId],
     ) -> Result<WriteOutcome> {
-        self.write_joined(epoch, conditions, ops, None, shown).await
+        self.write_joined(epoch, conditions, &ops, None, shown)
+            .await
     }
 
     /// [`Inner::write`] with a step's writes in the same commit (the store [joins](crate::StateStore::joins)
-    /// them). A rejection lists the epoch, then `conditions`, then the step's conditions.
+    /// them). A rejection lists the epoch, then `conditions`, then the step's conditions. `ops` are borrowed: each
+    /// attempt hands the store a copy, and the caller keeps its own (a runner reuses its record's buffer).
     pub(crate) async fn write_joined(
         &self,
         epoch: u64,
         conditions: Vec<Condition>,
-        ops: Vec<WriteOp>,
+        ops: &[WriteOp],
         step: Option<&StepWrites>,
         shown: &[ProcedureId],
     ) -> Result<WriteOutcome> {
@@ -64,7 +66,7 @@ impl Inner {
         &self,
         epoch: u64,
         conditions: Vec<Condition>,
-        ops: Vec<WriteOp>,
+        ops: &[WriteOp],
         step: Option<&StepWrites>,
         shown: &[ProcedureId],
         before: &mut Option<Vec<(ProcedureId, ProcedureInfo)>>,
@@ -83,10 +85,10 @@ impl Inner {
             let written = match step {
                 Some(step) => {
                     self.store
-                        .write_with_step(all.clone(), ops.clone(), step)
+                        .write_with_step(all.clone(), ops.to_vec(), step)
                         .await
                 }
-                None => self.store.write(all.clone(), ops.clone()).await,
+                None => self.store.write(all.clone(), ops.to_vec()).await,
             };
             match written {
                 Ok(WriteOutcome::Applied) => return Ok(WriteOutcome::Applied),

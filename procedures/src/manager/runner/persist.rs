@@ -131,16 +131,20 @@ impl Runner {
             value,
         }];
         ops.extend(extra);
-        match self
+        let written = self
             .inner
-            .write(
+            .write_joined(
                 self.epoch,
                 Vec::new(),
-                ops,
+                &ops,
+                None,
                 std::slice::from_ref(&record.id),
             )
-            .await
-        {
+            .await;
+        if let Some(WriteOp::Put { value, .. }) = ops.into_iter().next() {
+            self.live().encoder.reuse(value);
+        }
+        match written {
             Ok(WriteOutcome::Applied) => {
                 self.written_history(tail);
                 self.record = record;
@@ -210,16 +214,16 @@ impl Runner {
             };
         }
         let (record, value, tail) = self.next_record(state, output, None, Vec::new(), event)?;
-        let ops = vec![WriteOp::Put {
+        let ops = [WriteOp::Put {
             key: self.key.clone(),
-            value: value.clone(),
+            value,
         }];
         let written = self
             .inner
             .write_joined(
                 self.epoch,
                 Vec::new(),
-                ops,
+                &ops,
                 Some(&writes),
                 std::slice::from_ref(&record.id),
             )
@@ -235,7 +239,11 @@ impl Runner {
                 // A write retried after its answer was lost finds its own step writes applied: the record it wrote
                 // is there, byte for byte (it carries its own timestamp).
                 let stored = Box::pin(self.inner.read(|| self.inner.store.get(&self.key))).await;
-                if matches!(&stored, Ok(Some(bytes)) if *bytes == value) {
+                let own = |bytes: &Vec<u8>| {
+                    ops.iter()
+                        .any(|op| matches!(op, WriteOp::Put { value, .. } if value == bytes))
+                };
+                if matches!(&stored, Ok(Some(bytes)) if own(bytes)) {
                     self.written_history(tail);
                     self.record = record;
                     self.publish_written();
@@ -289,8 +297,8 @@ pub(super) fn encode_next(
     now: u64,
 ) -> serde_json::Result<(Vec<u8>, HistoryTail, Vec<ProcedureEvent>)> {
     while live.encoded.len() < live.events.len() {
-        let json = serde_json::to_string(&live.events[live.encoded.len()])?;
-        live.encoded.push(json);
+        let next = &live.events[live.encoded.len()];
+        live.encoded.push(next)?;
     }
     let added = match event {
         Some(kind) => {
@@ -302,10 +310,12 @@ pub(super) fn encode_next(
     };
     let total = live.events.len() + usize::from(added.is_some());
     let dropped = total.saturating_sub(MAX_EVENTS);
-    let mut json = Vec::with_capacity(total - dropped);
-    json.extend(live.encoded[dropped..].iter().map(String::as_str));
-    json.extend(added.as_ref().map(|(_, json)| json.as_str()));
-    let value = live.encoder.encode(record, &json)?;
+    let live = &mut *live;
+    let value = live.encoder.encode(
+        record,
+        live.encoded.after(dropped),
+        added.as_ref().map(|(_, json)| json.as_str()),
+    )?;
     let events = if cfg!(debug_assertions) {
         let mut events = live.events.clone();
         events.extend(added.as_ref().map(|(event, _)| event.clone()));
