@@ -6,7 +6,9 @@
 //! they wait or run a step (a cancel or pause in it interrupts the step), refreshed by the poll every
 //! `control_poll_interval` and at once by the manager's own requests. A
 //! runner reads the control keys from the store at each step boundary, so a request written anywhere is honoured at
-//! the very next boundary. Runners reaching a boundary together share one read (see [`BoundaryScans`]).
+//! the very next boundary. Runners reaching a boundary together share one read (see [`BoundaryScans`]), and on a
+//! store that counts the changes to the keys ([`crate::StateStore::counts_changes`]) a boundary reads only when the
+//! count moved since the read in force began.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
