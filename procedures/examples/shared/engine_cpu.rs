@@ -29,7 +29,7 @@ fn cpu_seconds() -> std::result::Result<f64, Box<dyn StdError>> {
     Ok((ticks(11)? + ticks(12)?) / 100.0)
 }
 
-/// How the 64 in flight are kept.
+/// How the procedures in flight are kept.
 #[derive(Clone, Copy, PartialEq)]
 enum Shape {
     /// 64 submitted, then all 64 awaited before the next 64 (the `procedures` bench's shape): fewer than 64 run
@@ -37,6 +37,8 @@ enum Shape {
     Waves,
     /// One submitted as soon as one finishes: always 64 in flight.
     Window,
+    /// One at a time: each submitted once the one before finished (the writes alone then run one at a time too).
+    One,
 }
 
 impl Shape {
@@ -45,6 +47,15 @@ impl Shape {
         match self {
             Shape::Waves => "waves",
             Shape::Window => "window",
+            Shape::One => "one",
+        }
+    }
+
+    /// How many are in flight at most.
+    fn in_flight(self) -> u64 {
+        match self {
+            Shape::Waves | Shape::Window => 64,
+            Shape::One => 1,
         }
     }
 }
@@ -57,8 +68,11 @@ pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
     let shape = match args.next().as_deref() {
         None | Some("waves") => Shape::Waves,
         Some("window") => Shape::Window,
+        Some("one") => Shape::One,
         Some(other) => {
-            return Err(format!("the third argument is `waves` or `window`, not `{other}`").into());
+            return Err(
+                format!("the third argument is `waves`, `window` or `one`, not `{other}`").into(),
+            );
         }
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -75,10 +89,11 @@ pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
         if shape == Shape::Window {
             done = rt.block_on(window(&manager, steps, total, &mut next))?;
         }
+        let wave = shape.in_flight();
         while done < total {
             rt.block_on(async {
-                let mut watchers = Vec::with_capacity(64);
-                for _ in 0..64 {
+                let mut watchers = Vec::with_capacity(wave as usize);
+                for _ in 0..wave {
                     next += 1;
                     let id = ProcedureId::new(format!("p{next}"));
                     let procedure = Box::new(Steps::new(steps, true));
@@ -89,13 +104,14 @@ pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
                 }
                 Ok::<_, procedures::Error>(())
             })?;
-            done += 64;
+            done += wave;
         }
         let (wall, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds()? - cpu_before);
         if !warm_up {
             engine_cpu_per_procedure = cpu * 1e6 / done as f64;
             println!(
-                "{steps} persisted step(s), {done} procedures, 64 in flight ({}): {:.1} k/s, {:.1} µs of CPU per procedure",
+                "{steps} persisted step(s), {done} procedures, {} in flight ({}): {:.1} k/s, {:.1} µs of CPU per procedure",
+                wave,
                 shape.name(),
                 done as f64 / wall / 1000.0,
                 engine_cpu_per_procedure
@@ -106,12 +122,13 @@ pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
     let store = Arc::new(MemoryStateStore::new());
     for (warm_up, total) in [(true, 20_000), (false, count)] {
         let (started, cpu_before) = (Instant::now(), cpu_seconds()?);
-        let done = rt.block_on(bare_waves(&store, steps, total, &mut next))?;
+        let wave = shape.in_flight();
+        let done = rt.block_on(bare_waves(&store, steps, total, wave, &mut next))?;
         let (wall, cpu) = (started.elapsed().as_secs_f64(), cpu_seconds()? - cpu_before);
         if !warm_up {
             let floor = cpu * 1e6 / done as f64;
             println!(
-                "the same writes without the engine (waves): {:.1} k/s, {floor:.1} µs of CPU per procedure; the engine takes {:.2}× that CPU",
+                "the same writes without the engine (waves of {wave}): {:.1} k/s, {floor:.1} µs of CPU per procedure; the engine takes {:.2}× that CPU",
                 done as f64 / wall / 1000.0,
                 engine_cpu_per_procedure / floor
             );
@@ -152,7 +169,7 @@ async fn window(
 }
 
 /// The floor the engine's figure is read against, run in the same process on the same runtime: `total` (rounded up
-/// to a multiple of 64) "procedures" in waves of 64, each only what a persisted procedure of `steps` steps cannot
+/// to a multiple of `wave`) "procedures" in waves of `wave` (64, or 1 for the shape `one`), each only what a persisted procedure of `steps` steps cannot
 /// do without. The submitter writes its first record (conditional on its key being absent) and spawns a task that
 /// writes one record per step and a last one, done, each a [`ProcedureRecord`] with the history so far (every
 /// event encoded once, as the engine does), to a [`MemoryStateStore`] of its own; a watch channel tells the
@@ -162,12 +179,13 @@ async fn bare_waves(
     store: &Arc<MemoryStateStore>,
     steps: u32,
     total: u64,
+    wave: u64,
     next: &mut u64,
 ) -> std::result::Result<u64, Box<dyn StdError>> {
     let mut done = 0;
     while done < total {
-        let mut ends = Vec::with_capacity(64);
-        for _ in 0..64 {
+        let mut ends = Vec::with_capacity(wave as usize);
+        for _ in 0..wave {
             *next += 1;
             let mut bare = Bare::new(ProcedureId::new(format!("p{next}")), steps)?;
             let first = store
@@ -196,7 +214,7 @@ async fn bare_waves(
                 return Err(e.clone().into());
             }
         }
-        done += 64;
+        done += wave;
     }
     Ok(done)
 }
