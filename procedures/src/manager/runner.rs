@@ -149,7 +149,8 @@ pub(crate) struct Runner {
     has_loader: bool,
     /// The epoch of this manager when it loaded the procedure from the store (not when it submitted it).
     recovered_by: Option<u64>,
-    /// Its history and current attempt, shared with the manager's entry and the watchers (see `manager::live`).
+    /// What it shows (its state, step, attempt, …) and its history, which it changes in place and shares with the
+    /// manager's entry and the watchers (see `manager::live`).
     live: LiveHandle,
 }
 
@@ -284,6 +285,9 @@ impl Runner {
     /// state or in the entry, never in neither) and under the live state's lock, which also marks the live state
     /// finished: a watcher that reads it afterwards reads the channel instead ([`crate::Watcher::info`]).
     fn publish_finished(&self, state: ProcedureState, error: Option<String>) {
+        // The history is kept at its length for as long as the finished procedure stays in memory, without the room
+        // it had to grow; only this runner adds events, and it adds none after its last write.
+        self.live().events.shrink_to_fit();
         // Built outside the manager's state lock (every runner takes it), without the history.
         let mut info = self.info(ProcedureState::Running, error);
         info.state = state;
