@@ -109,10 +109,11 @@ impl Entry {
 
     /// The entry of a procedure a runner of this manager will run: what it shows, its history included, moves to
     /// a live state the runner takes over ([`Entry::live`]).
-    pub(crate) fn to_run(info: ProcedureInfo, root: ProcedureId) -> Self {
-        let mut shown = info.clone();
-        shown.events = Vec::new();
-        let mut entry = Entry::new(shown, root);
+    pub(crate) fn to_run(mut info: ProcedureInfo, root: ProcedureId) -> Self {
+        // The entry's copy is made without the history (set aside, not copied and dropped).
+        let events = std::mem::take(&mut info.events);
+        let mut entry = Entry::new(info.clone(), root);
+        info.events = events;
         entry.live = Some(LiveHandle::new(info));
         entry
     }
