@@ -364,7 +364,9 @@ impl Inner {
             recovered,
             live,
         ));
-        state.spawn(runner.run(resume));
+        // Boxed where it is made: the task then holds a pointer, and spawning it (into the set, then the runtime's
+        // cell) or storing its end moves that, not the runner's whole future, kilobytes, at each hand-over.
+        state.spawn(Box::pin(runner.run(resume)));
     }
 }
 
