@@ -186,6 +186,23 @@ impl Entry {
         (std::mem::replace(&mut self.info, info), sent)
     }
 
+    /// Records `info`, a finished state its runner publishes, as the entry's last word, and hands its watch channel
+    /// to the caller to send it on **after** the manager's state lock: the send wakes the watchers, and a woken
+    /// submitter's next call takes that lock at once (it would wait for it, a second thread hand-off per procedure,
+    /// were it still held). Until the send, a watcher of the channel reads the live state, which the caller keeps
+    /// locked and marked finished through it (see [`Watcher::info`]); a watcher taken meanwhile gets a channel of its
+    /// own that already holds `info`. Returns the information it replaced (to drop after the lock) and the channel.
+    pub(crate) fn finish(
+        &mut self,
+        info: Arc<ProcedureInfo>,
+    ) -> (
+        Arc<ProcedureInfo>,
+        Option<watch::Sender<Arc<ProcedureInfo>>>,
+    ) {
+        self.live = None;
+        (std::mem::replace(&mut self.info, info), self.tx.take())
+    }
+
     /// A copy of the latest information with its history (the live one while a runner keeps it), to show, or to
     /// change and publish.
     pub(crate) fn info_copy(&self) -> ProcedureInfo {
@@ -260,6 +277,14 @@ impl State {
     #[cfg(test)]
     pub(crate) fn tasks_held(&self) -> usize {
         self.tasks.len()
+    }
+}
+
+impl Inner {
+    /// Whether the manager's state lock is free now (a `try_lock`: also answers on the thread that holds it).
+    #[cfg(test)]
+    pub(crate) fn state_lock_free(&self) -> bool {
+        self.state.try_lock().is_ok()
     }
 }
 
@@ -610,13 +635,119 @@ impl Drop for LocalManager {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
     use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Poll, Wake, Waker};
 
+    use super::Inner;
+    use crate::procedure::{Context, LockKey, Procedure, Status};
     use crate::testing::Steps;
     use crate::{
         LocalManager, ManagerConfig, MemoryStateStore, ProcedureId, ProcedureManager,
         ProcedureState, ProcedureWithId,
     };
+
+    /// Waits at its one step until `gate` is opened, then finishes.
+    struct Gated {
+        gate: Arc<tokio::sync::Notify>,
+    }
+
+    #[async_trait::async_trait]
+    impl Procedure for Gated {
+        fn type_name(&self) -> &str {
+            "gated"
+        }
+
+        async fn execute(&mut self, _ctx: &Context) -> crate::Result<Status> {
+            self.gate.notified().await;
+            Ok(Status::done())
+        }
+
+        fn dump(&self) -> crate::Result<serde_json::Value> {
+            Ok(serde_json::json!({}))
+        }
+
+        fn lock_key(&self) -> LockKey {
+            LockKey::none()
+        }
+    }
+
+    /// A waker that notes, when it is woken, whether the manager's state lock was free at that moment.
+    struct LockProbe {
+        inner: Arc<Inner>,
+        woken: AtomicUsize,
+        woken_under_lock: AtomicUsize,
+    }
+
+    impl Wake for LockProbe {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.woken.fetch_add(1, Ordering::SeqCst);
+            if !self.inner.state_lock_free() {
+                self.woken_under_lock.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// A watcher is woken by its procedure's end with the manager's state lock already released: the woken task (a
+    /// submitter waiting to submit the next) takes that lock first thing, and would otherwise wait for it on
+    /// another thread, one more hand-off per procedure.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watcher_is_woken_by_the_end_after_the_state_lock_is_released() {
+        let manager =
+            LocalManager::new(Arc::new(MemoryStateStore::new()), ManagerConfig::default());
+        manager.start().await.unwrap();
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let id = ProcedureId::new("gated");
+        let watcher = manager
+            .submit(ProcedureWithId::new(
+                id.clone(),
+                Box::new(Gated {
+                    gate: Arc::clone(&gate),
+                }),
+            ))
+            .await
+            .unwrap();
+        let probe = Arc::new(LockProbe {
+            inner: Arc::clone(&manager.inner),
+            woken: AtomicUsize::new(0),
+            woken_under_lock: AtomicUsize::new(0),
+        });
+        let waker = Waker::from(Arc::clone(&probe));
+        let mut watched = watcher.clone();
+        let mut wait = Box::pin(watched.wait());
+        assert!(
+            wait.as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker))
+                .is_pending(),
+            "the procedure ended before its gate was opened"
+        );
+        // Taken now: asking the manager for a watcher after the gate opens would take the state lock while the
+        // runner ends.
+        let mut end = watcher.clone();
+        gate.notify_one();
+        end.wait().await.unwrap();
+        assert_eq!(
+            probe.woken.load(Ordering::SeqCst),
+            1,
+            "the end woke the watcher once"
+        );
+        assert_eq!(
+            probe.woken_under_lock.load(Ordering::SeqCst),
+            0,
+            "the watcher was woken while the manager's state lock was held"
+        );
+        assert!(matches!(
+            wait.as_mut()
+                .poll(&mut std::task::Context::from_waker(&waker)),
+            Poll::Ready(Ok(_))
+        ));
+        manager.stop().await.unwrap();
+    }
 
     /// A finished procedure keeps no watch channel in memory, and both the watcher taken while it ran and one
     /// taken afterwards resolve with its end.

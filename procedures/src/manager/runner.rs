@@ -281,9 +281,11 @@ impl Runner {
 
     /// Publishes a finished state, the procedure's last word, through the manager's entry and its watch channel,
     /// with the history **moved** out of the live state, not copied: the runner writes nothing more. The move and
-    /// the publication happen under the manager's state lock (so a reader under it sees the history in the live
+    /// the entry's change happen under the manager's state lock (so a reader under it sees the history in the live
     /// state or in the entry, never in neither) and under the live state's lock, which also marks the live state
-    /// finished: a watcher that reads it afterwards reads the channel instead ([`crate::Watcher::info`]).
+    /// finished. The state lock is released before the channel is sent on, the live lock after: the watchers woken
+    /// (a submitter waiting for this procedure to submit its next) find the state lock free, and a watcher that
+    /// reads the live state marked finished finds the finished state in its channel ([`crate::Watcher::info`]).
     fn publish_finished(&self, state: ProcedureState, error: Option<String>) {
         // The history is kept at its length for as long as the finished procedure stays in memory, without the room
         // it had to grow; only this runner adds events, and it adds none after its last write.
@@ -291,14 +293,22 @@ impl Runner {
         // Built outside the manager's state lock (every runner takes it), without the history.
         let mut info = self.info(ProcedureState::Running, error);
         info.state = state;
-        let replaced = self.inner.with_entry(&self.record.id, |entry| {
-            let mut live = self.live();
-            info.events = std::mem::take(&mut live.events);
-            live.encoded.clear();
-            live.shown.state = state;
-            entry.publish_shared(Arc::new(info))
-        });
-        // The replaced information is dropped here, after both locks.
+        let mut entries = self.inner.state();
+        let Some(entry) = entries.procedures.get_mut(&self.record.id) else {
+            return;
+        };
+        let mut live = self.live();
+        info.events = std::mem::take(&mut live.events);
+        live.encoded.clear();
+        live.shown.state = state;
+        let info = Arc::new(info);
+        let (replaced, channel) = entry.finish(Arc::clone(&info));
+        drop(entries);
+        if let Some(channel) = channel {
+            channel.send_replace(info);
+        }
+        drop(live);
+        // The replaced information is dropped after both locks.
         drop(replaced);
     }
 
