@@ -115,6 +115,11 @@ impl LiveHandle {
         })))
     }
 
+    /// Whether `other` is a handle on this same live state.
+    pub(crate) fn same(&self, other: &LiveHandle) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     /// The live state, locked.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Live> {
         // Every change under this lock is a field assignment or a bounded push: it cannot panic half-way.

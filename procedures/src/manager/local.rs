@@ -296,6 +296,10 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     /// Set once the manager halts; runners check it before every step and every write.
     halted: AtomicBool,
+    /// The epoch of the run while it is running (set with `Phase::Running`, cleared when it halts), 0 otherwise:
+    /// what a submission checks first, without the state lock (which it takes later all the same, and where it
+    /// finds a halt that came in between).
+    running: AtomicU64,
     /// The admission slots of the current run (closed when it halts; a new run gets new ones).
     admission: Mutex<Arc<Semaphore>>,
     pub(crate) locks: Arc<LockTable>,
@@ -346,6 +350,7 @@ impl Inner {
                 tasks: JoinSet::new(),
             }),
             halted: AtomicBool::new(false),
+            running: AtomicU64::new(0),
             admission: Mutex::new(Arc::new(Semaphore::new(slots))),
             locks: LockTable::new(),
             stalled_total: AtomicU64::new(0),
@@ -394,8 +399,17 @@ impl Inner {
         self.halted.load(Ordering::Acquire)
     }
 
+    /// Notes that the run of `epoch` is running; called under the state lock, as its phase becomes `Running`.
+    pub(crate) fn note_running(&self, epoch: u64) {
+        self.running.store(epoch, Ordering::Release);
+    }
+
     /// The claimed epoch; an error when the manager is not running.
     pub(crate) fn running_epoch(&self) -> Result<u64> {
+        let running = self.running.load(Ordering::Acquire);
+        if running != 0 && !self.is_halted() {
+            return Ok(running);
+        }
         let state = self.state();
         match (&state.phase, state.epoch) {
             (Phase::Running, Some(epoch)) => Ok(epoch),
@@ -427,6 +441,7 @@ impl Inner {
         };
         state.phase = Phase::Halted(reason);
         self.halted.store(true, Ordering::Release);
+        self.running.store(0, Ordering::Release);
         self.admission().close();
         state.tasks.abort_all();
         for entry in state.procedures.values_mut() {

@@ -78,6 +78,7 @@ impl Inner {
             }
             state.epoch = Some(epoch);
             state.phase = Phase::Running;
+            self.note_running(epoch);
             for recovered in recovered {
                 match recovered {
                     Recovered::Finished(record)

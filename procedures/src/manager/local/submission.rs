@@ -38,7 +38,7 @@ impl Inner {
         procedure: ProcedureWithId,
     ) -> Result<Watcher> {
         let epoch = self.running_epoch()?;
-        let new = NewProcedure::new(procedure, None)?;
+        let mut new = NewProcedure::new(procedure, None)?;
         let id = new.record.id.clone();
         {
             let mut state = self.state();
@@ -48,10 +48,9 @@ impl Inner {
             if let Some(entry) = state.procedures.get(&id) {
                 return existing_watcher(entry, &new.record.type_name);
             }
-            state.procedures.insert(
-                id.clone(),
-                Entry::to_run(ProcedureInfo::from(&new.record), id.clone()),
-            );
+            let entry = Entry::to_run(ProcedureInfo::from(&new.record), id.clone());
+            new.reserved = entry.live.clone().map(|live| (id.clone(), live));
+            state.procedures.insert(id.clone(), entry);
         }
         // Boxed, so that a submission still pending after its first poll can move into a task.
         let mut settle = Box::pin(Arc::clone(self).settle_root(epoch, new));
@@ -239,10 +238,10 @@ impl Inner {
         parent: Option<&ProcedureId>,
     ) -> Result<Watcher> {
         let epoch = self.running_epoch()?;
-        let new = NewProcedure::new(procedure, parent)?;
+        let mut new = NewProcedure::new(procedure, parent)?;
         let id = new.record.id.clone();
         // Reserve the id in memory first, so two submissions of one id cannot both write.
-        self.reserve(&new)?;
+        self.reserve(&mut new)?;
         let key = new.key();
         let outcome = self
             .write(
@@ -282,7 +281,7 @@ impl Inner {
 
     /// Takes the id of a procedure about to be persisted in memory, in its parent's tree: from now on a submission
     /// of the same id is a duplicate. [`Error::DuplicateProcedure`] when the id is known already.
-    pub(crate) fn reserve(&self, new: &NewProcedure) -> Result<()> {
+    pub(crate) fn reserve(&self, new: &mut NewProcedure) -> Result<()> {
         let mut state = self.state();
         let id = &new.record.id;
         if state.procedures.contains_key(id) {
@@ -296,10 +295,10 @@ impl Inner {
                 .unwrap_or_else(|| parent.clone()),
             None => id.clone(),
         };
-        state.procedures.insert(
-            id.clone(),
-            Entry::to_run(ProcedureInfo::from(&new.record), root),
-        );
+        let entry = Entry::to_run(ProcedureInfo::from(&new.record), root.clone());
+        let id = id.clone();
+        new.reserved = entry.live.clone().map(|live| (root, live));
+        state.procedures.insert(id, entry);
         Ok(())
     }
 
@@ -308,12 +307,48 @@ impl Inner {
         self.state().procedures.remove(id);
     }
 
-    /// Starts the runner of a reserved procedure whose first record is written, and returns its watcher.
+    /// Starts the runner of a reserved procedure whose first record is written, and returns its watcher. The runner
+    /// and its task's future are built before the manager's state lock is taken, when the reservation handed over
+    /// its live state; under the lock, only the checks, the watcher and the spawn.
     pub(crate) fn launch(self: &Arc<Self>, epoch: u64, new: NewProcedure) -> Result<Watcher> {
         let NewProcedure {
-            record, procedure, ..
+            record,
+            procedure,
+            reserved,
+            ..
         } = new;
         let id = record.id.clone();
+        let restarted = || Error::ManagerNotRunning {
+            reason: format!("the manager restarted while procedure {id} was being submitted"),
+        };
+        let forgotten = || Error::ManagerNotRunning {
+            reason: format!("procedure {id} was forgotten while it was being submitted"),
+        };
+        let Some((root, live)) = reserved else {
+            let mut state = self.state();
+            if let Phase::Halted(reason) = &state.phase {
+                return Err(reason.error());
+            }
+            if state.epoch != Some(epoch) {
+                return Err(restarted());
+            }
+            self.spawn_locked(&mut state, epoch, record, procedure, Resume::Execute, false);
+            return state
+                .procedures
+                .get(&id)
+                .map(|entry| entry.watcher().stored_by_this_submission())
+                .ok_or_else(forgotten);
+        };
+        let runner = Box::new(Runner::new(
+            Arc::clone(self),
+            epoch,
+            root,
+            record,
+            procedure,
+            false,
+            live.clone(),
+        ));
+        let task = Box::pin(runner.run(Resume::Execute));
         let mut state = self.state();
         if let Phase::Halted(reason) = &state.phase {
             return Err(reason.error());
@@ -321,18 +356,17 @@ impl Inner {
         if state.epoch != Some(epoch) {
             // A submission settled in its caller's poll outlived the run it was made in (stopped and started again
             // meanwhile): the new run loaded its record, if it landed, and runs it.
-            return Err(Error::ManagerNotRunning {
-                reason: format!("the manager restarted while procedure {id} was being submitted"),
-            });
+            return Err(restarted());
         }
-        self.spawn_locked(&mut state, epoch, record, procedure, Resume::Execute, false);
-        state
+        // The entry its reservation made, with the live state the runner was built with.
+        let watcher = state
             .procedures
             .get(&id)
+            .filter(|entry| entry.live.as_ref().is_some_and(|l| l.same(&live)))
             .map(|entry| entry.watcher().stored_by_this_submission())
-            .ok_or_else(|| Error::ManagerNotRunning {
-                reason: format!("procedure {id} was forgotten while it was being submitted"),
-            })
+            .ok_or_else(forgotten)?;
+        state.spawn(task);
+        Ok(watcher)
     }
 
     /// Starts the runner task of a procedure whose entry is already in `state`; `recovered` when its record was
@@ -423,6 +457,9 @@ pub(crate) struct NewProcedure {
     pub(crate) record: ProcedureRecord,
     pub(crate) value: Vec<u8>,
     pub(crate) procedure: BoxedProcedure,
+    /// Set once its id is reserved: the root of its tree and the live state of the entry the reservation made,
+    /// which its runner will change.
+    pub(crate) reserved: Option<(ProcedureId, LiveHandle)>,
 }
 
 impl NewProcedure {
@@ -462,6 +499,7 @@ impl NewProcedure {
             record,
             value,
             procedure,
+            reserved: None,
         })
     }
 

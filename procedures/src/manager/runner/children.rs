@@ -55,7 +55,7 @@ impl Runner {
                 continue;
             }
             let reserved = NewProcedure::new(child, Some(self.id()))
-                .and_then(|prepared| self.inner.reserve(&prepared).map(|()| prepared));
+                .and_then(|mut prepared| self.inner.reserve(&mut prepared).map(|()| prepared));
             match reserved {
                 Ok(prepared) => new.push(prepared),
                 // Reserved meanwhile by someone else: awaited like a known child.
