@@ -71,24 +71,22 @@ impl Inner {
         shown: &[ProcedureId],
         before: &mut Option<Vec<(ProcedureId, ProcedureInfo)>>,
     ) -> Result<WriteOutcome> {
-        let mut all = Vec::with_capacity(conditions.len() + 1);
-        all.push(Condition::Equals {
+        let fence = || Condition::Equals {
             key: EPOCH_KEY.to_string(),
             value: epoch.to_string().into_bytes(),
-        });
-        all.extend(conditions);
+        };
         let mut backoff = backoff(&self.config.store_retry);
         loop {
             if self.is_halted() {
                 return Err(self.halt_error());
             }
+            // Each attempt's conditions are its own (the store takes them): the fence first, then the caller's.
+            let mut all = Vec::with_capacity(conditions.len() + 1);
+            all.push(fence());
+            all.extend(conditions.iter().cloned());
             let written = match step {
-                Some(step) => {
-                    self.store
-                        .write_with_step(all.clone(), ops.to_vec(), step)
-                        .await
-                }
-                None => self.store.write(all.clone(), ops.to_vec()).await,
+                Some(step) => self.store.write_with_step(all, ops.to_vec(), step).await,
+                None => self.store.write(all, ops.to_vec()).await,
             };
             match written {
                 Ok(WriteOutcome::Applied) => return Ok(WriteOutcome::Applied),
