@@ -178,21 +178,28 @@ impl Inner {
     pub(super) async fn settle_root(
         self: Arc<Self>,
         epoch: u64,
-        new: NewProcedure,
+        mut new: NewProcedure,
     ) -> Result<Watcher> {
         let id = new.record.id.clone();
         let key = new.key();
+        // The record's bytes are lent to the write (each attempt hands the store its own copy) and taken back after
+        // it, for the check of a refusal below: not copied once more for the lending.
+        let ops = [WriteOp::Put {
+            key: key.clone(),
+            value: std::mem::take(&mut new.value),
+        }];
         let outcome = self
-            .write(
+            .write_joined(
                 epoch,
                 vec![Condition::Absent { key: key.clone() }],
-                vec![WriteOp::Put {
-                    key: key.clone(),
-                    value: new.value.clone(),
-                }],
+                &ops,
+                None,
                 std::slice::from_ref(&id),
             )
             .await;
+        if let [WriteOp::Put { value, .. }] = ops {
+            new.value = value;
+        }
         match outcome {
             Ok(WriteOutcome::Applied) => self.launch(epoch, new),
             // A retried write that finds exactly its own record: an earlier attempt landed but its answer was lost.
