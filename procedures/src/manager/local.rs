@@ -663,9 +663,10 @@ mod tests {
         ProcedureState, ProcedureWithId,
     };
 
-    /// Waits at its one step until `gate` is opened, then finishes.
+    /// Waits at its one step for a permit of `gate`, then finishes.
     struct Gated {
-        gate: Arc<tokio::sync::Notify>,
+        gate: Arc<tokio::sync::Semaphore>,
+        keys: LockKey,
     }
 
     #[async_trait::async_trait]
@@ -675,7 +676,13 @@ mod tests {
         }
 
         async fn execute(&mut self, _ctx: &Context) -> crate::Result<Status> {
-            self.gate.notified().await;
+            self.gate
+                .acquire()
+                .await
+                .map_err(|e| crate::Error::ManagerNotRunning {
+                    reason: e.to_string(),
+                })?
+                .forget();
             Ok(Status::done())
         }
 
@@ -684,7 +691,7 @@ mod tests {
         }
 
         fn lock_key(&self) -> LockKey {
-            LockKey::none()
+            self.keys.clone()
         }
     }
 
@@ -716,13 +723,14 @@ mod tests {
         let manager =
             LocalManager::new(Arc::new(MemoryStateStore::new()), ManagerConfig::default());
         manager.start().await.unwrap();
-        let gate = Arc::new(tokio::sync::Notify::new());
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let id = ProcedureId::new("gated");
         let watcher = manager
             .submit(ProcedureWithId::new(
                 id.clone(),
                 Box::new(Gated {
                     gate: Arc::clone(&gate),
+                    keys: LockKey::none(),
                 }),
             ))
             .await
@@ -744,7 +752,7 @@ mod tests {
         // Taken now: asking the manager for a watcher after the gate opens would take the state lock while the
         // runner ends.
         let mut end = watcher.clone();
-        gate.notify_one();
+        gate.add_permits(1);
         end.wait().await.unwrap();
         assert_eq!(
             probe.woken.load(Ordering::SeqCst),
@@ -761,6 +769,54 @@ mod tests {
                 .poll(&mut std::task::Context::from_waker(&waker)),
             Poll::Ready(Ok(_))
         ));
+        manager.stop().await.unwrap();
+    }
+
+    /// A procedure that takes no key stays out of the lock table, while one that takes a key is in it until it ends.
+    #[tokio::test]
+    async fn a_procedure_without_keys_never_enters_the_lock_table() {
+        let manager =
+            LocalManager::new(Arc::new(MemoryStateStore::new()), ManagerConfig::default());
+        manager.start().await.unwrap();
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let mut watchers = Vec::new();
+        for (id, keys) in [
+            ("keyless", LockKey::none()),
+            ("keyed", LockKey::exclusive("k")),
+        ] {
+            let procedure = Box::new(Gated {
+                gate: Arc::clone(&gate),
+                keys,
+            });
+            watchers.push(
+                manager
+                    .submit(ProcedureWithId::new(ProcedureId::new(id), procedure))
+                    .await
+                    .unwrap(),
+            );
+        }
+        // Both reach their step (and wait at the gate) once each shows its step started.
+        for id in ["keyless", "keyed"] {
+            let id = ProcedureId::new(id);
+            while manager
+                .procedure_state(&id)
+                .await
+                .unwrap()
+                .is_none_or(|info| info.step_started_at_ms.is_none())
+            {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert_eq!(
+            manager.inner.locks.requests_held(),
+            1,
+            "only the procedure that takes a key is in the lock table"
+        );
+        gate.add_permits(2);
+        for mut watcher in watchers {
+            watcher.wait().await.unwrap();
+        }
+        assert_eq!(manager.inner.locks.requests_held(), 0);
         manager.stop().await.unwrap();
     }
 

@@ -471,6 +471,12 @@ impl LockTable {
         all
     }
 
+    /// How many requests the table holds, granted or waiting.
+    #[cfg(test)]
+    pub(crate) fn requests_held(&self) -> usize {
+        self.table().requests.len()
+    }
+
     /// How many waiters releases have woken so far (each wake-up grants the waiter its keys).
     pub(crate) fn wakeups(&self) -> u64 {
         self.wakeups.load(Ordering::Relaxed)

@@ -16,8 +16,8 @@ use crate::error::{Error, Result};
 use crate::event::{EventKind, ProcedureEvent, truncate_text};
 use crate::manager::live::{Live, LiveHandle};
 use crate::manager::local::{Inner, backoff};
-use crate::manager::lock::Requester;
-use crate::procedure::{BoxedProcedure, Context, ProcedureId, Status};
+use crate::manager::lock::{LockGuard, Requester};
+use crate::procedure::{BoxedProcedure, Context, LockKey, ProcedureId, Status};
 use crate::record::{
     MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, now_ms, record_key,
 };
@@ -407,11 +407,37 @@ impl Runner {
         }
         let keys = self.procedure.lock_key();
         // Locks before the admission slot: a procedure holding a slot never waits for a lock, so waiting for locks
-        // cannot starve the procedures (children included) that would release them.
+        // cannot starve the procedures (children included) that would release them. A procedure that takes no key
+        // never waits for one and is in nobody's way (the lock table's listings show only the procedures that hold
+        // or wait for keys): it skips the table, and the walk of its ancestors made for it.
+        let _locks = if keys.keys().is_empty() {
+            None
+        } else {
+            match self.take_locks(&keys).await {
+                Some(guard) => Some(guard),
+                None => return,
+            }
+        };
+        let Ok(permit) = self.inner.admission().acquire_owned().await else {
+            return;
+        };
+        let _ = match resume {
+            Resume::Execute => self.execute_loop(permit).await,
+            Resume::RollBack(cause) => {
+                let _permit = permit;
+                Box::pin(self.roll_back_and_fail(cause)).await
+            }
+        };
+    }
+
+    /// Takes the procedure's `keys` in the lock table, waiting (shown, with its events) while another procedure is in
+    /// the way. `None` when the procedure ended instead: cancelled while it waited, or failed because its keys would
+    /// deadlock with its own tree.
+    async fn take_locks(&mut self, keys: &LockKey) -> Option<LockGuard> {
         let requester = self.requester();
         let table = Arc::clone(&self.inner.locks);
         // Boxed, so a cancel while waiting can drop the request (leaving the lock queues) before it writes.
-        let mut acquire = Box::pin(table.acquire(&requester, &keys));
+        let mut acquire = Box::pin(table.acquire(&requester, keys));
         let acquired = match futures::poll!(&mut acquire) {
             std::task::Poll::Ready(acquired) => acquired,
             std::task::Poll::Pending => {
@@ -436,7 +462,7 @@ impl Runner {
                         // the request leaves the lock queues.
                         drop(acquire);
                         let _ = Box::pin(self.cancel_run(true)).await;
-                        return;
+                        return None;
                     }
                 };
                 if let (Some(wait), Ok(_)) = (waiting, &acquired) {
@@ -448,24 +474,14 @@ impl Runner {
                 acquired
             }
         };
-        let _locks = match acquired {
-            Ok(guard) => guard,
+        match acquired {
+            Ok(guard) => Some(guard),
             Err(e) => {
                 // Its locks would deadlock with its own tree: it fails without a step (its parent then fails).
                 let _ = Box::pin(self.fail(e)).await;
-                return;
+                None
             }
-        };
-        let Ok(permit) = self.inner.admission().acquire_owned().await else {
-            return;
-        };
-        let _ = match resume {
-            Resume::Execute => self.execute_loop(permit).await,
-            Resume::RollBack(cause) => {
-                let _permit = permit;
-                Box::pin(self.roll_back_and_fail(cause)).await
-            }
-        };
+        }
     }
 
     async fn execute_loop(&mut self, mut permit: OwnedSemaphorePermit) -> Result<(), Stopped> {
