@@ -197,8 +197,9 @@ impl Runner {
 
     /// Adds an event to the history (kept in memory until the next write takes it along).
     fn event(&self, kind: EventKind) {
-        if let (EventKind::Retry { step, error, .. }, Some(observer)) =
-            (&kind, self.inner.observer())
+        // The observer is looked up (a read lock and a reference count) for a retry only, not for every event.
+        if let EventKind::Retry { step, error, .. } = &kind
+            && let Some(observer) = self.inner.observer()
         {
             observer.retried(&self.record.type_name, step.as_deref(), error);
         }
@@ -720,17 +721,19 @@ impl Runner {
         if let Some(observer) = self.inner.observer() {
             observer.step_finished(&self.record.type_name, step.as_deref(), elapsed);
         }
-        {
-            let mut live = self.live();
-            live.shown.attempt = 0;
-            live.shown.last_error = None;
-            live.shown.next_retry_at_ms = None;
-            live.shown.step_started_at_ms = None;
-        }
-        self.event(EventKind::StepFinished {
-            step,
-            duration_ms: elapsed.as_millis() as u64,
-        });
+        // Shown and noted in one pass under this procedure's lock.
+        let mut live = self.live();
+        live.shown.attempt = 0;
+        live.shown.last_error = None;
+        live.shown.next_retry_at_ms = None;
+        live.shown.step_started_at_ms = None;
+        live.push(
+            now_ms(),
+            EventKind::StepFinished {
+                step,
+                duration_ms: elapsed.as_millis() as u64,
+            },
+        );
     }
 
     /// What the control keys ask at a step boundary. A cancel is returned at once. A pause is persisted (a
