@@ -18,9 +18,28 @@ pub(crate) struct EncodedHistory {
 }
 
 impl EncodedHistory {
+    /// Empty, with room for `bytes` of JSON in `events` events.
+    pub(crate) fn with_capacity(bytes: usize, events: usize) -> Self {
+        EncodedHistory {
+            bytes: Vec::with_capacity(bytes),
+            lens: VecDeque::with_capacity(events),
+        }
+    }
+
     /// How many events it holds.
     pub(crate) fn len(&self) -> usize {
         self.lens.len()
+    }
+
+    /// How many bytes of JSON it has room for.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        self.bytes.capacity()
+    }
+
+    /// How many bytes of JSON it holds.
+    pub(crate) fn bytes_len(&self) -> usize {
+        self.bytes.len()
     }
 
     /// Appends `event`'s JSON. On an error nothing is appended.

@@ -47,9 +47,14 @@ impl RecordEncoder {
     ) -> serde_json::Result<Vec<u8>> {
         self.refresh(record)?;
         let history_len = history.len() + added.map_or(0, |a| a.len() + 1);
+        let needed = self.body_len.max(192) + 64 + history_len + 12;
         let mut bytes = std::mem::take(&mut self.spare);
         bytes.clear();
-        bytes.reserve(self.body_len.max(192) + 64 + history_len + 12);
+        if bytes.capacity() < needed {
+            // A new buffer, not a grown one: growing would copy the old record for nothing. With room for a few
+            // more steps' events, as the history grows with every write.
+            bytes = Vec::with_capacity(needed + needed / 4);
+        }
         bytes.extend_from_slice(br#"{"format_version":"#);
         write_json(&mut bytes, &record.format_version)?;
         bytes.extend_from_slice(&self.head);
@@ -92,9 +97,21 @@ impl RecordEncoder {
         Ok(bytes)
     }
 
-    /// Takes back the buffer of a record [`RecordEncoder::encode`] made, once its write no longer needs it.
+    /// Takes back the buffer of a record [`RecordEncoder::encode`] made, once its write no longer needs it (or an
+    /// empty one with room for the records to come).
     pub(crate) fn reuse(&mut self, bytes: Vec<u8>) {
         self.spare = bytes;
+    }
+
+    /// The room of the buffer the next record is written into.
+    #[cfg(test)]
+    pub(crate) fn spare_capacity(&self) -> usize {
+        self.spare.capacity()
+    }
+
+    /// The length of the record last given back with [`RecordEncoder::reuse`] (0 before any).
+    pub(crate) fn last_len(&self) -> usize {
+        self.spare.len()
     }
 
     /// Encodes again the kept parts `record` changes: the head for another procedure (an encoder is made per

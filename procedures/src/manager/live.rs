@@ -14,11 +14,12 @@
 //! Readers ([`crate::ProcedureManager::procedure_state`], a listing, [`crate::Watcher::info`]) copy the
 //! information and the history out on demand; nothing is copied per change.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::encoded_history::EncodedHistory;
 use crate::event::{EventKind, ProcedureEvent, push_event};
-use crate::record::{ProcedureInfo, now_ms};
+use crate::record::{MAX_EVENTS, ProcedureInfo, now_ms};
 use crate::record_encoder::RecordEncoder;
 
 /// What a procedure shows while this manager runs it.
@@ -98,6 +99,29 @@ impl Live {
     }
 }
 
+/// The room a new live state starts with: what the history, its JSON and the record reached in the procedure that
+/// finished last. A history grows an event or two per step; from nothing, its list and its JSON would be grown (and
+/// copied, into fresh memory) again and again in every procedure, while the procedures of one manager tend to run
+/// the same steps. Only a starting size: a history that outgrows it grows as before, and a finished one keeps only
+/// its length.
+#[derive(Debug, Default)]
+pub(crate) struct HistoryRoom {
+    events: AtomicUsize,
+    json: AtomicUsize,
+    record: AtomicUsize,
+}
+
+impl HistoryRoom {
+    /// Notes the sizes `live` reached, as its procedure finishes (before its history moves out).
+    pub(crate) fn note(&self, live: &Live) {
+        self.events
+            .store(live.events.len().min(MAX_EVENTS), Ordering::Relaxed);
+        self.json.store(live.encoded.bytes_len(), Ordering::Relaxed);
+        self.record
+            .store(live.encoder.last_len(), Ordering::Relaxed);
+    }
+}
+
 /// A procedure's [`Live`] state, shared by its runner (the only one that changes it while it runs, apart from the
 /// rare changes [`Live::show`] makes), the manager's entry and the watchers.
 #[derive(Clone)]
@@ -113,6 +137,21 @@ impl LiveHandle {
             encoded: EncodedHistory::default(),
             encoder: RecordEncoder::default(),
         })))
+    }
+
+    /// [`LiveHandle::new`], with the room `room` gives the history, its JSON and the record buffer.
+    pub(crate) fn with_room(info: ProcedureInfo, room: &HistoryRoom) -> Self {
+        let handle = LiveHandle::new(info);
+        {
+            let mut live = handle.lock();
+            let events = room.events.load(Ordering::Relaxed);
+            let extra = events.saturating_sub(live.events.len());
+            live.events.reserve_exact(extra);
+            live.encoded = EncodedHistory::with_capacity(room.json.load(Ordering::Relaxed), events);
+            live.encoder
+                .reuse(Vec::with_capacity(room.record.load(Ordering::Relaxed)));
+        }
+        handle
     }
 
     /// Whether `other` is a handle on this same live state.
@@ -164,5 +203,59 @@ impl std::fmt::Debug for LiveHandle {
             .field("step", &live.shown.step)
             .field("events", &live.events.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manager::local::NewProcedure;
+    use crate::procedure::{ProcedureId, ProcedureWithId};
+    use crate::testing::Steps;
+
+    fn info(id: &str) -> ProcedureInfo {
+        let new = NewProcedure::new(
+            ProcedureWithId::new(ProcedureId::new(id), Box::new(Steps::new(1, true))),
+            None,
+        )
+        .unwrap();
+        ProcedureInfo::from(&new.record)
+    }
+
+    /// A live state starts with the room the last noted one reached: its history's list and JSON and its record
+    /// buffer grow into it instead of from nothing. Before anything was noted, it starts empty.
+    #[test]
+    fn a_new_live_state_starts_with_the_room_the_last_finished_one_reached() {
+        let room = HistoryRoom::default();
+        let first = LiveHandle::with_room(info("first"), &room);
+        assert!(first.lock().events.capacity() < 21, "nothing noted yet");
+        {
+            let mut live = first.lock();
+            for attempt in 0..20 {
+                live.push(
+                    now_ms(),
+                    EventKind::StepStarted {
+                        step: None,
+                        attempt,
+                    },
+                );
+            }
+            let live = &mut *live;
+            for event in &live.events {
+                live.encoded.push(event).unwrap();
+            }
+            live.encoder.reuse(vec![b' '; 700]);
+            room.note(live);
+        }
+        let second = LiveHandle::with_room(info("second"), &room);
+        let live = second.lock();
+        assert!(live.events.capacity() >= 21, "{}", live.events.capacity());
+        assert!(
+            live.encoded.capacity() >= first.lock().encoded.bytes_len(),
+            "{} < {}",
+            live.encoded.capacity(),
+            first.lock().encoded.bytes_len()
+        );
+        assert!(live.encoder.spare_capacity() >= 700);
     }
 }

@@ -17,7 +17,7 @@ use crate::config::ManagerConfig;
 use crate::control::{ControlOp, ControlRequests};
 use crate::error::{Error, Result};
 use crate::event::{EventKind, push_event};
-use crate::manager::live::LiveHandle;
+use crate::manager::live::{HistoryRoom, LiveHandle};
 use crate::manager::lock::{LockTable, ProcedureLocks};
 use crate::manager::{LocalManager, ProcedureManager};
 use crate::procedure::{BoxedProcedureLoader, ProcedureId, ProcedureWithId, SideEffectHook};
@@ -109,12 +109,12 @@ impl Entry {
 
     /// The entry of a procedure a runner of this manager will run: what it shows, its history included, moves to
     /// a live state the runner takes over ([`Entry::live`]).
-    pub(crate) fn to_run(mut info: ProcedureInfo, root: ProcedureId) -> Self {
+    pub(crate) fn to_run(mut info: ProcedureInfo, root: ProcedureId, room: &HistoryRoom) -> Self {
         // The entry's copy is made without the history (set aside, not copied and dropped).
         let events = std::mem::take(&mut info.events);
         let mut entry = Entry::new(info.clone(), root);
         info.events = events;
-        entry.live = Some(LiveHandle::new(info));
+        entry.live = Some(LiveHandle::with_room(info, room));
         entry
     }
 
@@ -296,6 +296,8 @@ pub(crate) struct Inner {
     state: Mutex<State>,
     /// Set once the manager halts; runners check it before every step and every write.
     halted: AtomicBool,
+    /// The room a new procedure's history starts with (see [`HistoryRoom`]).
+    pub(crate) history_room: HistoryRoom,
     /// The epoch of the run while it is running (set with `Phase::Running`, cleared when it halts), 0 otherwise:
     /// what a submission checks first, without the state lock (which it takes later all the same, and where it
     /// finds a halt that came in between).
@@ -350,6 +352,7 @@ impl Inner {
                 tasks: JoinSet::new(),
             }),
             halted: AtomicBool::new(false),
+            history_room: HistoryRoom::default(),
             running: AtomicU64::new(0),
             admission: Mutex::new(Arc::new(Semaphore::new(slots))),
             locks: LockTable::new(),

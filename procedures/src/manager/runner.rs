@@ -299,6 +299,7 @@ impl Runner {
             return;
         };
         let mut live = self.live();
+        self.inner.history_room.note(&live);
         info.events = std::mem::take(&mut live.events);
         live.encoded.clear();
         live.shown.state = state;

@@ -94,9 +94,10 @@ impl Inner {
                     }
                     Recovered::Unfinished(record, procedure) => {
                         let info = ProcedureInfo::from(&record);
-                        state
-                            .procedures
-                            .insert(record.id.clone(), Entry::to_run(info, record.id.clone()));
+                        state.procedures.insert(
+                            record.id.clone(),
+                            Entry::to_run(info, record.id.clone(), &self.history_room),
+                        );
                         runners.push((record, procedure));
                     }
                     Recovered::Unrecoverable {
@@ -345,7 +346,7 @@ impl Inner {
                 let root = adopted_root(&state.procedures, &record);
                 state.procedures.insert(
                     id.clone(),
-                    Entry::to_run(ProcedureInfo::from(&record), root),
+                    Entry::to_run(ProcedureInfo::from(&record), root, &self.history_room),
                 );
                 let resume = if record.state == ProcedureState::RollingBack {
                     Resume::RollBack(record.error.clone().unwrap_or_default())

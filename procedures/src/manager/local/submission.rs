@@ -48,7 +48,11 @@ impl Inner {
             if let Some(entry) = state.procedures.get(&id) {
                 return existing_watcher(entry, &new.record.type_name);
             }
-            let entry = Entry::to_run(ProcedureInfo::from(&new.record), id.clone());
+            let entry = Entry::to_run(
+                ProcedureInfo::from(&new.record),
+                id.clone(),
+                &self.history_room,
+            );
             new.reserved = entry.live.clone().map(|live| (id.clone(), live));
             state.procedures.insert(id.clone(), entry);
         }
@@ -114,7 +118,11 @@ impl Inner {
             }
             state.procedures.insert(
                 id.clone(),
-                Entry::to_run(ProcedureInfo::from(&new.record), id.clone()),
+                Entry::to_run(
+                    ProcedureInfo::from(&new.record),
+                    id.clone(),
+                    &self.history_room,
+                ),
             );
         }
         let outcome = self
@@ -302,7 +310,11 @@ impl Inner {
                 .unwrap_or_else(|| parent.clone()),
             None => id.clone(),
         };
-        let entry = Entry::to_run(ProcedureInfo::from(&new.record), root.clone());
+        let entry = Entry::to_run(
+            ProcedureInfo::from(&new.record),
+            root.clone(),
+            &self.history_room,
+        );
         let id = id.clone();
         new.reserved = entry.live.clone().map(|live| (root, live));
         state.procedures.insert(id, entry);
