@@ -40,20 +40,22 @@ impl Inner {
         let epoch = self.running_epoch()?;
         let mut new = NewProcedure::new(procedure, None)?;
         let id = new.record.id.clone();
+        // Made before the manager's state lock (dropped unused when the id is known already): under it, only the
+        // checks and the insert.
+        let entry = Entry::to_run(
+            ProcedureInfo::from(&new.record),
+            id.clone(),
+            &self.history_room,
+        );
+        new.reserved = entry.live.clone().map(|live| (id.clone(), live));
         {
             let mut state = self.state();
             if let Phase::Halted(reason) = &state.phase {
                 return Err(reason.error());
             }
-            if let Some(entry) = state.procedures.get(&id) {
-                return existing_watcher(entry, &new.record.type_name);
+            if let Some(known) = state.procedures.get(&id) {
+                return existing_watcher(known, &new.record.type_name);
             }
-            let entry = Entry::to_run(
-                ProcedureInfo::from(&new.record),
-                id.clone(),
-                &self.history_room,
-            );
-            new.reserved = entry.live.clone().map(|live| (id.clone(), live));
             state.procedures.insert(id.clone(), entry);
         }
         // Boxed, so that a submission still pending after its first poll can move into a task.
