@@ -11,7 +11,6 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use async_trait::async_trait;
 use tokio::sync::{Semaphore, watch};
-use tokio::task::JoinSet;
 
 use crate::config::ManagerConfig;
 use crate::control::{ControlOp, ControlRequests};
@@ -28,6 +27,7 @@ use crate::watcher::Watcher;
 mod recovery;
 mod store_io;
 mod submission;
+mod tasks;
 
 pub(crate) use store_io::{backoff, parse_epoch};
 pub(crate) use submission::NewProcedure;
@@ -252,32 +252,6 @@ pub(crate) struct State {
     /// Keyed by a hash of the id: every publication looks its entry up, and nothing needs them in id order (a
     /// listing sorts what it copies out).
     pub(crate) procedures: HashMap<ProcedureId, Entry>,
-    /// Every task this manager spawned (runners, submissions, retention) and not yet reaped: `stop` aborts them and
-    /// awaits each, so no task of the manager outlives it. Spawning happens only under the state lock while
-    /// running, so a halted manager's set only shrinks.
-    tasks: JoinSet<()>,
-}
-
-impl State {
-    /// Spawns a task of this manager, reaping the ones already finished (the set would grow without bound in a
-    /// long-lived manager otherwise). The set holds the only handle to a task: a finished task's memory goes when
-    /// it is reaped, not when its procedure is forgotten.
-    pub(crate) fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.reap();
-        self.tasks.spawn(task);
-    }
-
-    /// Frees the tasks that have ended. Every spawn does; so does the retention task at each of its rounds, so a
-    /// burst's tasks do not wait for the next submission to go.
-    pub(crate) fn reap(&mut self) {
-        while self.tasks.try_join_next().is_some() {}
-    }
-
-    /// The tasks spawned and not reaped yet, running or ended.
-    #[cfg(test)]
-    pub(crate) fn tasks_held(&self) -> usize {
-        self.tasks.len()
-    }
 }
 
 impl Inner {
@@ -298,6 +272,8 @@ pub(crate) struct Inner {
     halted: AtomicBool,
     /// The room a new procedure's history starts with (see [`HistoryRoom`]).
     pub(crate) history_room: HistoryRoom,
+    /// Every task this manager spawned and not yet reaped (see `tasks`).
+    pub(crate) tasks: tasks::Tasks,
     /// The epoch of the run while it is running (set with `Phase::Running`, cleared when it halts), 0 otherwise:
     /// what a submission checks first, without the state lock (which it takes later all the same, and where it
     /// finds a halt that came in between).
@@ -349,10 +325,10 @@ impl Inner {
                 phase: Phase::New,
                 epoch: None,
                 procedures: HashMap::new(),
-                tasks: JoinSet::new(),
             }),
             halted: AtomicBool::new(false),
             history_room: HistoryRoom::default(),
+            tasks: tasks::Tasks::default(),
             running: AtomicU64::new(0),
             admission: Mutex::new(Arc::new(Semaphore::new(slots))),
             locks: LockTable::new(),
@@ -446,7 +422,7 @@ impl Inner {
         self.halted.store(true, Ordering::Release);
         self.running.store(0, Ordering::Release);
         self.admission().close();
-        state.tasks.abort_all();
+        self.tasks.close();
         for entry in state.procedures.values_mut() {
             if !entry.state().is_finished() {
                 let mut info = entry.info_copy();
@@ -480,9 +456,7 @@ impl Inner {
 
     /// Awaits every task of a halted manager.
     async fn drain(&self) {
-        let mut tasks = std::mem::take(&mut self.state().tasks);
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        self.tasks.drain().await;
     }
 
     /// Makes a halted manager new again, once its tasks are gone: forgets every procedure (their watchers resolved

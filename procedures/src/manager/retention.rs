@@ -74,8 +74,8 @@ pub(crate) async fn run(inner: Weak<Inner>) {
 pub(crate) fn evict(inner: &Inner) -> usize {
     let keep_ms = u64::try_from(inner.config.finished_in_memory.as_millis()).unwrap_or(u64::MAX);
     let now = now_ms();
+    inner.tasks.reap();
     let mut state = inner.state();
-    state.reap();
     let mut trees: BTreeMap<ProcedureId, (bool, Vec<ProcedureId>)> = BTreeMap::new();
     for (id, entry) in &state.procedures {
         let tree = trees
@@ -250,11 +250,11 @@ mod tests {
         let manager = LocalManager::new(Arc::new(MemoryStateStore::new()), config);
         manager.start().await.unwrap();
         // The manager's own tasks (retention, control poll).
-        let own = manager.inner.state().tasks_held();
+        let own = manager.inner.tasks.held();
         let ids = (0..10).map(|i| ProcedureId::new(format!("burst-{i}")));
         run_steps(&manager, ids, 1, true).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(manager.inner.state().tasks_held(), own, "runner tasks left");
+        assert_eq!(manager.inner.tasks.held(), own, "runner tasks left");
         assert_eq!(
             manager.list_procedures().await.unwrap().len(),
             10,

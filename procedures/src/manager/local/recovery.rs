@@ -79,6 +79,7 @@ impl Inner {
             state.epoch = Some(epoch);
             state.phase = Phase::Running;
             self.note_running(epoch);
+            self.tasks.open(epoch);
             for recovered in recovered {
                 match recovered {
                     Recovered::Finished(record)
@@ -182,8 +183,9 @@ impl Inner {
                 };
                 self.spawn_locked(&mut state, epoch, record, procedure, resume, true);
             }
-            state.spawn(retention::run(Arc::downgrade(self)));
-            state.spawn(control::run(Arc::downgrade(self)));
+            self.tasks
+                .spawn(epoch, retention::run(Arc::downgrade(self)));
+            self.tasks.spawn(epoch, control::run(Arc::downgrade(self)));
         }
         Ok(())
     }

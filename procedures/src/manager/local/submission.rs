@@ -66,20 +66,16 @@ impl Inner {
         let stopped = || Error::ManagerNotRunning {
             reason: format!("the manager stopped while procedure {id} was being submitted"),
         };
-        let answer = {
-            let mut state = self.state();
-            if matches!(state.phase, Phase::Halted(_)) || state.epoch != Some(epoch) {
-                // Halted since the poll: `stop` may have drained the tasks already, so none may be spawned. The
-                // write in flight is dropped like an aborted task; the next start recovers it if it landed.
-                return Err(stopped());
-            }
-            let (tx, rx) = oneshot::channel();
-            state.spawn(async move {
-                // The caller may be gone; the submission is settled all the same.
-                let _ = tx.send(settle.await);
-            });
-            rx
-        };
+        let (tx, answer) = oneshot::channel();
+        let spawned = self.tasks.spawn(epoch, async move {
+            // The caller may be gone; the submission is settled all the same.
+            let _ = tx.send(settle.await);
+        });
+        if !spawned {
+            // Halted since the poll (`stop` may have drained the tasks already, so none may be spawned), or started
+            // again: the write in flight is dropped like an aborted task; the next start recovers it if it landed.
+            return Err(stopped());
+        }
         answer.await.unwrap_or_else(|_| Err(stopped()))
     }
 
@@ -370,23 +366,29 @@ impl Inner {
             live.clone(),
         ));
         let task = Box::pin(runner.run(Resume::Execute));
-        let mut state = self.state();
-        if let Phase::Halted(reason) = &state.phase {
-            return Err(reason.error());
-        }
-        if state.epoch != Some(epoch) {
-            // A submission settled in its caller's poll outlived the run it was made in (stopped and started again
-            // meanwhile): the new run loaded its record, if it landed, and runs it.
+        let watcher = {
+            let state = self.state();
+            if let Phase::Halted(reason) = &state.phase {
+                return Err(reason.error());
+            }
+            if state.epoch != Some(epoch) {
+                // A submission settled in its caller's poll outlived the run it was made in (stopped and started
+                // again meanwhile): the new run loaded its record, if it landed, and runs it.
+                return Err(restarted());
+            }
+            // The entry its reservation made, with the live state the runner was built with.
+            state
+                .procedures
+                .get(&id)
+                .filter(|entry| entry.live.as_ref().is_some_and(|l| l.same(&live)))
+                .map(|entry| entry.watcher().stored_by_this_submission())
+                .ok_or_else(forgotten)?
+        };
+        // Spawned after the state lock: a halt or a new run since the checks refuses it (the halt closed the
+        // procedure's watchers already).
+        if !self.tasks.spawn(epoch, task) {
             return Err(restarted());
         }
-        // The entry its reservation made, with the live state the runner was built with.
-        let watcher = state
-            .procedures
-            .get(&id)
-            .filter(|entry| entry.live.as_ref().is_some_and(|l| l.same(&live)))
-            .map(|entry| entry.watcher().stored_by_this_submission())
-            .ok_or_else(forgotten)?;
-        state.spawn(task);
         Ok(watcher)
     }
 
@@ -421,7 +423,8 @@ impl Inner {
         ));
         // Boxed where it is made: the task then holds a pointer, and spawning it (into the set, then the runtime's
         // cell) or storing its end moves that, not the runner's whole future, kilobytes, at each hand-over.
-        state.spawn(Box::pin(runner.run(resume)));
+        // Under the caller's state lock, checked to be of the running run: the set is open for it.
+        self.tasks.spawn(epoch, Box::pin(runner.run(resume)));
     }
 }
 

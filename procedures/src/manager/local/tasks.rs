@@ -1,0 +1,114 @@
+//! The tasks of a manager's run: runners, pending submissions, retention and the control poll.
+//!
+//! `stop` aborts every one and awaits each, so no task of the manager outlives it. They sit in a set of their own,
+//! under a lock of their own, not under the manager's state lock: spawning a task may wake a worker thread (a
+//! system call), and every runner takes the state lock when its procedure finishes. The set is opened for one run
+//! (its epoch) when the run starts, and closed when it halts; a spawn names the run it belongs to and is refused
+//! unless that run is the open one, so a halted run's set only shrinks, and a task of an old run can never join a
+//! newer run's set.
+
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard};
+
+use tokio::task::JoinSet;
+
+/// The set and the run it is open for.
+#[derive(Default)]
+struct Set {
+    /// The epoch of the run whose tasks may be spawned; `None` while no run is running.
+    open: Option<u64>,
+    tasks: JoinSet<()>,
+}
+
+/// The tasks of a manager (see the module's documentation).
+#[derive(Default)]
+pub(crate) struct Tasks(Mutex<Set>);
+
+impl Tasks {
+    fn set(&self) -> MutexGuard<'_, Set> {
+        // Every change under this lock is a set operation that cannot panic half-way.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens the set for the run of `epoch`.
+    pub(crate) fn open(&self, epoch: u64) {
+        self.set().open = Some(epoch);
+    }
+
+    /// Spawns `task` for the run of `epoch`, reaping the tasks already ended (the set would grow without bound in
+    /// a long-lived manager otherwise). Returns `false`, dropping `task` unstarted, when that run is not the open
+    /// one (it halted, or another run started since).
+    pub(crate) fn spawn(
+        &self,
+        epoch: u64,
+        task: impl Future<Output = ()> + Send + 'static,
+    ) -> bool {
+        let mut set = self.set();
+        if set.open != Some(epoch) {
+            return false;
+        }
+        while set.tasks.try_join_next().is_some() {}
+        set.tasks.spawn(task);
+        true
+    }
+
+    /// Frees the tasks that have ended; the retention task does at each of its rounds, so a burst's tasks do not
+    /// wait for the next spawn to go.
+    pub(crate) fn reap(&self) {
+        let mut set = self.set();
+        while set.tasks.try_join_next().is_some() {}
+    }
+
+    /// Closes the set (no spawn is accepted until the next run opens it) and aborts every task in it.
+    pub(crate) fn close(&self) {
+        let mut set = self.set();
+        set.open = None;
+        set.tasks.abort_all();
+    }
+
+    /// Takes every task out of the set, aborts them, and returns once each has ended.
+    pub(crate) async fn drain(&self) {
+        let mut tasks = std::mem::take(&mut self.set().tasks);
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// The tasks spawned and not reaped yet, running or ended.
+    #[cfg(test)]
+    pub(crate) fn held(&self) -> usize {
+        self.set().tasks.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    /// Only the open run's tasks are spawned; closing aborts the rest, and a drain returns once they are gone.
+    #[tokio::test]
+    async fn only_the_open_runs_tasks_are_spawned_and_closing_aborts_them() {
+        let tasks = Tasks::default();
+        assert!(!tasks.spawn(1, async {}), "no run is open yet");
+        tasks.open(1);
+        let (held, dropped) = oneshot::channel::<()>();
+        assert!(tasks.spawn(1, async move {
+            let _held = held;
+            std::future::pending::<()>().await
+        }));
+        assert!(!tasks.spawn(2, async {}), "a task of another run");
+        assert_eq!(tasks.held(), 1);
+        tasks.close();
+        assert!(!tasks.spawn(1, async {}), "the run's set is closed");
+        tasks.drain().await;
+        assert!(
+            dropped.await.is_err(),
+            "the pending task was aborted and dropped"
+        );
+        assert_eq!(tasks.held(), 0);
+        tasks.open(2);
+        assert!(tasks.spawn(2, async {}), "the next run's set is open");
+        tasks.drain().await;
+    }
+}
