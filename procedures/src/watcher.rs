@@ -63,8 +63,12 @@ impl Watcher {
         };
         drop(sent);
         // Only a finished state or a closed channel is sent; until then the runner shows the rest live. A live
-        // state marked finished gave its history to the finished state, which was sent while that lock was held.
+        // state marked finished gave its history to the finished state, which it keeps until the runner's end sends
+        // it.
         let live = live.lock();
+        if let Some(finished) = &live.finished {
+            return ProcedureInfo::clone(finished);
+        }
         if live.shown.state.is_finished() {
             drop(live);
             return ProcedureInfo::clone(&self.rx.borrow());

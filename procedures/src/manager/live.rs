@@ -17,6 +17,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use tokio::sync::watch;
+
 use crate::encoded_history::EncodedHistory;
 use crate::event::{EventKind, ProcedureEvent, push_event};
 use crate::record::{MAX_EVENTS, ProcedureInfo, now_ms};
@@ -33,6 +35,11 @@ pub(crate) struct Live {
     pub(crate) encoded: EncodedHistory,
     /// The encoder of the procedure's records, which keeps the parts they repeat.
     pub(crate) encoder: RecordEncoder,
+    /// Once the procedure finished: its finished state, as its entry holds it (with the history, moved there).
+    pub(crate) finished: Option<Arc<ProcedureInfo>>,
+    /// The watch channel its watchers wait on and the finished state to send them, from the finish until the
+    /// runner's end, which sends it (see [`LiveHandle::done_writing`]).
+    pub(crate) to_send: Option<(watch::Sender<Arc<ProcedureInfo>>, Arc<ProcedureInfo>)>,
 }
 
 impl Live {
@@ -136,6 +143,8 @@ impl LiveHandle {
             events,
             encoded: EncodedHistory::default(),
             encoder: RecordEncoder::default(),
+            finished: None,
+            to_send: None,
         })))
     }
 
@@ -185,13 +194,27 @@ impl LiveHandle {
         self.lock().push(now_ms(), kind);
     }
 
-    /// Lets go of what only writes need (the history's JSON, the history's room to grow): the procedure writes no
-    /// more records in this run, and a finished one stays in memory for the retention window.
+    /// The runner's end: lets go of what only writes need (the history's JSON, the history's room to grow), as the
+    /// procedure writes no more records in this run and a finished one stays in memory for the retention window;
+    /// then wakes the watchers of a finished procedure with its finished state.
+    ///
+    /// Why the watchers are woken here, last, and not when the procedure finished: a woken watcher is often a
+    /// submitter about to submit the next procedure, whose task then needs a worker thread. Woken while the runner
+    /// still had its own end to run (its locks, its admission slot, its task's end), that task found the runner's
+    /// thread busy and woke another one, one more thread hand-off per procedure. Until then a watcher reading the
+    /// procedure finds the finished state here ([`crate::Watcher::info`]), and a watcher taken from the manager
+    /// gets a channel that holds it already.
     pub(crate) fn done_writing(&self) {
-        let mut live = self.lock();
-        live.encoded = EncodedHistory::default();
-        live.encoder = RecordEncoder::default();
-        live.events.shrink_to_fit();
+        let to_send = {
+            let mut live = self.lock();
+            live.encoded = EncodedHistory::default();
+            live.encoder = RecordEncoder::default();
+            live.events.shrink_to_fit();
+            live.to_send.take()
+        };
+        if let Some((channel, finished)) = to_send {
+            channel.send_replace(finished);
+        }
     }
 }
 

@@ -189,9 +189,9 @@ impl Entry {
     /// Records `info`, a finished state its runner publishes, as the entry's last word, and hands its watch channel
     /// to the caller to send it on **after** the manager's state lock: the send wakes the watchers, and a woken
     /// submitter's next call takes that lock at once (it would wait for it, a second thread hand-off per procedure,
-    /// were it still held). Until the send, a watcher of the channel reads the live state, which the caller keeps
-    /// locked and marked finished through it (see [`Watcher::info`]); a watcher taken meanwhile gets a channel of its
-    /// own that already holds `info`. Returns the information it replaced (to drop after the lock) and the channel.
+    /// were it still held). Until the send, a watcher of the channel reads the finished state from the live state
+    /// (see [`Watcher::info`]); a watcher taken meanwhile gets a channel of its own that already holds `info`.
+    /// Returns the information it replaced (to drop after the lock) and the channel.
     pub(crate) fn finish(
         &mut self,
         info: Arc<ProcedureInfo>,
@@ -672,11 +672,14 @@ mod tests {
         }
     }
 
-    /// A waker that notes, when it is woken, whether the manager's state lock was free at that moment.
+    /// A waker that notes, when it is woken, what the runner still held at that moment: the manager's state lock,
+    /// a request in the lock table, an admission slot.
     struct LockProbe {
         inner: Arc<Inner>,
         woken: AtomicUsize,
         woken_under_lock: AtomicUsize,
+        woken_holding_keys: AtomicUsize,
+        woken_holding_a_slot: AtomicUsize,
     }
 
     impl Wake for LockProbe {
@@ -689,14 +692,22 @@ mod tests {
             if !self.inner.state_lock_free() {
                 self.woken_under_lock.fetch_add(1, Ordering::SeqCst);
             }
+            if self.inner.locks.requests_held() > 0 {
+                self.woken_holding_keys.fetch_add(1, Ordering::SeqCst);
+            }
+            let slots = self.inner.config.max_running_procedures.max(1);
+            if self.inner.admission().available_permits() < slots {
+                self.woken_holding_a_slot.fetch_add(1, Ordering::SeqCst);
+            }
         }
     }
 
-    /// A watcher is woken by its procedure's end with the manager's state lock already released: the woken task (a
-    /// submitter waiting to submit the next) takes that lock first thing, and would otherwise wait for it on
-    /// another thread, one more hand-off per procedure.
+    /// A watcher is woken by its procedure's end once the runner let go of everything: the manager's state lock,
+    /// its keys, its admission slot. The woken task is often a submitter about to submit the next procedure: it
+    /// takes the state lock first thing (and would wait for it on another thread), and its runner needs a worker
+    /// thread, which the ending runner would still occupy.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_watcher_is_woken_by_the_end_after_the_state_lock_is_released() {
+    async fn a_watcher_is_woken_by_the_end_once_the_runner_let_go_of_everything() {
         let manager =
             LocalManager::new(Arc::new(MemoryStateStore::new()), ManagerConfig::default());
         manager.start().await.unwrap();
@@ -707,7 +718,7 @@ mod tests {
                 id.clone(),
                 Box::new(Gated {
                     gate: Arc::clone(&gate),
-                    keys: LockKey::none(),
+                    keys: LockKey::exclusive("k"),
                 }),
             ))
             .await
@@ -716,6 +727,8 @@ mod tests {
             inner: Arc::clone(&manager.inner),
             woken: AtomicUsize::new(0),
             woken_under_lock: AtomicUsize::new(0),
+            woken_holding_keys: AtomicUsize::new(0),
+            woken_holding_a_slot: AtomicUsize::new(0),
         });
         let waker = Waker::from(Arc::clone(&probe));
         let mut watched = watcher.clone();
@@ -740,6 +753,16 @@ mod tests {
             probe.woken_under_lock.load(Ordering::SeqCst),
             0,
             "the watcher was woken while the manager's state lock was held"
+        );
+        assert_eq!(
+            probe.woken_holding_keys.load(Ordering::SeqCst),
+            0,
+            "the watcher was woken while the runner held its keys"
+        );
+        assert_eq!(
+            probe.woken_holding_a_slot.load(Ordering::SeqCst),
+            0,
+            "the watcher was woken while the runner held its admission slot"
         );
         assert!(matches!(
             wait.as_mut()

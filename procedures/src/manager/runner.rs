@@ -156,7 +156,9 @@ pub(crate) struct Runner {
 
 impl Drop for Runner {
     fn drop(&mut self) {
-        // The history stays readable while the procedure is in memory; its JSON served only the writes.
+        // The history stays readable while the procedure is in memory; its JSON served only the writes. A finished
+        // procedure's watchers are woken now, once its locks and admission slot are given back (they were dropped
+        // before the runner: see `run_to_end`).
         self.live.done_writing();
     }
 }
@@ -280,13 +282,12 @@ impl Runner {
         live.shown.step_name = step_name;
     }
 
-    /// Publishes a finished state, the procedure's last word, through the manager's entry and its watch channel,
-    /// with the history **moved** out of the live state, not copied: the runner writes nothing more. The move and
-    /// the entry's change happen under the manager's state lock (so a reader under it sees the history in the live
-    /// state or in the entry, never in neither) and under the live state's lock, which also marks the live state
-    /// finished. The state lock is released before the channel is sent on, the live lock after: the watchers woken
-    /// (a submitter waiting for this procedure to submit its next) find the state lock free, and a watcher that
-    /// reads the live state marked finished finds the finished state in its channel ([`crate::Watcher::info`]).
+    /// Publishes a finished state, the procedure's last word, through the manager's entry, with the history
+    /// **moved** out of the live state, not copied: the runner writes nothing more. The move and the entry's change
+    /// happen under the manager's state lock (so a reader under it sees the history in the live state or in the
+    /// entry, never in neither) and under the live state's lock, which also marks the live state finished and keeps
+    /// the finished state there for the procedure's watchers. Their channel is sent on at the runner's very end
+    /// (see [`LiveHandle::done_writing`]).
     fn publish_finished(&self, state: ProcedureState, error: Option<String>) {
         // The history is kept at its length for as long as the finished procedure stays in memory, without the room
         // it had to grow; only this runner adds events, and it adds none after its last write.
@@ -306,9 +307,8 @@ impl Runner {
         let info = Arc::new(info);
         let (replaced, channel) = entry.finish(Arc::clone(&info));
         drop(entries);
-        if let Some(channel) = channel {
-            channel.send_replace(info);
-        }
+        live.finished = Some(Arc::clone(&info));
+        live.to_send = channel.map(|channel| (channel, info));
         drop(live);
         // The replaced information is dropped after both locks.
         drop(replaced);
