@@ -18,7 +18,13 @@ struct Set {
     /// The epoch of the run whose tasks may be spawned; `None` while no run is running.
     open: Option<u64>,
     tasks: JoinSet<()>,
+    /// The set's size at which a spawn reaps the tasks that ended (twice what a reap left, and at least
+    /// [`REAP_AT_LEAST`]): a reap at every spawn met each task's own end on the set's lock.
+    reap_at: usize,
 }
+
+/// The fewest tasks a set holds before a spawn reaps the ended ones.
+const REAP_AT_LEAST: usize = 64;
 
 /// The tasks of a manager (see the module's documentation).
 #[derive(Default)]
@@ -35,9 +41,10 @@ impl Tasks {
         self.set().open = Some(epoch);
     }
 
-    /// Spawns `task` for the run of `epoch`, reaping the tasks already ended (the set would grow without bound in
-    /// a long-lived manager otherwise). Returns `false`, dropping `task` unstarted, when that run is not the open
-    /// one (it halted, or another run started since).
+    /// Spawns `task` for the run of `epoch`, first reaping the tasks already ended once the set has doubled since
+    /// the last reap (it would grow without bound in a long-lived manager otherwise; the set holds at most about
+    /// twice the tasks running, or [`REAP_AT_LEAST`]). Returns `false`, dropping `task` unstarted, when that run is
+    /// not the open one (it halted, or another run started since).
     pub(crate) fn spawn(
         &self,
         epoch: u64,
@@ -47,7 +54,9 @@ impl Tasks {
         if set.open != Some(epoch) {
             return false;
         }
-        while set.tasks.try_join_next().is_some() {}
+        if set.tasks.len() >= set.reap_at {
+            Self::reap_set(&mut set);
+        }
         set.tasks.spawn(task);
         true
     }
@@ -55,8 +64,12 @@ impl Tasks {
     /// Frees the tasks that have ended; the retention task does at each of its rounds, so a burst's tasks do not
     /// wait for the next spawn to go.
     pub(crate) fn reap(&self) {
-        let mut set = self.set();
+        Self::reap_set(&mut self.set());
+    }
+
+    fn reap_set(set: &mut Set) {
         while set.tasks.try_join_next().is_some() {}
+        set.reap_at = (2 * set.tasks.len()).max(REAP_AT_LEAST);
     }
 
     /// Closes the set (no spawn is accepted until the next run opens it) and aborts every task in it.
@@ -109,6 +122,32 @@ mod tests {
         assert_eq!(tasks.held(), 0);
         tasks.open(2);
         assert!(tasks.spawn(2, async {}), "the next run's set is open");
+        tasks.drain().await;
+    }
+
+    /// Ended tasks stay in the set until it reaches twice what the last reap left (at least `REAP_AT_LEAST`): the
+    /// spawn that finds it there reaps them.
+    #[tokio::test]
+    async fn a_spawn_reaps_the_ended_tasks_once_the_set_has_doubled() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+
+        let tasks = Tasks::default();
+        tasks.open(1);
+        let ended = Arc::new(AtomicUsize::new(0));
+        for _ in 0..REAP_AT_LEAST {
+            let ended = Arc::clone(&ended);
+            assert!(tasks.spawn(1, async move {
+                ended.fetch_add(1, Ordering::SeqCst);
+            }));
+        }
+        while ended.load(Ordering::SeqCst) < REAP_AT_LEAST {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(tasks.held(), REAP_AT_LEAST, "ended, not reaped yet");
+        assert!(tasks.spawn(1, std::future::pending::<()>()));
+        assert_eq!(tasks.held(), 1, "the ended ones were reaped");
+        tasks.close();
         tasks.drain().await;
     }
 }
