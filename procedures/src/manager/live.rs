@@ -149,18 +149,21 @@ impl LiveHandle {
     }
 
     /// [`LiveHandle::new`], with the room `room` gives the history, its JSON and the record buffer.
-    pub(crate) fn with_room(info: ProcedureInfo, room: &HistoryRoom) -> Self {
-        let handle = LiveHandle::new(info);
-        {
-            let mut live = handle.lock();
-            let events = room.events.load(Ordering::Relaxed);
-            let extra = events.saturating_sub(live.events.len());
-            live.events.reserve_exact(extra);
-            live.encoded = EncodedHistory::with_capacity(room.json.load(Ordering::Relaxed), events);
-            live.encoder
-                .reuse(Vec::with_capacity(room.record.load(Ordering::Relaxed)));
-        }
-        handle
+    pub(crate) fn with_room(mut info: ProcedureInfo, room: &HistoryRoom) -> Self {
+        let room_for = room.events.load(Ordering::Relaxed);
+        // Made with its room, then given the events it starts with: not grown (and copied) to it.
+        let mut events = Vec::with_capacity(room_for.max(info.events.len()));
+        events.append(&mut info.events);
+        let mut encoder = RecordEncoder::default();
+        encoder.reuse(Vec::with_capacity(room.record.load(Ordering::Relaxed)));
+        LiveHandle(Arc::new(Mutex::new(Live {
+            shown: info,
+            events,
+            encoded: EncodedHistory::with_capacity(room.json.load(Ordering::Relaxed), room_for),
+            encoder,
+            finished: None,
+            to_send: None,
+        })))
     }
 
     /// Whether `other` is a handle on this same live state.
