@@ -73,9 +73,10 @@ impl Inner {
     ) -> Result<WriteOutcome> {
         let fence = || Condition::Equals {
             key: EPOCH_KEY.to_string(),
-            value: epoch.to_string().into_bytes(),
+            value: epoch_bytes(epoch),
         };
-        let mut backoff = backoff(&self.config.store_retry);
+        // Built when a write first fails (most never do).
+        let mut retries = None;
         loop {
             if self.is_halted() {
                 return Err(self.halt_error());
@@ -103,7 +104,10 @@ impl Inner {
                         _ => Ok(WriteOutcome::Rejected { current }),
                     };
                 }
-                Err(e) if e.is_retryable() => match backoff.next() {
+                Err(e) if e.is_retryable() => match retries
+                    .get_or_insert_with(|| backoff(&self.config.store_retry))
+                    .next()
+                {
                     Some(delay) => {
                         tracing::warn!(procedures = ?shown, error = %e, ?delay, "retrying a state store write");
                         self.show_store_retry(shown, &e, before);
@@ -283,6 +287,23 @@ impl Inner {
     }
 }
 
+/// An epoch as the epoch key holds it: its decimal digits (written without the formatting machinery: a fenced
+/// write makes one per attempt).
+pub(crate) fn epoch_bytes(epoch: u64) -> Vec<u8> {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut rest = epoch;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    digits[at..].to_vec()
+}
+
 /// The epoch an epoch key's value names; `None` when it is not a number.
 pub(crate) fn parse_epoch(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(bytes).ok()?.trim().parse().ok()
@@ -297,4 +318,33 @@ pub(crate) fn backoff(policy: &RetryPolicy) -> impl Iterator<Item = std::time::D
         .with_max_times(policy.max_retries)
         .with_jitter()
         .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The epoch's bytes are its decimal text, as `to_string` writes it and `parse_epoch` reads it back.
+    #[test]
+    fn an_epochs_bytes_are_its_decimal_text() {
+        for epoch in [
+            0,
+            1,
+            9,
+            10,
+            99,
+            100,
+            12_345,
+            u64::from(u32::MAX),
+            u64::MAX - 1,
+            u64::MAX,
+        ] {
+            assert_eq!(
+                epoch_bytes(epoch),
+                epoch.to_string().into_bytes(),
+                "{epoch}"
+            );
+            assert_eq!(parse_epoch(&epoch_bytes(epoch)), Some(epoch));
+        }
+    }
 }
