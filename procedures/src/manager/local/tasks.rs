@@ -6,18 +6,22 @@
 //! (its epoch) when the run starts, and closed when it halts; a spawn names the run it belongs to and is refused
 //! unless that run is the open one, so a halted run's set only shrinks, and a task of an old run can never join a
 //! newer run's set.
+//!
+//! The set keeps each task's `JoinHandle`, not a `JoinSet`: a task of a `JoinSet` moves itself to the set's list of
+//! ended tasks when it ends, under the set's own lock, which the next spawn (often on the thread the end just woke)
+//! takes too. A handle is looked at only when the set is reaped or drained.
 
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard};
 
-use tokio::task::JoinSet;
+use tokio::task::JoinHandle;
 
 /// The set and the run it is open for.
 #[derive(Default)]
 struct Set {
     /// The epoch of the run whose tasks may be spawned; `None` while no run is running.
     open: Option<u64>,
-    tasks: JoinSet<()>,
+    tasks: Vec<JoinHandle<()>>,
     /// The set's size at which a spawn reaps the tasks that ended (twice what a reap left, and at least
     /// [`REAP_AT_LEAST`]): a reap at every spawn met each task's own end on the set's lock.
     reap_at: usize,
@@ -57,7 +61,7 @@ impl Tasks {
         if set.tasks.len() >= set.reap_at {
             Self::reap_set(&mut set);
         }
-        set.tasks.spawn(task);
+        set.tasks.push(tokio::spawn(task));
         true
     }
 
@@ -68,7 +72,7 @@ impl Tasks {
     }
 
     fn reap_set(set: &mut Set) {
-        while set.tasks.try_join_next().is_some() {}
+        set.tasks.retain(|task| !task.is_finished());
         set.reap_at = (2 * set.tasks.len()).max(REAP_AT_LEAST);
     }
 
@@ -76,14 +80,21 @@ impl Tasks {
     pub(crate) fn close(&self) {
         let mut set = self.set();
         set.open = None;
-        set.tasks.abort_all();
+        for task in &set.tasks {
+            task.abort();
+        }
     }
 
-    /// Takes every task out of the set, aborts them, and returns once each has ended.
+    /// Takes every task out of the set, aborts them, and returns once each has ended (its future dropped).
     pub(crate) async fn drain(&self) {
-        let mut tasks = std::mem::take(&mut self.set().tasks);
-        tasks.abort_all();
-        while tasks.join_next().await.is_some() {}
+        let tasks = std::mem::take(&mut self.set().tasks);
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            // Ended, cancelled or panicked: each way its future is gone.
+            let _ = task.await;
+        }
     }
 
     /// The tasks spawned and not reaped yet, running or ended.
