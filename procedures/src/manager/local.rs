@@ -303,6 +303,8 @@ pub(crate) struct Inner {
     pub(crate) local_control_changes: crate::manager::control::LocalControlChanges,
     /// Told of finished steps and retries (see [`crate::ProcedureObserver`]), once one is set.
     observer: RwLock<Option<crate::ProcedureObserverRef>>,
+    /// Set once an observer is set: until then `observer` is not read.
+    has_observer: AtomicBool,
     /// Set once a finished procedure is known only to the store (it left memory, or `start` did not load it): only
     /// then does a listing read the store too.
     pub(crate) finished_only_in_store: AtomicBool,
@@ -341,6 +343,7 @@ impl Inner {
             controls_read: AtomicU64::new(0),
             local_control_changes: Default::default(),
             observer: RwLock::new(None),
+            has_observer: AtomicBool::new(false),
             finished_only_in_store: AtomicBool::new(false),
         })
     }
@@ -348,10 +351,15 @@ impl Inner {
     /// Makes `observer` the one told of finished steps and retries from now on.
     pub(crate) fn set_observer(&self, observer: crate::ProcedureObserverRef) {
         *self.observer.write().unwrap_or_else(|p| p.into_inner()) = Some(observer);
+        self.has_observer.store(true, Ordering::Release);
     }
 
-    /// The observer, if one is set.
+    /// The observer, if one is set. Every finished step asks: without an observer, the answer is a load of a flag
+    /// no runner writes, not a read lock whose count every runner's thread would change.
     pub(crate) fn observer(&self) -> Option<crate::ProcedureObserverRef> {
+        if !self.has_observer.load(Ordering::Acquire) {
+            return None;
+        }
         self.observer
             .read()
             .unwrap_or_else(|p| p.into_inner())
