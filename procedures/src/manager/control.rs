@@ -137,7 +137,10 @@ pub(crate) struct Control {
 impl Inner {
     /// What the control keys ask of `id`, as this manager last saw them.
     pub(crate) fn control_of(&self, id: &ProcedureId) -> Control {
-        let controls = self.controls();
+        if !self.any_control() {
+            return Control::default();
+        }
+        let controls = self.controls_locked();
         let own = controls.procedures.get(id).copied();
         Control {
             cancel: own == Some(ControlAction::Cancel),

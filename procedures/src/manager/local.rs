@@ -246,6 +246,35 @@ impl Entry {
     }
 }
 
+/// The control requests locked to be changed; dropping it notes whether any request is in force.
+pub(crate) struct ControlsGuard<'a> {
+    requests: MutexGuard<'a, ControlRequests>,
+    any: &'a AtomicBool,
+}
+
+impl std::ops::Deref for ControlsGuard<'_> {
+    type Target = ControlRequests;
+
+    fn deref(&self) -> &ControlRequests {
+        &self.requests
+    }
+}
+
+impl std::ops::DerefMut for ControlsGuard<'_> {
+    fn deref_mut(&mut self) -> &mut ControlRequests {
+        &mut self.requests
+    }
+}
+
+impl Drop for ControlsGuard<'_> {
+    fn drop(&mut self) {
+        // Noted before the lock is released, so a reader that finds the flag clear read it after the last change
+        // that cleared the requests, or before a change that a later read sees.
+        let any = self.requests.all_paused || !self.requests.procedures.is_empty();
+        self.any.store(any, Ordering::Release);
+    }
+}
+
 pub(crate) struct State {
     pub(crate) phase: Phase,
     pub(crate) epoch: Option<u64>,
@@ -290,6 +319,9 @@ pub(crate) struct Inner {
     lifecycle: tokio::sync::Mutex<()>,
     /// The control requests (cancel, pause) as last read from the store or made by this manager.
     controls: Mutex<ControlRequests>,
+    /// Whether `controls` holds any request, noted under its lock at each change: a step boundary with none in force
+    /// (the usual case) reads this flag instead of taking the lock every runner would take.
+    any_control: AtomicBool,
     /// Bumped whenever `controls` changes: runners waiting for a resume, a retry or a lock watch it.
     pub(crate) control_changed: watch::Sender<u64>,
     /// The step boundaries' shared reads of the control keys.
@@ -338,6 +370,7 @@ impl Inner {
             failed_total: AtomicU64::new(0),
             lifecycle: tokio::sync::Mutex::new(()),
             controls: Mutex::new(ControlRequests::default()),
+            any_control: AtomicBool::new(false),
             control_changed: watch::channel(0).0,
             boundary_scans: Default::default(),
             controls_read: AtomicU64::new(0),
@@ -366,10 +399,24 @@ impl Inner {
             .clone()
     }
 
-    /// The control requests as this manager knows them.
-    pub(crate) fn controls(&self) -> MutexGuard<'_, ControlRequests> {
+    /// The control requests as this manager knows them, to change: when the guard goes, whether any request is in
+    /// force is noted for [`Inner::control_of`].
+    pub(crate) fn controls(&self) -> ControlsGuard<'_> {
+        ControlsGuard {
+            requests: self.controls_locked(),
+            any: &self.any_control,
+        }
+    }
+
+    /// The control requests, locked, to read.
+    pub(crate) fn controls_locked(&self) -> MutexGuard<'_, ControlRequests> {
         // Changes under this lock are a map insert/remove or a whole replacement: they cannot panic half-way.
         self.controls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether any control request is in force (a procedure's own, or every procedure's pause), as last noted.
+    pub(crate) fn any_control(&self) -> bool {
+        self.any_control.load(Ordering::Acquire)
     }
 
     /// The admission slots of the current run.

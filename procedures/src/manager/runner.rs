@@ -94,14 +94,15 @@ async fn execute_step(
     }
 }
 
-/// The admission slot kept through a boundary, or a new one of `admission` after a pause gave it back.
+/// The admission slot kept through a boundary, or a new one of `inner`'s admission after a pause gave it back (the
+/// admission slots are looked up only then: a lock and a reference count every runner's thread would change).
 async fn take_slot(
-    admission: Arc<tokio::sync::Semaphore>,
+    inner: &Inner,
     slot: Option<OwnedSemaphorePermit>,
 ) -> Result<OwnedSemaphorePermit, Stopped> {
     match slot {
         Some(permit) => Ok(permit),
-        None => admission.acquire_owned().await.map_err(|_| Stopped),
+        None => inner.admission().acquire_owned().await.map_err(|_| Stopped),
     }
 }
 
@@ -743,19 +744,21 @@ impl Runner {
     /// `running` record with a `resumed` event) or a cancel arrives.
     async fn boundary(&mut self, permit: OwnedSemaphorePermit) -> Result<Boundary, Stopped> {
         let mut slot = Some(permit);
+        // Subscribed to the control changes only once a pause makes the runner wait (a subscription is a count every
+        // runner's thread would change at every boundary), and then before the requests are read again, so a change
+        // between that read and the wait is not missed.
+        let mut changed = None;
         loop {
-            // Subscribed before reading, so a change between the read and the wait is not missed.
-            let mut changed = self.inner.control_changed.subscribe();
             let control = self.inner.control_now(self.id()).await;
             if self.inner.is_halted() {
                 return Err(Stopped);
             }
             if control.cancel {
-                let permit = take_slot(self.inner.admission(), slot).await?;
+                let permit = take_slot(&self.inner, slot).await?;
                 return Ok(Boundary::Cancel(permit));
             }
             if !control.paused {
-                let permit = take_slot(self.inner.admission(), slot).await?;
+                let permit = take_slot(&self.inner, slot).await?;
                 if self.record.state == ProcedureState::Paused {
                     tracing::info!(id = %self.id(), "procedure resumed");
                     Box::pin(self.persist(
@@ -768,13 +771,17 @@ impl Runner {
                 }
                 return Ok(Boundary::Run(permit));
             }
+            let Some(changes) = changed.as_mut() else {
+                changed = Some(self.inner.control_changed.subscribe());
+                continue;
+            };
             if self.record.state != ProcedureState::Paused {
                 tracing::info!(id = %self.id(), "procedure paused");
                 Box::pin(self.persist(ProcedureState::Paused, None, None, Some(EventKind::Paused)))
                     .await?;
             }
             slot = None;
-            if changed.changed().await.is_err() {
+            if changes.changed().await.is_err() {
                 return Err(Stopped);
             }
         }
