@@ -361,16 +361,16 @@ impl Runner {
     /// Runs the procedure until it is done, failed, or stopped. A panic in the procedure stops it like a write that
     /// fails for good (no further write, its watchers resolve, its locks and slot are released): without this the
     /// task would end silently and leave its watchers and its parent waiting forever.
-    pub(crate) async fn run(self: Box<Self>, resume: Resume) {
-        let inner = Arc::clone(&self.inner);
-        let id = self.record.id.clone();
+    pub(crate) async fn run(mut self: Box<Self>, resume: Resume) {
+        // The runner is dropped here, after its run (its keys and slot went at the run's end): its watchers are
+        // woken last (see `Runner::drop`).
         let Err(panic) = AssertUnwindSafe(self.run_to_end(resume))
             .catch_unwind()
             .await
         else {
             return;
         };
-        Self::stall_on_panic(&inner, &id, panic);
+        Self::stall_on_panic(&self.inner, &self.record.id, panic);
     }
 
     /// Shows a procedure whose step panicked as stalled, with the panic's text, and closes its channel.
@@ -403,7 +403,7 @@ impl Runner {
         }
     }
 
-    async fn run_to_end(mut self: Box<Self>, resume: Resume) {
+    async fn run_to_end(&mut self, resume: Resume) {
         if let Some(epoch) = self.recovered_by {
             self.event(EventKind::Recovered { epoch });
             self.publish(self.record.state, self.record.error.clone());
