@@ -202,7 +202,7 @@ pub struct Context {
 }
 
 /// Whether the manager running a step has halted.
-type HaltedFn = Arc<dyn Fn() -> bool + Send + Sync>;
+pub(crate) type HaltedFn = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

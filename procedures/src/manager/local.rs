@@ -298,7 +298,9 @@ pub(crate) struct Inner {
     loaders: RwLock<HashMap<String, BoxedProcedureLoader>>,
     state: Mutex<State>,
     /// Set once the manager halts; runners check it before every step and every write.
-    halted: AtomicBool,
+    halted: Arc<AtomicBool>,
+    /// What a step's context asks to learn whether the manager halted: made once, shared by every runner.
+    pub(crate) halted_probe: crate::procedure::HaltedFn,
     /// The room a new procedure's history starts with (see [`HistoryRoom`]).
     pub(crate) history_room: HistoryRoom,
     /// Every task this manager spawned and not yet reaped (see `tasks`).
@@ -349,7 +351,10 @@ impl Inner {
         hook: Option<Arc<dyn SideEffectHook>>,
     ) -> Arc<Self> {
         let slots = config.max_running_procedures.max(1);
+        let halted = Arc::new(AtomicBool::new(false));
+        let probed = Arc::clone(&halted);
         Arc::new(Inner {
+            halted_probe: Arc::new(move || probed.load(Ordering::Acquire)),
             control_changes: store.counts_changes(crate::control::CONTROL_PREFIX),
             store,
             config,
@@ -360,7 +365,7 @@ impl Inner {
                 epoch: None,
                 procedures: HashMap::new(),
             }),
-            halted: AtomicBool::new(false),
+            halted,
             history_room: HistoryRoom::default(),
             tasks: tasks::Tasks::default(),
             running: AtomicU64::new(0),

@@ -488,9 +488,8 @@ impl Runner {
     }
 
     async fn execute_loop(&mut self, mut permit: OwnedSemaphorePermit) -> Result<(), Stopped> {
-        let inner = Arc::clone(&self.inner);
         let ctx = Context::with_hook(self.id().clone(), self.inner.hook.clone())
-            .run_by(self.epoch, Arc::new(move || inner.is_halted()));
+            .run_by(self.epoch, Arc::clone(&self.inner.halted_probe));
         let deadline = self.procedure.timeout().map(|t| (Instant::now() + t, t));
         if !self.record.waiting_for.is_empty() {
             // Recovered after persisting a suspension: the children its record names finish before its next step.
