@@ -253,6 +253,8 @@ impl Inner {
             }
             let changed = *controls != requests;
             *controls = requests;
+            // Before the count below: a boundary that sees the count skips the lock and reads only this flag.
+            controls.note();
             if let Some(noted) = noted {
                 // After the requests, under their lock: a boundary that sees the count sees them.
                 self.controls_read

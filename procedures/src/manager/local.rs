@@ -266,12 +266,20 @@ impl std::ops::DerefMut for ControlsGuard<'_> {
     }
 }
 
+impl ControlsGuard<'_> {
+    /// Notes now whether any request is in force (the guard notes it again when it goes): for a change that
+    /// publishes something else after it under the same lock, which a reader may act on before the guard goes.
+    pub(crate) fn note(&self) {
+        let any = self.requests.all_paused || !self.requests.procedures.is_empty();
+        self.any.store(any, Ordering::Release);
+    }
+}
+
 impl Drop for ControlsGuard<'_> {
     fn drop(&mut self) {
         // Noted before the lock is released, so a reader that finds the flag clear read it after the last change
         // that cleared the requests, or before a change that a later read sees.
-        let any = self.requests.all_paused || !self.requests.procedures.is_empty();
-        self.any.store(any, Ordering::Release);
+        self.note();
     }
 }
 
