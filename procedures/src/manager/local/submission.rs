@@ -387,7 +387,11 @@ impl Inner {
         // Spawned after the state lock: a halt or a new run since the checks refuses it (the halt closed the
         // procedure's watchers already).
         if !self.tasks.spawn(epoch, task) {
-            return Err(restarted());
+            return Err(if self.is_halted() {
+                self.halt_error()
+            } else {
+                restarted()
+            });
         }
         Ok(watcher)
     }
