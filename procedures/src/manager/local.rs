@@ -812,6 +812,10 @@ mod tests {
         let mut end = watcher.clone();
         gate.add_permits(1);
         end.wait().await.unwrap();
+        // The send wakes both watchers, `end`'s task first perhaps: the probe's wake may still be on its way.
+        while probe.woken.load(Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
         assert_eq!(
             probe.woken.load(Ordering::SeqCst),
             1,
