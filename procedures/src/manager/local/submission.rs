@@ -95,7 +95,7 @@ impl Inner {
         if !replaceable {
             return self.submit_root(procedure).await;
         }
-        let new = NewProcedure::new(procedure, None)?;
+        let mut new = NewProcedure::new(procedure, None)?;
         let id = new.record.id.clone();
         {
             let mut state = self.state();
@@ -114,14 +114,13 @@ impl Inner {
                 Some(entry) => return existing_watcher(entry, &new.record.type_name),
                 None => {}
             }
-            state.procedures.insert(
+            let entry = Entry::to_run(
+                ProcedureInfo::from(&new.record),
                 id.clone(),
-                Entry::to_run(
-                    ProcedureInfo::from(&new.record),
-                    id.clone(),
-                    &self.history_room,
-                ),
+                &self.history_room,
             );
+            new.reserved = entry.live.clone().map(|live| (id.clone(), live));
+            state.procedures.insert(id.clone(), entry);
         }
         let outcome = self
             .write(
@@ -341,20 +340,9 @@ impl Inner {
         let forgotten = || Error::ManagerNotRunning {
             reason: format!("procedure {id} was forgotten while it was being submitted"),
         };
+        // Every submission reserves its id (`submit_root`, `submit_again`, `reserve`) before its first write.
         let Some((root, live)) = reserved else {
-            let mut state = self.state();
-            if let Phase::Halted(reason) = &state.phase {
-                return Err(reason.error());
-            }
-            if state.epoch != Some(epoch) {
-                return Err(restarted());
-            }
-            self.spawn_locked(&mut state, epoch, record, procedure, Resume::Execute, false);
-            return state
-                .procedures
-                .get(&id)
-                .map(|entry| entry.watcher().stored_by_this_submission())
-                .ok_or_else(forgotten);
+            return Err(forgotten());
         };
         let runner = Box::new(Runner::new(
             Arc::clone(self),
