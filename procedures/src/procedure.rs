@@ -15,14 +15,17 @@ pub type Output = serde_json::Value;
 
 /// A procedure's identity. Callers choose it when a submission must be idempotent (the same id twice is one
 /// procedure), or take a random one.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct ProcedureId(String);
+///
+/// The manager keeps an id in several places for a procedure's life (its entry, its record, its runner, each
+/// write's list of what it shows), so the text is shared, not copied: a copy of an id is a reference count. It
+/// compares, hashes, orders and (as a JSON string) serializes as its text.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProcedureId(Arc<str>);
 
 impl ProcedureId {
     /// A caller-chosen id.
     pub fn new(id: impl Into<String>) -> Self {
-        ProcedureId(id.into())
+        ProcedureId(Arc::from(id.into()))
     }
 
     /// A fresh id: a UUID v7, time-ordered (its first 48 bits are the time in milliseconds, the rest random). Ids
@@ -30,18 +33,30 @@ impl ProcedureId {
     /// neighbours in a store's key order: a commit that holds several of them (group commit) changes a few pages of
     /// an ordered store like redb, not one page per record.
     pub fn random() -> Self {
-        ProcedureId(uuid::Uuid::now_v7().to_string())
+        ProcedureId::new(uuid::Uuid::now_v7().to_string())
     }
 
     /// The deterministic id of a child named `name` of this procedure: `{parent}/{name}`. A parent that is replayed
     /// after a crash produces the same child ids, so the engine does not start the children twice.
     pub fn child(&self, name: impl fmt::Display) -> Self {
-        ProcedureId(format!("{}/{}", self.0, name))
+        ProcedureId::new(format!("{}/{}", self.0, name))
     }
 
     /// The id as a string.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl Serialize for ProcedureId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ProcedureId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(ProcedureId::new)
     }
 }
 
@@ -364,6 +379,21 @@ mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
 
     use super::*;
+
+    #[test]
+    fn a_copied_id_shares_its_text_and_serializes_as_that_text() {
+        let id = ProcedureId::new("create-table/\"demo\" \u{e9}");
+        let copy = id.clone();
+        assert!(
+            std::ptr::eq(id.as_str().as_ptr(), copy.as_str().as_ptr()),
+            "a copy of an id holds its own copy of the text"
+        );
+        // The JSON of a plain string, so records written before and after read the same.
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(json, serde_json::to_string(id.as_str()).unwrap());
+        assert_eq!(serde_json::from_str::<ProcedureId>(&json).unwrap(), id);
+        assert!(serde_json::from_str::<ProcedureId>("17").is_err());
+    }
 
     #[test]
     fn fresh_ids_sort_in_the_order_they_were_made() {
