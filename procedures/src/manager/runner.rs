@@ -21,6 +21,7 @@ use crate::procedure::{BoxedProcedure, Context, LockKey, ProcedureId, Status};
 use crate::record::{
     MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, now_ms, record_key,
 };
+use crate::store::WriteOp;
 
 mod children;
 mod ending;
@@ -146,6 +147,9 @@ pub(crate) struct Runner {
     record: ProcedureRecord,
     /// The store key of its record, made once.
     key: String,
+    /// The write of its next record, `[Put { key, value }]`, kept from one write to the next so that its list and
+    /// key are made once: each write lends it the record's bytes and takes them back (see `Runner::persist_with`).
+    put: Vec<WriteOp>,
     /// A loader of its type is registered (checked at each step until it is).
     has_loader: bool,
     /// The epoch of this manager when it loaded the procedure from the store (not when it submitted it).
@@ -177,12 +181,17 @@ impl Runner {
         live: LiveHandle,
     ) -> Self {
         record.events = Vec::new();
+        let key = record_key(&record.id);
         Runner {
             inner,
             epoch,
             root,
             procedure,
-            key: record_key(&record.id),
+            put: vec![WriteOp::Put {
+                key: key.clone(),
+                value: Vec::new(),
+            }],
+            key,
             has_loader: false,
             record,
             recovered_by: recovered.then_some(epoch),

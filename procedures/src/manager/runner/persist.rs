@@ -126,24 +126,19 @@ impl Runner {
             return Err(Stopped);
         }
         let (record, value, tail) = self.next_record(state, output, error, Vec::new(), event)?;
-        let mut ops = vec![WriteOp::Put {
-            key: self.key.clone(),
-            value,
-        }];
-        ops.extend(extra);
+        self.lend_put(value, extra);
         let written = self
             .inner
             .write_joined(
                 self.epoch,
                 Vec::new(),
-                &ops,
+                &self.put,
                 None,
                 std::slice::from_ref(&record.id),
             )
             .await;
-        if let Some(WriteOp::Put { value, .. }) = ops.into_iter().next() {
-            self.live().encoder.reuse(value);
-        }
+        let value = self.take_put();
+        self.live().encoder.reuse(value);
         match written {
             Ok(WriteOutcome::Applied) => {
                 self.written_history(tail);
@@ -169,6 +164,24 @@ impl Runner {
                 }
                 Err(Stopped)
             }
+        }
+    }
+
+    /// Lends the record's bytes `value` to the kept write of the next record ([`Runner::put`]), followed by `extra`
+    /// ops.
+    fn lend_put(&mut self, value: Vec<u8>, extra: Vec<WriteOp>) {
+        if let Some(WriteOp::Put { value: lent, .. }) = self.put.first_mut() {
+            *lent = value;
+        }
+        self.put.extend(extra);
+    }
+
+    /// Takes back the bytes [`Runner::lend_put`] lent, once the write is over, leaving the kept write as it was.
+    fn take_put(&mut self) -> Vec<u8> {
+        self.put.truncate(1);
+        match self.put.first_mut() {
+            Some(WriteOp::Put { value, .. }) => std::mem::take(value),
+            _ => Vec::new(),
         }
     }
 
