@@ -53,10 +53,15 @@ impl Inner {
             if let Phase::Halted(reason) = &state.phase {
                 return Err(reason.error());
             }
-            if let Some(known) = state.procedures.get(&id) {
-                return existing_watcher(known, &new.record.type_name);
+            // One look-up of the id, for the check and the insert.
+            match state.procedures.entry(id.clone()) {
+                std::collections::hash_map::Entry::Occupied(known) => {
+                    return existing_watcher(known.get(), &new.record.type_name);
+                }
+                std::collections::hash_map::Entry::Vacant(vacant) => {
+                    vacant.insert(entry);
+                }
             }
-            state.procedures.insert(id.clone(), entry);
         }
         // Boxed, so that a submission still pending after its first poll can move into a task.
         let mut settle = Box::pin(Arc::clone(self).settle_root(epoch, new));
