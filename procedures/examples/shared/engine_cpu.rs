@@ -79,6 +79,22 @@ pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    // One half alone (warm-up included), for a count of instructions (`scripts/engine_instructions.sh`).
+    let only = std::env::var("ENGINE_CPU_ONLY").ok();
+    if only.as_deref() == Some("writes") {
+        let store = Arc::new(MemoryStateStore::new());
+        let mut next = 0u64;
+        for total in [20_000, count] {
+            rt.block_on(bare_waves(
+                &store,
+                steps,
+                total,
+                shape.in_flight(),
+                &mut next,
+            ))?;
+        }
+        return Ok(());
+    }
     let manager = LocalManager::new(Arc::new(MemoryStateStore::new()), ManagerConfig::default());
     rt.block_on(manager.start())?;
     let mut next = 0u64;
@@ -119,6 +135,9 @@ pub fn run() -> std::result::Result<(), Box<dyn StdError>> {
         }
     }
     rt.block_on(manager.stop())?;
+    if only.as_deref() == Some("engine") {
+        return Ok(());
+    }
     let store = Arc::new(MemoryStateStore::new());
     for (warm_up, total) in [(true, 20_000), (false, count)] {
         let (started, cpu_before) = (Instant::now(), cpu_seconds()?);
