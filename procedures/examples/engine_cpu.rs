@@ -9,9 +9,10 @@
 //! waits for it before the next (its anchor then writes one procedure at a time too). On a shared machine the
 //! CPU time moves less than the throughput between runs, so it is the figure to compare two builds by. Linux only.
 //!
-//! With `ENGINE_CPU_ONLY=engine` (or `writes`) in its environment it runs that half alone, warm-up included, and
-//! prints nothing: `scripts/engine_instructions.sh` counts the instructions of each half under callgrind, a figure
-//! that does not move with the machine's load (but leaves out the kernel's work and the cost of cache misses).
+//! With `ENGINE_CPU_ONLY=engine` (or `writes`) in its environment it runs that half alone, warm-up included (the
+//! writes half then prints nothing): `scripts/engine_instructions.sh` counts the instructions of each half under
+//! callgrind, a figure that does not move with the machine's load (but leaves out the kernel's work and the cost of
+//! cache misses).
 //!
 //! It runs with mimalloc, the allocator `walctl` and the benches use; `--example engine_cpu_system` is the same run
 //! on the system allocator (glibc's malloc), to compare the two.
