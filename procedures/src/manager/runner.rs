@@ -18,9 +18,7 @@ use crate::manager::live::{Live, LiveHandle};
 use crate::manager::local::{Inner, backoff};
 use crate::manager::lock::{LockGuard, Requester};
 use crate::procedure::{BoxedProcedure, Context, LockKey, ProcedureId, Status};
-use crate::record::{
-    MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, now_ms, record_key,
-};
+use crate::record::{MAX_EVENTS, ProcedureInfo, ProcedureRecord, ProcedureState, now_ms};
 use crate::store::WriteOp;
 
 mod children;
@@ -174,14 +172,13 @@ impl Runner {
     pub(crate) fn new(
         inner: Arc<Inner>,
         epoch: u64,
-        root: ProcedureId,
+        (root, live): (ProcedureId, LiveHandle),
         mut record: ProcedureRecord,
+        key: String,
         procedure: BoxedProcedure,
         recovered: bool,
-        live: LiveHandle,
     ) -> Self {
         record.events = Vec::new();
-        let key = record_key(&record.id);
         Runner {
             inner,
             epoch,
@@ -847,11 +844,11 @@ mod tests {
         let runner = Box::new(Runner::new(
             inner,
             1,
-            id,
+            (id, live),
             new.record,
+            new.key,
             new.procedure,
             false,
-            live,
         ));
         let size = std::mem::size_of_val(&runner.run(Resume::Execute));
         assert!(

@@ -191,7 +191,7 @@ impl Inner {
         mut new: NewProcedure,
     ) -> Result<Watcher> {
         let id = new.record.id.clone();
-        let key = new.key();
+        let key = new.key.clone();
         // The record's bytes are lent to the write (each attempt hands the store its own copy) and taken back after
         // it, for the check of a refusal below: not copied once more for the lending.
         let ops = [WriteOp::Put {
@@ -259,7 +259,7 @@ impl Inner {
         let id = new.record.id.clone();
         // Reserve the id in memory first, so two submissions of one id cannot both write.
         self.reserve(&mut new)?;
-        let key = new.key();
+        let key = new.key.clone();
         let outcome = self
             .write(
                 epoch,
@@ -278,7 +278,7 @@ impl Inner {
             Ok(WriteOutcome::Rejected { current })
                 if current
                     .iter()
-                    .any(|(k, v)| *k == new.key() && v.as_ref() == Some(&new.value)) =>
+                    .any(|(k, v)| *k == new.key && v.as_ref() == Some(&new.value)) =>
             {
                 self.launch(epoch, new)
             }
@@ -334,6 +334,7 @@ impl Inner {
     pub(crate) fn launch(self: &Arc<Self>, epoch: u64, new: NewProcedure) -> Result<Watcher> {
         let NewProcedure {
             record,
+            key,
             procedure,
             reserved,
             ..
@@ -352,11 +353,11 @@ impl Inner {
         let runner = Box::new(Runner::new(
             Arc::clone(self),
             epoch,
-            root,
+            (root, live.clone()),
             record,
+            key,
             procedure,
             false,
-            live.clone(),
         ));
         let task = Box::pin(runner.run(Resume::Execute));
         let watcher = {
@@ -409,14 +410,15 @@ impl Inner {
             .live
             .get_or_insert_with(|| LiveHandle::new(ProcedureInfo::from(&record)))
             .clone();
+        let key = record_key(&record.id);
         let runner = Box::new(Runner::new(
             Arc::clone(self),
             epoch,
-            entry.root.clone(),
+            (entry.root.clone(), live),
             record,
+            key,
             procedure,
             recovered,
-            live,
         ));
         // Boxed where it is made: the task then holds a pointer, and spawning it (into the set, then the runtime's
         // cell) or storing its end moves that, not the runner's whole future, kilobytes, at each hand-over.
@@ -476,6 +478,8 @@ pub(super) fn self_not_started() -> Error {
 /// the procedure itself.
 pub(crate) struct NewProcedure {
     pub(crate) record: ProcedureRecord,
+    /// The store key of its record, made once.
+    pub(crate) key: String,
     pub(crate) value: Vec<u8>,
     pub(crate) procedure: BoxedProcedure,
     /// Set once its id is reserved: the root of its tree and the live state of the entry the reservation made,
@@ -517,15 +521,11 @@ impl NewProcedure {
             source,
         })?;
         Ok(NewProcedure {
+            key: record_key(&record.id),
             record,
             value,
             procedure,
             reserved: None,
         })
-    }
-
-    /// The store key of its record.
-    pub(crate) fn key(&self) -> String {
-        record_key(&self.record.id)
     }
 }

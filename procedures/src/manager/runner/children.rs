@@ -77,9 +77,11 @@ impl Runner {
             });
             shown.push(self.id().clone());
             for child in &new {
-                conditions.push(Condition::Absent { key: child.key() });
+                conditions.push(Condition::Absent {
+                    key: child.key.clone(),
+                });
                 ops.push(WriteOp::Put {
-                    key: child.key(),
+                    key: child.key.clone(),
                     value: child.value.clone(),
                 });
                 shown.push(child.record.id.clone());
@@ -106,7 +108,7 @@ impl Runner {
                         .collect();
                     let (existing, absent): (Vec<NewProcedure>, Vec<NewProcedure>) = new
                         .into_iter()
-                        .partition(|child| present.contains(&&child.key()));
+                        .partition(|child| present.contains(&&child.key));
                     new = absent;
                     if existing.is_empty() {
                         self.unreserve(&new);
