@@ -143,10 +143,9 @@ pub(crate) struct Runner {
     /// The last record persisted for the procedure — without its history, which is `live`'s (written with every
     /// record, so never behind it).
     record: ProcedureRecord,
-    /// The store key of its record, made once.
-    key: String,
-    /// The write of its next record, `[Put { key, value }]`, kept from one write to the next so that its list and
-    /// key are made once: each write lends it the record's bytes and takes them back (see `Runner::persist_with`).
+    /// The write of its next record, `[Put { key, value }]` under the record's store key, kept from one write to
+    /// the next so that its list and key are made once: each write lends it the record's bytes and takes them back
+    /// (see `Runner::persist_with`). It holds the runner's only copy of the key.
     put: Vec<WriteOp>,
     /// A loader of its type is registered (checked at each step until it is).
     has_loader: bool,
@@ -185,10 +184,9 @@ impl Runner {
             root,
             procedure,
             put: vec![WriteOp::Put {
-                key: key.clone(),
+                key,
                 value: Vec::new(),
             }],
-            key,
             has_loader: false,
             record,
             recovered_by: recovered.then_some(epoch),

@@ -227,20 +227,18 @@ impl Runner {
             };
         }
         let (record, value, tail) = self.next_record(state, output, None, Vec::new(), event)?;
-        let ops = [WriteOp::Put {
-            key: self.key.clone(),
-            value,
-        }];
+        self.lend_put(value, Vec::new());
         let written = self
             .inner
             .write_joined(
                 self.epoch,
                 Vec::new(),
-                &ops,
+                &self.put,
                 Some(&writes),
                 std::slice::from_ref(&record.id),
             )
             .await;
+        let value = self.take_put();
         match written {
             Ok(WriteOutcome::Applied) => {
                 self.written_history(tail);
@@ -251,12 +249,10 @@ impl Runner {
             Ok(WriteOutcome::Rejected { current }) => {
                 // A write retried after its answer was lost finds its own step writes applied: the record it wrote
                 // is there, byte for byte (it carries its own timestamp).
-                let stored = Box::pin(self.inner.read(|| self.inner.store.get(&self.key))).await;
-                let own = |bytes: &Vec<u8>| {
-                    ops.iter()
-                        .any(|op| matches!(op, WriteOp::Put { value, .. } if value == bytes))
-                };
-                if matches!(&stored, Ok(Some(bytes)) if own(bytes)) {
+                // Borrowed from the kept write's field alone: the read's future holds the borrow.
+                let key = self.put.first().map_or("", WriteOp::key);
+                let stored = Box::pin(self.inner.read(|| self.inner.store.get(key))).await;
+                if matches!(&stored, Ok(Some(bytes)) if *bytes == value) {
                     self.written_history(tail);
                     self.record = record;
                     self.publish_written();
