@@ -821,21 +821,20 @@ mod tests {
             1,
             "the end woke the watcher once"
         );
-        assert_eq!(
-            probe.woken_under_lock.load(Ordering::SeqCst),
-            0,
-            "the watcher was woken while the manager's state lock was held"
-        );
-        assert_eq!(
-            probe.woken_holding_keys.load(Ordering::SeqCst),
-            0,
-            "the watcher was woken while the runner held its keys"
-        );
-        assert_eq!(
-            probe.woken_holding_a_slot.load(Ordering::SeqCst),
-            0,
-            "the watcher was woken while the runner held its admission slot"
-        );
+        for (count, held) in [
+            (&probe.woken_under_lock, "the manager's state lock was held"),
+            (&probe.woken_holding_keys, "the runner held its keys"),
+            (
+                &probe.woken_holding_a_slot,
+                "the runner held its admission slot",
+            ),
+        ] {
+            assert_eq!(
+                count.load(Ordering::SeqCst),
+                0,
+                "the watcher was woken while {held}"
+            );
+        }
         assert!(matches!(
             wait.as_mut()
                 .poll(&mut std::task::Context::from_waker(&waker)),
